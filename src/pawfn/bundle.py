@@ -1,0 +1,209 @@
+"""Program bundles: a `.paw` zip or an extracted folder with meta.json, prompt_template.txt, adapter.gguf."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import BundleError
+
+__all__ = [
+    "INPUT_PLACEHOLDER",
+    "MAX_ARCHIVE_BYTES",
+    "MAX_ARCHIVE_MEMBERS",
+    "MAX_EXPANDED_BYTES",
+    "ProgramBundle",
+    "ProgramMeta",
+    "PromptTemplate",
+    "open_bundle",
+]
+
+INPUT_PLACEHOLDER = "{INPUT_PLACEHOLDER}"
+MAX_ARCHIVE_BYTES = 256 * 1024 * 1024
+"""Largest `.paw` archive accepted, in bytes (as the official SDK)."""
+MAX_ARCHIVE_MEMBERS = 256
+"""Most members in a `.paw` archive (as the official SDK)."""
+MAX_EXPANDED_BYTES = 512 * 1024 * 1024
+"""Largest total extracted size of a `.paw` archive, in bytes (as the official SDK)."""
+MIN_ADAPTER_BYTES = 1024
+_COPY_CHUNK = 1024 * 1024
+
+
+class ProgramMeta(BaseModel):
+    """`meta.json` of a program; fields pawfn does not know are kept in `model_extra`."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    interpreter: str
+    program_id: str | None = None
+    spec: str | None = None
+    compiler_snapshot: str | None = None
+    runtime_id: str | None = None
+    created_at: str | None = None
+
+    @field_validator("interpreter")
+    @classmethod
+    def _non_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty string")
+        return value
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A rendered prompt split at its single `{INPUT_PLACEHOLDER}`."""
+
+    prefix: str
+    suffix: str
+
+    @classmethod
+    def parse(cls, text: str, source: Path | str = "prompt_template.txt") -> PromptTemplate:
+        """Split `text` at its placeholder; exactly one is required."""
+        count = text.count(INPUT_PLACEHOLDER)
+        if count != 1:
+            raise BundleError(
+                source, f"the prompt template must contain exactly one {INPUT_PLACEHOLDER}, found {count}"
+            )
+        prefix, suffix = text.split(INPUT_PLACEHOLDER)
+        return cls(prefix=prefix, suffix=suffix)
+
+
+@dataclass(frozen=True)
+class ProgramBundle:
+    """A validated bundle; `adapter_path` is valid only inside `open_bundle`'s block."""
+
+    source: Path
+    meta: ProgramMeta
+    template: PromptTemplate
+    adapter_path: Path
+
+    @property
+    def name(self) -> str:
+        """The program id when meta.json has one, else the bundle's path."""
+        return self.meta.program_id or str(self.source)
+
+
+@contextmanager
+def open_bundle(path: Path | str) -> Iterator[ProgramBundle]:
+    """Validate and open a bundle folder or `.paw` zip; a zip is extracted to a temporary folder."""
+    source = Path(path)
+    if source.is_symlink():
+        raise BundleError(source, "bundles must not be symbolic links; pass the real path")
+    if source.is_dir():
+        yield _read_folder(source, source)
+        return
+    if not source.exists():
+        raise BundleError(source, "no such bundle: pass a .paw file or an extracted bundle folder")
+    staging = Path(tempfile.mkdtemp(prefix="pawfn-bundle-"))
+    try:
+        _extract_zip(source, staging)
+        yield _read_folder(staging, source)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _regular_file(folder: Path, name: str, source: Path) -> Path:
+    member = folder / name
+    if member.is_symlink():
+        raise BundleError(source, f"{name} is a symbolic link; bundles must hold regular files")
+    if not member.is_file():
+        raise BundleError(source, f"{name} is missing; a bundle needs meta.json, prompt_template.txt and adapter.gguf")
+    if member.stat().st_size == 0:
+        raise BundleError(source, f"{name} is empty")
+    return member
+
+
+def _read_folder(folder: Path, source: Path) -> ProgramBundle:
+    meta_path = _regular_file(folder, "meta.json", source)
+    template_path = _regular_file(folder, "prompt_template.txt", source)
+    adapter_path = _regular_file(folder, "adapter.gguf", source)
+
+    try:
+        raw_meta: object = json.loads(meta_path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(source, f"meta.json is not valid JSON: {exc}") from exc
+    if not isinstance(raw_meta, dict):
+        raise BundleError(source, "meta.json must hold a JSON object")
+    try:
+        meta = ProgramMeta.model_validate(raw_meta)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise BundleError(source, f"meta.json is invalid: {problems}") from exc
+
+    try:
+        template_text = template_path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleError(source, f"prompt_template.txt is not UTF-8: {exc}") from exc
+    template = PromptTemplate.parse(template_text, source)
+
+    with adapter_path.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise BundleError(source, "adapter.gguf is not a GGUF file (bad magic)")
+    if adapter_path.stat().st_size < MIN_ADAPTER_BYTES:
+        raise BundleError(source, f"adapter.gguf is smaller than {MIN_ADAPTER_BYTES} bytes; it is truncated")
+    return ProgramBundle(source=source, meta=meta, template=template, adapter_path=adapter_path)
+
+
+def _safe_member_path(name: str, source: Path) -> PurePosixPath:
+    if not name or "\\" in name or name.startswith("/"):
+        raise BundleError(source, f"unsafe path in archive: {name!r}")
+    parts = PurePosixPath(name).parts
+    if parts and ":" in parts[0]:
+        raise BundleError(source, f"unsafe path in archive: {name!r}")
+    trimmed = name[:-1] if name.endswith("/") else name
+    for part in trimmed.split("/"):
+        if part in ("", ".", ".."):
+            raise BundleError(source, f"unsafe path in archive: {name!r}")
+    return PurePosixPath(trimmed)
+
+
+def _extract_zip(source: Path, destination: Path) -> None:
+    size = source.stat().st_size
+    if size > MAX_ARCHIVE_BYTES:
+        raise BundleError(source, f"archive is too large ({size} bytes; limit {MAX_ARCHIVE_BYTES})")
+    try:
+        archive = zipfile.ZipFile(source)
+    except zipfile.BadZipFile as exc:
+        raise BundleError(source, f"not a .paw archive or bundle folder: {exc}") from exc
+    with archive:
+        members = archive.infolist()
+        if len(members) > MAX_ARCHIVE_MEMBERS:
+            raise BundleError(source, f"archive has too many members ({len(members)}; limit {MAX_ARCHIVE_MEMBERS})")
+        declared = sum(member.file_size for member in members)
+        if declared > MAX_EXPANDED_BYTES:
+            raise BundleError(source, f"archive expands to {declared} bytes; limit {MAX_EXPANDED_BYTES}")
+        seen: set[PurePosixPath] = set()
+        for member in members:
+            relative = _safe_member_path(member.filename, source)
+            if relative in seen:
+                raise BundleError(source, f"duplicate path in archive: {member.filename!r}")
+            seen.add(relative)
+            mode = member.external_attr >> 16
+            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise BundleError(source, f"archive member {member.filename!r} is not a regular file or folder")
+        written = 0
+        for member in members:
+            target = destination.joinpath(*_safe_member_path(member.filename, source).parts)
+            if member.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with archive.open(member) as reader, target.open("xb") as writer:
+                    while chunk := reader.read(_COPY_CHUNK):
+                        written += len(chunk)
+                        if written > MAX_EXPANDED_BYTES:
+                            raise BundleError(source, f"archive expands past {MAX_EXPANDED_BYTES} bytes")
+                        writer.write(chunk)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise BundleError(source, f"cannot extract {member.filename!r}: {exc}") from exc

@@ -1,0 +1,80 @@
+"""Typed exceptions: every error pawfn raises on purpose derives from `PawError`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "AdapterError",
+    "BaseModelError",
+    "BundleError",
+    "ContextOverflowError",
+    "InterpreterMismatchError",
+    "PawError",
+    "ProgramClosedError",
+    "TokenizerError",
+]
+
+
+class PawError(Exception):
+    """Base class of every error raised by pawfn."""
+
+
+class BundleError(PawError, ValueError):
+    """A program bundle (`.paw` zip or folder) is missing, unsafe or malformed."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class AdapterError(PawError, ValueError):
+    """A GGUF LoRA adapter cannot be read or does not fit its interpreter."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class BaseModelError(PawError, ValueError):
+    """Base weights (HF folder or GGUF file) are missing, unreadable or of the wrong architecture."""
+
+    def __init__(self, path: Path | str | None, problem: str) -> None:
+        self.path = None if path is None else Path(path)
+        self.problem = problem
+        super().__init__(problem if path is None else f"{path}: {problem}")
+
+
+class TokenizerError(BaseModelError):
+    """The interpreter's tokenizer cannot be built from the base weights."""
+
+
+class InterpreterMismatchError(PawError, TypeError):
+    """A program was compiled for another interpreter than the model type it is loaded as."""
+
+    def __init__(self, program: str, found: str, expected: str, model_name: str) -> None:
+        self.found = found
+        self.expected = expected
+        super().__init__(
+            f"program {program} was compiled for interpreter {found!r}, but it is being loaded as "
+            f"{model_name} (interpreter {expected!r}); load it as PawFn[<model for {found!r}>, ...] instead"
+        )
+
+
+class ContextOverflowError(PawError, ValueError):
+    """Prefix plus input does not fit the context window (all counts in tokens)."""
+
+    def __init__(self, prefix_tokens: int, prompt_tokens: int, n_ctx: int) -> None:
+        self.prefix_tokens = prefix_tokens
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"context overflow: {prefix_tokens + prompt_tokens} tokens used (prefix={prefix_tokens}, "
+            f"input={prompt_tokens}), context window={n_ctx}; shorten the input or raise n_ctx"
+        )
+
+
+class ProgramClosedError(PawError, RuntimeError):
+    """The program was closed and can no longer run."""

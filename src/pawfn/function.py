@@ -1,0 +1,209 @@
+"""`PawFn[M, B]`: a compiled PAW program, typed by its interpreter model and its backend."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar
+
+from typing_extensions import Self
+
+from .backends import Backend, ProgramRuntime
+from .bundle import ProgramMeta, open_bundle
+from .errors import BaseModelError, InterpreterMismatchError, ProgramClosedError
+from .generation import Generation
+from .models import InterpreterModel
+from .options import PawConfig, RuntimeOptions
+
+__all__ = ["PawFn", "default_base_path"]
+
+M = TypeVar("M", bound=InterpreterModel)
+B = TypeVar("B", bound=Backend)
+
+_DEFAULT_OPTIONS = RuntimeOptions()
+
+
+def default_base_path(model: type[InterpreterModel]) -> Path | None:
+    """The official runtime's base GGUF for `model` in the official cache, if it is there with the right size."""
+    root = Path(os.environ.get("PAW_CACHE_DIR") or Path.home() / ".cache" / "programasweights")
+    candidate = root / "base_models" / model.default_gguf.file
+    expected = model.default_gguf.size_bytes
+    if candidate.is_file() and not candidate.is_symlink():
+        if expected is None or candidate.stat().st_size == expected:
+            return candidate
+    return None
+
+
+class PawFn(Generic[M, B]):
+    """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
+
+    Load one with `PawFn[Model, Backend].from_path(...)`; call `run` (or `arun`) with plain text.
+    """
+
+    _model_type: ClassVar[type[InterpreterModel] | None] = None
+    _backend_type: ClassVar[type[Backend] | None] = None
+    _specializations: ClassVar[dict[tuple[type[InterpreterModel], type[Backend]], type[PawFn[Any, Any]]]] = {}
+
+    def __class_getitem__(cls, params: Any) -> Any:  # noqa: ANN401 - mirrors typing's own signature
+        """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B."""
+        generic_alias = super().__class_getitem__(params)  # type: ignore[misc]  # Generic's own hook
+        if not isinstance(params, tuple) or len(params) != 2:
+            return generic_alias
+        model, backend = params
+        if not (isinstance(model, type) and isinstance(backend, type)):
+            return generic_alias  # type variables and forward references stay typing aliases
+        if not issubclass(model, InterpreterModel):
+            raise TypeError(f"PawFn's first type argument must be an InterpreterModel subclass, not {model!r}")
+        if not issubclass(backend, Backend):
+            raise TypeError(f"PawFn's second type argument must be a Backend subclass, not {backend!r}")
+        key = (model, backend)
+        specialized = PawFn._specializations.get(key)
+        if specialized is None:
+            name = f"PawFn[{model.__name__}, {backend.__name__}]"
+            namespace = {"_model_type": model, "_backend_type": backend, "__module__": cls.__module__}
+            specialized = type(name, (PawFn,), namespace)
+            specialized.__qualname__ = name
+            PawFn._specializations[key] = specialized
+        return specialized
+
+    def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):
+        """Internal: use `PawFn[Model, Backend].from_path(...)`."""
+        self._runtime = runtime
+        self._meta = meta
+        self._source = source
+        self._config = config
+        self._load_ms = load_ms
+        self._closed = False
+
+    @classmethod
+    def model_type(cls) -> type[InterpreterModel]:
+        """The interpreter-model type argument (M)."""
+        if cls._model_type is None:
+            raise TypeError("PawFn needs its type arguments: use PawFn[Qwen3_0_6B, Torch] (or GPT2)")
+        return cls._model_type
+
+    @classmethod
+    def backend_type(cls) -> type[Backend]:
+        """The backend type argument (B)."""
+        if cls._backend_type is None:
+            raise TypeError("PawFn needs its type arguments: use PawFn[Qwen3_0_6B, Torch] (or GPT2)")
+        return cls._backend_type
+
+    @classmethod
+    def from_path(
+        cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+    ) -> Self:
+        """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder)."""
+        model = cls.model_type()
+        backend = cls.backend_type()
+        config = config or PawConfig()
+        started = time.perf_counter()
+        with open_bundle(Path(path)) as bundle:
+            if not model.accepts(bundle.meta.interpreter):
+                raise InterpreterMismatchError(
+                    bundle.name, bundle.meta.interpreter, model.interpreter_id, model.__name__
+                )
+            base_path = Path(base) if base is not None else default_base_path(model)
+            if base_path is None:
+                raise BaseModelError(
+                    None,
+                    f"no base weights for {model.__name__}: pass base=PATH, a GGUF file such as "
+                    f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
+                    f"{model.default_hf_repo}",
+                )
+            runtime = backend.open_program(model, bundle, base_path, config)
+        return cls(runtime, bundle.meta, Path(path), config, (time.perf_counter() - started) * 1e3)
+
+    @property
+    def interpreter(self) -> str:
+        """The interpreter the program was compiled for (from meta.json)."""
+        return self._meta.interpreter
+
+    @property
+    def spec(self) -> str | None:
+        """The plain-English spec the program was compiled from, if the bundle records it."""
+        return self._meta.spec
+
+    @property
+    def program_id(self) -> str | None:
+        """The program's hub id, if the bundle records it."""
+        return self._meta.program_id
+
+    @property
+    def meta(self) -> ProgramMeta:
+        """The program's `meta.json`."""
+        return self._meta
+
+    @property
+    def config(self) -> PawConfig:
+        """The configuration the program was loaded with."""
+        return self._config
+
+    @property
+    def n_ctx(self) -> int:
+        """Context window in tokens (prefix + input + output)."""
+        return self._runtime.n_ctx
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Length of the program's cached prompt prefix in tokens."""
+        return self._runtime.prefix_tokens
+
+    @property
+    def load_ms(self) -> float:
+        """Time the load took, in milliseconds (base weights included when this load read them)."""
+        return self._load_ms
+
+    @property
+    def runtime(self) -> ProgramRuntime:
+        """The backend's handle on the program (advanced use)."""
+        return self._runtime
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._closed
+
+    def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
+        """Run the program and return text, token ids and timings."""
+        if not isinstance(input, str):
+            raise TypeError(f"input must be str, not {type(input).__name__}")
+        if options is not None and not isinstance(options, RuntimeOptions):
+            raise TypeError(f"options must be RuntimeOptions, not {type(options).__name__}")
+        if self._closed:
+            raise ProgramClosedError("this program was closed; load it again to run it")
+        return self._runtime.generate(input, options or _DEFAULT_OPTIONS)
+
+    def run(self, input: str) -> str:  # noqa: A002
+        """Run the program greedily on `input` and return its output text."""
+        return self.generate(input).text
+
+    def run_with(self, input: str, options: RuntimeOptions) -> str:  # noqa: A002
+        """Run the program with explicit `options` and return its output text."""
+        return self.generate(input, options).text
+
+    async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
+        """`run` in a worker thread, so the event loop never blocks."""
+        generation = await asyncio.to_thread(self.generate, input, options)
+        return generation.text
+
+    def close(self) -> None:
+        """Free the program's adapter and prefix cache; the shared base stays for other programs."""
+        if not self._closed:
+            self._closed = True
+            self._runtime.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"n_ctx={self.n_ctx}"
+        return f"<{type(self).__name__} {self.program_id or self._source} {state}>"

@@ -1,0 +1,137 @@
+"""The class-level registry of base models: one load per (model, weights, device, dtype) per process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .models import InterpreterModel
+from .torch_engine import KVCache, TorchInterpreter
+
+__all__ = ["BaseKey", "BaseRegistry", "ModelCopy", "SharedBase"]
+
+
+@dataclass(frozen=True)
+class BaseKey:
+    """What identifies one loaded base: model type, resolved weights path, device and dtype."""
+
+    model: type[InterpreterModel]
+    source: str
+    device: str
+    dtype: str
+
+
+class ModelCopy:
+    """One execution copy of a base: its own KV cache over the shared read-only weights."""
+
+    def __init__(self, index: int, cache: KVCache) -> None:
+        self.index = index
+        self.cache = cache
+        self.runs = 0
+
+
+class SharedBase:
+    """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
+
+    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int) -> None:
+        self.key = key
+        self.interpreter = interpreter
+        self._max_copies = max_copies
+        self._copies: list[ModelCopy] = []
+        self._free: list[ModelCopy] = []
+        self._available = threading.Condition()
+
+    @property
+    def max_copies(self) -> int:
+        """Upper bound on copies (and so on concurrent runs)."""
+        return self._max_copies
+
+    @property
+    def n_copies(self) -> int:
+        """Copies created so far (they are created lazily)."""
+        return len(self._copies)
+
+    def allow_copies(self, max_copies: int) -> None:
+        """Raise the bound to `max_copies` (a bound is never lowered while programs use the base)."""
+        with self._available:
+            self._max_copies = max(self._max_copies, max_copies)
+            self._available.notify_all()
+
+    @contextmanager
+    def acquire(self) -> Iterator[ModelCopy]:
+        """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
+        with self._available:
+            while not self._free and len(self._copies) >= self._max_copies:
+                self._available.wait()
+            if self._free:
+                copy = self._free.pop()
+            else:
+                copy = ModelCopy(len(self._copies), self.interpreter.new_cache())
+                self._copies.append(copy)
+        try:
+            copy.runs += 1
+            yield copy
+        finally:
+            with self._available:
+                self._free.append(copy)
+                self._available.notify()
+
+
+class BaseRegistry:
+    """Process-wide registry; `load_count` tells how often a key was actually loaded (for tests and stats)."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _entries: ClassVar[dict[BaseKey, SharedBase]] = {}
+    _key_locks: ClassVar[dict[BaseKey, threading.Lock]] = {}
+    _loads: ClassVar[dict[BaseKey, int]] = {}
+
+    @classmethod
+    def get_or_load(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int) -> SharedBase:
+        """The shared base for `key`, loading it once; concurrent callers for one key wait for that load."""
+        with cls._lock:
+            entry = cls._entries.get(key)
+            if entry is None:
+                key_lock = cls._key_locks.setdefault(key, threading.Lock())
+        if entry is not None:
+            entry.allow_copies(max_copies)
+            return entry
+        with key_lock:  # other keys keep loading in parallel
+            with cls._lock:
+                entry = cls._entries.get(key)
+            if entry is None:
+                interpreter = load()
+                entry = SharedBase(key, interpreter, max_copies)
+                with cls._lock:
+                    cls._entries[key] = entry
+                    cls._loads[key] = cls._loads.get(key, 0) + 1
+            else:
+                entry.allow_copies(max_copies)
+        return entry
+
+    @classmethod
+    def load_count(cls, key: BaseKey | None = None) -> int:
+        """Loads of `key` so far (of every key when None)."""
+        with cls._lock:
+            return sum(cls._loads.values()) if key is None else cls._loads.get(key, 0)
+
+    @classmethod
+    def loaded(cls) -> list[BaseKey]:
+        """Keys of the bases loaded now."""
+        with cls._lock:
+            return list(cls._entries)
+
+    @classmethod
+    def evict(cls, key: BaseKey) -> bool:
+        """Forget a loaded base (its memory is freed once no program holds it); True if it was loaded."""
+        with cls._lock:
+            return cls._entries.pop(key, None) is not None
+
+    @classmethod
+    def clear(cls) -> None:
+        """Forget every loaded base and the load counts."""
+        with cls._lock:
+            cls._entries.clear()
+            cls._loads.clear()

@@ -1,0 +1,200 @@
+"""The interpreter's tokenizer, built to tokenize and detokenize exactly like llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import IntEnum
+from functools import lru_cache
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from .errors import TokenizerError
+from .ggufio import GGUFFile, GGUFFormatError
+from .models import InterpreterModel
+
+__all__ = ["TextCodec", "TokenKind"]
+
+# Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` values (same as the HF tokenizer.json ones).
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT2_PRE = frozenset({"gpt-2", "gpt2", "default"})
+_QWEN2_PRE = frozenset({"qwen2"})
+
+
+class TokenKind(IntEnum):
+    """GGUF `tokenizer.ggml.token_type` values."""
+
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    codes = list(printable)
+    shifted = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            codes.append(256 + shifted)
+            shifted += 1
+    return {chr(code): byte for byte, code in zip(printable, codes)}
+
+
+def _piece_bytes(token: str) -> bytes:
+    """Bytes of a byte-level BPE token; text outside the byte table is taken as UTF-8."""
+    table = _byte_decoder()
+    if all(ch in table for ch in token):
+        return bytes(table[ch] for ch in token)
+    return token.encode()
+
+
+class TextCodec:
+    """Byte-level BPE tokenizer with llama.cpp's special-token rules; encode/decode are thread-safe."""
+
+    def __init__(self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str) -> None:
+        self.source = source
+        self.eos_id = eos_id
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # Two private copies: one splits special-token text into control tokens, one treats it as text.
+        self._special = Tokenizer.from_str(tokenizer.to_str())
+        self._special.encode_special_tokens = False
+        self._plain = Tokenizer.from_str(tokenizer.to_str())
+        self._plain.encode_special_tokens = True
+        self._pieces: list[bytes] = []
+        for token_id in range(self.vocab_size):
+            text = tokenizer.id_to_token(token_id) or ""
+            kind = kinds.get(token_id, TokenKind.NORMAL)
+            if kind in (TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED):
+                self._pieces.append(b"")  # llama.cpp renders these as nothing unless asked for special text
+            elif kind == TokenKind.USER_DEFINED:
+                self._pieces.append(text.encode())
+            else:
+                self._pieces.append(_piece_bytes(text))
+        controls = sorted(
+            (tokenizer.id_to_token(i) or "" for i, k in kinds.items() if k == TokenKind.CONTROL),
+            key=len,
+            reverse=True,
+        )
+        self._control_pattern = re.compile("|".join(re.escape(t) for t in controls if t)) if controls else None
+
+    def encode(self, text: str, *, parse_special: bool) -> list[int]:
+        """Token ids of `text` with no BOS; `parse_special` turns control-token text into control tokens."""
+        if not text:
+            return []
+        encoder = self._special if parse_special else self._plain
+        return list(encoder.encode(text, add_special_tokens=False).ids)
+
+    def split_at_first_control(self, text: str) -> tuple[str, str]:
+        """`text` split before its first control-token text: (plain head, rest)."""
+        if self._control_pattern is None:
+            return text, ""
+        match = self._control_pattern.search(text)
+        return (text, "") if match is None else (text[: match.start()], text[match.start() :])
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        """Raw bytes of `ids`, control tokens rendered as nothing (llama.cpp detokenize, special=False)."""
+        return b"".join(self._pieces[i] for i in ids if 0 <= i < len(self._pieces))
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`, invalid UTF-8 replaced with U+FFFD."""
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    @classmethod
+    def from_gguf(cls, file: GGUFFile) -> TextCodec:
+        """Build the tokenizer from GGUF `tokenizer.ggml.*` metadata (BPE vocabularies only)."""
+        path = file.path
+        try:
+            tokenizer_model = file.string("tokenizer.ggml.model")
+            pre = file.string("tokenizer.ggml.pre", "default") or "default"
+            tokens = file.strings("tokenizer.ggml.tokens")
+            merges = file.strings("tokenizer.ggml.merges") or []
+            types = file.integers("tokenizer.ggml.token_type")
+            eos_id = file.integer("tokenizer.ggml.eos_token_id")
+        except GGUFFormatError as exc:
+            raise TokenizerError(path, str(exc)) from exc
+        if tokenizer_model != "gpt2" or tokens is None:
+            raise TokenizerError(
+                path, f"tokenizer.ggml.model is {tokenizer_model!r}; pawfn reads byte-level BPE ('gpt2') vocabularies"
+            )
+        if types is not None and len(types) != len(tokens):
+            raise TokenizerError(path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
+        if pre in _QWEN2_PRE:
+            pre_tokenizer: pre_tokenizers.PreTokenizer = pre_tokenizers.Sequence(
+                [
+                    pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+                    pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+                ]
+            )
+        elif pre in _GPT2_PRE:
+            pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+        else:
+            raise TokenizerError(path, f"unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} (known: qwen2, gpt-2)")
+
+        vocab: dict[str, int] = {}
+        for index, token in enumerate(tokens):
+            vocab.setdefault(token, index)
+        pairs: list[tuple[str, str]] = []
+        for merge in merges:
+            cut = merge.find(" ", 1)
+            if cut < 0:
+                raise TokenizerError(path, f"malformed merge {merge!r} in tokenizer.ggml.merges")
+            pairs.append((merge[:cut], merge[cut + 1 :]))
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        tokenizer.pre_tokenizer = pre_tokenizer
+        tokenizer.decoder = decoders.ByteLevel()
+        kinds = {i: TokenKind(t) if t in TokenKind._value2member_map_ else TokenKind.NORMAL for i, t in enumerate(types or [])}
+        tokenizer.add_special_tokens(
+            [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
+        )
+        tokenizer.add_tokens(
+            [AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED]
+        )
+        if eos_id is None or not 0 <= eos_id < len(tokens):
+            raise TokenizerError(path, f"tokenizer.ggml.eos_token_id is missing or out of range ({eos_id})")
+        return cls(tokenizer, kinds, eos_id, str(path))
+
+    @classmethod
+    def from_hf_folder(cls, folder: Path, model: type[InterpreterModel]) -> TextCodec:
+        """Build the tokenizer from a Hugging Face folder's `tokenizer.json`; EOS from its config files."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(folder, "tokenizer.json is missing; pawfn needs the fast-tokenizer file")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises plain Exception subclasses for parse errors
+            raise TokenizerError(path, f"cannot parse tokenizer.json: {exc}") from exc
+        kinds = {
+            token_id: TokenKind.CONTROL if added.special else TokenKind.USER_DEFINED
+            for token_id, added in tokenizer.get_added_tokens_decoder().items()
+        }
+        eos_text = _hf_eos_text(folder) or model.eos_token
+        eos_id = tokenizer.token_to_id(eos_text)
+        if eos_id is None:
+            raise TokenizerError(folder, f"the EOS token {eos_text!r} is not in the vocabulary")
+        return cls(tokenizer, kinds, eos_id, str(folder))
+
+
+def _hf_eos_text(folder: Path) -> str | None:
+    config_path = folder / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config: object = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(config_path, f"cannot read tokenizer_config.json: {exc}") from exc
+    if not isinstance(config, dict):
+        return None
+    eos: object = config.get("eos_token")
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
