@@ -149,10 +149,10 @@ def build_interpreter(family: Family, root: Path, seed: int = 0) -> TinyInterpre
     hf_dir = root / f"{family}-hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model: torch.nn.Module
+    model: Qwen3ForCausalLM | GPT2LMHeadModel
     if family == "qwen3":
         eos = "<|im_end|>"
-        config = Qwen3Config(
+        qwen_config = Qwen3Config(
             vocab_size=vocab_size,
             hidden_size=64,
             intermediate_size=128,
@@ -167,10 +167,11 @@ def build_interpreter(family: Family, root: Path, seed: int = 0) -> TinyInterpre
             initializer_range=0.3,
             eos_token_id=tokenizer.token_to_id(eos),
         )
-        model = Qwen3ForCausalLM(config)
+        model = Qwen3ForCausalLM(qwen_config)
+        config_dict = qwen_config.to_dict()
     else:
         eos = "<|endoftext|>"
-        config = GPT2Config(
+        gpt2_config = GPT2Config(
             vocab_size=vocab_size,
             n_embd=64,
             n_layer=2,
@@ -180,13 +181,14 @@ def build_interpreter(family: Family, root: Path, seed: int = 0) -> TinyInterpre
             bos_token_id=tokenizer.token_to_id(eos),
             eos_token_id=tokenizer.token_to_id(eos),
         )
-        model = GPT2LMHeadModel(config)
-    model.save_pretrained(str(hf_dir))  # type: ignore[operator]  # transformers' untyped method
+        model = GPT2LMHeadModel(gpt2_config)
+        config_dict = gpt2_config.to_dict()
+    model.save_pretrained(str(hf_dir))
     tokenizer.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}))
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     gguf_path = root / f"{family}-f32.gguf"
-    write_base_gguf(family, config.to_dict(), tokenizer, state, gguf_path, eos)
+    write_base_gguf(family, config_dict, tokenizer, state, gguf_path, eos)
     return TinyInterpreter(family=family, hf_dir=hf_dir, gguf_path=gguf_path, eos_token=eos)
 
 

@@ -22,6 +22,8 @@ __all__ = ["PawFn", "default_base_path"]
 
 M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
+OtherM = TypeVar("OtherM", bound=InterpreterModel)
+OtherB = TypeVar("OtherB", bound=Backend)
 
 _DEFAULT_OPTIONS = RuntimeOptions()
 
@@ -67,6 +69,12 @@ class PawFn(Generic[M, B]):
             specialized = type(name, (PawFn,), namespace)
             specialized.__qualname__ = name
             PawFn._specializations[key] = specialized
+        return specialized
+
+    @staticmethod
+    def specialize(model: type[OtherM], backend: type[OtherB]) -> type[PawFn[OtherM, OtherB]]:
+        """`PawFn[model, backend]` for types chosen at run time (e.g. read from a bundle)."""
+        specialized: type[PawFn[OtherM, OtherB]] = PawFn.__class_getitem__((model, backend))
         return specialized
 
     def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):

@@ -289,7 +289,7 @@ class TorchInterpreter:
                 normed = self._layer_norm(hidden, block + "attn_norm")
                 qkv = self._linear(normed, block + "attn_qkv.weight", adapter, block + "attn_qkv.bias")
                 n = len(token_ids)
-                q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.split(arch.hidden_size, dim=-1))
+                q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.chunk(3, dim=-1))
                 attended = self._attention(q, k, v, layer, start, cache)
                 hidden = hidden + self._linear(
                     attended, block + "attn_output.weight", adapter, block + "attn_output.bias"

@@ -1,0 +1,137 @@
+"""pawfn's tokens equal independent references: transformers + peft, and llama.cpp (the official runtime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from conftest import TinyProgram, requires_llama_cpp
+from pawfn import GPT2, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from references import llama_generate, official_token_ids, peft_generate
+from tiny_models import dequantized
+
+INPUTS = [
+    "Urgent: the server is down!",
+    "hello",
+    "",
+    "Résumé café ünïcödé 12345\n\nnew line\tand tab",
+    "I love this product, it works great.",
+]
+MAX_TOKENS = 24
+
+
+def _model(program: TinyProgram) -> type[InterpreterModel]:
+    return Qwen3_0_6B if program.interpreter.family == "qwen3" else GPT2
+
+
+def _load(program: TinyProgram, base: Path, bundle: Path | None = None, **config: int) -> PawFn[InterpreterModel, Torch]:
+    return PawFn.specialize(_model(program), Torch).from_path(
+        bundle or program.folder, base=base, config=PawConfig(**config)
+    )
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+@pytest.mark.parametrize("base_kind", ["gguf", "hf"])
+def test_f32_adapter_matches_peft(family: str, base_kind: str, request: pytest.FixtureRequest) -> None:
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    base = tiny.gguf_path if base_kind == "gguf" else tiny.hf_dir
+    with _load(program, base) as function:
+        for text in INPUTS:
+            expected = peft_generate(tiny, program.pairs, program.alpha, program.template, text, MAX_TOKENS)
+            got = function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS))
+            assert list(got.token_ids) == expected, text
+            assert got.prefix_tokens + got.prompt_tokens == sum(map(len, official_token_ids(tiny.tokenizer(), program.template, text)))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_adapter_changes_the_output(family: str, request: pytest.FixtureRequest) -> None:
+    """Guards the parity tests against an adapter that is silently ignored."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    without = peft_generate(tiny, None, program.alpha, program.template, INPUTS[0], MAX_TOKENS)
+    with _load(program, tiny.gguf_path) as function:
+        assert list(function.generate(INPUTS[0], RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) != without
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_q4_0_adapter_matches_peft_on_dequantized_weights(family: str, request: pytest.FixtureRequest) -> None:
+    program: TinyProgram = request.getfixturevalue(f"{family}_program_q4")
+    tiny = program.interpreter
+    reference_pairs = dequantized(program.pairs, gguf.GGMLQuantizationType.Q4_0)
+    with _load(program, tiny.gguf_path) as function:
+        for text in INPUTS[:3]:
+            expected = peft_generate(tiny, reference_pairs, program.alpha, program.template, text, MAX_TOKENS)
+            assert list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) == expected
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_matches_llama_cpp(family: str, request: pytest.FixtureRequest) -> None:
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    with _load(program, tiny.gguf_path) as function:
+        for text in INPUTS:
+            expected = llama_generate(tiny.gguf_path, program.adapter, program.template, text, MAX_TOKENS)
+            got = function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS))
+            assert list(got.token_ids) == expected, text
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_runs_to_the_end_of_the_context_like_llama_cpp(family: str, request: pytest.FixtureRequest) -> None:
+    """max_tokens=None generates until the context window is full (no EOS in a random model)."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    n_ctx = 96
+    with _load(program, tiny.gguf_path, n_ctx=n_ctx) as function:
+        got = function.generate(INPUTS[1])
+    expected = llama_generate(tiny.gguf_path, program.adapter, program.template, INPUTS[1], n_ctx, n_ctx=n_ctx)
+    assert got.stop_reason == "context"
+    assert got.prefix_tokens + got.prompt_tokens + len(got.token_ids) == n_ctx
+    assert list(got.token_ids) == expected[: len(got.token_ids)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_stops_at_eos(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """A base whose EOS is a token the program emits mid-way stops there, like llama.cpp."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    with _load(program, tiny.gguf_path) as function:
+        free_run = list(function.generate(INPUTS[0], RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids)
+    stop_token = free_run[5]
+    cut = free_run.index(stop_token)
+    eos_base = tmp_path / "eos-base.gguf"
+    _rewrite_with_eos(tiny.gguf_path, eos_base, stop_token)
+    with _load(program, eos_base) as function:
+        got = function.generate(INPUTS[0], RuntimeOptions(max_tokens=MAX_TOKENS))
+    assert got.stop_reason == "eos"
+    assert list(got.token_ids) == free_run[:cut]
+    if _has_llama_cpp():
+        assert llama_generate(eos_base, program.adapter, program.template, INPUTS[0], MAX_TOKENS) == free_run[:cut]
+
+
+def _has_llama_cpp() -> bool:
+    from conftest import HAS_LLAMA_CPP
+
+    return HAS_LLAMA_CPP
+
+
+def _rewrite_with_eos(source: Path, target: Path, eos_id: int) -> None:
+    """Copy a base GGUF, changing only tokenizer.ggml.eos_token_id."""
+    reader = gguf.GGUFReader(source)
+    data = bytearray(source.read_bytes())
+    field = reader.get_field("tokenizer.ggml.eos_token_id")
+    assert field is not None
+    value = field.parts[field.data[0]]
+    offset = field.offset + sum(part.nbytes for part in field.parts[: field.data[0]])
+    data[offset : offset + value.nbytes] = int(eos_id).to_bytes(value.nbytes, "little")
+    target.write_bytes(bytes(data))
+    check = gguf.GGUFReader(target).get_field("tokenizer.ggml.eos_token_id")
+    assert check is not None and int(check.contents()) == eos_id
+
+
