@@ -26,10 +26,8 @@ def _model(program: TinyProgram) -> type[InterpreterModel]:
     return Qwen3_0_6B if program.interpreter.family == "qwen3" else GPT2
 
 
-def _load(program: TinyProgram, base: Path, bundle: Path | None = None, **config: int) -> PawFn[InterpreterModel, Torch]:
-    return PawFn.specialize(_model(program), Torch).from_path(
-        bundle or program.folder, base=base, config=PawConfig(**config)
-    )
+def _load(program: TinyProgram, base: Path, n_ctx: int = 2048) -> PawFn[InterpreterModel, Torch]:
+    return PawFn.specialize(_model(program), Torch).from_path(program.folder, base=base, config=PawConfig(n_ctx=n_ctx))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])

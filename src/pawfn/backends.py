@@ -28,6 +28,10 @@ class ProgramRuntime(ABC):
         """Length of the cached prompt prefix in tokens."""
 
     @abstractmethod
+    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
+        """Token ids of input + suffix, as evaluated after the cached prefix."""
+
+    @abstractmethod
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads."""
 

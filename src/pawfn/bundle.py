@@ -189,7 +189,8 @@ def _extract_zip(source: Path, destination: Path) -> None:
                 raise BundleError(source, f"duplicate path in archive: {member.filename!r}")
             seen.add(relative)
             mode = member.external_attr >> 16
-            if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            # Many writers (Python's writestr included) record permission bits only: no file type means regular.
+            if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 raise BundleError(source, f"archive member {member.filename!r} is not a regular file or folder")
         written = 0
         for member in members:

@@ -185,6 +185,12 @@ class PawFn(Generic[M, B]):
             raise ProgramClosedError("this program was closed; load it again to run it")
         return self._runtime.generate(input, options or _DEFAULT_OPTIONS)
 
+    def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
+        """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
+        if not isinstance(input, str):
+            raise TypeError(f"input must be str, not {type(input).__name__}")
+        return self._runtime.encode_prompt(input, options or _DEFAULT_OPTIONS)
+
     def run(self, input: str) -> str:  # noqa: A002
         """Run the program greedily on `input` and return its output text."""
         return self.generate(input).text

@@ -88,6 +88,11 @@ class TorchProgram(ProgramRuntime):
         return self._base
 
     @property
+    def device_adapter(self) -> DeviceAdapter:
+        """The program's LoRA side paths on the device (emptied by `close`)."""
+        return self._adapter
+
+    @property
     def prefix_state(self) -> PrefixState:
         """The cached prefix (evaluated once when the program loaded)."""
         return self._prefix

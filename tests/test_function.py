@@ -1,0 +1,332 @@
+"""PawFn[M, B]: real type arguments, loading, running, threads, async, the prefix cache and the registry."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+
+from conftest import TinyProgram
+from pawfn import (
+    GPT2,
+    BaseModelError,
+    BaseRegistry,
+    ContextOverflowError,
+    InterpreterMismatchError,
+    InterpreterModel,
+    PawConfig,
+    PawFn,
+    ProgramClosedError,
+    Qwen3_0_6B,
+    RuntimeOptions,
+    Torch,
+)
+from pawfn.models import WeightFile
+from pawfn.torch_engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+from pawfn.torch_runtime import TorchProgram
+
+GREEDY_24 = RuntimeOptions(max_tokens=24)
+INPUTS = ["Urgent: the server is down!", "hello", "I love this product", "", "the lazy dog"]
+
+
+@pytest.fixture
+def qwen(qwen3_program: TinyProgram) -> Iterator[PawFn[Qwen3_0_6B, Torch]]:
+    # A random model never says EOS: a small window keeps runs without max_tokens short.
+    config = PawConfig(n_ctx=160)
+    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
+        yield f
+
+
+def _torch_program(function: PawFn[Any, Any]) -> TorchProgram:
+    runtime = function.runtime
+    assert isinstance(runtime, TorchProgram)
+    return runtime
+
+
+def test_type_arguments_are_kept_at_run_time(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    specialized = PawFn[Qwen3_0_6B, Torch]
+    assert specialized is PawFn[Qwen3_0_6B, Torch]
+    assert issubclass(specialized, PawFn)
+    assert specialized.model_type() is Qwen3_0_6B and specialized.backend_type() is Torch
+    assert PawFn[GPT2, Torch].model_type() is GPT2
+    assert type(qwen) is specialized
+    assert specialized.__name__ == "PawFn[Qwen3_0_6B, Torch]"
+
+
+def test_type_variables_stay_typing_aliases() -> None:
+    model_var = TypeVar("model_var", bound=InterpreterModel)
+    alias = PawFn[model_var, Torch]
+    assert alias is not PawFn[Qwen3_0_6B, Torch]
+    assert not isinstance(alias, type)
+
+
+def test_type_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="first type argument must be an InterpreterModel subclass"):
+        PawFn[int, Torch]  # type: ignore[type-var]  # the point of the test
+    with pytest.raises(TypeError, match="second type argument must be a Backend subclass"):
+        PawFn[Qwen3_0_6B, str]  # type: ignore[type-var]  # the point of the test
+
+
+def test_unparameterized_load_is_refused(qwen3_program: TinyProgram) -> None:
+    with pytest.raises(TypeError, match=r"use PawFn\[Qwen3_0_6B, Torch\]"):
+        PawFn.from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
+
+
+def test_markers_are_not_instantiated() -> None:
+    with pytest.raises(TypeError, match="type marker"):
+        Qwen3_0_6B()
+    with pytest.raises(TypeError, match="type marker"):
+        Torch()
+
+
+def test_interpreter_mismatch_is_refused_before_weights_load(gpt2_program: TinyProgram, tmp_path: Path) -> None:
+    with pytest.raises(InterpreterMismatchError, match="compiled for interpreter 'gpt2'.*loaded as Qwen3_0_6B") as info:
+        PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=tmp_path / "never-read.gguf")
+    assert info.value.found == "gpt2" and info.value.expected == "Qwen/Qwen3-0.6B"
+    assert BaseRegistry.load_count() == 0
+
+
+def test_run_variants_agree(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    generation = qwen.generate(INPUTS[0])
+    assert qwen.run(INPUTS[0]) == generation.text
+    assert qwen.run_with(INPUTS[0], RuntimeOptions()) == generation.text
+    assert asyncio.run(qwen.arun(INPUTS[0])) == generation.text
+    assert qwen.run_with(INPUTS[0], GREEDY_24) == qwen.generate(INPUTS[0], GREEDY_24).text
+    assert generation.text == generation.text.strip()
+
+
+def test_properties(qwen: PawFn[Qwen3_0_6B, Torch], qwen3_program: TinyProgram) -> None:
+    assert qwen.interpreter == "Qwen/Qwen3-0.6B"
+    assert qwen.spec == "tiny test program"
+    assert qwen.program_id == "0123456789abcdef0123"
+    assert qwen.n_ctx == 160
+    assert qwen.prefix_tokens == len(qwen3_program.interpreter.tokenizer().encode(qwen3_program.template.split("{")[0]).ids)
+    assert "0123456789abcdef0123" in repr(qwen)
+
+
+def test_arun_runs_in_a_worker_thread(qwen: PawFn[Qwen3_0_6B, Torch], monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = _torch_program(qwen)
+    threads: list[int] = []
+    original = runtime.generate
+
+    def spy(text: str, options: RuntimeOptions) -> Any:
+        threads.append(threading.get_ident())
+        return original(text, options)
+
+    monkeypatch.setattr(runtime, "generate", spy)
+
+    async def main() -> tuple[str, int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(ticker())
+        text = await qwen.arun(INPUTS[0], RuntimeOptions(max_tokens=64))
+        done.set()
+        await task
+        return text, ticks
+
+    text, ticks = asyncio.run(main())
+    assert threads and threads[0] != threading.get_ident()
+    assert ticks > 1  # the loop kept turning while the program ran
+    assert text == qwen.run_with(INPUTS[0], RuntimeOptions(max_tokens=64))
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copies: int) -> None:
+    config = PawConfig(max_model_copies=copies)
+    base = qwen3_program.interpreter.gguf_path
+    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config) as function:
+        expected = {text: function.generate(text, GREEDY_24).token_ids for text in INPUTS}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            results = list(pool.map(lambda t: (t, function.generate(t, GREEDY_24).token_ids), INPUTS * 4))
+        shared = _torch_program(function).base
+    assert all(tokens == expected[text] for text, tokens in results)
+    assert 1 <= shared.n_copies <= copies
+
+
+def test_two_programs_share_one_base_and_keep_their_own_state(
+    qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram
+) -> None:
+    base = qwen3_program.interpreter.gguf_path
+    alone_a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+    expected_a = [alone_a.generate(t, GREEDY_24).token_ids for t in INPUTS]
+    alone_a.close()
+    BaseRegistry.clear()
+    alone_b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    expected_b = [alone_b.generate(t, GREEDY_24).token_ids for t in INPUTS]
+    alone_b.close()
+    BaseRegistry.clear()
+
+    first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+    second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    assert BaseRegistry.load_count() == 1
+    assert _torch_program(first).base is _torch_program(second).base
+    for index, text in enumerate(INPUTS):  # interleaved: no KV or adapter state leaks between programs
+        assert second.generate(text, GREEDY_24).token_ids == expected_b[index]
+        assert first.generate(text, GREEDY_24).token_ids == expected_a[index]
+    assert expected_a != expected_b
+
+
+def test_registry_keys(qwen3_program: TinyProgram) -> None:
+    tiny = qwen3_program.interpreter
+    a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path)
+    b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=tiny.gguf_path)
+    assert BaseRegistry.load_count() == 1
+    c = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path, config=PawConfig(dtype="bfloat16"))
+    d = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.hf_dir)
+    assert BaseRegistry.load_count() == 3
+    assert {key.dtype for key in BaseRegistry.loaded()} == {"float32", "bfloat16"}
+    assert a.run_with("hello", GREEDY_24) == b.run_with("hello", GREEDY_24) == d.run_with("hello", GREEDY_24)
+    assert isinstance(c.run_with("hello", GREEDY_24), str)
+
+
+def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subclassing a built-in model points at private weights; its default base is found in the PAW cache."""
+
+    class MirrorQwen(Qwen3_0_6B):
+        default_gguf = WeightFile(repo="me/mirror", file="mirror.gguf")
+
+    cache = tmp_path / "paw-cache"
+    (cache / "base_models").mkdir(parents=True)
+    (cache / "base_models" / "mirror.gguf").write_bytes(qwen3_program.interpreter.gguf_path.read_bytes())
+    monkeypatch.setenv("PAW_CACHE_DIR", str(cache))
+    with PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror:
+        assert type(mirror).model_type() is MirrorQwen
+        assert mirror.run_with("hello", GREEDY_24) == PawFn[Qwen3_0_6B, Torch].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path
+        ).run_with("hello", GREEDY_24)
+    assert {key.model for key in BaseRegistry.loaded()} == {MirrorQwen, Qwen3_0_6B}
+
+
+def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
+    with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B: pass base=PATH.*qwen3-0.6b-q6_k.gguf"):
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)
+
+
+def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: Any) -> None:
+    with pytest.raises(BaseModelError, match="GGUF architecture is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=gpt2.gguf_path)
+    with pytest.raises(BaseModelError, match="model_type is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=gpt2.hf_dir)
+    with pytest.raises(BaseModelError, match="this GGUF is a LoRA adapter"):
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.adapter)
+
+
+def test_unavailable_device_is_a_clear_error(qwen3_program: TinyProgram) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(BaseModelError, match="torch sees no CUDA device; use device='cpu'"):
+        PawFn[Qwen3_0_6B, Torch].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(device="cuda")
+        )
+
+
+def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+    prefills: list[int] = []
+    forwards: list[tuple[int, int]] = []
+    original_prefill = TorchInterpreter.prefill_prefix
+    original_forward = TorchInterpreter.forward
+
+    def count_prefill(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
+        prefills.append(len(ids))
+        return original_prefill(self, ids, adapter, cache)
+
+    def record_forward(self: TorchInterpreter, ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
+        forwards.append((len(ids), start))
+        return original_forward(self, ids, start, cache, adapter)
+
+    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", count_prefill)
+    monkeypatch.setattr(TorchInterpreter, "forward", record_forward)
+    function = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
+    n_prefix = function.prefix_tokens
+    forwards.clear()
+    first = function.generate(INPUTS[0], RuntimeOptions(max_tokens=4))
+    second = function.generate(INPUTS[0], RuntimeOptions(max_tokens=4))
+    assert prefills == [n_prefix]
+    assert first.token_ids == second.token_ids
+    # Each call evaluates only input + suffix at position n_prefix, then one token at a time.
+    prompt = (first.prompt_tokens, n_prefix)
+    assert forwards == [prompt, (1, n_prefix + first.prompt_tokens), (1, n_prefix + first.prompt_tokens + 1),
+                        (1, n_prefix + first.prompt_tokens + 2)] * 2
+
+
+def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    runtime = _torch_program(qwen)
+    interpreter = runtime.base.interpreter
+    for text in INPUTS:
+        ids = list(runtime.prefix_state.token_ids) + qwen.prompt_token_ids(text)
+        cache = interpreter.new_cache()
+        logits = interpreter.forward(ids, 0, cache, runtime.device_adapter)
+        expected: list[int] = []
+        for _ in range(12):
+            token = int(torch.argmax(logits).item())
+            if token == interpreter.codec.eos_id:
+                break
+            expected.append(token)
+            logits = interpreter.forward([token], len(ids), cache, runtime.device_adapter)
+            ids.append(token)
+        assert list(qwen.generate(text, RuntimeOptions(max_tokens=12)).token_ids) == expected
+
+
+def test_close_frees_the_adapter(qwen3_program: TinyProgram) -> None:
+    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as function:
+        runtime = _torch_program(function)
+        assert runtime.device_adapter.pairs
+    assert function.closed
+    assert runtime.device_adapter.pairs == {}
+    with pytest.raises(ProgramClosedError, match="closed"):
+        function.run("hello")
+    function.close()  # idempotent
+
+
+def test_bad_arguments(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    with pytest.raises(TypeError, match="input must be str, not int"):
+        qwen.run(42)  # type: ignore[arg-type]  # the point of the test
+    with pytest.raises(TypeError, match="options must be RuntimeOptions, not dict"):
+        qwen.generate("x", {"max_tokens": 3})  # type: ignore[arg-type]  # the point of the test
+
+
+def test_max_tokens(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    assert qwen.generate("hello", RuntimeOptions(max_tokens=0)).token_ids == ()
+    assert qwen.run_with("hello", RuntimeOptions(max_tokens=0)) == ""
+    five = qwen.generate("hello", RuntimeOptions(max_tokens=5))
+    assert len(five.token_ids) == 5 and five.stop_reason == "max_tokens"
+
+
+def test_context_overflow(qwen3_program: TinyProgram) -> None:
+    config = PawConfig(n_ctx=64)
+    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
+        with pytest.raises(ContextOverflowError, match=r"context window=64; shorten the input or raise n_ctx") as info:
+            f.run("word " * 100)
+        assert info.value.n_ctx == 64 and info.value.prefix_tokens == f.prefix_tokens
+    with pytest.raises(ContextOverflowError):
+        PawFn[Qwen3_0_6B, Torch].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8)
+        )
+
+
+def test_gpt2_context_is_capped_by_its_position_table(gpt2_program: TinyProgram) -> None:
+    with PawFn[GPT2, Torch].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path) as function:
+        assert function.n_ctx == 256  # the tiny GPT-2 has 256 positions; n_ctx asked 2048
+
+
+def test_sampling_is_seeded(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
+    hot = RuntimeOptions(max_tokens=16, temperature=1.5, seed=7)
+    assert qwen.generate("hello", hot).token_ids == qwen.generate("hello", hot).token_ids
+    runs = {qwen.generate("hello", hot.model_copy(update={"seed": seed})).token_ids for seed in range(6)}
+    assert len(runs) > 1
+    narrow = RuntimeOptions(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3)
+    assert qwen.generate("hello", narrow).token_ids == qwen.generate("hello", RuntimeOptions(max_tokens=16)).token_ids
