@@ -14,7 +14,7 @@ from .errors import (
 )
 from .function import PawFn
 from .generation import Generation, Timings
-from .models import GPT2, InterpreterModel, Qwen3_0_6B
+from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
 from .options import PawConfig, RuntimeOptions
 from .registry import BaseRegistry
 
@@ -42,5 +42,6 @@ __all__ = [
     "Timings",
     "TokenizerError",
     "Torch",
+    "WeightFile",
     "__version__",
 ]
