@@ -18,7 +18,7 @@ def triage(program: PawFn[Qwen3_0_6B, Torch], text: str) -> str:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Run a Qwen3 program and a GPT-2 program through the typed API.")
     parser.add_argument("--qwen3-program", required=True, help=".paw file or bundle folder of a Qwen3 program")
     parser.add_argument("--qwen3-base", required=True, help="Qwen3-0.6B weights: GGUF file or HF folder")
     parser.add_argument("--gpt2-program", required=True, help=".paw file or bundle folder of a GPT-2 program")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 
 import torch
@@ -35,7 +35,9 @@ def peft_generate(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(interpreter.hf_dir), dtype=torch.float32)
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
+        str(interpreter.hf_dir), dtype=torch.float32
+    )
     if pairs is not None:
         assert float(alpha).is_integer(), "peft takes an integer lora_alpha"
         rank = next(iter(pairs.values()))[0].shape[0]
@@ -51,8 +53,8 @@ def peft_generate(
         with torch.no_grad():
             for target, (a, b) in pairs.items():
                 path = f"base_model.model.{interpreter.hf_module(target)}"
-                _weight(model.get_submodule(f"{path}.lora_A.default")).copy_(torch.from_numpy(a))
-                _weight(model.get_submodule(f"{path}.lora_B.default")).copy_(torch.from_numpy(b))
+                _weight(model.get_submodule(f"{path}.lora_A.default")).copy_(torch.as_tensor(a))
+                _weight(model.get_submodule(f"{path}.lora_B.default")).copy_(torch.as_tensor(b))
     tokenizer = interpreter.tokenizer()
     eos = tokenizer.token_to_id(interpreter.eos_token)
     prefix_ids, prompt_ids = official_token_ids(tokenizer, template, text)
@@ -76,7 +78,7 @@ def _weight(module: torch.nn.Module) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def _quiet_stderr() -> Generator[None, None, None]:
     saved = os.dup(2)
     with open(os.devnull, "wb") as devnull:
         os.dup2(devnull.fileno(), 2)

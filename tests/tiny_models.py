@@ -136,7 +136,8 @@ def train_tokenizer(family: Family) -> Tokenizer:
     tokenizer.train_from_iterator(CORPUS * 20, trainer)
     if family == "qwen3":
         # Like Qwen3's own tokenizer: the think tags are added tokens that are not special.
-        tokenizer.add_tokens([AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)])
+        think = [AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)]
+        tokenizer.add_tokens(think)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
     return tokenizer
 
 
@@ -148,7 +149,7 @@ def build_interpreter(family: Family, root: Path, seed: int = 0) -> TinyInterpre
     vocab_size = tokenizer.get_vocab_size()
     hf_dir = root / f"{family}-hf"
     hf_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType]  # torch leaves `seed` unannotated
     model: Qwen3ForCausalLM | GPT2LMHeadModel
     if family == "qwen3":
         eos = "<|im_end|>"
@@ -183,7 +184,7 @@ def build_interpreter(family: Family, root: Path, seed: int = 0) -> TinyInterpre
         )
         model = GPT2LMHeadModel(gpt2_config)
         config_dict = gpt2_config.to_dict()
-    model.save_pretrained(str(hf_dir))
+    model.save_pretrained(str(hf_dir))  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
     tokenizer.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}))
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
@@ -254,9 +255,7 @@ def write_base_gguf(
         writer.add_head_count_kv(int(str(config["num_key_value_heads"])))
         writer.add_key_length(int(str(config["head_dim"])))
         writer.add_value_length(int(str(config["head_dim"])))
-        rope = config["rope_parameters"]
-        assert isinstance(rope, dict)
-        writer.add_rope_freq_base(float(rope["rope_theta"]))
+        writer.add_rope_freq_base(1000000.0)  # the rope_theta build_interpreter sets
         writer.add_layer_norm_rms_eps(float(str(config["rms_norm_eps"])))
         writer.add_tokenizer_pre("qwen2")
     else:

@@ -7,7 +7,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -93,7 +93,7 @@ class ProgramBundle:
 
 
 @contextmanager
-def open_bundle(path: Path | str) -> Iterator[ProgramBundle]:
+def open_bundle(path: Path | str) -> Generator[ProgramBundle, None, None]:
     """Validate and open a bundle folder or `.paw` zip; a zip is extracted to a temporary folder."""
     source = Path(path)
     if source.is_symlink():

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from typing_extensions import Self
 
@@ -26,6 +26,21 @@ OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
 
 _DEFAULT_OPTIONS = RuntimeOptions()
+
+
+def _checked_input(value: object) -> str:
+    """The input text; a non-str is refused at run time too, for callers without a type checker."""
+    if not isinstance(value, str):
+        raise TypeError(f"input must be str, not {type(value).__name__}")
+    return value
+
+
+def _checked_options(value: object) -> RuntimeOptions:
+    if value is None:
+        return _DEFAULT_OPTIONS
+    if not isinstance(value, RuntimeOptions):
+        raise TypeError(f"options must be RuntimeOptions, not {type(value).__name__}")
+    return value
 
 
 def default_base_path(model: type[InterpreterModel]) -> Path | None:
@@ -49,12 +64,13 @@ class PawFn(Generic[M, B]):
     _backend_type: ClassVar[type[Backend] | None] = None
     _specializations: ClassVar[dict[tuple[type[InterpreterModel], type[Backend]], type[PawFn[Any, Any]]]] = {}
 
-    def __class_getitem__(cls, params: Any) -> Any:  # noqa: ANN401 - mirrors typing's own signature
+    def __class_getitem__(cls, params: object) -> Any:  # noqa: ANN401 - typing's own hook returns Any
         """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B."""
-        generic_alias = super().__class_getitem__(params)  # type: ignore[misc]  # Generic's own hook
-        if not isinstance(params, tuple) or len(params) != 2:
+        generic_alias = cast(object, super().__class_getitem__(params))  # type: ignore[misc]  # Generic's own hook
+        arguments: tuple[object, ...] = cast("tuple[object, ...]", params) if isinstance(params, tuple) else (params,)
+        if len(arguments) != 2:
             return generic_alias
-        model, backend = params
+        model, backend = arguments
         if not (isinstance(model, type) and isinstance(backend, type)):
             return generic_alias  # type variables and forward references stay typing aliases
         if not issubclass(model, InterpreterModel):
@@ -177,19 +193,14 @@ class PawFn(Generic[M, B]):
 
     def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
         """Run the program and return text, token ids and timings."""
-        if not isinstance(input, str):
-            raise TypeError(f"input must be str, not {type(input).__name__}")
-        if options is not None and not isinstance(options, RuntimeOptions):
-            raise TypeError(f"options must be RuntimeOptions, not {type(options).__name__}")
+        text, checked = _checked_input(input), _checked_options(options)
         if self._closed:
             raise ProgramClosedError("this program was closed; load it again to run it")
-        return self._runtime.generate(input, options or _DEFAULT_OPTIONS)
+        return self._runtime.generate(text, checked)
 
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
-        if not isinstance(input, str):
-            raise TypeError(f"input must be str, not {type(input).__name__}")
-        return self._runtime.encode_prompt(input, options or _DEFAULT_OPTIONS)
+        return self._runtime.encode_prompt(_checked_input(input), _checked_options(options))
 
     def run(self, input: str) -> str:  # noqa: A002
         """Run the program greedily on `input` and return its output text."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import SupportsFloat, SupportsInt, cast
 
 import gguf
 import numpy as np
@@ -33,6 +34,29 @@ SUPPORTED_TENSOR_TYPES = frozenset(
 
 class GGUFFormatError(Exception):
     """Raised by `GGUFFile` for a file that is not readable GGUF; callers wrap it in their typed error."""
+
+
+def _as_int(value: object) -> int | None:
+    """`value` as int when it is an integer (Python or numpy), else None; booleans are not integers."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, np.integer):
+        return int(cast(SupportsInt, value))  # cast: numpy's scalar type is generic over an unknown parameter
+    return None
+
+
+def _as_float(value: object) -> float | None:
+    """`value` as float when it is a real number (Python or numpy), else None."""
+    as_int = _as_int(value)
+    if as_int is not None:
+        return float(as_int)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, np.floating):
+        return float(cast(SupportsFloat, value))  # cast: as above
+    return None
 
 
 class GGUFFile:
@@ -71,36 +95,41 @@ class GGUFFile:
         value = self._value(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        as_int = _as_int(value)
+        if as_int is None:
             raise GGUFFormatError(f"metadata {key} should be an integer, found {type(value).__name__}")
-        return int(value)
+        return as_int
 
     def number(self, key: str, default: float | None = None) -> float | None:
         """A numeric metadata value as float, or `default` when absent."""
         value = self._value(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        as_float = _as_float(value)
+        if as_float is None:
             raise GGUFFormatError(f"metadata {key} should be a number, found {type(value).__name__}")
-        return float(value)
+        return as_float
 
     def strings(self, key: str) -> list[str] | None:
         """A string-array metadata value, or None when absent."""
         value = self._value(key)
         if value is None:
             return None
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        items = cast("list[object]", value) if isinstance(value, list) else None  # cast: list of unknown items
+        if items is None or not all(isinstance(item, str) for item in items):
             raise GGUFFormatError(f"metadata {key} should be an array of strings")
-        return [str(item) for item in value]
+        return [str(item) for item in items]
 
     def integers(self, key: str) -> list[int] | None:
         """An integer-array metadata value, or None when absent."""
         value = self._value(key)
         if value is None:
             return None
-        if not isinstance(value, list) or not all(isinstance(item, (int, np.integer)) for item in value):
+        items = cast("list[object]", value) if isinstance(value, list) else None  # cast: list of unknown items
+        numbers = [_as_int(item) for item in items or []]
+        if items is None or any(number is None for number in numbers):
             raise GGUFFormatError(f"metadata {key} should be an array of integers")
-        return [int(item) for item in value]
+        return [number for number in numbers if number is not None]
 
     def tensor_names(self) -> Iterator[str]:
         """Names of the tensors in file order."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
@@ -61,7 +61,7 @@ class SharedBase:
             self._available.notify_all()
 
     @contextmanager
-    def acquire(self) -> Iterator[ModelCopy]:
+    def acquire(self) -> Generator[ModelCopy, None, None]:
         """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
         with self._available:
             while not self._free and len(self._copies) >= self._max_copies:
@@ -93,8 +93,7 @@ class BaseRegistry:
         """The shared base for `key`, loading it once; concurrent callers for one key wait for that load."""
         with cls._lock:
             entry = cls._entries.get(key)
-            if entry is None:
-                key_lock = cls._key_locks.setdefault(key, threading.Lock())
+            key_lock = cls._key_locks.setdefault(key, threading.Lock())
         if entry is not None:
             entry.allow_copies(max_copies)
             return entry

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from enum import IntEnum
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, ValidationError
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .errors import TokenizerError
@@ -153,12 +153,12 @@ class TextCodec:
         tokenizer.pre_tokenizer = pre_tokenizer
         tokenizer.decoder = decoders.ByteLevel()
         kinds = {i: TokenKind(t) if t in TokenKind._value2member_map_ else TokenKind.NORMAL for i, t in enumerate(types or [])}
-        tokenizer.add_special_tokens(
-            [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
-        )
-        tokenizer.add_tokens(
-            [AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED]
-        )
+        controls = [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
+        user_defined = [
+            AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED
+        ]
+        tokenizer.add_special_tokens(controls)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
+        tokenizer.add_tokens(user_defined)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
         if eos_id is None or not 0 <= eos_id < len(tokens):
             raise TokenizerError(path, f"tokenizer.ggml.eos_token_id is missing or out of range ({eos_id})")
         return cls(tokenizer, kinds, eos_id, str(path))
@@ -184,17 +184,27 @@ class TextCodec:
         return cls(tokenizer, kinds, eos_id, str(folder))
 
 
+class _AddedTokenJson(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    content: str
+
+
+class _TokenizerConfig(BaseModel):
+    """The part of `tokenizer_config.json` pawfn reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    eos_token: str | _AddedTokenJson | None = None
+
+
 def _hf_eos_text(folder: Path) -> str | None:
     config_path = folder / "tokenizer_config.json"
     if not config_path.is_file():
         return None
     try:
-        config: object = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        config = _TokenizerConfig.model_validate_json(config_path.read_bytes())
+    except (OSError, ValidationError) as exc:
         raise TokenizerError(config_path, f"cannot read tokenizer_config.json: {exc}") from exc
-    if not isinstance(config, dict):
-        return None
-    eos: object = config.get("eos_token")
-    if isinstance(eos, dict):
-        eos = eos.get("content")
-    return eos if isinstance(eos, str) else None
+    eos = config.eos_token
+    return eos.content if isinstance(eos, _AddedTokenJson) else eos

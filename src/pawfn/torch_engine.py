@@ -110,8 +110,7 @@ class TorchInterpreter:
         arch = self.architecture
         self.tensors: dict[str, torch.Tensor] = {}
         for name, array in weights.tensors():
-            tensor = torch.from_numpy(array)
-            self.tensors[name] = tensor.to(device=device, dtype=dtype)
+            self.tensors[name] = torch.as_tensor(array).to(device=device, dtype=dtype)
         self._check_tensors(weights)
         if "output.weight" not in self.tensors:
             self.tensors["output.weight"] = self.tensors["token_embd.weight"]  # tied embeddings
@@ -183,8 +182,8 @@ class TorchInterpreter:
                     f"{name}: lora_a {pair.a.shape} / lora_b {pair.b.shape} do not fit the base weight "
                     f"[{out_features}, {in_features}]; the adapter was made for another model size",
                 )
-            a = torch.from_numpy(pair.a).to(device=self.device, dtype=self.dtype)
-            b = torch.from_numpy(pair.b).to(device=self.device, dtype=self.dtype)
+            a = torch.as_tensor(pair.a).to(device=self.device, dtype=self.dtype)
+            b = torch.as_tensor(pair.b).to(device=self.device, dtype=self.dtype)
             pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
         return DeviceAdapter(pairs)
 

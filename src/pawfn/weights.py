@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import BaseModelError
 from .ggufio import GGUFFile, GGUFFormatError
@@ -182,21 +183,107 @@ def _gguf_name(hf_name: str, family: ModelFamily) -> str | None:
     return ""
 
 
-def _config_int(config: dict[str, object], path: Path, *names: str, default: int | None = None) -> int:
-    for name in names:
-        value = config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    if default is not None:
-        return default
-    raise BaseModelError(path, f"config.json has no integer {' or '.join(names)}")
+class _RopeParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    rope_type: str | None = None
+    type: str | None = None
+    rope_theta: float | None = None
 
 
-def _config_float(config: dict[str, object], name: str, default: float) -> float:
-    value = config.get(name)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return default
+class _HFConfig(BaseModel):
+    """The part of a `config.json` every checkpoint has."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_type: str | None = None
+
+
+class _Qwen3HFConfig(BaseModel):
+    """`config.json` of a Qwen3 checkpoint; defaults are transformers' Qwen3Config defaults."""
+
+    model_config = ConfigDict(extra="allow")
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_parameters: _RopeParameters | None = None
+    rope_scaling: _RopeParameters | None = None
+    max_position_embeddings: int
+
+
+class _GPT2HFConfig(BaseModel):
+    """`config.json` of a GPT-2 checkpoint; defaults are transformers' GPT2Config defaults."""
+
+    model_config = ConfigDict(extra="allow")
+
+    vocab_size: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_positions: int
+    n_inner: int | None = None
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+
+
+_ConfigT = TypeVar("_ConfigT", bound=BaseModel)
+
+
+def _parse_config(kind: type[_ConfigT], raw: bytes, path: Path) -> _ConfigT:
+    try:
+        return kind.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise BaseModelError(path, f"config.json is invalid: {problems}") from exc
+
+
+def _hf_architecture(model: type[InterpreterModel], raw: bytes, path: Path) -> Architecture:
+    if model.family == "qwen3":
+        qwen = _parse_config(_Qwen3HFConfig, raw, path)
+        rope_theta = qwen.rope_theta
+        rope = qwen.rope_parameters or qwen.rope_scaling
+        if rope is not None:
+            rope_type = rope.rope_type or rope.type or "default"
+            if rope_type != "default":
+                raise BaseModelError(path, f"rope type {rope_type!r} is not supported; pawfn runs plain RoPE")
+            rope_theta = rope.rope_theta or rope_theta
+        head_dim = qwen.head_dim or qwen.hidden_size // qwen.num_attention_heads
+        return Architecture(
+            family="qwen3",
+            vocab_size=qwen.vocab_size,
+            hidden_size=qwen.hidden_size,
+            n_layers=qwen.num_hidden_layers,
+            n_heads=qwen.num_attention_heads,
+            n_kv_heads=qwen.num_key_value_heads or qwen.num_attention_heads,
+            head_dim=head_dim,
+            ffn_size=qwen.intermediate_size,
+            norm_eps=qwen.rms_norm_eps,
+            rope_theta=rope_theta,
+            max_positions=qwen.max_position_embeddings,
+        )
+    gpt2 = _parse_config(_GPT2HFConfig, raw, path)
+    if gpt2.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise BaseModelError(path, f"activation {gpt2.activation_function!r} is not supported; GPT-2 uses gelu_new")
+    return Architecture(
+        family="gpt2",
+        vocab_size=gpt2.vocab_size,
+        hidden_size=gpt2.n_embd,
+        n_layers=gpt2.n_layer,
+        n_heads=gpt2.n_head,
+        n_kv_heads=gpt2.n_head,
+        head_dim=gpt2.n_embd // gpt2.n_head,
+        ffn_size=gpt2.n_inner or 4 * gpt2.n_embd,
+        norm_eps=gpt2.layer_norm_epsilon,
+        rope_theta=0.0,
+        max_positions=gpt2.n_positions,
+    )
 
 
 def _read_hf_folder(folder: Path, model: type[InterpreterModel]) -> BaseWeights:
@@ -204,58 +291,15 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel]) -> BaseWeights:
     if not config_path.is_file():
         raise BaseModelError(folder, "config.json is missing; a Hugging Face model folder needs it")
     try:
-        loaded: object = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        raw = config_path.read_bytes()
+    except OSError as exc:
         raise BaseModelError(config_path, f"cannot read config.json: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise BaseModelError(config_path, "config.json must hold a JSON object")
-    config: dict[str, object] = {str(k): v for k, v in loaded.items()}
-    if config.get("model_type") != model.hf_model_type:
+    model_type = _parse_config(_HFConfig, raw, config_path).model_type
+    if model_type != model.hf_model_type:
         raise BaseModelError(
-            config_path, f"model_type is {config.get('model_type')!r}, but {model.__name__} needs {model.hf_model_type!r}"
+            config_path, f"model_type is {model_type!r}, but {model.__name__} needs {model.hf_model_type!r}"
         )
-    if model.family == "qwen3":
-        hidden = _config_int(config, config_path, "hidden_size")
-        heads = _config_int(config, config_path, "num_attention_heads")
-        rope = config.get("rope_parameters") or config.get("rope_scaling")
-        rope_theta = _config_float(config, "rope_theta", 10000.0)  # transformers' Qwen3Config default
-        if isinstance(rope, dict):
-            rope_type = rope.get("rope_type", rope.get("type", "default"))
-            if rope_type != "default":
-                raise BaseModelError(config_path, f"rope type {rope_type!r} is not supported")
-            theta = rope.get("rope_theta")
-            if isinstance(theta, (int, float)):
-                rope_theta = float(theta)
-        architecture = Architecture(
-            family="qwen3",
-            vocab_size=_config_int(config, config_path, "vocab_size"),
-            hidden_size=hidden,
-            n_layers=_config_int(config, config_path, "num_hidden_layers"),
-            n_heads=heads,
-            n_kv_heads=_config_int(config, config_path, "num_key_value_heads", default=heads),
-            head_dim=_config_int(config, config_path, "head_dim", default=hidden // heads),
-            ffn_size=_config_int(config, config_path, "intermediate_size"),
-            norm_eps=_config_float(config, "rms_norm_eps", 1e-6),
-            rope_theta=rope_theta,
-            max_positions=_config_int(config, config_path, "max_position_embeddings"),
-        )
-    else:
-        hidden = _config_int(config, config_path, "n_embd", "hidden_size")
-        heads = _config_int(config, config_path, "n_head", "num_attention_heads")
-        inner = config.get("n_inner")
-        architecture = Architecture(
-            family="gpt2",
-            vocab_size=_config_int(config, config_path, "vocab_size"),
-            hidden_size=hidden,
-            n_layers=_config_int(config, config_path, "n_layer", "num_hidden_layers"),
-            n_heads=heads,
-            n_kv_heads=heads,
-            head_dim=hidden // heads,
-            ffn_size=inner if isinstance(inner, int) else 4 * hidden,
-            norm_eps=_config_float(config, "layer_norm_epsilon", 1e-5),
-            rope_theta=0.0,
-            max_positions=_config_int(config, config_path, "n_positions", "max_position_embeddings"),
-        )
+    architecture = _hf_architecture(model, raw, config_path)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise BaseModelError(folder, "no *.safetensors weights in the folder")
