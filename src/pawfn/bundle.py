@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .errors import BundleError
+from .errors import BundleError, describe_validation_error
 
 __all__ = [
     "INPUT_PLACEHOLDER",
@@ -136,8 +136,7 @@ def _read_folder(folder: Path, source: Path) -> ProgramBundle:
     try:
         meta = ProgramMeta.model_validate(raw_meta)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise BundleError(source, f"meta.json is invalid: {problems}") from exc
+        raise BundleError(source, f"meta.json is invalid: {describe_validation_error(exc)}") from exc
 
     try:
         template_text = template_path.read_bytes().decode("utf-8")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 __all__ = [
     "AdapterError",
     "BaseModelError",
@@ -13,7 +15,13 @@ __all__ = [
     "PawError",
     "ProgramClosedError",
     "TokenizerError",
+    "describe_validation_error",
 ]
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line naming each invalid field and its problem (`field: message; ...`)."""
+    return "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
 
 
 class PawError(Exception):

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import BaseModelError
+from .errors import BaseModelError, describe_validation_error
 from .ggufio import GGUFFile, GGUFFormatError
 from .models import InterpreterModel, ModelFamily
 from .tokenizer import TextCodec
@@ -240,8 +240,7 @@ def _parse_config(kind: type[_ConfigT], raw: bytes, path: Path) -> _ConfigT:
     try:
         return kind.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise BaseModelError(path, f"config.json is invalid: {problems}") from exc
+        raise BaseModelError(path, f"config.json is invalid: {describe_validation_error(exc)}") from exc
 
 
 def _hf_architecture(model: type[InterpreterModel], raw: bytes, path: Path) -> Architecture:
