@@ -102,7 +102,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel]) -> BaseWeights:
             head_dim=file.integer(key + "attention.key_length") or hidden // n_heads,
             ffn_size=required("feed_forward_length"),
             norm_eps=eps,
-            rope_theta=file.number(key + "rope.freq_base") or 10000.0,
+            rope_theta=(file.number(key + "rope.freq_base") or 10000.0) if model.family == "qwen3" else 0.0,
             max_positions=required("context_length"),
         )
         value_length = file.integer(key + "attention.value_length")
