@@ -23,15 +23,21 @@ def official_token_ids(tokenizer: Tokenizer, template: str, text: str) -> tuple[
     return list(prefix_ids), list(prompt_ids)
 
 
-def peft_generate(
-    interpreter: TinyInterpreter,
-    pairs: dict[str, tuple[Array, Array]] | None,
-    alpha: float,
-    template: str,
-    text: str,
-    max_tokens: int,
-) -> list[int]:
-    """Greedy tokens of transformers + peft LoRA (no KV cache: every step re-reads the whole sequence)."""
+def peft_logits(
+    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]], alpha: float, template: str, text: str
+) -> Array:
+    """transformers + peft logits after the whole prompt (prefix + input + suffix)."""
+    model = _peft_model(interpreter, pairs, alpha)
+    tokenizer = interpreter.tokenizer()
+    prefix_ids, prompt_ids = official_token_ids(tokenizer, template, text)
+    with torch.no_grad():
+        logits: torch.Tensor = model(input_ids=torch.tensor([prefix_ids + prompt_ids]), use_cache=False).logits[0, -1]
+    return logits.float().numpy()
+
+
+def _peft_model(
+    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float
+) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -55,6 +61,19 @@ def peft_generate(
                 path = f"base_model.model.{interpreter.hf_module(target)}"
                 _weight(model.get_submodule(f"{path}.lora_A.default")).copy_(torch.as_tensor(a))
                 _weight(model.get_submodule(f"{path}.lora_B.default")).copy_(torch.as_tensor(b))
+    return model
+
+
+def peft_generate(
+    interpreter: TinyInterpreter,
+    pairs: dict[str, tuple[Array, Array]] | None,
+    alpha: float,
+    template: str,
+    text: str,
+    max_tokens: int,
+) -> list[int]:
+    """Greedy tokens of transformers + peft LoRA (no KV cache: every step re-reads the whole sequence)."""
+    model = _peft_model(interpreter, pairs, alpha)
     tokenizer = interpreter.tokenizer()
     eos = tokenizer.token_to_id(interpreter.eos_token)
     prefix_ids, prompt_ids = official_token_ids(tokenizer, template, text)
@@ -119,6 +138,25 @@ def llama_generate(
             out.append(token)
             llm.eval([token])
         return out
+    finally:
+        llm.close()
+
+
+def llama_logits(base: Path, adapter: Path, template: str, text: str, n_ctx: int = 512) -> Array:
+    """llama.cpp's logits after the whole prompt, driven as the official SDK drives it (f32 KV cache)."""
+    import llama_cpp
+    import numpy as np
+
+    with _quiet_stderr():
+        llm = llama_cpp.Llama(
+            model_path=str(base), lora_path=str(adapter), n_ctx=n_ctx, n_threads=1, type_k=0, type_v=0,
+            logits_all=True, verbose=False,
+        )
+    try:
+        prefix, suffix = template.split(PLACEHOLDER)
+        llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
+        llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
+        return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
     finally:
         llm.close()
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from conftest import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from references import llama_generate, official_token_ids, peft_generate
+from pawfn.torch_runtime import TorchProgram
+from references import llama_generate, llama_logits, official_token_ids, peft_generate, peft_logits
 from tiny_models import dequantized
 
 INPUTS = [
@@ -42,6 +45,40 @@ def test_f32_adapter_matches_peft(family: str, base_kind: str, request: pytest.F
             got = function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS))
             assert list(got.token_ids) == expected, text
             assert got.prefix_tokens + got.prompt_tokens == sum(map(len, official_token_ids(tiny.tokenizer(), program.template, text)))
+
+
+def _pawfn_logits(function: PawFn[InterpreterModel, Torch], text: str) -> npt.NDArray[np.float32]:
+    """pawfn's logits after input + suffix, continuing from the program's cached prefix."""
+    runtime = function.runtime
+    assert isinstance(runtime, TorchProgram)
+    interpreter = runtime.base.interpreter
+    cache = interpreter.new_cache()
+    cache.load(runtime.prefix_state)
+    logits = interpreter.forward(function.prompt_token_ids(text), function.prefix_tokens, cache, runtime.device_adapter)
+    return logits.numpy()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_logits_match_peft(family: str, request: pytest.FixtureRequest) -> None:
+    """Tighter than tokens: a numeric slip (epsilon, GELU flavour, RoPE layout) moves logits before tokens."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    with _load(program, tiny.gguf_path) as function:
+        for text in INPUTS[:3]:
+            expected = peft_logits(tiny, program.pairs, program.alpha, program.template, text)
+            np.testing.assert_allclose(_pawfn_logits(function, text), expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_logits_match_llama_cpp(family: str, request: pytest.FixtureRequest) -> None:
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    tiny = program.interpreter
+    with _load(program, tiny.gguf_path) as function:
+        for text in INPUTS[:3]:
+            expected = llama_logits(tiny.gguf_path, program.adapter, program.template, text)
+            np.testing.assert_allclose(_pawfn_logits(function, text), expected, rtol=0, atol=1e-3 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
