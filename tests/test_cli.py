@@ -52,7 +52,7 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
         (["--program", "{missing}"], "no such bundle", 1),
         (["--program", "{program}", "--base", "{missing}"], "base weights not found", 1),
         (["--program", "{program}", "--temperature", "-1"], "invalid --temperature: Input should be greater than", 2),
-        (["--program", "{program}", "--device", "tpu"], "invalid --device: Value error, unknown device 'tpu'", 2),
+        (["--program", "{program}", "--device", "tpu"], "invalid option: device: Value error, unknown device 'tpu'", 2),
         (["--program", "{program}", "--n-ctx", "8"], "context overflow", 1),
     ],
 )
@@ -73,7 +73,7 @@ def test_errors_are_one_line(
 def test_debug_prints_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--debug", "run", "--program", str(tmp_path / "missing"), "--input", "x"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("no such bundle: pass a .paw file or an extracted bundle folder")
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("pass a .paw file, a bundle folder, a program id or a slug")
 
 
 def test_console_script_runs(qwen3_program: TinyProgram) -> None:

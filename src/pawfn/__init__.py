@@ -1,21 +1,34 @@
 """pawfn: typed Python SDK for ProgramAsWeights neural programs."""
 
 from .backends import Backend, Torch
+from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
 from .bundle import ProgramMeta, PromptTemplate
 from .errors import (
     AdapterError,
+    AuthenticationError,
     BaseModelError,
     BundleError,
+    CompileError,
+    ConfigError,
     ContextOverflowError,
+    HubConnectionError,
+    HubError,
+    IntegrityError,
     InterpreterMismatchError,
+    NotFoundError,
+    OfflineError,
     PawError,
     ProgramClosedError,
+    RateLimitError,
+    ServerError,
     TokenizerError,
 )
 from .function import PawFn
 from .generation import Generation, Timings
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
-from .options import PawConfig, RuntimeOptions
+from .config import PawConfig
+from .options import RuntimeOptions
+from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
 from .registry import BaseRegistry
 
 __version__ = "0.1.0"
@@ -23,25 +36,43 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT2",
     "AdapterError",
+    "AsyncPawClient",
+    "AuthenticationError",
     "Backend",
     "BaseModelError",
     "BaseRegistry",
     "BundleError",
+    "CompileError",
+    "ConfigError",
     "ContextOverflowError",
     "Generation",
+    "HubConnectionError",
+    "HubError",
+    "IntegrityError",
     "InterpreterMismatchError",
     "InterpreterModel",
+    "NotFoundError",
+    "OfflineError",
+    "PawCache",
+    "PawClient",
     "PawConfig",
     "PawError",
     "PawFn",
+    "PawFnBuilder",
+    "PreparedProgram",
     "ProgramClosedError",
+    "ProgramLoader",
     "ProgramMeta",
     "PromptTemplate",
     "Qwen3_0_6B",
+    "RateLimitError",
     "RuntimeOptions",
+    "ServerError",
+    "SpecCompiler",
     "Timings",
     "TokenizerError",
     "Torch",
     "WeightFile",
     "__version__",
+    "prepare_program",
 ]

@@ -9,7 +9,8 @@ from typing import ClassVar
 from .bundle import ProgramBundle
 from .generation import Generation
 from .models import InterpreterModel
-from .options import PawConfig, RuntimeOptions
+from .config import PawConfig
+from .options import RuntimeOptions
 
 __all__ = ["Backend", "ProgramRuntime", "Torch"]
 

@@ -24,7 +24,9 @@ __all__ = [
     "ProgramBundle",
     "ProgramMeta",
     "PromptTemplate",
+    "extract_archive",
     "open_bundle",
+    "read_bundle_folder",
 ]
 
 INPUT_PLACEHOLDER = "{INPUT_PLACEHOLDER}"
@@ -120,6 +122,16 @@ def _regular_file(folder: Path, name: str, source: Path) -> Path:
     if member.stat().st_size == 0:
         raise BundleError(source, f"{name} is empty")
     return member
+
+
+def read_bundle_folder(folder: Path, source: Path) -> ProgramBundle:
+    """Validate an extracted bundle in `folder`; errors name `source`."""
+    return _read_folder(folder, source)
+
+
+def extract_archive(archive: Path, destination: Path) -> None:
+    """Safely extract a `.paw` zip into the existing, empty folder `destination`."""
+    _extract_zip(archive, destination)
 
 
 def _read_folder(folder: Path, source: Path) -> ProgramBundle:

@@ -1,8 +1,9 @@
-"""The `pawfn` command line."""
+"""The `pawfn` command line: run, compile, info, cache and login."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 import traceback
@@ -10,14 +11,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .backends import Torch
-from .bundle import open_bundle
-from .errors import PawError
+from .bundle import ProgramMeta
+from .config import PawConfig, save_api_key
+from .errors import ConfigError, PawError
 from .function import PawFn
+from .hub.cache import PawCache
+from .hub.client import PawClient
+from .hub.loader import prepare_program
+from .hub.refs import parse_reference
+from .hub.types import CompileRequest
 from .models import model_for_interpreter
-from .options import DType, PawConfig, RuntimeOptions
+from .options import DType, RuntimeOptions
 
 __all__ = ["main"]
 
@@ -26,17 +33,29 @@ class _CliError(Exception):
     """A usage problem found after parsing (printed as one line, exit 2)."""
 
 
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks on errors")
+    common.add_argument("--offline", action="store_true", default=None, help="make no network request (PAW_OFFLINE)")
+    common.add_argument("--api-url", metavar="URL", help="PAW API root (PAW_API_URL)")
+    common.add_argument("--cache-dir", metavar="PATH", help="cache shared with the official SDK (PAW_CACHE_DIR)")
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
+    common = _common()
     parser = argparse.ArgumentParser(prog="pawfn", description="Run ProgramAsWeights neural programs locally.")
     parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser("run", help="run a program on one or more inputs")
-    run.add_argument("--program", required=True, metavar="PATH", help="a .paw file or an extracted bundle folder")
+
+    run = commands.add_parser("run", parents=[common], help="run a program on one or more inputs")
+    run.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
     run.add_argument("--input", required=True, action="append", metavar="TEXT", help="input text (repeatable)")
     run.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
-    run.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps (default: cpu)")
-    run.add_argument("--dtype", default="float32", choices=get_args(DType), help="compute dtype (default: float32)")
-    run.add_argument("--n-ctx", type=int, default=2048, metavar="N", help="context window in tokens (default: 2048)")
+    run.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    run.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
+    run.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
     run.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     run.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
@@ -45,7 +64,32 @@ def _parser() -> argparse.ArgumentParser:
         "--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)"
     )
     run.add_argument("--json", action="store_true", help="print one JSON object per input (JSON Lines)")
-    parser.add_argument("--version", action="version", version=_version())
+
+    compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
+    compile_.add_argument("--spec", required=True, metavar="TEXT", help="what the function does, in plain English")
+    compile_.add_argument("--compiler", metavar="NAME", help="compiler (default: the server's)")
+    compile_.add_argument("--slug", metavar="SLUG", help="publish under your slug (needs an API key)")
+    compile_.add_argument("--name", metavar="NAME", help="display name")
+    compile_.add_argument("--private", action="store_true", help="do not list the program publicly")
+    compile_.add_argument("--ephemeral", action="store_true", help="ask the server not to keep the program")
+    compile_.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+
+    info = commands.add_parser("info", parents=[common], help="show a program's facts")
+    info.add_argument("program", metavar="REF", help="program id, slug or local bundle")
+    info.add_argument("--json", action="store_true", help="print JSON")
+
+    cache = commands.add_parser("cache", help="list, clear or fill the cache shared with the official SDK")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    listing = cache_commands.add_parser("list", parents=[common], help="list cached programs")
+    listing.add_argument("--json", action="store_true", help="print JSON Lines")
+    clear = cache_commands.add_parser("clear", parents=[common], help="delete every cached program and base model")
+    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
+    prepare.add_argument("program", metavar="REF", help="program id or slug")
+    prepare.add_argument("--json", action="store_true", help="print JSON")
+
+    login = commands.add_parser("login", parents=[common], help="store an API key in the official config file")
+    login.add_argument("key", nargs="?", help="the key (prompted for when omitted)")
     return parser
 
 
@@ -55,48 +99,166 @@ def _version() -> str:
     return f"pawfn {__version__}"
 
 
-def _options(args: argparse.Namespace) -> tuple[PawConfig, RuntimeOptions]:
+def _config(args: argparse.Namespace) -> PawConfig:
+    overrides: dict[str, object] = {}
+    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = Path(value) if name == "cache_dir" else value
     try:
-        config = PawConfig(device=args.device, dtype=args.dtype, n_ctx=args.n_ctx)
+        return PawConfig.from_env(**overrides)
+    except ConfigError as exc:
+        raise _CliError(str(exc).replace("invalid configuration: ", "invalid option: ")) from exc
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, ensure_ascii=False, default=str), flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    try:
         options = RuntimeOptions(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            seed=args.seed,
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
             parse_special_in_input=args.parse_special,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]).replace("_", "-")
-        raise _CliError(f"invalid --{field}: {first['msg']}") from exc
-    return config, options
+        option = "-".join(map(str, first["loc"])).replace("_", "-")
+        raise _CliError(f"invalid --{option}: {first['msg']}") from exc
+    if args.base is not None:
+        reference = parse_reference(args.program)
+        if reference.kind != "path":
+            raise _CliError("--base goes with a local bundle path; a slug or id brings its own base weights")
+        bundle, base = reference.path, Path(args.base)
+        from .bundle import open_bundle
 
-
-def _run(args: argparse.Namespace) -> int:
-    config, options = _options(args)
-    with open_bundle(Path(args.program)) as bundle:
-        interpreter = bundle.meta.interpreter
-    model = model_for_interpreter(interpreter)
+        with open_bundle(bundle) as opened:
+            meta: ProgramMeta = opened.meta
+    else:
+        prepared = prepare_program(args.program, config)
+        bundle, base, meta = prepared.bundle, prepared.base, prepared.meta
+    model = model_for_interpreter(meta.interpreter)
     if model is None:
-        raise _CliError(f"program {args.program} needs interpreter {interpreter!r}, which pawfn does not know")
-    with PawFn.specialize(model, Torch).from_path(args.program, base=args.base, config=config) as program:
+        raise _CliError(f"program {args.program} needs interpreter {meta.interpreter!r}, which pawfn does not know")
+    with PawFn.specialize(model, Torch).from_path(bundle, base=base, config=config) as program:
         for text in args.input:
             generation = program.generate(text, options)
             if args.json:
-                record = {
-                    "program": program.program_id or args.program,
-                    "interpreter": program.interpreter,
-                    "input": text,
-                    "output": generation.text,
-                    "tokens": list(generation.token_ids),
-                    "stop_reason": generation.stop_reason,
-                    "prefix_tokens": generation.prefix_tokens,
-                    "prompt_tokens": generation.prompt_tokens,
-                    "timings": generation.timings.model_dump(),
-                }
-                print(json.dumps(record, ensure_ascii=False), flush=True)
+                _print_json(
+                    {
+                        "program": program.program_id or args.program,
+                        "interpreter": program.interpreter,
+                        "input": text,
+                        "output": generation.text,
+                        "tokens": list(generation.token_ids),
+                        "stop_reason": generation.stop_reason,
+                        "prefix_tokens": generation.prefix_tokens,
+                        "prompt_tokens": generation.prompt_tokens,
+                        "timings": generation.timings.model_dump(),
+                    }
+                )
             else:
                 print(generation.text, flush=True)
+    return 0
+
+
+def _compile(args: argparse.Namespace) -> int:
+    config = _config(args)
+    request = CompileRequest(
+        spec=args.spec, compiler=args.compiler, slug=args.slug, name=args.name, public=not args.private,
+        ephemeral=True if args.ephemeral else None,
+    )
+    with PawClient(config) as client:
+        result = client.compile(request)
+    if args.json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        print(f"program: {result.program_id}")
+        if result.slug:
+            print(f"slug: {result.slug}" + (f" v{result.version}" if result.version else ""))
+        print(f"status: {result.status}")
+        print(f"run it: pawfn run --program {result.slug or result.program_id} --input TEXT")
+    return 0
+
+
+def _dump(model: BaseModel) -> dict[str, object]:
+    return model.model_dump(mode="json")
+
+
+def _info(args: argparse.Namespace) -> int:
+    config = _config(args)
+    reference = parse_reference(args.program)
+    data: dict[str, object]
+    if reference.kind == "path":
+        from .bundle import open_bundle
+
+        with open_bundle(reference.path) as bundle:
+            data = _dump(bundle.meta) | {"source": str(reference.path)}
+    elif config.offline:
+        cache = PawCache(config.cache_dir)
+        program_id = reference.text if reference.kind == "id" else cache.cached_slug(reference.text)
+        bundle_meta = None if program_id is None else cache.read_program(program_id)
+        if bundle_meta is None:
+            raise PawError(f"program {args.program} is not in the cache (offline); run `pawfn cache prepare {args.program}` online")
+        data = _dump(bundle_meta.meta) | {"source": str(bundle_meta.source)}
+    else:
+        with PawClient(config) as client:
+            data = _dump(client.program_info(reference.text))
+    if args.json:
+        _print_json(data)
+    else:
+        for key in ("id", "program_id", "name", "spec", "interpreter", "compiler_snapshot", "aliases", "downloads", "source"):
+            if data.get(key) not in (None, [], ""):
+                print(f"{key}: {data[key]}")
+    return 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    config = _config(args)
+    cache = PawCache(config.cache_dir)
+    if args.cache_command == "list":
+        for program in cache.list_programs():
+            if args.json:
+                _print_json(
+                    {"program_id": program.program_id, "slugs": list(program.slugs), "interpreter": program.interpreter,
+                     "spec": program.spec, "runtime_id": program.runtime_id, "path": str(program.path)}
+                )
+            else:
+                names = f" ({', '.join(program.slugs)})" if program.slugs else ""
+                print(f"{program.program_id}{names}  {program.interpreter}  {(program.spec or '')[:60]}")
+        return 0
+    if args.cache_command == "clear":
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise _CliError("`pawfn cache clear` deletes every cached program and base model; add --yes to confirm")
+            if input(f"delete everything in {cache.root}? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 0
+        cache.clear()
+        print(f"cleared {cache.root}")
+        return 0
+    prepared = prepare_program(args.program, config)
+    if args.json:
+        _print_json(
+            {"program": args.program, "program_id": prepared.program_id, "path": str(prepared.bundle),
+             "runtime_id": prepared.runtime.runtime_id, "base": str(prepared.base)}
+        )
+    else:
+        print(f"{args.program}: ready offline ({prepared.bundle}; base {prepared.base})")
+    return 0
+
+
+def _login(args: argparse.Namespace) -> int:
+    config = _config(args)
+    key = args.key
+    if key is None:
+        print(f"Create an API key at {config.api_url}/settings")
+        key = getpass.getpass("API key: ").strip()
+    if not key:
+        raise _CliError("no key given; nothing saved")
+    path = save_api_key(key)
+    print(f"saved the API key to {path}")
     return 0
 
 
@@ -104,10 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    handlers = {"run": _run, "compile": _compile, "info": _info, "cache": _cache, "login": _login}
     try:
-        if args.command == "run":
-            return _run(args)
-        raise _CliError(f"unknown command {args.command!r}")  # argparse already refuses these
+        return handlers[args.command](args)
     except _CliError as exc:
         if args.debug:
             traceback.print_exc()

@@ -8,6 +8,16 @@ from pydantic import ValidationError
 
 __all__ = [
     "AdapterError",
+    "AuthenticationError",
+    "CompileError",
+    "ConfigError",
+    "HubConnectionError",
+    "HubError",
+    "IntegrityError",
+    "NotFoundError",
+    "OfflineError",
+    "RateLimitError",
+    "ServerError",
     "BaseModelError",
     "BundleError",
     "ContextOverflowError",
@@ -86,3 +96,63 @@ class ContextOverflowError(PawError, ValueError):
 
 class ProgramClosedError(PawError, RuntimeError):
     """The program was closed and can no longer run."""
+
+
+class ConfigError(PawError, ValueError):
+    """A configuration value (argument, environment variable or config file) is invalid."""
+
+
+class OfflineError(PawError, ConnectionError):
+    """Offline mode (or an unreachable hub) and something needed is not in the cache."""
+
+
+class IntegrityError(PawError, ValueError):
+    """A downloaded file failed its size or sha256 check."""
+
+
+class HubError(PawError):
+    """The PAW API answered with an error; carries the HTTP status and the server's message."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, server_message: str | None = None, url: str | None = None
+    ) -> None:
+        self.status = status
+        self.server_message = server_message
+        self.url = url
+        super().__init__(message)
+
+
+class NotFoundError(HubError, LookupError):
+    """The program, slug or job does not exist (or is private to another account): HTTP 404."""
+
+
+class AuthenticationError(HubError):
+    """The API key is missing, wrong or not allowed to do this: HTTP 401/403."""
+
+
+class RateLimitError(HubError):
+    """Too many requests (HTTP 429) and the retries ran out; `retry_after_s` says when to try again."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        status: int | None = None,
+        server_message: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message, status=status, server_message=server_message, url=url)
+
+
+class ServerError(HubError):
+    """The server failed (HTTP 5xx) or could not be reached, after the retries."""
+
+
+class CompileError(HubError):
+    """The compiler refused the spec or failed to compile it."""
+
+
+class HubConnectionError(HubError, ConnectionError):
+    """The PAW API (or a download host) could not be reached, after the retries."""

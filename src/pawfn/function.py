@@ -13,10 +13,11 @@ from typing_extensions import Self
 
 from .backends import Backend, ProgramRuntime
 from .bundle import ProgramMeta, open_bundle
-from .errors import BaseModelError, InterpreterMismatchError, ProgramClosedError
+from .errors import BaseModelError, ConfigError, InterpreterMismatchError, ProgramClosedError
 from .generation import Generation
 from .models import InterpreterModel
-from .options import PawConfig, RuntimeOptions
+from .config import PawConfig
+from .options import RuntimeOptions
 
 __all__ = ["PawFn", "default_base_path"]
 
@@ -43,10 +44,9 @@ def _checked_options(value: object) -> RuntimeOptions:
     return value
 
 
-def default_base_path(model: type[InterpreterModel]) -> Path | None:
-    """The official runtime's base GGUF for `model` in the official cache, if it is there with the right size."""
-    root = Path(os.environ.get("PAW_CACHE_DIR") or Path.home() / ".cache" / "programasweights")
-    candidate = root / "base_models" / model.default_gguf.file
+def default_base_path(model: type[InterpreterModel], cache_dir: Path) -> Path | None:
+    """The official runtime's base GGUF for `model` in the shared cache, if it is there with the right size."""
+    candidate = cache_dir / "base_models" / model.default_gguf.file
     expected = model.default_gguf.size_bytes
     if candidate.is_file() and not candidate.is_symlink():
         if expected is None or candidate.stat().st_size == expected:
@@ -123,14 +123,14 @@ class PawFn(Generic[M, B]):
         """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder)."""
         model = cls.model_type()
         backend = cls.backend_type()
-        config = config or PawConfig()
+        config = config or PawConfig.from_env()
         started = time.perf_counter()
         with open_bundle(Path(path)) as bundle:
             if not model.accepts(bundle.meta.interpreter):
                 raise InterpreterMismatchError(
                     bundle.name, bundle.meta.interpreter, model.interpreter_id, model.__name__
                 )
-            base_path = Path(base) if base is not None else default_base_path(model)
+            base_path = Path(base) if base is not None else default_base_path(model, config.cache_dir)
             if base_path is None:
                 raise BaseModelError(
                     None,
@@ -140,6 +140,102 @@ class PawFn(Generic[M, B]):
                 )
             runtime = backend.open_program(model, bundle, base_path, config)
         return cls(runtime, bundle.meta, Path(path), config, (time.perf_counter() - started) * 1e3)
+
+    @classmethod
+    def _check_meta(cls, meta: ProgramMeta) -> None:
+        model = cls.model_type()
+        if not model.accepts(meta.interpreter):
+            raise InterpreterMismatchError(meta.program_id or "?", meta.interpreter, model.interpreter_id, model.__name__)
+
+    @classmethod
+    def load_sync(cls, reference: str, *, config: PawConfig | None = None) -> Self:
+        """Load a program by id, slug or path: download what is missing, or use the cache (offline too)."""
+        from .hub.loader import prepare_program
+
+        cls.model_type()
+        config = config or PawConfig.from_env()
+        prepared = prepare_program(reference, config, check=cls._check_meta)
+        return cls.from_path(prepared.bundle, base=prepared.base, config=config)
+
+    @classmethod
+    async def load(cls, reference: str, *, config: PawConfig | None = None) -> Self:
+        """`load_sync` in a worker thread: downloads, hashing and weight loading never block the event loop."""
+        return await asyncio.to_thread(lambda: cls.load_sync(reference, config=config))
+
+    @classmethod
+    def load_slug_sync(cls, slug: str, *, config: PawConfig | None = None) -> Self:
+        """Load `user/slug`, a bare official slug or a pinned `user/slug@vN` (served from the cache)."""
+        from .hub.refs import parse_reference
+
+        if parse_reference(slug).kind != "slug":
+            raise ConfigError(f"{slug!r} is not a slug; use load_id for ids and from_path for local bundles")
+        return cls.load_sync(slug, config=config)
+
+    @classmethod
+    async def load_slug(cls, slug: str, *, config: PawConfig | None = None) -> Self:
+        """Async `load_slug_sync`."""
+        return await asyncio.to_thread(lambda: cls.load_slug_sync(slug, config=config))
+
+    @classmethod
+    def load_id_sync(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
+        """Load a program by its hash id."""
+        from .hub.refs import is_program_id
+
+        if not is_program_id(program_id):
+            raise ConfigError(f"{program_id!r} is not a program id (16-64 lowercase hex digits)")
+        return cls.load_sync(program_id, config=config)
+
+    @classmethod
+    async def load_id(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
+        """Async `load_id_sync`."""
+        return await asyncio.to_thread(lambda: cls.load_id_sync(program_id, config=config))
+
+    @classmethod
+    def compile_spec_sync(
+        cls,
+        spec: str,
+        compiler: str | None = None,
+        *,
+        config: PawConfig | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        public: bool = True,
+        slug: str | None = None,
+        ephemeral: bool = False,
+    ) -> Self:
+        """Compile `spec` on the hub (`compiler` None: the server's default) and load the program."""
+        from .hub.client import PawClient
+        from .hub.types import CompileRequest
+
+        cls.model_type()
+        config = config or PawConfig.from_env()
+        request = CompileRequest(
+            spec=spec, compiler=compiler, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral or None
+        )
+        with PawClient(config) as client:
+            result = client.compile(request)
+        assert result.program_id is not None  # compile() raises CompileError otherwise
+        return cls.load_id_sync(result.program_id, config=config)
+
+    @classmethod
+    async def compile_spec(
+        cls,
+        spec: str,
+        compiler: str | None = None,
+        *,
+        config: PawConfig | None = None,
+        name: str | None = None,
+        tags: list[str] | None = None,
+        public: bool = True,
+        slug: str | None = None,
+        ephemeral: bool = False,
+    ) -> Self:
+        """Async `compile_spec_sync`."""
+        return await asyncio.to_thread(
+            lambda: cls.compile_spec_sync(
+                spec, compiler, config=config, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral
+            )
+        )
 
     @property
     def interpreter(self) -> str:

@@ -1,17 +1,15 @@
-"""Runtime options of one call and the load-time configuration of a program."""
+"""Runtime options of one call."""
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["DType", "PawConfig", "RuntimeOptions"]
+__all__ = ["DType", "RuntimeOptions"]
 
 DType = Literal["float32", "bfloat16", "float16"]
-_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 
 
 class RuntimeOptions(BaseModel):
@@ -35,26 +33,4 @@ class RuntimeOptions(BaseModel):
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
-        return value
-
-
-class PawConfig(BaseModel):
-    """Where and how a program runs: device, dtype, context size and model copies."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    device: str = "cpu"
-    """Torch device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
-    dtype: DType = "float32"
-    """Compute dtype of the base weights, adapters and KV cache."""
-    n_ctx: int = Field(default=2048, gt=0)
-    """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
-    max_model_copies: int = Field(default=1, ge=1)
-    """Most copies of one base model, and so most concurrent runs on it."""
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        if not _DEVICE_PATTERN.match(value):
-            raise ValueError(f"unknown device {value!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
         return value

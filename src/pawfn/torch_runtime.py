@@ -14,7 +14,8 @@ from .bundle import ProgramBundle
 from .errors import BaseModelError, ContextOverflowError, PawError, ProgramClosedError
 from .generation import Generation, StopReason, Timings, make_generator, pick_token
 from .models import InterpreterModel
-from .options import PawConfig, RuntimeOptions
+from .config import PawConfig
+from .options import RuntimeOptions
 from .registry import BaseKey, BaseRegistry, SharedBase
 from .torch_engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
 from .weights import read_base_weights

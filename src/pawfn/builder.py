@@ -1,0 +1,156 @@
+"""`PawFnBuilder`: a typestate builder; `.slug()`/`.id()` can only `load`, `.spec()` can only `compile`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+from .backends import Torch
+from .bundle import ProgramMeta
+from .config import PawConfig
+from .errors import ConfigError
+from .function import PawFn
+from .hub.client import PawClient
+from .hub.loader import prepare_program
+from .hub.refs import is_program_id, parse_reference
+from .hub.types import CompileRequest
+from .models import InterpreterModel, model_for_interpreter
+
+__all__ = ["PawFnBuilder", "ProgramLoader", "SpecCompiler"]
+
+
+def _known_interpreter(meta: ProgramMeta) -> None:
+    if model_for_interpreter(meta.interpreter) is None:
+        raise ConfigError(f"program {meta.program_id} needs interpreter {meta.interpreter!r}, which pawfn does not know")
+
+
+def _load_dynamic(reference: str, config: PawConfig) -> PawFn[InterpreterModel, Torch]:
+    """Load with the interpreter model the bundle names (Qwen3_0_6B or GPT2) on the Torch backend."""
+    prepared = prepare_program(reference, config, check=_known_interpreter)
+    model = model_for_interpreter(prepared.meta.interpreter)
+    assert model is not None  # checked above, before any download of base weights
+    return PawFn.specialize(model, Torch).from_path(prepared.bundle, base=prepared.base, config=config)
+
+
+@dataclass(frozen=True)
+class _Settings:
+    config: PawConfig | None = None
+    compiler: str | None = None
+    ephemeral: bool = False
+    public: bool = True
+    name: str | None = None
+    slug: str | None = None
+
+    def resolved_config(self) -> PawConfig:
+        return self.config or PawConfig.from_env()
+
+
+class ProgramLoader:
+    """A builder that names an existing program; its only terminals are `load()` and `load_sync()`."""
+
+    def __init__(self, reference: str, settings: _Settings) -> None:
+        self._reference = reference
+        self._settings = settings
+
+    def config(self, config: PawConfig) -> ProgramLoader:
+        """Use `config` for the download and the load."""
+        return ProgramLoader(self._reference, replace(self._settings, config=config))
+
+    def load_sync(self) -> PawFn[InterpreterModel, Torch]:
+        """Fetch (or find in the cache) and load the program; its interpreter comes from the bundle."""
+        return _load_dynamic(self._reference, self._settings.resolved_config())
+
+    async def load(self) -> PawFn[InterpreterModel, Torch]:
+        """`load_sync` in a worker thread."""
+        return await asyncio.to_thread(self.load_sync)
+
+
+class SpecCompiler:
+    """A builder that holds a spec; its only terminals are `compile()` and `compile_sync()`."""
+
+    def __init__(self, spec: str, settings: _Settings) -> None:
+        self._spec = spec
+        self._settings = settings
+
+    def config(self, config: PawConfig) -> SpecCompiler:
+        """Use `config` for the compile, the download and the load."""
+        return SpecCompiler(self._spec, replace(self._settings, config=config))
+
+    def compiler(self, name: str) -> SpecCompiler:
+        """Compile with `name` (e.g. ``paw-4b-qwen3-0.6b``); default: the server's choice."""
+        return SpecCompiler(self._spec, replace(self._settings, compiler=name))
+
+    def ephemeral(self, value: bool = True) -> SpecCompiler:
+        """Ask the server not to keep the program."""
+        return SpecCompiler(self._spec, replace(self._settings, ephemeral=value))
+
+    def public(self, value: bool = True) -> SpecCompiler:
+        """Whether the program is listed publicly."""
+        return SpecCompiler(self._spec, replace(self._settings, public=value))
+
+    def named(self, name: str) -> SpecCompiler:
+        """Give the program a display name."""
+        return SpecCompiler(self._spec, replace(self._settings, name=name))
+
+    def with_slug(self, slug: str) -> SpecCompiler:
+        """Publish the program under your `slug` (needs an API key)."""
+        return SpecCompiler(self._spec, replace(self._settings, slug=slug))
+
+    def compile_sync(self) -> PawFn[InterpreterModel, Torch]:
+        """Compile on the hub, then load the program; its interpreter comes from the bundle."""
+        settings = self._settings
+        config = settings.resolved_config()
+        request = CompileRequest(
+            spec=self._spec, compiler=settings.compiler, ephemeral=settings.ephemeral or None,
+            public=settings.public, name=settings.name, slug=settings.slug,
+        )
+        with PawClient(config) as client:
+            result = client.compile(request)
+        assert result.program_id is not None  # compile() raises CompileError otherwise
+        return _load_dynamic(result.program_id, config)
+
+    async def compile(self) -> PawFn[InterpreterModel, Torch]:
+        """`compile_sync` in a worker thread."""
+        return await asyncio.to_thread(self.compile_sync)
+
+
+class PawFnBuilder:
+    """Start with `PawFnBuilder.builder()`; set options, then name a program (`slug`/`id`) or a `spec`."""
+
+    def __init__(self, settings: _Settings | None = None) -> None:
+        self._settings = settings or _Settings()
+
+    @staticmethod
+    def builder() -> PawFnBuilder:
+        """A builder with default settings (configuration from the environment)."""
+        return PawFnBuilder()
+
+    def config(self, config: PawConfig) -> PawFnBuilder:
+        """Use `config` for every request and the load."""
+        return PawFnBuilder(replace(self._settings, config=config))
+
+    def compiler(self, name: str) -> PawFnBuilder:
+        """The compiler a later `.spec()` uses."""
+        return PawFnBuilder(replace(self._settings, compiler=name))
+
+    def ephemeral(self, value: bool = True) -> PawFnBuilder:
+        """Whether a later `.spec()` compile is ephemeral."""
+        return PawFnBuilder(replace(self._settings, ephemeral=value))
+
+    def slug(self, slug: str) -> ProgramLoader:
+        """Name a program by `user/slug`, bare official slug or `user/slug@vN`."""
+        if parse_reference(slug).kind != "slug":
+            raise ConfigError(f"{slug!r} is not a slug; use .id() for program ids")
+        return ProgramLoader(slug, self._settings)
+
+    def id(self, program_id: str) -> ProgramLoader:
+        """Name a program by its hash id."""
+        if not is_program_id(program_id):
+            raise ConfigError(f"{program_id!r} is not a program id (16-64 lowercase hex digits)")
+        return ProgramLoader(program_id, self._settings)
+
+    def spec(self, spec: str) -> SpecCompiler:
+        """Compile this plain-English spec."""
+        if not spec.strip():
+            raise ConfigError("the spec is empty; describe the function in plain English")
+        return SpecCompiler(spec, self._settings)

@@ -1,0 +1,170 @@
+"""`PawConfig`: everything a load needs, from the official SDK's environment and config file or per call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from .errors import ConfigError, describe_validation_error
+from .options import DType
+
+__all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
+
+DEFAULT_API_URL = "https://programasweights.com"
+_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
+_TRUTHY = frozenset({"1", "true", "yes", "on"})
+
+
+def config_file_path() -> Path:
+    """The official SDK's config file (`~/.config/programasweights/config.json`; `PAW_CONFIG_FILE` overrides)."""
+    override = os.environ.get("PAW_CONFIG_FILE")
+    return Path(override) if override else Path.home() / ".config" / "programasweights" / "config.json"
+
+
+def default_cache_dir() -> Path:
+    """The cache shared with the official SDK: `PAW_CACHE_DIR`, else `~/.cache/programasweights`."""
+    override = os.environ.get("PAW_CACHE_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "programasweights"
+
+
+class PawConfig(BaseModel):
+    """Where programs come from and how they run; `PawConfig.from_env()` reads the official variables."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_url: str = DEFAULT_API_URL
+    """Root of the PAW API (the client adds `/api/v1/...`)."""
+    api_key: SecretStr | None = None
+    """`X-API-Key` for the PAW API; never sent to another origin."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Cache root shared with the official SDK."""
+    offline: bool = False
+    """Make no network request at all; a missing file is an `OfflineError`."""
+    device: str = "cpu"
+    """Torch device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+    dtype: DType = "float32"
+    """Compute dtype of the base weights, adapters and KV cache."""
+    n_ctx: int = Field(default=2048, gt=0)
+    """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
+    max_model_copies: int = Field(default=1, ge=1)
+    """Most copies of one base model, and so most concurrent runs on it."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Timeout of one API request (connect, read, write), in seconds."""
+    compile_timeout_s: float = Field(default=2400.0, gt=0)
+    """Read timeout of a blocking compile request, in seconds."""
+    download_timeout_s: float = Field(default=300.0, gt=0)
+    """Read timeout between chunks of a download, in seconds."""
+    max_retries: int = Field(default=3, ge=0)
+    """Retries after a connection error, 429 or 5xx (exponential backoff with jitter)."""
+    max_wait_s: float = Field(default=300.0, ge=0)
+    """Longest total wait for a program that the server is still generating (202), in seconds."""
+    progress: bool | None = None
+    """Progress bars on downloads: None shows them only on a terminal."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not _DEVICE_PATTERN.match(value):
+            raise ValueError(f"unknown device {value!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        return value
+
+    @field_validator("api_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError(f"api_url must be an http(s) URL, got {value!r}")
+        return value.rstrip("/")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> PawConfig:  # noqa: ANN401 - validated by pydantic below
+        """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
+        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES` and the official config file; keyword arguments win over both."""
+        values: dict[str, object] = {}
+        stored = _read_config_file()
+        if "api_url" in stored:
+            values["api_url"] = stored["api_url"]
+        if "api_key" in stored:
+            values["api_key"] = SecretStr(stored["api_key"])
+        env = os.environ
+        if env.get("PAW_API_URL"):
+            values["api_url"] = env["PAW_API_URL"]
+        if env.get("PAW_API_KEY"):
+            values["api_key"] = SecretStr(env["PAW_API_KEY"])
+        values["cache_dir"] = default_cache_dir()
+        if env.get("PAW_OFFLINE"):
+            values["offline"] = env["PAW_OFFLINE"].strip().lower() in _TRUTHY
+        for name, key in (("n_ctx", "PAW_N_CTX"), ("max_model_copies", "PAW_MAX_MODEL_COPIES")):
+            if env.get(key):
+                try:
+                    values[name] = int(env[key])
+                except ValueError as exc:
+                    raise ConfigError(f"{key}={env[key]!r} is not an integer") from exc
+        for name, key in (("device", "PAW_DEVICE"), ("dtype", "PAW_DTYPE")):
+            if env.get(key):
+                values[name] = env[key]
+        if isinstance(overrides.get("api_key"), str):
+            overrides["api_key"] = SecretStr(overrides["api_key"])
+        if isinstance(overrides.get("cache_dir"), str):
+            overrides["cache_dir"] = Path(overrides["cache_dir"])
+        values.update(overrides)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid configuration: {describe_validation_error(exc)}") from exc
+
+    def with_options(self, **changes: Any) -> PawConfig:  # noqa: ANN401 - validated by pydantic below
+        """A copy with `changes` applied and validated."""
+        try:
+            return self.model_validate(self.model_dump() | changes)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid configuration: {describe_validation_error(exc)}") from exc
+
+    def key_value(self) -> str | None:
+        """The API key in clear, for the one header that carries it."""
+        return None if self.api_key is None else self.api_key.get_secret_value()
+
+
+class _StoredConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    api_key: str | None = None
+    api_url: str | None = None
+
+
+def _read_config_file() -> dict[str, str]:
+    path = config_file_path()
+    if not path.is_file():
+        return {}
+    try:
+        stored = _StoredConfig.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as exc:
+        raise ConfigError(f"{path}: cannot read the PAW config file ({exc}); fix or delete it") from exc
+    return {k: v for k, v in (("api_key", stored.api_key), ("api_url", stored.api_url)) if v}
+
+
+def save_api_key(key: str) -> Path:
+    """Store `key` in the official config file (mode 0600, written atomically); returns the path."""
+    path = config_file_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    current: dict[str, object] = {}
+    if path.is_file():
+        try:
+            loaded: object = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            loaded = {}
+        if isinstance(loaded, dict):
+            current = {str(k): v for k, v in loaded.items()}  # pyright: ignore[reportUnknownVariableType]  # JSON object
+    current["api_key"] = key
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump(current, handle, indent=2)
+        handle.write("\n")
+    os.replace(temporary, path)
+    os.chmod(path, 0o600)
+    return path

@@ -1,0 +1,40 @@
+"""The PAW hub: API client, the cache shared with the official SDK, references and runtime manifests."""
+
+from .cache import CachedProgram, PawCache
+from .client import AsyncPawClient, PawClient
+from .loader import PreparedProgram, aprepare_program, prepare_program
+from .refs import ProgramReference, parse_reference
+from .types import (
+    CompileCancellation,
+    CompileJob,
+    CompilePrecheck,
+    CompileResult,
+    CompileStatus,
+    CompilerInfo,
+    ProgramInfo,
+    ProgramList,
+    ProgramVersions,
+    RuntimeManifest,
+)
+
+__all__ = [
+    "AsyncPawClient",
+    "CachedProgram",
+    "CompileCancellation",
+    "CompileJob",
+    "CompilePrecheck",
+    "CompileResult",
+    "CompileStatus",
+    "CompilerInfo",
+    "PawCache",
+    "PawClient",
+    "PreparedProgram",
+    "ProgramInfo",
+    "ProgramList",
+    "ProgramReference",
+    "ProgramVersions",
+    "RuntimeManifest",
+    "aprepare_program",
+    "parse_reference",
+    "prepare_program",
+]

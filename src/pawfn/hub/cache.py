@@ -1,0 +1,302 @@
+"""The on-disk cache, laid out exactly as the official SDK lays it out, so both SDKs share it.
+
+    <root>/programs/<id>/{meta.json, prompt_template.txt, adapter.gguf, ...}
+    <root>/base_models/<file>.gguf
+    <root>/runtimes/<runtime_id>.json and <runtime_id>.v<version>.json
+    <root>/slug_cache.json
+    <root>/.locks/...
+
+pawfn's own files are dot-files the official SDK ignores (`.pawfn-*`). Installs are atomic: a staging folder
+renamed into place under a cross-process lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..bundle import ProgramBundle, extract_archive, read_bundle_folder
+from ..errors import BundleError
+from .refs import is_program_id
+from .types import BaseModelSource, RuntimeManifest
+
+__all__ = ["CachedProgram", "PawCache"]
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CachedProgram:
+    """A program installed in the cache."""
+
+    program_id: str
+    path: Path
+    slugs: tuple[str, ...]
+    interpreter: str
+    spec: str | None
+    runtime_id: str | None
+
+
+class _VerifiedMarker(BaseModel):
+    """pawfn's record that a base file was hashed: skip re-hashing while size and mtime are unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+class PawCache:
+    """The cache at `root` (`PawConfig.cache_dir`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def programs_dir(self) -> Path:
+        """`<root>/programs`."""
+        return self.root / "programs"
+
+    @property
+    def base_models_dir(self) -> Path:
+        """`<root>/base_models`."""
+        return self.root / "base_models"
+
+    @property
+    def runtimes_dir(self) -> Path:
+        """`<root>/runtimes`."""
+        return self.root / "runtimes"
+
+    @property
+    def slug_cache_path(self) -> Path:
+        """`<root>/slug_cache.json`."""
+        return self.root / "slug_cache.json"
+
+    @contextlib.contextmanager
+    def lock(self, *parts: str) -> Generator[None, None, None]:
+        """Exclusive lock on `<root>/.locks/<parts>.lock`, across threads and processes."""
+        path = self.root.joinpath(".locks", *parts[:-1], parts[-1] + ".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _THREAD_LOCKS_GUARD:
+            thread_lock = _THREAD_LOCKS.setdefault(str(path), threading.Lock())
+        with thread_lock, path.open("a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    # -- programs ---------------------------------------------------------------------------------------
+
+    def program_dir(self, program_id: str) -> Path:
+        """Where program `program_id` is (or would be) installed."""
+        if not is_program_id(program_id):
+            raise ValueError(f"invalid program id {program_id!r}")
+        return self.programs_dir / program_id
+
+    def read_program(self, program_id: str) -> ProgramBundle | None:
+        """The installed program if it is complete and valid (its meta.json names this id), else None."""
+        folder = self.program_dir(program_id)
+        if folder.is_symlink() or not folder.is_dir():
+            return None
+        try:
+            bundle = read_bundle_folder(folder, folder)
+        except BundleError:
+            return None
+        return bundle if bundle.meta.program_id == program_id else None
+
+    def install_program(self, program_id: str, archive: Path, runtime: RuntimeManifest | None) -> ProgramBundle:
+        """Extract `archive`, check it, embed `runtime` in meta.json and rename it into place (atomically)."""
+        folder = self.program_dir(program_id)
+        staging_root = self.programs_dir / ".staging"
+        staging_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{program_id}.", dir=staging_root))
+        try:
+            extracted = staging / "extracted"
+            extracted.mkdir()
+            extract_archive(archive, extracted)
+            bundle = read_bundle_folder(extracted, archive)
+            if bundle.meta.program_id != program_id:
+                raise BundleError(archive, f"meta.json names program {bundle.meta.program_id!r}, expected {program_id!r}")
+            _hydrate_meta(extracted / "meta.json", runtime)
+            with self.lock("programs", program_id):
+                backup: Path | None = None
+                if folder.exists() or folder.is_symlink():
+                    backup = folder.with_name(f".{program_id}.replaced.{os.getpid()}.{time.time_ns()}")
+                    os.replace(folder, backup)
+                try:
+                    os.replace(extracted, folder)
+                except OSError:
+                    if backup is not None:
+                        os.replace(backup, folder)
+                    raise
+                if backup is not None:
+                    shutil.rmtree(backup, ignore_errors=True) if backup.is_dir() else backup.unlink()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        installed = self.read_program(program_id)
+        if installed is None:
+            raise BundleError(folder, "the installed program does not validate; delete it and download again")
+        return installed
+
+    def list_programs(self) -> list[CachedProgram]:
+        """Valid installed programs, with the slugs that point at them."""
+        slugs = self.read_slugs()
+        programs: list[CachedProgram] = []
+        if not self.programs_dir.is_dir():
+            return programs
+        for folder in sorted(self.programs_dir.iterdir()):
+            if not is_program_id(folder.name):
+                continue
+            bundle = self.read_program(folder.name)
+            if bundle is None:
+                continue
+            names = tuple(sorted(ref for ref, target in slugs.items() if target == folder.name))
+            programs.append(
+                CachedProgram(
+                    program_id=folder.name, path=folder, slugs=names, interpreter=bundle.meta.interpreter,
+                    spec=bundle.meta.spec, runtime_id=bundle.meta.runtime_id,
+                )
+            )
+        return programs
+
+    def remove_program(self, program_id: str) -> bool:
+        """Delete an installed program; True if there was one."""
+        folder = self.program_dir(program_id)
+        with self.lock("programs", program_id):
+            if not folder.exists():
+                return False
+            shutil.rmtree(folder)
+            return True
+
+    # -- slugs ------------------------------------------------------------------------------------------
+
+    def read_slugs(self) -> dict[str, str]:
+        """`slug_cache.json` (literal reference -> program id); unreadable entries are dropped, like the official SDK."""
+        try:
+            loaded: object = json.loads(self.slug_cache_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(loaded, dict):
+            return {}
+        entries: dict[str, str] = {}
+        for key, value in loaded.items():  # pyright: ignore[reportUnknownVariableType]  # JSON object
+            if isinstance(key, str) and key and key == key.strip() and isinstance(value, str) and is_program_id(value):
+                entries[key] = value
+        return entries
+
+    def cached_slug(self, reference: str) -> str | None:
+        """The program id cached for `reference`, only while that program is installed and valid."""
+        program_id = self.read_slugs().get(reference)
+        return program_id if program_id is not None and self.read_program(program_id) is not None else None
+
+    def remember_slug(self, reference: str, program_id: str) -> None:
+        """Record `reference` -> `program_id` in `slug_cache.json` (atomic rewrite under the slug lock)."""
+        with self.lock("slug_cache"):
+            entries = self.read_slugs()
+            entries[reference] = program_id
+            _atomic_write_json(self.slug_cache_path, entries)
+
+    # -- runtimes ---------------------------------------------------------------------------------------
+
+    def read_runtime(self, runtime_id: str, version: int | None = None) -> RuntimeManifest | None:
+        """A cached runtime manifest (`<id>.v<version>.json`, then `<id>.json`), if valid."""
+        names = [f"{runtime_id}.v{version or 1}.json", f"{runtime_id}.json"]
+        for name in names:
+            path = self.runtimes_dir / name
+            if path.is_file() and not path.is_symlink():
+                try:
+                    manifest = RuntimeManifest.model_validate_json(path.read_bytes())
+                except (OSError, ValidationError):
+                    continue
+                if manifest.runtime_id == runtime_id:
+                    return manifest
+        return None
+
+    def save_runtime(self, manifest: RuntimeManifest) -> None:
+        """Write `<id>.json` and `<id>.v<version>.json`, as the official SDK does."""
+        data = manifest.model_dump(mode="json", exclude_none=False)
+        with self.lock("runtimes", manifest.runtime_id):
+            for name in (f"{manifest.runtime_id}.v{manifest.manifest_version}.json", f"{manifest.runtime_id}.json"):
+                _atomic_write_json(self.runtimes_dir / name, data)
+
+    # -- base models ------------------------------------------------------------------------------------
+
+    def base_model_path(self, source: BaseModelSource) -> Path:
+        """`<root>/base_models/<file>`."""
+        return self.base_models_dir / source.file
+
+    def verified_base_model(self, source: BaseModelSource) -> Path | None:
+        """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""
+        from .client import file_sha256
+
+        path = self.base_model_path(source)
+        if path.is_symlink() or not path.is_file():
+            return None
+        stat = path.stat()
+        if source.size_bytes is not None and stat.st_size != source.size_bytes:
+            return None
+        with path.open("rb") as handle:
+            if handle.read(4) != b"GGUF":
+                return None
+        if source.sha256 is None:
+            return path
+        marker = path.with_name(f".{path.name}.pawfn-verified")
+        try:
+            recorded = _VerifiedMarker.model_validate_json(marker.read_bytes())
+            if (recorded.size, recorded.mtime_ns, recorded.sha256) == (stat.st_size, stat.st_mtime_ns, source.sha256):
+                return path
+        except (OSError, ValidationError):
+            pass
+        if file_sha256(path) != source.sha256:
+            return None
+        _atomic_write_json(marker, _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=source.sha256).model_dump())
+        return path
+
+    def clear(self) -> None:
+        """Delete every program, base model, runtime manifest and the slug cache."""
+        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.slug_cache_path.unlink()
+
+
+def _hydrate_meta(meta_path: Path, runtime: RuntimeManifest | None) -> None:
+    """Embed the runtime manifest in meta.json, as the official SDK does at install (sorted keys, indent 2)."""
+    loaded: object = json.loads(meta_path.read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    meta: dict[str, object] = {str(k): v for k, v in loaded.items()}  # pyright: ignore[reportUnknownVariableType]  # JSON
+    if runtime is not None:
+        meta["runtime"] = runtime.model_dump(mode="json")
+        meta.setdefault("runtime_id", runtime.runtime_id)
+        meta.setdefault("runtime_manifest_version", runtime.manifest_version)
+    _atomic_write_json(meta_path, meta)
+
+
+def _atomic_write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

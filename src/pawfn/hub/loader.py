@@ -1,0 +1,145 @@
+"""From a reference (id, slug, path) to a program folder and base weights on disk, online or offline."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import ProgramMeta, open_bundle
+from ..config import PawConfig
+from ..errors import HubConnectionError, OfflineError, ServerError
+from .cache import PawCache
+from .client import PawClient, default_progress
+from .refs import ProgramReference, parse_reference
+from .runtimes import resolve_runtime
+from .types import RuntimeManifest
+
+__all__ = ["PreparedProgram", "aprepare_program", "prepare_program"]
+
+
+@dataclass(frozen=True)
+class PreparedProgram:
+    """A program ready to load: its bundle path, meta, runtime manifest and base weights file."""
+
+    reference: str
+    program_id: str | None
+    bundle: Path
+    meta: ProgramMeta
+    runtime: RuntimeManifest
+    base: Path
+
+
+def _offline_hint(reference: str) -> str:
+    return f"run `pawfn cache prepare {reference}` while online to fetch it"
+
+
+def _resolve_id(reference: ProgramReference, cache: PawCache, client: PawClient, config: PawConfig) -> str:
+    if reference.kind == "id":
+        return reference.text
+    cached = cache.cached_slug(reference.text)
+    if cached is not None and (reference.pinned or config.offline):
+        return cached  # pinned versions are immutable: no network
+    if config.offline:
+        raise OfflineError(f"program {reference.text} is not in the cache and offline mode is on; {_offline_hint(reference.text)}")
+    try:
+        program_id = client.resolve(reference.text)
+    except (HubConnectionError, ServerError) as exc:
+        if cached is None:
+            raise
+        print(f"pawfn: warning: {exc}; using the cached {reference.text} -> {cached}", file=sys.stderr)
+        return cached
+    cache.remember_slug(reference.text, program_id)
+    return program_id
+
+
+def _ensure_program(program_id: str, reference: str, cache: PawCache, client: PawClient, config: PawConfig) -> Path:
+    if cache.read_program(program_id) is not None:
+        return cache.program_dir(program_id)
+    if config.offline:
+        raise OfflineError(f"program {program_id} is not in the cache and offline mode is on; {_offline_hint(reference)}")
+    with cache.lock("programs", program_id + ".download"):
+        if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
+            staging = Path(tempfile.mkdtemp(prefix="pawfn-download-"))
+            try:
+                archive = client.download_program(
+                    program_id, staging / f"{program_id}.paw", default_progress(f"program {program_id[:12]}", config.progress)
+                )
+                with open_bundle(archive) as bundle:
+                    runtime = resolve_runtime(bundle.meta, cache, client)
+                cache.install_program(program_id, archive, runtime)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return cache.program_dir(program_id)
+
+
+def _ensure_base(runtime: RuntimeManifest, reference: str, cache: PawCache, client: PawClient, config: PawConfig) -> Path:
+    source = runtime.local_sdk.base_model
+    if not runtime.local_sdk.supported or source is None:
+        raise OfflineError(f"runtime {runtime.runtime_id} has no base model for local use")
+    found = cache.verified_base_model(source)
+    if found is not None:
+        return found
+    if config.offline:
+        raise OfflineError(
+            f"base model {source.file} (runtime {runtime.runtime_id}) is not in the cache and offline mode is on; "
+            f"{_offline_hint(reference)}"
+        )
+    with cache.lock("base_models", source.file):
+        found = cache.verified_base_model(source)
+        if found is None:
+            cache.base_models_dir.mkdir(parents=True, exist_ok=True)
+            progress = default_progress(f"base model {source.file}", config.progress)
+            found = client.download_file(
+                source.download_url(), cache.base_model_path(source), size_bytes=source.size_bytes,
+                sha256=source.sha256, progress=progress,
+            )
+            cache.verified_base_model(source)  # records the hash so the next load skips it
+    return found
+
+
+def prepare_program(
+    reference: str,
+    config: PawConfig | None = None,
+    *,
+    client: PawClient | None = None,
+    check: Callable[[ProgramMeta], None] | None = None,
+) -> PreparedProgram:
+    """Resolve `reference`, download what is missing (program, runtime manifest, base weights) and return paths.
+
+    `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter).
+    """
+    config = config or PawConfig.from_env()
+    parsed = parse_reference(reference)
+    cache = PawCache(config.cache_dir)
+    own_client = client is None
+    client = client or PawClient(config)
+    try:
+        if parsed.kind == "path":
+            with open_bundle(parsed.path) as bundle:
+                meta = bundle.meta
+            folder, program_id = parsed.path, meta.program_id
+        else:
+            program_id = _resolve_id(parsed, cache, client, config)
+            folder = _ensure_program(program_id, reference, cache, client, config)
+            with open_bundle(folder) as bundle:
+                meta = bundle.meta
+        if check is not None:
+            check(meta)
+        runtime = resolve_runtime(meta, cache, None if config.offline else client)
+        base = _ensure_base(runtime, reference, cache, client, config)
+    finally:
+        if own_client:
+            client.close()
+    return PreparedProgram(reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base)
+
+
+async def aprepare_program(
+    reference: str, config: PawConfig | None = None, *, check: Callable[[ProgramMeta], None] | None = None
+) -> PreparedProgram:
+    """`prepare_program` in a worker thread (downloads and hashing never block the event loop)."""
+    return await asyncio.to_thread(lambda: prepare_program(reference, config, check=check))

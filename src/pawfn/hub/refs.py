@@ -1,0 +1,59 @@
+"""Program references: hash ids, `user/slug`, bare official slugs, pinned `user/slug@vN`, local paths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ..errors import ConfigError
+
+__all__ = ["PROGRAM_ID", "ProgramReference", "is_program_id", "parse_reference"]
+
+PROGRAM_ID = re.compile(r"^[a-f0-9]{16,64}$")
+_PINNED = re.compile(r"@v\d+$")
+_SLUG = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]*/)?[a-z0-9][a-z0-9-]*[a-z0-9](?:@v\d+)?$")
+
+ReferenceKind = Literal["id", "slug", "path"]
+
+
+def is_program_id(text: str) -> bool:
+    """Whether `text` is a program hash id (16-64 lowercase hex digits)."""
+    return bool(PROGRAM_ID.match(text))
+
+
+@dataclass(frozen=True)
+class ProgramReference:
+    """A parsed reference; `text` is the literal string (the slug cache is keyed by it, as the official SDK)."""
+
+    kind: ReferenceKind
+    text: str
+
+    @property
+    def pinned(self) -> bool:
+        """A `@vN` slug: immutable, served from the cache with no network call."""
+        return self.kind == "slug" and bool(_PINNED.search(self.text))
+
+    @property
+    def path(self) -> Path:
+        """The local bundle path of a `path` reference."""
+        return Path(self.text).expanduser()
+
+
+def parse_reference(text: str) -> ProgramReference:
+    """Classify `text`: an existing local path, else a program id, else a slug; anything else is refused."""
+    if not isinstance(text, str) or not text or text != text.strip() or "\0" in text:
+        raise ConfigError(f"invalid program reference {text!r}: use a program id, user/slug, slug@vN or a path")
+    if Path(text).expanduser().exists():
+        return ProgramReference("path", text)
+    if is_program_id(text):
+        return ProgramReference("id", text)
+    if _SLUG.match(text):
+        return ProgramReference("slug", text)
+    if text.endswith(".paw") or "/" in text and text.count("/") > 1:
+        raise ConfigError(f"no such bundle: {text}; pass a .paw file, a bundle folder, a program id or a slug")
+    raise ConfigError(
+        f"invalid program reference {text!r}: use a program id (hex), user/slug, a bare official slug, "
+        "user/slug@vN, or the path of a .paw file or bundle folder"
+    )

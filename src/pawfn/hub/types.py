@@ -1,0 +1,240 @@
+"""Pydantic models of the PAW API's requests and responses (unknown fields are kept, never dropped)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "BaseModelSource",
+    "CompileCancellation",
+    "CompileJob",
+    "CompilePrecheck",
+    "CompileRequest",
+    "CompileResult",
+    "CompileStatus",
+    "CompilerInfo",
+    "LocalSdk",
+    "ProgramInfo",
+    "ProgramList",
+    "ProgramSummary",
+    "ProgramVersion",
+    "ProgramVersions",
+    "RuntimeManifest",
+]
+
+_RUNTIME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SHA256 = re.compile(r"^[a-fA-F0-9]{64}$")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class CompileRequest(BaseModel):
+    """Body of `POST /api/v1/compile` and `/compile/async` (unset fields are not sent)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: str
+    public: bool = True
+    compiler: str | None = None
+    ephemeral: bool | None = None
+    name: str | None = None
+    tags: list[str] | None = None
+    slug: str | None = None
+
+
+class CompileResult(_Response):
+    """Answer of a blocking compile."""
+
+    program_id: str | None = None
+    status: str = "unknown"
+    slug: str | None = None
+    compiler_snapshot: str | None = None
+    compiler_kind: str | None = None
+    pseudo_program_strategy: str | None = None
+    runtime_id: str | None = None
+    runtime_manifest_version: int | None = None
+    timings: dict[str, float] | None = None
+    error: str | None = None
+    version: int | None = None
+    version_action: str | None = None
+    job_id: str | None = None
+
+
+class CompilePrecheck(_Response):
+    """Answer of `POST /api/v1/compile/precheck`: is it cached, how long is the queue."""
+
+    cached: bool = False
+    program_id: str | None = None
+    compiler_snapshot: str | None = None
+    compiler_kind: str | None = None
+    queue_length: int | None = None
+    estimated_wait_s: float | None = None
+
+
+class CompileJob(_Response):
+    """Answer of `POST /api/v1/compile/async`."""
+
+    job_id: str
+    status: str
+    program_id: str | None = None
+    compiler_snapshot: str | None = None
+    compiler_kind: str | None = None
+    queue_position: int | None = None
+    estimated_wait_s: float | None = None
+    cached: bool = False
+    error: str | None = None
+    slug: str | None = None
+    version: int | None = None
+
+
+class CompileStatus(_Response):
+    """Answer of `GET /api/v1/compile/{job_id}`; status is queued, compiling, ready, failed or cancelled."""
+
+    job_id: str
+    status: str
+    program_id: str | None = None
+    error: str | None = None
+    percent: float | None = None
+    created_at: str | None = None
+    completed_at: str | None = None
+    queue_length: int | None = None
+    estimated_wait_s: float | None = None
+    slug: str | None = None
+    version: int | None = None
+
+
+class CompileCancellation(_Response):
+    """Answer of `DELETE /api/v1/compile/{job_id}`."""
+
+    job_id: str
+    status: str
+
+
+class ProgramInfo(_Response):
+    """Answer of `GET /api/v1/programs/{id_or_slug}`."""
+
+    id: str
+    name: str | None = None
+    spec: str | None = None
+    interpreter: str | None = None
+    public: bool | None = None
+    aliases: list[str] = Field(default_factory=list)
+    user_slug: str | None = None
+    author: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    upvotes: int | None = None
+    downloads: int | None = None
+    created_at: str | None = None
+    compiler_snapshot: str | None = None
+    hf_url: str | None = None
+
+
+class ProgramVersion(_Response):
+    """One version of a slug."""
+
+    version: int
+    program_id: str
+    is_main: bool = False
+
+
+class ProgramVersions(_Response):
+    """Answer of `GET /api/v1/programs/{slug}/versions`."""
+
+    slug: str | None = None
+    main_version: int | None = None
+    versions: list[ProgramVersion] = Field(default_factory=list)
+
+
+class ProgramSummary(_Response):
+    """One program in a listing."""
+
+    id: str
+    name: str | None = None
+    spec: str | None = None
+    compiler: str | None = None
+
+
+class ProgramList(_Response):
+    """Answer of `GET /api/v1/programs?mine=true`."""
+
+    programs: list[ProgramSummary] = Field(default_factory=list)
+    total: int | None = None
+    page: int | None = None
+    per_page: int | None = None
+
+
+class CompilerInfo(_Response):
+    """One entry of `GET /api/v1/models/compilers` (the API documents no fixed shape)."""
+
+    name: str | None = None
+
+
+class BaseModelSource(_Response):
+    """Where a runtime's base GGUF comes from and how it is verified."""
+
+    provider: str | None = None
+    repo: str | None = None
+    file: str
+    url: str | None = None
+    size_bytes: int | None = Field(default=None, gt=0)
+    sha256: str | None = None
+
+    @field_validator("file")
+    @classmethod
+    def _bare_name(cls, value: str) -> str:
+        if not value or "/" in value or "\\" in value or value in (".", ".."):
+            raise ValueError(f"base model file must be a bare file name, got {value!r}")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and not _SHA256.match(value):
+            raise ValueError("sha256 must be 64 hex digits")
+        return None if value is None else value.lower()
+
+    def download_url(self) -> str:
+        """The URL to fetch the file from (`url`, else the Hugging Face repo)."""
+        if self.url:
+            return self.url
+        if self.provider == "huggingface" and self.repo:
+            return f"https://huggingface.co/{self.repo}/resolve/main/{self.file}"
+        raise ValueError(f"runtime base model {self.file} has neither a url nor a Hugging Face repo")
+
+
+class LocalSdk(_Response):
+    """The `local_sdk` section of a runtime manifest."""
+
+    supported: bool
+    base_model: BaseModelSource | None = None
+    n_ctx: int | None = Field(default=None, gt=0)
+
+
+class RuntimeManifest(_Response):
+    """A runtime manifest (`GET /api/v1/models/runtimes/{id}`, or embedded in meta.json as `runtime`)."""
+
+    runtime_id: str
+    manifest_version: Literal[1] = 1
+    display_name: str | None = None
+    interpreter: str
+    adapter_format: Literal["gguf_lora"] = "gguf_lora"
+    local_sdk: LocalSdk
+
+    @field_validator("runtime_id")
+    @classmethod
+    def _runtime_id(cls, value: str) -> str:
+        if not _RUNTIME_ID.match(value):
+            raise ValueError(f"invalid runtime id {value!r}")
+        return value
+
+    @field_validator("interpreter")
+    @classmethod
+    def _interpreter(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("interpreter must be a non-empty string")
+        return value
