@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .errors import ConfigError, describe_validation_error
+from .jsonio import read_json_object
 from .options import DType
 
 __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
@@ -151,14 +152,7 @@ def save_api_key(key: str) -> Path:
     """Store `key` in the official config file (mode 0600, written atomically); returns the path."""
     path = config_file_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    current: dict[str, object] = {}
-    if path.is_file():
-        try:
-            loaded: object = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            loaded = {}
-        if isinstance(loaded, dict):
-            current = {str(k): v for k, v in loaded.items()}  # pyright: ignore[reportUnknownVariableType]  # JSON object
+    current = read_json_object(path) or {}
     current["api_key"] = key
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..bundle import ProgramBundle, extract_archive, read_bundle_folder
 from ..errors import BundleError
+from ..jsonio import read_json_object
 from .refs import is_program_id
 from .types import BaseModelSource, RuntimeManifest
 
@@ -186,17 +187,12 @@ class PawCache:
 
     def read_slugs(self) -> dict[str, str]:
         """`slug_cache.json` (literal reference -> program id); unreadable entries are dropped, like the official SDK."""
-        try:
-            loaded: object = json.loads(self.slug_cache_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(loaded, dict):
-            return {}
-        entries: dict[str, str] = {}
-        for key, value in loaded.items():  # pyright: ignore[reportUnknownVariableType]  # JSON object
-            if isinstance(key, str) and key and key == key.strip() and isinstance(value, str) and is_program_id(value):
-                entries[key] = value
-        return entries
+        loaded = read_json_object(self.slug_cache_path) or {}
+        return {
+            key: value
+            for key, value in loaded.items()
+            if key and key == key.strip() and isinstance(value, str) and is_program_id(value)
+        }
 
     def cached_slug(self, reference: str) -> str | None:
         """The program id cached for `reference`, only while that program is installed and valid."""
@@ -276,9 +272,9 @@ class PawCache:
 
 def _hydrate_meta(meta_path: Path, runtime: RuntimeManifest | None) -> None:
     """Embed the runtime manifest in meta.json, as the official SDK does at install (sorted keys, indent 2)."""
-    loaded: object = json.loads(meta_path.read_text(encoding="utf-8"))
-    assert isinstance(loaded, dict)
-    meta: dict[str, object] = {str(k): v for k, v in loaded.items()}  # pyright: ignore[reportUnknownVariableType]  # JSON
+    meta = read_json_object(meta_path)
+    if meta is None:
+        raise BundleError(meta_path, "meta.json must hold a JSON object")
     if runtime is not None:
         meta["runtime"] = runtime.model_dump(mode="json")
         meta.setdefault("runtime_id", runtime.runtime_id)

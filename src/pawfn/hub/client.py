@@ -35,6 +35,7 @@ from ..errors import (
     ServerError,
     describe_validation_error,
 )
+from ..jsonio import parse_json_object
 from .refs import is_program_id
 from .types import (
     CompileCancellation,
@@ -87,14 +88,13 @@ def _backoff(attempt: int, base_s: float) -> float:
 
 def _server_message(response: httpx.Response) -> str | None:
     try:
-        body: object = response.json()
-    except (ValueError, UnicodeDecodeError, httpx.ResponseNotRead):
+        body = parse_json_object(response.content)
+    except httpx.ResponseNotRead:
         return None
-    if isinstance(body, dict):
-        for key in ("message", "detail", "error"):
-            value: object = body.get(key)  # pyright: ignore[reportUnknownMemberType]  # JSON object
-            if isinstance(value, str):
-                return value
+    for key in ("message", "detail", "error"):
+        value = (body or {}).get(key)
+        if isinstance(value, str):
+            return value
     return None
 
 
@@ -357,7 +357,7 @@ class PawClient:
             handle = destination.open("xb")
             created = True
             with handle:
-                for chunk in response.iter_bytes(_CHUNK):
+                for chunk in response.iter_bytes():
                     written += len(chunk)
                     if written > MAX_ARCHIVE_BYTES:
                         raise HubError(f"{what}: archive is larger than {MAX_ARCHIVE_BYTES} bytes")
@@ -410,7 +410,7 @@ class PawClient:
                 done = offset if resumed else 0
                 try:
                     with partial.open("ab" if resumed else "wb") as handle:
-                        for chunk in response.iter_bytes(_CHUNK):
+                        for chunk in response.iter_bytes():
                             handle.write(chunk)
                             done += len(chunk)
                             if progress:

@@ -43,7 +43,7 @@ class ProgramReference:
 
 def parse_reference(text: str) -> ProgramReference:
     """Classify `text`: an existing local path, else a program id, else a slug; anything else is refused."""
-    if not isinstance(text, str) or not text or text != text.strip() or "\0" in text:
+    if not text or text != text.strip() or "\0" in text:
         raise ConfigError(f"invalid program reference {text!r}: use a program id, user/slug, slug@vN or a path")
     if Path(text).expanduser().exists():
         return ProgramReference("path", text)

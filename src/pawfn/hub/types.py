@@ -123,10 +123,10 @@ class ProgramInfo(_Response):
     spec: str | None = None
     interpreter: str | None = None
     public: bool | None = None
-    aliases: list[str] = Field(default_factory=list)
+    aliases: list[str] = Field(default_factory=list[str])
     user_slug: str | None = None
     author: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list[str])
     upvotes: int | None = None
     downloads: int | None = None
     created_at: str | None = None
@@ -147,7 +147,7 @@ class ProgramVersions(_Response):
 
     slug: str | None = None
     main_version: int | None = None
-    versions: list[ProgramVersion] = Field(default_factory=list)
+    versions: list[ProgramVersion] = Field(default_factory=list[ProgramVersion])
 
 
 class ProgramSummary(_Response):
@@ -162,7 +162,7 @@ class ProgramSummary(_Response):
 class ProgramList(_Response):
     """Answer of `GET /api/v1/programs?mine=true`."""
 
-    programs: list[ProgramSummary] = Field(default_factory=list)
+    programs: list[ProgramSummary] = Field(default_factory=list[ProgramSummary])
     total: int | None = None
     page: int | None = None
     per_page: int | None = None

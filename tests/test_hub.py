@@ -1,0 +1,330 @@
+"""End to end against a real HTTP server on 127.0.0.1: load by slug or id, retries, redirects, resume, offline."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import TinyProgram
+from hub_server import HubServer
+from official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
+from pawfn import (
+    GPT2,
+    AsyncPawClient,
+    CompileError,
+    IntegrityError,
+    InterpreterMismatchError,
+    NotFoundError,
+    OfflineError,
+    PawCache,
+    PawClient,
+    PawConfig,
+    PawFn,
+    PawFnBuilder,
+    Qwen3_0_6B,
+    RuntimeOptions,
+    Torch,
+)
+from pawfn.cli import main
+from tiny_models import write_bundle, zip_bundle
+
+PROGRAM_ID = "a6b454023d41ac9ca845"
+SLUG = "tester/triage"
+RUNTIME_ID = "tiny-qwen3-f32"
+BASE_FILE = "tiny-qwen3.gguf"
+OPTIONS = RuntimeOptions(max_tokens=12)
+
+
+@dataclass
+class Hub:
+    server: HubServer
+    program: TinyProgram
+    archive: Path
+    base: Path
+    runtime: dict[str, object]
+    cache_dir: Path
+
+    def config(self, **changes: object) -> PawConfig:
+        values: dict[str, object] = {
+            "api_url": self.server.api_url, "api_key": "secret-key", "cache_dir": self.cache_dir, "progress": False,
+        }
+        return PawConfig.model_validate(values | changes)
+
+    def expected(self, text: str) -> tuple[int, ...]:
+        with PawFn[Qwen3_0_6B, Torch].from_path(self.program.folder, base=self.base) as function:
+            return function.generate(text, OPTIONS).token_ids
+
+
+@pytest.fixture
+def hub(qwen3_program: TinyProgram, tmp_path: Path) -> Iterator[Hub]:
+    server = HubServer()
+    bundle = write_bundle(
+        tmp_path / "bundle", qwen3_program.adapter, "Qwen/Qwen3-0.6B", qwen3_program.template,
+        {"program_id": PROGRAM_ID, "runtime_id": RUNTIME_ID},
+    )
+    archive = zip_bundle(bundle, tmp_path / "program.paw")
+    base = qwen3_program.interpreter.gguf_path
+    data = base.read_bytes()
+    runtime: dict[str, object] = {
+        "runtime_id": RUNTIME_ID, "manifest_version": 1, "interpreter": "Qwen/Qwen3-0.6B", "adapter_format": "gguf_lora",
+        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": {
+            "provider": None, "repo": None, "file": BASE_FILE, "url": f"{server.cdn_url}/files/{BASE_FILE}",
+            "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+    }
+    state = server.state
+    state.programs[PROGRAM_ID] = archive.read_bytes()
+    state.files[f"{PROGRAM_ID}.paw"] = archive.read_bytes()
+    state.files[BASE_FILE] = data
+    state.slugs[SLUG] = PROGRAM_ID
+    state.slugs[f"{SLUG}@v1"] = PROGRAM_ID
+    state.runtimes[RUNTIME_ID] = runtime
+    state.compiled["Classify the urgency of a message"] = PROGRAM_ID
+    yield Hub(server, qwen3_program, archive, base, runtime, tmp_path / "cache")
+    server.close()
+
+
+def test_load_slug_end_to_end_in_the_official_layout(hub: Hub) -> None:
+    hub.server.state.pending_202.add(PROGRAM_ID)  # the first download attempt says "still generating"
+    function = asyncio.run(PawFn[Qwen3_0_6B, Torch].load_slug(SLUG, config=hub.config()))
+    with function:
+        assert type(function) is PawFn[Qwen3_0_6B, Torch]
+        assert function.program_id == PROGRAM_ID
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    state = hub.server.state
+    assert state.count(r"/programs/a6b454023d41ac9ca845/download$") == 2  # 202, then the archive
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+    assert official_slug_cache(hub.cache_dir) == {SLUG: PROGRAM_ID}
+    size, sha = len(hub.base.read_bytes()), hashlib.sha256(hub.base.read_bytes()).hexdigest()
+    assert official_base_ok(hub.cache_dir, BASE_FILE, size, sha)
+    meta = json.loads((hub.cache_dir / "programs" / PROGRAM_ID / "meta.json").read_text())
+    assert meta["runtime"]["runtime_id"] == RUNTIME_ID and meta["runtime_id"] == RUNTIME_ID
+    assert (hub.cache_dir / "runtimes" / f"{RUNTIME_ID}.json").is_file()
+    assert (hub.cache_dir / "runtimes" / f"{RUNTIME_ID}.v1.json").is_file()
+    assert not list((hub.cache_dir / "programs" / ".staging").iterdir())  # no half-installed leftovers
+
+
+def test_second_load_is_served_from_the_cache(hub: Hub) -> None:
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    before = len(hub.server.state.snapshot())
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    assert len(hub.server.state.snapshot()) == before  # an id needs no request once cached
+
+
+def test_retries_429_and_500(hub: Hub) -> None:
+    hub.server.state.fail_once["/api/v1/programs/resolve"] = 429
+    hub.server.state.fail_once[f"/api/v1/programs/{PROGRAM_ID}/download"] = 500
+    PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config()).close()
+    assert hub.server.state.count("/programs/resolve/") == 2
+    assert hub.server.state.count("/download$") == 2
+
+
+def test_retries_run_out(hub: Hub) -> None:
+    from pawfn import ServerError
+
+    hub.server.state.fail_once["/api/v1/programs/resolve"] = 500
+    with pytest.raises(ServerError, match=r"server error \(HTTP 500\): injected 500") as info:
+        PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config(max_retries=0))
+    assert info.value.status == 500
+
+
+def test_api_key_never_reaches_another_origin(hub: Hub) -> None:
+    hub.server.state.redirect_downloads_to = hub.server.cdn_url
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    requests = hub.server.state.snapshot()
+    cdn = [r for r in requests if r.origin == "cdn"]
+    api = [r for r in requests if r.origin == "api"]
+    assert any(r.path == f"/files/{PROGRAM_ID}.paw" for r in cdn)  # the redirect was followed
+    assert all("x-api-key" not in r.headers for r in cdn)
+    assert api and all(r.headers.get("x-api-key") == "secret-key" for r in api)
+
+
+def test_base_download_resumes_after_a_dropped_connection(hub: Hub) -> None:
+    hub.server.state.drop_file_after[BASE_FILE] = 4096
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    base_requests = [r for r in hub.server.state.snapshot() if r.path == f"/files/{BASE_FILE}"]
+    assert len(base_requests) == 2
+    assert "range" not in base_requests[0].headers
+    assert base_requests[1].headers["range"] == "bytes=4096-"
+    assert (hub.cache_dir / "base_models" / BASE_FILE).read_bytes() == hub.base.read_bytes()
+
+
+def test_partial_base_file_is_resumed_by_the_next_run(hub: Hub) -> None:
+    folder = hub.cache_dir / "base_models"
+    folder.mkdir(parents=True)
+    (folder / f".{BASE_FILE}.pawfn-partial").write_bytes(hub.base.read_bytes()[:10_000])
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    base_requests = [r for r in hub.server.state.snapshot() if r.path == f"/files/{BASE_FILE}"]
+    assert [r.headers.get("range") for r in base_requests] == ["bytes=10000-"]
+    assert (folder / BASE_FILE).read_bytes() == hub.base.read_bytes()
+
+
+def test_sha256_mismatch_is_refused(hub: Hub) -> None:
+    local = hub.runtime["local_sdk"]
+    assert isinstance(local, dict)
+    local["base_model"]["sha256"] = "0" * 64
+    with pytest.raises(IntegrityError, match=f"{BASE_FILE}: sha256 .* does not match the expected 0000"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config())
+    folder = hub.cache_dir / "base_models"
+    assert not (folder / BASE_FILE).exists() and not (folder / f".{BASE_FILE}.pawfn-partial").exists()
+
+
+def test_offline_mode_makes_no_request(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config()).close()
+    before = len(hub.server.state.snapshot())
+    offline = hub.config(offline=True)
+    with PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=offline) as function:
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=offline).close()
+    monkeypatch.setenv("PAW_OFFLINE", "1")
+    monkeypatch.setenv("PAW_API_URL", hub.server.api_url)
+    monkeypatch.setenv("PAW_CACHE_DIR", str(hub.cache_dir))
+    PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG).close()
+    with pytest.raises(OfflineError, match=r"program tester/other is not in the cache.*pawfn cache prepare tester/other"):
+        PawFn[Qwen3_0_6B, Torch].load_slug_sync("tester/other")
+    assert len(hub.server.state.snapshot()) == before
+
+
+def test_offline_error_names_the_missing_base(hub: Hub) -> None:
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    (hub.cache_dir / "base_models" / BASE_FILE).unlink()
+    with pytest.raises(OfflineError, match=f"base model {BASE_FILE} .* `pawfn cache prepare {PROGRAM_ID}`"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+
+
+def test_a_cache_written_by_the_official_sdk_is_used_without_requests(hub: Hub) -> None:
+    bundle = hub.archive.parent / "bundle"
+    write_official_cache(hub.cache_dir, PROGRAM_ID, bundle, hub.runtime, hub.base, {f"{SLUG}@v1": PROGRAM_ID})
+    config = hub.config()
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=config) as by_id:
+        assert by_id.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    PawFn[Qwen3_0_6B, Torch].load_slug_sync(f"{SLUG}@v1", config=config).close()  # pinned: no resolve
+    assert hub.server.state.snapshot() == []
+
+
+def test_two_processes_install_once(hub: Hub) -> None:
+    command = [
+        sys.executable, "-m", "pawfn", "cache", "prepare", PROGRAM_ID, "--api-url", hub.server.api_url,
+        "--cache-dir", str(hub.cache_dir), "--json",
+    ]
+    env = dict(os.environ, PAW_API_KEY="secret-key", PYTHONWARNINGS="ignore")
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert hub.server.state.count("/download$") == 1
+    assert hub.server.state.count(f"/files/{BASE_FILE}$") == 1
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+    assert [json.loads(out)["program_id"] for out, _ in outputs] == [PROGRAM_ID, PROGRAM_ID]
+
+
+def test_unknown_slug_is_a_typed_not_found(hub: Hub) -> None:
+    with pytest.raises(NotFoundError, match="program tester/nope not found") as info:
+        PawFn[Qwen3_0_6B, Torch].load_slug_sync("tester/nope", config=hub.config())
+    assert info.value.status == 404 and info.value.server_message == "program tester/nope not found"
+
+
+def test_slugs_are_url_encoded(hub: Hub) -> None:
+    with PawClient(hub.config()) as client:
+        assert client.resolve(f"{SLUG}@v1") == PROGRAM_ID
+    assert hub.server.state.count(r"/programs/resolve/tester%2Ftriage%40v1$") == 1
+
+
+def test_interpreter_mismatch_is_refused_before_the_base_downloads(hub: Hub) -> None:
+    with pytest.raises(InterpreterMismatchError, match="compiled for interpreter 'Qwen/Qwen3-0.6B'"):
+        PawFn[GPT2, Torch].load_slug_sync(SLUG, config=hub.config())
+    assert hub.server.state.count(f"/files/{BASE_FILE}") == 0
+
+
+def test_compile_spec(hub: Hub) -> None:
+    function = asyncio.run(
+        PawFn[Qwen3_0_6B, Torch].compile_spec("Classify the urgency of a message", compiler="paw-4b-qwen3-0.6b", config=hub.config())
+    )
+    with function:
+        assert function.program_id == PROGRAM_ID
+    body_seen = hub.server.state.count("/api/v1/compile$", method="POST")
+    assert body_seen == 1
+    with pytest.raises(CompileError, match="HTTP 422: spec is too short"):
+        PawFn[Qwen3_0_6B, Torch].compile_spec_sync("short", config=hub.config())
+
+
+def test_builder(hub: Hub) -> None:
+    config = hub.config()
+    loaded = PawFnBuilder.builder().config(config).slug(SLUG).load_sync()
+    with loaded:
+        assert type(loaded) is PawFn[Qwen3_0_6B, Torch]  # the interpreter came from the bundle
+        assert loaded.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    compiled = asyncio.run(PawFnBuilder.builder().config(config).spec("Classify the urgency of a message").compile())
+    with compiled:
+        assert compiled.program_id == PROGRAM_ID
+    by_id = asyncio.run(PawFnBuilder.builder().config(config).id(PROGRAM_ID).load())
+    by_id.close()
+
+
+def test_async_client(hub: Hub) -> None:
+    async def main() -> tuple[str, list[str | None]]:
+        async with AsyncPawClient(hub.config()) as client:
+            resolved = await client.resolve(SLUG)
+            compilers = [c.name for c in await client.compilers()]
+        return resolved, compilers
+
+    assert asyncio.run(main()) == (PROGRAM_ID, ["paw-4b-qwen3-0.6b", "paw-4b-gpt2"])
+
+
+def test_cli_against_the_hub(hub: Hub, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAW_API_KEY", "secret-key")
+    common = ["--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir)]
+    assert main(["run", "--program", SLUG, "--input", "hello", "--max-tokens", "12", "--json", *common]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert tuple(record["tokens"]) == hub.expected("hello") and record["program"] == PROGRAM_ID
+    assert main(["cache", "list", "--json", *common]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["program_id"] == PROGRAM_ID and listed["slugs"] == [SLUG]
+    assert main(["info", SLUG, "--json", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == PROGRAM_ID
+    assert main(["compile", "--spec", "Classify the urgency of a message", "--json", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["program_id"] == PROGRAM_ID
+    assert main(["run", "--program", SLUG, "--input", "hello", "--offline", *common]) == 0
+    capsys.readouterr()
+    assert main(["run", "--program", "tester/nope", "--input", "x", *common]) == 1
+    assert capsys.readouterr().err.startswith("pawfn: error: program tester/nope not found")
+    assert main(["cache", "clear", "--yes", *common]) == 0
+    assert PawCache(hub.cache_dir).list_programs() == []
+
+
+def test_login_writes_the_official_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    config_file = tmp_path / "config" / "config.json"
+    monkeypatch.setenv("PAW_CONFIG_FILE", str(config_file))
+    monkeypatch.delenv("PAW_API_KEY", raising=False)
+    assert main(["login", "paw_sk_test"]) == 0
+    assert json.loads(config_file.read_text()) == {"api_key": "paw_sk_test"}
+    assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
+    config = PawConfig.from_env()
+    assert config.key_value() == "paw_sk_test"
+    assert "paw_sk_test" not in repr(config)  # the key is a secret in reprs and logs
+    capsys.readouterr()
+
+
+def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAW_CONFIG_FILE", str(tmp_path / "none.json"))
+    monkeypatch.setenv("PAW_API_URL", "http://127.0.0.1:9/")
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("PAW_OFFLINE", "yes")
+    monkeypatch.setenv("PAW_N_CTX", "512")
+    config = PawConfig.from_env(max_model_copies=2)
+    assert (config.api_url, config.cache_dir, config.offline, config.n_ctx, config.max_model_copies) == (
+        "http://127.0.0.1:9", tmp_path / "c", True, 512, 2
+    )
+    monkeypatch.setenv("PAW_N_CTX", "lots")
+    from pawfn import ConfigError
+
+    with pytest.raises(ConfigError, match="PAW_N_CTX='lots' is not an integer"):
+        PawConfig.from_env()
