@@ -33,6 +33,8 @@ class HubState:
     files: dict[str, bytes] = field(default_factory=dict[str, bytes])
     compiled: dict[str, str] = field(default_factory=dict[str, str])
     pending_202: set[str] = field(default_factory=set[str])
+    always_202: bool = False
+    jobs: dict[str, str] = field(default_factory=dict[str, str])
     fail_once: dict[str, int] = field(default_factory=dict[str, int])
     drop_file_after: dict[str, int] = field(default_factory=dict[str, int])
     redirect_downloads_to: str | None = None
@@ -169,6 +171,31 @@ class _Server(ThreadingHTTPServer):
                 respond(200, {"program_id": state.compiled[spec], "status": "ready", "compiler_snapshot": "tiny"})
             else:
                 respond(422, {"detail": "spec is too short or unknown to this test server"})
+        elif method == "POST" and parts == ["compile", "precheck"]:
+            spec = str(handler.body.get("spec", ""))
+            respond(200, {"cached": spec in state.compiled, "program_id": state.compiled.get(spec), "queue_length": 0})
+        elif method == "POST" and parts == ["compile", "async"]:
+            spec = str(handler.body.get("spec", ""))
+            job = f"job-{len(state.jobs) + 1}"
+            state.jobs[job] = "queued"
+            respond(202, {"job_id": job, "status": "queued", "program_id": state.compiled.get(spec), "queue_position": 1})
+        elif parts[:1] == ["compile"] and len(parts) == 2 and parts[1] in state.jobs:
+            if method == "DELETE":
+                state.jobs[parts[1]] = "cancelled"
+            respond(200, {"job_id": parts[1], "status": state.jobs[parts[1]]})
+        elif method == "GET" and len(parts) == 3 and parts[0] == "programs" and parts[2] == "versions":
+            program_id = state.slugs.get(parts[1])
+            if program_id is None:
+                respond(404, {"detail": "slug not found"})
+            else:
+                respond(200, {"slug": parts[1], "main_version": 1,
+                              "versions": [{"version": 1, "program_id": program_id, "is_main": True}]})
+        elif method == "GET" and parts == ["programs"]:
+            if handler.headers.get("X-API-Key") != "secret-key":
+                respond(401, {"detail": "authentication required"})
+            else:
+                respond(200, {"programs": [{"id": i, "spec": "tiny"} for i in state.programs], "total": len(state.programs),
+                              "page": 1, "per_page": 20})
         elif method == "GET" and parts[:2] == ["programs", "resolve"]:
             ref = "/".join(parts[2:])
             if ref in state.slugs:
@@ -178,7 +205,7 @@ class _Server(ThreadingHTTPServer):
         elif method == "GET" and len(parts) == 3 and parts[0] == "programs" and parts[2] == "download":
             program_id = parts[1]
             with state.lock:
-                pending = program_id in state.pending_202
+                pending = program_id in state.pending_202 or state.always_202
                 state.pending_202.discard(program_id)
             if pending:
                 respond(202, {"status": "generating"}, {"Retry-After": "0"})
@@ -190,7 +217,7 @@ class _Server(ThreadingHTTPServer):
                 handler.send_header("Content-Length", "0")
                 handler.end_headers()
             else:
-                handler.send_file(state.programs[program_id], program_id)
+                handler.send_file(state.programs[program_id], f"{program_id}.paw")
         elif method == "GET" and parts[:2] == ["models", "runtimes"] and len(parts) == 3:
             if parts[2] in state.runtimes:
                 respond(200, state.runtimes[parts[2]])

@@ -328,3 +328,45 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
     with pytest.raises(ConfigError, match="PAW_N_CTX='lots' is not an integer"):
         PawConfig.from_env()
+
+
+def test_download_wait_is_bounded(hub: Hub) -> None:
+    from pawfn import ServerError
+
+    hub.server.state.always_202 = True
+    with pytest.raises(ServerError, match="still being generated"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_wait_s=0.0))
+
+
+def test_a_broken_program_download_leaves_nothing_installed(hub: Hub) -> None:
+    from pawfn import HubConnectionError
+
+    hub.server.state.drop_file_after[f"{PROGRAM_ID}.paw"] = 200
+    with pytest.raises(HubConnectionError, match="connection lost during the download"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_retries=0))
+    programs = hub.cache_dir / "programs"
+    assert not (programs / PROGRAM_ID).exists()
+    assert not (programs / ".staging").exists() or not any((programs / ".staging").iterdir())
+    hub.server.state.drop_file_after[f"{PROGRAM_ID}.paw"] = 200  # with retries the next attempt succeeds
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_retries=1)).close()
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+
+
+def test_client_endpoints(hub: Hub) -> None:
+    from pawfn import AuthenticationError
+    from pawfn.hub.types import CompileRequest
+
+    with PawClient(hub.config()) as client:
+        assert client.precheck("Classify the urgency of a message").program_id == PROGRAM_ID
+        job = client.compile_async(CompileRequest(spec="Classify the urgency of a message", compiler="paw-ft-bs48"))
+        assert (job.status, job.program_id) == ("queued", PROGRAM_ID)
+        assert client.compile_status(job.job_id).status == "queued"
+        assert client.cancel_compile(job.job_id).status == "cancelled"
+        versions = client.versions(SLUG)
+        assert (versions.main_version, [v.program_id for v in versions.versions]) == (1, [PROGRAM_ID])
+        assert [p.id for p in client.my_programs().programs] == [PROGRAM_ID]
+        info = client.program_info(SLUG)
+        assert info.id == PROGRAM_ID and SLUG in info.aliases
+    with PawClient(hub.config(api_key=None)) as anonymous, pytest.raises(AuthenticationError, match="HTTP 401") as error:
+        anonymous.my_programs()
+    assert error.value.status == 401

@@ -326,9 +326,25 @@ class PawClient:
         return manifest
 
     def download_program(self, program_id: str, destination: Path, progress: DownloadProgress | None = None) -> Path:
-        """Stream a program's `.paw` archive to `destination`, waiting (bounded) while the server builds it."""
+        """Stream a program's `.paw` archive to `destination`, waiting (bounded) while the server builds it.
+
+        A connection lost mid-archive restarts the download (archives are small); nothing is left behind.
+        """
         if not is_program_id(program_id):
             raise HubError(f"invalid program id {program_id!r}")
+        attempt = 0
+        while True:
+            try:
+                return self._download_program_once(program_id, destination, progress)
+            except httpx.TransportError as exc:
+                if attempt >= self.config.max_retries:
+                    raise HubConnectionError(
+                        f"program {program_id}: connection lost during the download ({exc})", url=self.config.api_url
+                    ) from exc
+                time.sleep(_backoff(attempt, self._backoff_s))
+                attempt += 1
+
+    def _download_program_once(self, program_id: str, destination: Path, progress: DownloadProgress | None) -> Path:
         what = f"program {program_id}"
         waited = 0.0
         while True:
@@ -340,7 +356,7 @@ class PawClient:
                 break
             response.close()
             delay = _retry_after(response)
-            delay = 3.0 if delay is None else delay
+            delay = 3.0 if delay is None else max(delay, 0.25)  # a 0 would poll the server in a busy loop
             if waited + delay > self.config.max_wait_s:
                 raise ServerError(
                     f"{what} is still being generated after {waited:.0f} s; try again shortly", status=202
