@@ -1,0 +1,80 @@
+"""Typing tests: what users see (assert_type) and what the checkers must refuse (# expect-error lines)."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from typing_extensions import assert_type
+
+from pawfn import GPT2, Backend, InterpreterModel, PawFn, PawFnBuilder, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.builder import ProgramLoader, SpecCompiler
+
+B = TypeVar("B", bound=Backend)
+M = TypeVar("M", bound=InterpreterModel)
+
+
+def triage(program: PawFn[Qwen3_0_6B, B], text: str) -> str:
+    """Any Qwen3 program on any backend."""
+    return program.run(text)
+
+
+def any_program(program: PawFn[M, B], text: str) -> str:
+    """Any program at all."""
+    return program.run(text)
+
+
+def loads(qwen: PawFn[Qwen3_0_6B, Torch], gpt2: PawFn[GPT2, Torch]) -> None:
+    assert_type(PawFn[Qwen3_0_6B, Torch].from_path("p.paw", base="b.gguf"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(PawFn[GPT2, Torch].load_slug_sync("user/slug"), PawFn[GPT2, Torch])
+    assert_type(PawFn[Qwen3_0_6B, Torch].load_id_sync("0123456789abcdef"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(PawFn[Qwen3_0_6B, Torch].compile_spec_sync("Classify sentiment"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(qwen.run("text"), str)
+    assert_type(triage(qwen, "text"), str)
+    assert_type(any_program(gpt2, "text"), str)
+    triage(gpt2, "text")  # expect-error: arg-type; reportArgumentType
+    qwen.run(42)  # expect-error: arg-type; reportArgumentType
+    qwen.run_with("text", {"max_tokens": 3})  # expect-error: arg-type; reportArgumentType
+
+
+def model_parameter_is_invariant(gpt2: PawFn[GPT2, Torch]) -> PawFn[Qwen3_0_6B, Torch]:
+    return gpt2  # expect-error: return-value; reportReturnType
+
+
+def to_base(qwen: PawFn[Qwen3_0_6B, Torch]) -> PawFn[InterpreterModel, Torch]:
+    return qwen  # expect-error: return-value; reportReturnType
+
+
+async def async_loads() -> None:
+    assert_type(await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(await PawFn[GPT2, Torch].load_id("0123456789abcdef"), PawFn[GPT2, Torch])
+    assert_type(
+        await PawFn[Qwen3_0_6B, Torch].compile_spec("Classify sentiment", compiler="paw-4b-qwen3-0.6b"),
+        PawFn[Qwen3_0_6B, Torch],
+    )
+    function = await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage")
+    assert_type(await function.arun("text"), str)
+
+
+def type_arguments() -> None:
+    PawFn[int, Torch]  # expect-error: type-var; reportInvalidTypeArguments
+    PawFn[Qwen3_0_6B, str]  # expect-error: type-var; reportInvalidTypeArguments
+
+
+async def builder() -> None:
+    loader = PawFnBuilder.builder().slug("email-triage")
+    assert_type(loader, ProgramLoader)
+    assert_type(await loader.load(), PawFn[InterpreterModel, Torch])
+    assert_type(PawFnBuilder.builder().id("0123456789abcdef").load_sync(), PawFn[InterpreterModel, Torch])
+    compiler = PawFnBuilder.builder().compiler("paw-4b-qwen3-0.6b").spec("Classify sentiment")
+    assert_type(compiler, SpecCompiler)
+    assert_type(await compiler.compile(), PawFn[InterpreterModel, Torch])
+    await PawFnBuilder.builder().slug("email-triage").compile()  # expect-error: attr-defined; reportAttributeAccessIssue
+    await PawFnBuilder.builder().spec("Classify sentiment").load()  # expect-error: attr-defined; reportAttributeAccessIssue
+    PawFnBuilder.builder().load_sync()  # expect-error: attr-defined; reportAttributeAccessIssue
+
+
+def options() -> None:
+    assert_type(RuntimeOptions(max_tokens=3, temperature=0.5).max_tokens, int | None)
+    RuntimeOptions(max_tokens="5")  # expect-error: arg-type; reportArgumentType
+    RuntimeOptions(temperature="hot")  # expect-error: arg-type; reportArgumentType
+    RuntimeOptions(max_token=5)  # expect-error: call-arg; reportCallIssue
