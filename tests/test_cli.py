@@ -52,7 +52,7 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
         (["--program", "{missing}"], "no such bundle", 1),
         (["--program", "{program}", "--base", "{missing}"], "base weights not found", 1),
         (["--program", "{program}", "--temperature", "-1"], "invalid --temperature: Input should be greater than", 2),
-        (["--program", "{program}", "--device", "tpu"], "invalid option: device: Value error, unknown device 'tpu'", 2),
+        (["--program", "{program}", "--device", "tpu"], "invalid option: device: Input should be 'cpu', 'mps', 'cuda'", 2),
         (["--program", "{program}", "--n-ctx", "8"], "context overflow", 1),
     ],
 )

@@ -6,18 +6,16 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from .errors import ConfigError, describe_validation_error
 from .jsonio import read_json_object
-from .options import DType
+from .options import Device, DType
 
 __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
 
 DEFAULT_API_URL = "https://programasweights.com"
-_DEVICE_PATTERN = re.compile(r"^(cpu|mps|cuda(:\d+)?)$")
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 
 
@@ -46,8 +44,8 @@ class PawConfig(BaseModel):
     """Cache root shared with the official SDK."""
     offline: bool = False
     """Make no network request at all; a missing file is an `OfflineError`."""
-    device: str = "cpu"
-    """Torch device: ``cpu``, ``cuda``, ``cuda:N`` or ``mps``."""
+    device: Device = "cpu"
+    """Torch device: ``cpu``, ``cuda``, ``cuda:N`` (N < 16) or ``mps``."""
     dtype: DType = "float32"
     """Compute dtype of the base weights, adapters and KV cache."""
     n_ctx: int = Field(default=2048, gt=0)
@@ -67,13 +65,6 @@ class PawConfig(BaseModel):
     progress: bool | None = None
     """Progress bars on downloads: None shows them only on a terminal."""
 
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        if not _DEVICE_PATTERN.match(value):
-            raise ValueError(f"unknown device {value!r}; use 'cpu', 'cuda', 'cuda:N' or 'mps'")
-        return value
-
     @field_validator("api_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
@@ -82,7 +73,7 @@ class PawConfig(BaseModel):
         return value.rstrip("/")
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> PawConfig:  # noqa: ANN401 - validated by pydantic below
+    def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
         `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES` and the official config file; keyword arguments win over both."""
         values: dict[str, object] = {}
@@ -108,17 +99,13 @@ class PawConfig(BaseModel):
         for name, key in (("device", "PAW_DEVICE"), ("dtype", "PAW_DTYPE")):
             if env.get(key):
                 values[name] = env[key]
-        if isinstance(overrides.get("api_key"), str):
-            overrides["api_key"] = SecretStr(overrides["api_key"])
-        if isinstance(overrides.get("cache_dir"), str):
-            overrides["cache_dir"] = Path(overrides["cache_dir"])
-        values.update(overrides)
+        values.update(overrides)  # pydantic turns str into SecretStr and Path
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
             raise ConfigError(f"invalid configuration: {describe_validation_error(exc)}") from exc
 
-    def with_options(self, **changes: Any) -> PawConfig:  # noqa: ANN401 - validated by pydantic below
+    def with_options(self, **changes: object) -> PawConfig:
         """A copy with `changes` applied and validated."""
         try:
             return self.model_validate(self.model_dump() | changes)
