@@ -1,6 +1,6 @@
 """pawfn: typed Python SDK for ProgramAsWeights neural programs."""
 
-from .backends import Backend, Torch
+from .backends import Backend, LlamaCpp, Torch
 from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
 from .bundle import ProgramMeta, PromptTemplate
 from .errors import (
@@ -51,6 +51,7 @@ __all__ = [
     "IntegrityError",
     "InterpreterMismatchError",
     "InterpreterModel",
+    "LlamaCpp",
     "NotFoundError",
     "OfflineError",
     "PawCache",

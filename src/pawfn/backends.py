@@ -12,7 +12,7 @@ from .models import InterpreterModel
 from .config import PawConfig
 from .options import RuntimeOptions
 
-__all__ = ["Backend", "ProgramRuntime", "Torch"]
+__all__ = ["Backend", "LlamaCpp", "ProgramRuntime", "Torch"]
 
 
 class ProgramRuntime(ABC):
@@ -71,3 +71,22 @@ class Torch(Backend):
         from .torch_runtime import TorchProgram
 
         return TorchProgram.open(model, bundle, base, config)
+
+
+class LlamaCpp(Backend):
+    """llama.cpp, the official runtime (the `llamacpp` extra): base weights must be a GGUF file.
+
+    `PawConfig.device` "cpu" runs on the CPU, any other offloads every layer; `dtype` sets the KV-cache type.
+    Each program has its own llama.cpp context over the memory-mapped base, and its runs are serialized.
+    """
+
+    name = "llamacpp"
+
+    @classmethod
+    def open_program(
+        cls, model: type[InterpreterModel], bundle: ProgramBundle, base: Path, config: PawConfig
+    ) -> ProgramRuntime:
+        """Load `bundle` on llama.cpp with base GGUF `base`."""
+        from .llamacpp_runtime import LlamaCppProgram
+
+        return LlamaCppProgram.open(model, bundle, base, config)

@@ -6,7 +6,7 @@ from typing import TypeVar
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, Backend, InterpreterModel, PawFn, PawFnBuilder, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import GPT2, Backend, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.builder import ProgramLoader, SpecCompiler
 
 B = TypeVar("B", bound=Backend)
@@ -31,6 +31,10 @@ def loads(qwen: PawFn[Qwen3_0_6B, Torch], gpt2: PawFn[GPT2, Torch]) -> None:
     assert_type(qwen.run("text"), str)
     assert_type(triage(qwen, "text"), str)
     assert_type(any_program(gpt2, "text"), str)
+    on_llama = PawFn[Qwen3_0_6B, LlamaCpp].from_path("p.paw", base="b.gguf")
+    assert_type(on_llama, PawFn[Qwen3_0_6B, LlamaCpp])
+    assert_type(triage(on_llama, "text"), str)  # any backend
+    qwen = on_llama  # expect-error: assignment; reportAssignmentType
     triage(gpt2, "text")  # expect-error: arg-type; reportArgumentType
     qwen.run(42)  # expect-error: arg-type; reportArgumentType
     qwen.run_with("text", {"max_tokens": 3})  # expect-error: arg-type; reportArgumentType

@@ -1,0 +1,64 @@
+# Typed surface of llama-cpp-python that pawfn (the LlamaCpp backend and the parity tests) uses.
+# Checking against this stub keeps strict mode independent of whether the optional extra is installed.
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+class llama_adapter_lora(ctypes.Structure): ...
+
+llama_adapter_lora_p = ctypes.c_void_p
+llama_adapter_lora_p_ctypes = ctypes.c_void_p
+llama_model_p = ctypes.c_void_p
+llama_context_p = ctypes.c_void_p
+
+class Llama:
+    n_tokens: int
+    scores: npt.NDArray[np.single]
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        n_gpu_layers: int = 0,
+        vocab_only: bool = False,
+        seed: int = ...,
+        n_ctx: int = 512,
+        n_threads: int | None = None,
+        logits_all: bool = False,
+        lora_path: str | None = None,
+        lora_scale: float = 1.0,
+        type_k: int | None = None,
+        type_v: int | None = None,
+        verbose: bool = True,
+    ) -> None: ...
+    @property
+    def model(self) -> llama_model_p: ...
+    @property
+    def ctx(self) -> llama_context_p: ...
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]: ...
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes: ...
+    def eval(self, tokens: Sequence[int]) -> None: ...
+    def sample(
+        self,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+    ) -> int: ...
+    def set_seed(self, seed: int) -> None: ...
+    def token_eos(self) -> int: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+
+def llama_adapter_lora_init(model: llama_model_p, path_lora: bytes, /) -> llama_adapter_lora_p | None: ...
+def llama_adapter_lora_free(adapter: llama_adapter_lora_p, /) -> None: ...
+def llama_set_adapters_lora(
+    ctx: llama_context_p,
+    adapters: ctypes.Array[ctypes.c_void_p] | None,
+    n_adapters: int,
+    scales: ctypes.Array[ctypes.c_float] | None,
+    /,
+) -> int: ...
