@@ -23,6 +23,7 @@ from .generation import Generation, StopReason, Timings
 from .ggufio import GGUFFile, GGUFFormatError
 from .models import InterpreterModel
 from .options import RuntimeOptions
+from .prompt import PromptEncoder, budget
 from .tokenizer import TextCodec
 
 if TYPE_CHECKING:
@@ -64,9 +65,7 @@ class LlamaCppProgram(ProgramRuntime):
         self._adapter = adapter
         self._codec = codec
         self._prefix_ids = prefix_ids
-        self._suffix = suffix
-        self._suffix_head, rest = codec.split_at_first_control(suffix)
-        self._suffix_rest_ids = codec.encode(rest, parse_special=True)
+        self._prompt = PromptEncoder(codec, suffix)
         self._n_ctx = n_ctx
         self._lock = threading.Lock()
         self._closed = False
@@ -121,19 +120,15 @@ class LlamaCppProgram(ProgramRuntime):
         return len(self._prefix_ids)
 
     def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
-        if options.parse_special_in_input:
-            return self._codec.encode(text + self._suffix, parse_special=True)
-        return self._codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
+        return self._prompt.encode(text, options)
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         started = time.perf_counter()
         prompt_ids = self.encode_prompt(text, options)
         n_prefix = len(self._prefix_ids)
-        remaining = self._n_ctx - n_prefix - len(prompt_ids)
-        if remaining <= 0:
-            raise ContextOverflowError(n_prefix, len(prompt_ids), self._n_ctx)
-        limit = remaining if options.max_tokens is None else min(options.max_tokens, remaining)
-        stop: StopReason = "max_tokens" if options.max_tokens is not None and limit == options.max_tokens else "context"
+        allowed = budget(n_prefix, len(prompt_ids), self._n_ctx, options)
+        limit = allowed.limit
+        stop: StopReason = allowed.exhausted_reason
         output: list[int] = []
         tokenized = prompt_done = time.perf_counter()
         with self._lock:

@@ -16,6 +16,7 @@ from .generation import Generation, StopReason, Timings, make_generator, pick_to
 from .models import InterpreterModel
 from .config import PawConfig
 from .options import RuntimeOptions
+from .prompt import PromptEncoder, budget
 from .registry import BaseKey, BaseRegistry, SharedBase
 from .torch_engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
 from .weights import read_base_weights
@@ -40,10 +41,7 @@ class TorchProgram(ProgramRuntime):
         self._base = base
         self._adapter = adapter
         self._prefix = prefix
-        self._suffix = suffix
-        codec = base.interpreter.codec
-        self._suffix_head, rest = codec.split_at_first_control(suffix)
-        self._suffix_rest_ids = codec.encode(rest, parse_special=True)
+        self._prompt = PromptEncoder(base.interpreter.codec, suffix)
         self._n_ctx = n_ctx
         self._state = threading.Condition()
         self._active_runs = 0
@@ -100,12 +98,7 @@ class TorchProgram(ProgramRuntime):
 
     def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, continuing after the prefix."""
-        codec = self._base.interpreter.codec
-        if options.parse_special_in_input:
-            return codec.encode(text + self._suffix, parse_special=True)
-        # The official runtime tokenizes input + suffix as one string; llama.cpp first cuts it at special
-        # tokens, so the input joins the suffix's text up to its first control token, and the rest follows.
-        return codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
+        return self._prompt.encode(text, options)
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         with self._state:
@@ -126,14 +119,12 @@ class TorchProgram(ProgramRuntime):
         prompt_ids = self.encode_prompt(text, options)
         n_prefix = self._prefix.length
         used = n_prefix + len(prompt_ids)
-        remaining = self._n_ctx - used
-        if remaining <= 0:
-            raise ContextOverflowError(n_prefix, len(prompt_ids), self._n_ctx)
-        limit = remaining if options.max_tokens is None else min(options.max_tokens, remaining)
+        allowed = budget(n_prefix, len(prompt_ids), self._n_ctx, options)
+        limit = allowed.limit
         tokenized = time.perf_counter()
         generator = make_generator(options)
         output: list[int] = []
-        stop: StopReason = "max_tokens" if options.max_tokens is not None and limit == options.max_tokens else "context"
+        stop: StopReason = allowed.exhausted_reason
         prompt_done = tokenized
         if limit > 0:
             with self._base.acquire() as copy:

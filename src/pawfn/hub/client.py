@@ -129,6 +129,32 @@ def _parse(kind: type[_ModelT], response: httpx.Response, what: str) -> _ModelT:
         ) from exc
 
 
+def _redirect(response: httpx.Response, current: str, method: str) -> tuple[str, str] | None:
+    """The next (URL, method) of a redirect response, else None."""
+    if not response.is_redirect:
+        return None
+    return urljoin(current, response.headers.get("location", "")), "GET" if response.status_code == 303 else method
+
+
+def _retry_delay(response: httpx.Response, attempt: int, max_retries: int, backoff_s: float) -> float | None:
+    """Seconds to wait before retrying `response`, or None when it is final (success, 4xx, retries spent)."""
+    if response.status_code not in _RETRY_STATUSES or attempt >= max_retries:
+        return None
+    delay = _retry_after(response)
+    if delay is not None and delay > _MAX_RETRY_AFTER_S:
+        return None  # the server asks for longer than a library should block: report it
+    return _backoff(attempt, backoff_s) if delay is None else delay
+
+
+def _compile_result(response: httpx.Response) -> CompileResult:
+    result = _parse(CompileResult, response, "compile")
+    if result.error or result.status == "failed" or not result.program_id:
+        raise CompileError(
+            f"compile failed: {result.error or result.status}", status=response.status_code, server_message=result.error
+        )
+    return result
+
+
 def _compile_error(error: HubError, what: str) -> HubError:
     if error.status in (400, 422):
         return CompileError(str(error), status=error.status, server_message=error.server_message, url=error.url)
@@ -219,27 +245,24 @@ class PawClient:
                         timeout=httpx.Timeout(timeout) if timeout else None,
                     )
                     response = self._http.send(request, stream=stream)
-                    if response.is_redirect and redirects < _MAX_REDIRECTS:
-                        location = response.headers.get("location", "")
-                        response.close()
-                        current = urljoin(current, location)
-                        current_method = "GET" if response.status_code == 303 else current_method
-                        redirects += 1
-                        continue
-                    break
+                    hop = _redirect(response, current, current_method)
+                    if hop is None or redirects >= _MAX_REDIRECTS:
+                        break
+                    response.close()
+                    current, current_method = hop
+                    redirects += 1
             except httpx.TransportError as exc:
                 if attempt < self.config.max_retries:
                     time.sleep(_backoff(attempt, self._backoff_s))
                     attempt += 1
                     continue
                 raise HubConnectionError(f"{what}: cannot reach {current} ({exc})", url=current) from exc
-            if response.status_code in _RETRY_STATUSES and attempt < self.config.max_retries:
-                delay = _retry_after(response)
-                if delay is None or delay <= _MAX_RETRY_AFTER_S:
-                    response.close()
-                    time.sleep(_backoff(attempt, self._backoff_s) if delay is None else delay)
-                    attempt += 1
-                    continue
+            delay = _retry_delay(response, attempt, self.config.max_retries, self._backoff_s)
+            if delay is not None:
+                response.close()
+                time.sleep(delay)
+                attempt += 1
+                continue
             if response.is_success:
                 return response
             if stream:
@@ -262,12 +285,7 @@ class PawClient:
             )
         except HubError as exc:
             raise _compile_error(exc, what) from exc
-        result = _parse(CompileResult, response, what)
-        if result.error or result.status == "failed" or not result.program_id:
-            raise CompileError(
-                f"compile failed: {result.error or result.status}", status=response.status_code, server_message=result.error
-            )
-        return result
+        return _compile_result(response)
 
     def precheck(self, spec: str, compiler: str | None = None) -> CompilePrecheck:
         """Is the spec already compiled, and how long is the queue (`POST /api/v1/compile/precheck`)."""
@@ -516,24 +534,22 @@ class AsyncPawClient:
                         timeout=httpx.Timeout(timeout) if timeout else None,
                     )
                     response = await self._http.send(request)
-                    if response.is_redirect and redirects < _MAX_REDIRECTS:
-                        current = urljoin(current, response.headers.get("location", ""))
-                        current_method = "GET" if response.status_code == 303 else current_method
-                        redirects += 1
-                        continue
-                    break
+                    hop = _redirect(response, current, current_method)
+                    if hop is None or redirects >= _MAX_REDIRECTS:
+                        break
+                    current, current_method = hop
+                    redirects += 1
             except httpx.TransportError as exc:
                 if attempt < self.config.max_retries:
                     await asyncio.sleep(_backoff(attempt, self._backoff_s))
                     attempt += 1
                     continue
                 raise HubConnectionError(f"{what}: cannot reach {current} ({exc})", url=current) from exc
-            if response.status_code in _RETRY_STATUSES and attempt < self.config.max_retries:
-                delay = _retry_after(response)
-                if delay is None or delay <= _MAX_RETRY_AFTER_S:
-                    await asyncio.sleep(_backoff(attempt, self._backoff_s) if delay is None else delay)
-                    attempt += 1
-                    continue
+            delay = _retry_delay(response, attempt, self.config.max_retries, self._backoff_s)
+            if delay is not None:
+                await asyncio.sleep(delay)
+                attempt += 1
+                continue
             if response.is_success:
                 return response
             raise _error_for(response, what)
@@ -550,10 +566,7 @@ class AsyncPawClient:
             )
         except HubError as exc:
             raise _compile_error(exc, "compile") from exc
-        result = _parse(CompileResult, response, "compile")
-        if result.error or result.status == "failed" or not result.program_id:
-            raise CompileError(f"compile failed: {result.error or result.status}", status=response.status_code)
-        return result
+        return _compile_result(response)
 
     async def precheck(self, spec: str, compiler: str | None = None) -> CompilePrecheck:
         """Async `PawClient.precheck`."""
