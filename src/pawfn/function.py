@@ -67,8 +67,7 @@ class PawFn(Generic[M, B]):
     def __class_getitem__(cls, params: object) -> Any:  # noqa: ANN401 - typing's own hook returns Any
         """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B."""
         generic_alias = cast(object, super().__class_getitem__(params))  # type: ignore[misc]  # Generic's own hook
-        # cast: a tuple's items are unknown to the checkers here; each is inspected below
-        arguments: tuple[object, ...] = cast("tuple[object, ...]", params) if isinstance(params, tuple) else (params,)
+        arguments = cast("tuple[object, ...]", params if isinstance(params, tuple) else (params,))  # cast: checked below
         if len(arguments) != 2:
             return generic_alias
         model, backend = arguments
