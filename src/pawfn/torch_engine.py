@@ -226,17 +226,14 @@ class TorchInterpreter:
         keys = cache.keys[layer][:, :end]
         values = cache.values[layer][:, :end]
         arch = self.architecture
-        if arch.n_kv_heads != arch.n_heads:
-            group = arch.n_heads // arch.n_kv_heads
-            keys = keys.repeat_interleave(group, dim=0)
-            values = values.repeat_interleave(group, dim=0)
         mask: torch.Tensor | None = None
         if n_new > 1:
             query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
             key_pos = torch.arange(0, end, device=q.device).unsqueeze(0)
             mask = key_pos <= query_pos
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys, values, attn_mask=mask, scale=1.0 / math.sqrt(arch.head_dim)
+        out = F.scaled_dot_product_attention(  # enable_gqa: KV heads are shared without copying them per query head
+            q.transpose(0, 1), keys, values, attn_mask=mask, scale=1.0 / math.sqrt(arch.head_dim),
+            enable_gqa=arch.n_kv_heads != arch.n_heads,
         )
         return out.transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
 
