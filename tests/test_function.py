@@ -225,7 +225,7 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
 
 def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
-    with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B: pass base=PATH.*qwen3-0.6b-q6_k.gguf"):
+    with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B in the cache: pass base=PATH.*qwen3-0.6b-q6_k.gguf"):
         PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)
 
 

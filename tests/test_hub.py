@@ -370,3 +370,10 @@ def test_client_endpoints(hub: Hub) -> None:
     with PawClient(hub.config(api_key=None)) as anonymous, pytest.raises(AuthenticationError, match="HTTP 401") as error:
         anonymous.my_programs()
     assert error.value.status == 401
+
+
+def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> None:
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    folder = hub.cache_dir / "programs" / PROGRAM_ID
+    with PawFn[Qwen3_0_6B, Torch].from_path(folder, config=hub.config(offline=True)) as function:
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")

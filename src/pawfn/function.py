@@ -13,13 +13,13 @@ from typing_extensions import Self
 
 from .backends import Backend, ProgramRuntime
 from .bundle import ProgramMeta, open_bundle
-from .errors import BaseModelError, ConfigError, InterpreterMismatchError, ProgramClosedError
+from .errors import BaseModelError, ConfigError, InterpreterMismatchError, PawError, ProgramClosedError
 from .generation import Generation
 from .models import InterpreterModel
 from .config import PawConfig
 from .options import RuntimeOptions
 
-__all__ = ["PawFn", "default_base_path"]
+__all__ = ["PawFn", "cached_base_path"]
 
 M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
@@ -44,13 +44,26 @@ def _checked_options(value: object) -> RuntimeOptions:
     return value
 
 
-def default_base_path(model: type[InterpreterModel], cache_dir: Path) -> Path | None:
-    """The official runtime's base GGUF for `model` in the shared cache, if it is there with the right size."""
-    candidate = cache_dir / "base_models" / model.default_gguf.file
-    expected = model.default_gguf.size_bytes
-    if candidate.is_file() and not candidate.is_symlink():
-        if expected is None or candidate.stat().st_size == expected:
-            return candidate
+def cached_base_path(model: type[InterpreterModel], meta: ProgramMeta, cache_dir: Path) -> Path | None:
+    """A verified base GGUF in the shared cache (no network): the one the program's runtime manifest names,
+    else the model type's own `default_gguf` (how a mirror subclass points at its weights)."""
+    from .hub.cache import PawCache
+    from .hub.runtimes import resolve_runtime
+    from .hub.types import BaseModelSource
+
+    cache = PawCache(cache_dir)
+    sources: list[BaseModelSource] = []
+    try:
+        named = resolve_runtime(meta, cache, None).local_sdk.base_model
+        sources += [] if named is None else [named]
+    except PawError:
+        pass
+    pinned = model.default_gguf
+    sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
+    for source in sources:
+        found = cache.verified_base_model(source)
+        if found is not None:
+            return found
     return None
 
 
@@ -130,13 +143,13 @@ class PawFn(Generic[M, B]):
                 raise InterpreterMismatchError(
                     bundle.name, bundle.meta.interpreter, model.interpreter_id, model.__name__
                 )
-            base_path = Path(base) if base is not None else default_base_path(model, config.cache_dir)
+            base_path = Path(base) if base is not None else cached_base_path(model, bundle.meta, config.cache_dir)
             if base_path is None:
                 raise BaseModelError(
                     None,
-                    f"no base weights for {model.__name__}: pass base=PATH, a GGUF file such as "
+                    f"no base weights for {model.__name__} in the cache: pass base=PATH, a GGUF file such as "
                     f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
-                    f"{model.default_hf_repo}",
+                    f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
                 )
             runtime = backend.open_program(model, bundle, base_path, config)
         return cls(runtime, bundle.meta, Path(path), config, (time.perf_counter() - started) * 1e3)
