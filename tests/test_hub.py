@@ -377,3 +377,39 @@ def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> No
     folder = hub.cache_dir / "programs" / PROGRAM_ID
     with PawFn[Qwen3_0_6B, Torch].from_path(folder, config=hub.config(offline=True)) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+
+
+def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pawfn.torch_engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+
+    reference = hub.expected("hello")
+    prefills: list[int] = []
+    original = TorchInterpreter.prefill_prefix
+
+    def counting(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
+        prefills.append(len(ids))
+        return original(self, ids, adapter, cache)
+
+    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as first:
+        expected = first.generate("hello", OPTIONS).token_ids
+    folder = hub.cache_dir / "programs" / PROGRAM_ID
+    stored = list(folder.glob(".pawfn-prefix-*.pt"))
+    assert len(stored) == 1 and len(prefills) == 1
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as second:
+        assert second.generate("hello", OPTIONS).token_ids == expected == reference
+    assert len(prefills) == 1  # the second load read the stored prefix
+    stored[0].write_bytes(b"not a torch file")
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as third:
+        assert third.generate("hello", OPTIONS).token_ids == expected
+    assert len(prefills) == 2 and stored[0].read_bytes() != b"not a torch file"  # re-evaluated and rewritten
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(dtype="bfloat16")):
+        pass
+    assert len(list(folder.glob(".pawfn-prefix-*.pt"))) == 2  # one per dtype
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+
+
+def test_no_prefix_file_in_a_users_own_folder(hub: Hub) -> None:
+    folder = hub.archive.parent / "bundle"
+    PawFn[Qwen3_0_6B, Torch].from_path(folder, base=hub.base, config=hub.config()).close()
+    assert not list(folder.glob(".pawfn-*"))

@@ -16,6 +16,7 @@ from .generation import Generation, StopReason, Timings, make_generator, pick_to
 from .models import InterpreterModel
 from .config import PawConfig
 from .options import RuntimeOptions
+from .prefix_store import PrefixStore
 from .prompt import PromptEncoder, budget
 from .registry import BaseKey, BaseRegistry, SharedBase
 from .torch_engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
@@ -69,8 +70,15 @@ class TorchProgram(ProgramRuntime):
         prefix_ids = interpreter.codec.encode(bundle.template.prefix, parse_special=True)
         if len(prefix_ids) >= n_ctx:
             raise ContextOverflowError(len(prefix_ids), 0, n_ctx)
-        with base.acquire() as copy, torch.inference_mode():
-            prefix = interpreter.prefill_prefix(prefix_ids, device_adapter, copy.cache)
+        store = PrefixStore.for_program(
+            bundle.source, config.cache_dir, base_path, bundle.adapter_path, prefix_ids, config.dtype, str(device)
+        )
+        prefix = None if store is None else store.load(prefix_ids, interpreter.architecture, device)
+        if prefix is None:
+            with base.acquire() as copy, torch.inference_mode():
+                prefix = interpreter.prefill_prefix(prefix_ids, device_adapter, copy.cache)
+            if store is not None:
+                store.save(prefix)
         return cls(base, device_adapter, prefix, bundle.template.suffix, n_ctx)
 
     @property

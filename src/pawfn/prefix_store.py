@@ -1,0 +1,95 @@
+"""pawfn's on-disk prefix KV cache, beside a program in the shared cache, under a name the official SDK ignores.
+
+A program's prefix is evaluated once per load; with this store, once per (program, base weights, dtype, device).
+The file name carries a hash of everything the KV depends on, so a changed base, adapter or template misses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .torch_engine import PrefixState
+from .weights import Architecture
+
+__all__ = ["PrefixStore"]
+
+_FORMAT = 1
+
+
+def _identity(path: Path) -> dict[str, object]:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+class PrefixStore:
+    """One program's stored prefix for one (base, dtype, device): `<program>/.pawfn-prefix-<key>.pt`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_program(
+        cls, program_dir: Path, cache_dir: Path, base: Path, adapter: Path, prefix_ids: list[int], dtype: str, device: str
+    ) -> PrefixStore | None:
+        """A store for a program installed under `cache_dir/programs`; None elsewhere (user folders stay untouched)."""
+        try:
+            inside = program_dir.resolve().parent == (cache_dir / "programs").resolve()
+        except OSError:
+            return None
+        if not inside or not program_dir.is_dir():
+            return None
+        identity = {
+            "format": _FORMAT, "base": _identity(base), "adapter": _identity(adapter), "dtype": dtype,
+            "device": torch.device(device).type, "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
+        }
+        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+        return cls(program_dir / f".pawfn-prefix-{key}.pt")
+
+    def load(self, prefix_ids: list[int], architecture: Architecture, device: torch.device) -> PrefixState | None:
+        """The stored prefix if present and consistent with `prefix_ids` and the architecture, else None."""
+        if not self.path.is_file() or self.path.is_symlink():
+            return None
+        try:
+            data: object = torch.load(self.path, map_location=device, weights_only=True)
+        except Exception:  # noqa: BLE001 - any unreadable file is a cache miss, rewritten below
+            return None
+        if not isinstance(data, dict):
+            return None
+        token_ids, keys, values, logits = (data.get(k) for k in ("token_ids", "keys", "values", "last_logits"))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # checked below
+        if token_ids != prefix_ids or not isinstance(keys, list) or not isinstance(values, list):
+            return None
+        shape = (architecture.n_kv_heads, len(prefix_ids), architecture.head_dim)
+        tensors: list[torch.Tensor] = [t for t in [*keys, *values] if isinstance(t, torch.Tensor) and tuple(t.shape) == shape]  # pyright: ignore[reportUnknownVariableType]  # filtered by isinstance
+        if len(tensors) != 2 * architecture.n_layers or not (logits is None or isinstance(logits, torch.Tensor)):
+            return None
+        n = architecture.n_layers
+        return PrefixState(
+            token_ids=tuple(prefix_ids), keys=tuple(tensors[:n]), values=tuple(tensors[n:]),
+            last_logits=logits if isinstance(logits, torch.Tensor) else None,
+        )
+
+    def save(self, prefix: PrefixState) -> None:
+        """Write atomically; a read-only or full cache only costs the next load a prefix evaluation."""
+        data = {
+            "token_ids": list(prefix.token_ids), "keys": [k.cpu() for k in prefix.keys],
+            "values": [v.cpu() for v in prefix.values],
+            "last_logits": None if prefix.last_logits is None else prefix.last_logits.cpu(),
+        }
+        try:
+            descriptor, temporary = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        except OSError:
+            return
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                torch.save(data, handle)
+            os.replace(temporary, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
