@@ -1,0 +1,59 @@
+"""Client behaviour that needs no server: retries on connection errors, Retry-After parsing, offline refusal."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pawfn import HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError
+
+
+def _config(tmp_path: Path, **changes: object) -> PawConfig:
+    return PawConfig.model_validate({"api_url": "http://127.0.0.1:9", "cache_dir": tmp_path, "progress": False} | changes)
+
+
+def test_connection_errors_are_retried_then_typed(tmp_path: Path) -> None:
+    attempts: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        attempts.append(str(request.url))
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = PawClient(_config(tmp_path, max_retries=2), transport=httpx.MockTransport(refuse), backoff_s=0.001)
+    with pytest.raises(HubConnectionError, match="cannot reach http://127.0.0.1:9/api/v1/programs/resolve/a%2Fb"):
+        client.resolve("a/b")
+    assert len(attempts) == 3
+
+
+def test_a_closed_port_is_a_connection_error(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = PawClient(_config(tmp_path, api_url=f"http://127.0.0.1:{port}", max_retries=1), backoff_s=0.001)
+    with pytest.raises(HubConnectionError, match="cannot reach"):
+        client.compilers()
+
+
+def test_a_long_retry_after_is_reported_not_slept(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def limited(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return httpx.Response(429, headers={"Retry-After": "3600"}, json={"detail": "slow down"})
+
+    client = PawClient(_config(tmp_path), transport=httpx.MockTransport(limited))
+    with pytest.raises(RateLimitError, match="rate limited \\(HTTP 429\\): slow down") as info:
+        client.compilers()
+    assert calls == [1] and info.value.retry_after_s == 3600.0
+
+
+def test_offline_client_sends_nothing(tmp_path: Path) -> None:
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request may be sent offline")
+
+    client = PawClient(_config(tmp_path, offline=True), transport=httpx.MockTransport(fail))
+    with pytest.raises(OfflineError, match="offline mode is on"):
+        client.resolve("user/slug")
