@@ -413,3 +413,13 @@ def test_no_prefix_file_in_a_users_own_folder(hub: Hub) -> None:
     folder = hub.archive.parent / "bundle"
     PawFn[Qwen3_0_6B, Torch].from_path(folder, base=hub.base, config=hub.config()).close()
     assert not list(folder.glob(".pawfn-*"))
+
+
+def test_unreachable_resolve_falls_back_to_the_cached_slug(hub: Hub, capsys: pytest.CaptureFixture[str]) -> None:
+    PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config()).close()
+    hub.server.state.fail_once["/api/v1/programs/resolve"] = 503
+    with PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config(max_retries=0)) as function:
+        assert function.program_id == PROGRAM_ID
+    assert f"using the cached {SLUG} -> {PROGRAM_ID}" in capsys.readouterr().err
+    with pytest.raises(NotFoundError):  # a definite "no" from the server is not papered over
+        PawFn[Qwen3_0_6B, Torch].load_slug_sync("tester/gone", config=hub.config())
