@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import TinyProgram
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
@@ -32,8 +33,11 @@ def test_text_output(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[s
 
 def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     base = str(gpt2_program.interpreter.hf_dir)
+    threads = torch.get_num_threads()
     status = main(["run", "--program", str(gpt2_program.folder), "--base", base, "--input", "a", "--input", "b c",
-                   "--max-tokens", "6", "--json"])
+                   "--max-tokens", "6", "--json", "--threads", "1"])
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
     lines = capsys.readouterr().out.strip().split("\n")
     assert status == 0 and len(lines) == 2
     records = [json.loads(line) for line in lines]

@@ -48,6 +48,7 @@ def test_invalid_runtime_options(fields: dict[str, Any], message: str) -> None:
         ({"dtype": "int8"}, "Input should be 'float32', 'bfloat16' or 'float16'"),
         ({"n_ctx": 0}, "greater than 0"),
         ({"max_model_copies": 0}, "greater than or equal to 1"),
+        ({"threads": 0}, "greater than or equal to 1"),
     ],
 )
 def test_invalid_config(fields: dict[str, Any], message: str) -> None:

@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
     run.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
     run.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
+    run.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
     run.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     run.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
@@ -101,7 +102,7 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx"):
+    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value

@@ -52,6 +52,9 @@ class PawConfig(BaseModel):
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=1, ge=1)
     """Most copies of one base model, and so most concurrent runs on it."""
+    threads: int | None = Field(default=None, ge=1)
+    """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
+    context (llama.cpp). On small VMs one thread can beat two (see the README)."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of one API request (connect, read, write), in seconds."""
     compile_timeout_s: float = Field(default=2400.0, gt=0)
@@ -90,7 +93,7 @@ class PawConfig(BaseModel):
         values["cache_dir"] = default_cache_dir()
         if env.get("PAW_OFFLINE"):
             values["offline"] = env["PAW_OFFLINE"].strip().lower() in _TRUTHY
-        for name, key in (("n_ctx", "PAW_N_CTX"), ("max_model_copies", "PAW_MAX_MODEL_COPIES")):
+        for name, key in (("n_ctx", "PAW_N_CTX"), ("max_model_copies", "PAW_MAX_MODEL_COPIES"), ("threads", "PAW_THREADS")):
             if env.get(key):
                 try:
                     values[name] = int(env[key])

@@ -92,7 +92,7 @@ class LlamaCppProgram(ProgramRuntime):
         with _quiet_native_stderr():
             llm = llama_cpp.Llama(
                 model_path=str(base), n_ctx=n_ctx, n_gpu_layers=0 if config.device == "cpu" else -1,
-                type_k=kv_type, type_v=kv_type, verbose=False,
+                type_k=kv_type, type_v=kv_type, n_threads=config.threads, verbose=False,
             )
             adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(bundle.adapter_path).encode())
         if adapter is None:

@@ -55,6 +55,8 @@ class TorchProgram(ProgramRuntime):
         """Read the adapter, get (or load once) the shared base, attach the adapter and evaluate the prefix."""
         adapter = read_lora_adapter(bundle.adapter_path, model)
         device = _check_device(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)  # process-wide: only when the caller asked for it
         key = BaseKey(model=model, source=str(base_path.resolve()), device=str(device), dtype=config.dtype)
 
         def load() -> TorchInterpreter:
