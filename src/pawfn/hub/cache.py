@@ -120,7 +120,10 @@ class PawCache:
         return bundle if bundle.meta.program_id == program_id else None
 
     def install_program(self, program_id: str, archive: Path, runtime: RuntimeManifest | None) -> ProgramBundle:
-        """Extract `archive`, check it, embed `runtime` in meta.json and rename it into place (atomically)."""
+        """Extract `archive`, check it, embed `runtime` in meta.json and rename it into place (atomically).
+
+        Call it holding `lock("programs", program_id)`, the lock the official SDK holds while it installs.
+        """
         folder = self.program_dir(program_id)
         staging_root = self.programs_dir / ".staging"
         staging_root.mkdir(parents=True, exist_ok=True)
@@ -133,19 +136,18 @@ class PawCache:
             if bundle.meta.program_id != program_id:
                 raise BundleError(archive, f"meta.json names program {bundle.meta.program_id!r}, expected {program_id!r}")
             _hydrate_meta(extracted / "meta.json", runtime)
-            with self.lock("programs", program_id):
-                backup: Path | None = None
-                if folder.exists() or folder.is_symlink():
-                    backup = folder.with_name(f".{program_id}.replaced.{os.getpid()}.{time.time_ns()}")
-                    os.replace(folder, backup)
-                try:
-                    os.replace(extracted, folder)
-                except OSError:
-                    if backup is not None:
-                        os.replace(backup, folder)
-                    raise
+            backup: Path | None = None
+            if folder.exists() or folder.is_symlink():
+                backup = folder.with_name(f".{program_id}.replaced.{os.getpid()}.{time.time_ns()}")
+                os.replace(folder, backup)
+            try:
+                os.replace(extracted, folder)
+            except OSError:
                 if backup is not None:
-                    shutil.rmtree(backup, ignore_errors=True) if backup.is_dir() else backup.unlink()
+                    os.replace(backup, folder)
+                raise
+            if backup is not None:
+                shutil.rmtree(backup, ignore_errors=True) if backup.is_dir() else backup.unlink()
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         installed = self.read_program(program_id)

@@ -62,7 +62,7 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
         return cache.program_dir(program_id)
     if config.offline:
         raise OfflineError(f"program {program_id} is not in the cache and offline mode is on; {_offline_hint(reference)}")
-    with cache.lock("programs", program_id + ".download"):
+    with cache.lock("programs", program_id):  # the official SDK's lock: both SDKs install one at a time
         if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
             staging = Path(tempfile.mkdtemp(prefix="pawfn-download-"))
             try:
