@@ -423,3 +423,29 @@ def test_unreachable_resolve_falls_back_to_the_cached_slug(hub: Hub, capsys: pyt
     assert f"using the cached {SLUG} -> {PROGRAM_ID}" in capsys.readouterr().err
     with pytest.raises(NotFoundError):  # a definite "no" from the server is not papered over
         PawFn[Qwen3_0_6B, Torch].load_slug_sync("tester/gone", config=hub.config())
+
+
+def test_waits_for_the_official_sdk_installing_the_same_program(hub: Hub, tmp_path: Path) -> None:
+    """The official SDK holds .locks/programs/<id>.lock while it installs; pawfn waits and then uses its install."""
+    staged = tmp_path / "official"
+    write_official_cache(staged, PROGRAM_ID, hub.archive.parent / "bundle", hub.runtime, hub.base, {})
+    script = (
+        "import fcntl, shutil, sys, time\n"
+        "from pathlib import Path\n"
+        "cache, staged, pid = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]\n"
+        "lock = cache / '.locks' / 'programs' / (pid + '.lock')\n"
+        "lock.parent.mkdir(parents=True, exist_ok=True)\n"
+        "with lock.open('a+b') as handle:\n"
+        "    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(1.0)\n"
+        "    shutil.copytree(staged, cache, dirs_exist_ok=True)\n"
+    )
+    official = subprocess.Popen(
+        [sys.executable, "-c", script, str(hub.cache_dir), str(staged), PROGRAM_ID], stdout=subprocess.PIPE, text=True
+    )
+    assert official.stdout is not None and official.stdout.readline().strip() == "locked"
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    assert official.wait(timeout=60) == 0
+    assert hub.server.state.count("/download$") == 0  # the official SDK's install was used
