@@ -146,6 +146,32 @@ def _retry_delay(response: httpx.Response, attempt: int, max_retries: int, backo
     return _backoff(attempt, backoff_s) if delay is None else delay
 
 
+def _refuse_offline(config: PawConfig, what: str) -> None:
+    if config.offline:
+        raise OfflineError(f"{what}: offline mode is on (PAW_OFFLINE / --offline), so no request is made")
+
+
+def _build_request(
+    http: httpx.Client | httpx.AsyncClient,
+    config: PawConfig,
+    method: str,
+    url: str,
+    *,
+    json: object,
+    params: Mapping[str, str] | None,
+    headers: Mapping[str, str] | None,
+    timeout: float | None,
+) -> httpx.Request:
+    """One hop of a request; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
+    all_headers = dict(headers or {})
+    key = config.key_value()
+    if key and _origin(url) == _origin(config.api_url):
+        all_headers["X-API-Key"] = key
+    return http.build_request(
+        method, url, json=json, params=params, headers=all_headers, timeout=httpx.Timeout(timeout) if timeout else None
+    )
+
+
 def _compile_result(response: httpx.Response) -> CompileResult:
     result = _parse(CompileResult, response, "compile")
     if result.error or result.status == "failed" or not result.program_id:
@@ -212,13 +238,6 @@ class PawClient:
         """`{api_url}/api/v1/` plus the URL-encoded path parts."""
         return f"{self.config.api_url}/api/v1/" + "/".join(quote(part, safe="") for part in parts)
 
-    def _headers(self, url: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = dict(extra or {})
-        key = self.config.key_value()
-        if key and _origin(url) == _origin(self.config.api_url):
-            headers["X-API-Key"] = key  # only ever to the API's own origin
-        return headers
-
     def _send(
         self,
         method: str,
@@ -232,17 +251,15 @@ class PawClient:
         stream: bool = False,
     ) -> httpx.Response:
         """One logical request: retries, manual redirects, typed errors. 2xx (202 included) is returned."""
-        if self.config.offline:
-            raise OfflineError(f"{what}: offline mode is on (PAW_OFFLINE / --offline), so no request is made")
+        _refuse_offline(self.config, what)
         attempt = 0
         while True:
             current, current_method, redirects = url, method, 0
             try:
                 while True:
-                    request = self._http.build_request(
-                        current_method, current, json=json if current_method == method else None, params=params,
-                        headers=self._headers(current, headers),
-                        timeout=httpx.Timeout(timeout) if timeout else None,
+                    request = _build_request(
+                        self._http, self.config, current_method, current, json=json if current_method == method else None,
+                        params=params, headers=headers, timeout=timeout,
                     )
                     response = self._http.send(request, stream=stream)
                     hop = _redirect(response, current, current_method)
@@ -521,17 +538,15 @@ class AsyncPawClient:
         self, method: str, url: str, what: str, *, json: object = None, params: Mapping[str, str] | None = None,
         timeout: float | None = None,
     ) -> httpx.Response:
-        if self.config.offline:
-            raise OfflineError(f"{what}: offline mode is on (PAW_OFFLINE / --offline), so no request is made")
+        _refuse_offline(self.config, what)
         attempt = 0
         while True:
             current, current_method, redirects = url, method, 0
             try:
                 while True:
-                    request = self._http.build_request(
-                        current_method, current, json=json if current_method == method else None, params=params,
-                        headers=self._sync._headers(current),  # pyright: ignore[reportPrivateUsage]  # the twin's policy
-                        timeout=httpx.Timeout(timeout) if timeout else None,
+                    request = _build_request(
+                        self._http, self.config, current_method, current, json=json if current_method == method else None,
+                        params=params, headers=None, timeout=timeout,
                     )
                     response = await self._http.send(request)
                     hop = _redirect(response, current, current_method)
