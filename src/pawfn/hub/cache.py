@@ -20,13 +20,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..bundle import ProgramBundle, extract_archive, read_bundle_folder
+from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
 from ..errors import BundleError
 from ..jsonio import read_json_object
 from .refs import is_program_id
@@ -119,8 +119,10 @@ class PawCache:
             return None
         return bundle if bundle.meta.program_id == program_id else None
 
-    def install_program(self, program_id: str, archive: Path, runtime: RuntimeManifest | None) -> ProgramBundle:
-        """Extract `archive`, check it, embed `runtime` in meta.json and rename it into place (atomically).
+    def install_program(
+        self, program_id: str, archive: Path, runtime_for: Callable[[ProgramMeta], RuntimeManifest | None]
+    ) -> ProgramBundle:
+        """Extract `archive`, check it, embed `runtime_for(meta)` in meta.json and rename it into place (atomically).
 
         Call it holding `lock("programs", program_id)`, the lock the official SDK holds while it installs.
         """
@@ -135,7 +137,7 @@ class PawCache:
             bundle = read_bundle_folder(extracted, archive)
             if bundle.meta.program_id != program_id:
                 raise BundleError(archive, f"meta.json names program {bundle.meta.program_id!r}, expected {program_id!r}")
-            _hydrate_meta(extracted / "meta.json", runtime)
+            _hydrate_meta(extracted / "meta.json", runtime_for(bundle.meta))
             backup: Path | None = None
             if folder.exists() or folder.is_symlink():
                 backup = folder.with_name(f".{program_id}.replaced.{os.getpid()}.{time.time_ns()}")

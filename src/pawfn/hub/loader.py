@@ -69,9 +69,7 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
                 archive = client.download_program(
                     program_id, staging / f"{program_id}.paw", default_progress(f"program {program_id[:12]}", config.progress)
                 )
-                with open_bundle(archive) as bundle:
-                    runtime = resolve_runtime(bundle.meta, cache, client)
-                cache.install_program(program_id, archive, runtime)
+                cache.install_program(program_id, archive, lambda meta: resolve_runtime(meta, cache, client))
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     return cache.program_dir(program_id)
