@@ -18,8 +18,8 @@ from tokenizers import Tokenizer, models
 from pawfn.adapter import LoraAdapter, LoraPair
 from pawfn.models import Qwen3_0_6B
 from pawfn.tokenizer import TextCodec
-from pawfn.torch_engine import TorchInterpreter
-from pawfn.weights import Architecture, BaseWeights, _gguf_name  # pyright: ignore[reportPrivateUsage]  # the HF->GGUF name table
+from pawfn.torch.engine import TorchInterpreter
+from pawfn.torch.weights import Architecture, BaseWeights, _gguf_name  # pyright: ignore[reportPrivateUsage]  # the HF->GGUF name table
 
 QWEN3_0_6B = Architecture(
     family="qwen3", vocab_size=151936, hidden_size=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,

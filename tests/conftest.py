@@ -2,46 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import pytest
 
-from pawfn import BaseRegistry
-from tiny_models import (
-    GPT2_TEMPLATE,
-    QWEN_TEMPLATE,
-    Array,
-    Family,
-    TinyInterpreter,
-    build_interpreter,
-    random_lora,
-    write_adapter_gguf,
-    write_bundle,
-    zip_bundle,
-)
-
-HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
-requires_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
-INTERPRETER_IDS: dict[Family, str] = {"qwen3": "Qwen/Qwen3-0.6B", "gpt2": "gpt2"}
-TEMPLATES: dict[Family, str] = {"qwen3": QWEN_TEMPLATE, "gpt2": GPT2_TEMPLATE}
-ALPHA = 16.0
-
-
-@dataclass(frozen=True)
-class TinyProgram:
-    """A generated program: its interpreter, LoRA pairs, adapter file and bundle (folder and zip)."""
-
-    interpreter: TinyInterpreter
-    pairs: dict[str, tuple[Array, Array]]
-    alpha: float
-    adapter: Path
-    folder: Path
-    archive: Path
-    template: str
+from pawfn import ModelRegistry
+from tests.helpers.programs import TinyProgram, make_program
+from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
 
 
 @pytest.fixture(scope="session")
@@ -57,26 +26,6 @@ def qwen3(tiny_root: Path) -> TinyInterpreter:
 @pytest.fixture(scope="session")
 def gpt2(tiny_root: Path) -> TinyInterpreter:
     return build_interpreter("gpt2", tiny_root)
-
-
-def make_program(
-    interpreter: TinyInterpreter,
-    root: Path,
-    name: str,
-    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-    seed: int = 1,
-    template: str | None = None,
-) -> TinyProgram:
-    """Write an adapter and a bundle (folder + .paw) for `interpreter` under `root / name`."""
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    pairs = random_lora(interpreter, seed=seed)
-    adapter = folder / "adapter-source.gguf"
-    write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
-    template = template or TEMPLATES[interpreter.family]
-    bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template)
-    archive = zip_bundle(bundle, folder / "program.paw")
-    return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +51,6 @@ def gpt2_program_q4(gpt2: TinyInterpreter, tiny_root: Path) -> TinyProgram:
 @pytest.fixture(autouse=True)
 def fresh_registry() -> Iterator[None]:
     """Each test starts with no base loaded, so load counts are the test's own."""
-    BaseRegistry.clear()
+    ModelRegistry.clear()
     yield
-    BaseRegistry.clear()
+    ModelRegistry.clear()

@@ -8,10 +8,10 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import TinyProgram
+from tests.helpers.programs import TinyProgram
 from pawfn import GPT2, AdapterError, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.adapter import read_lora_adapter
-from tiny_models import TinyInterpreter, dequantized, random_lora, write_adapter_gguf, write_bundle
+from tests.helpers.tiny_models import TinyInterpreter, dequantized, random_lora, write_adapter_gguf, write_bundle
 
 Q = gguf.GGMLQuantizationType
 

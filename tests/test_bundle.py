@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TinyProgram
+from tests.helpers.programs import TinyProgram
 from pawfn import BundleError, PawError
 from pawfn import bundle as bundle_module
 from pawfn.bundle import PromptTemplate, open_bundle

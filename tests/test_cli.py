@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TinyProgram
+from tests.helpers.programs import TinyProgram
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.cli import main
+from pawfn.cli import escape_control, main
+from tests.helpers.programs import requires_llama_cpp
 
 
 def _expected(program: TinyProgram, text: str, max_tokens: int) -> tuple[str, tuple[int, ...]]:
@@ -28,7 +29,8 @@ def test_text_output(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[s
                    "--input", "Urgent: the server is down!", "--max-tokens", "8"])
     out = capsys.readouterr().out
     assert status == 0
-    assert out.split("\n")[:2] == [_expected(qwen3_program, "hello", 8)[0], _expected(qwen3_program, "Urgent: the server is down!", 8)[0]]
+    expected = [_expected(qwen3_program, text, 8)[0] for text in ("hello", "Urgent: the server is down!")]
+    assert out.split("\n")[:3] == [escape_control(text) for text in expected] + [""]
 
 
 def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,8 +57,9 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
     [
         (["--program", "{missing}"], "no such bundle", 1),
         (["--program", "{program}", "--base", "{missing}"], "base weights not found", 1),
-        (["--program", "{program}", "--temperature", "-1"], "invalid --temperature: Input should be greater than", 2),
-        (["--program", "{program}", "--device", "tpu"], "invalid option: device: Input should be 'cpu', 'mps', 'cuda'", 2),
+        (["--program", "{program}", "--temperature", "-1"], "invalid --temperature=-1.0: Input should be greater than", 2),
+        (["--program", "{program}", "--device", "tpu"], "invalid --device='tpu': Input should be 'cpu', 'mps', 'cuda'", 2),
+        (["--program", "{program}", "--input-file", "{missing}"], "--input-file {missing}: cannot read it", 2),
         (["--program", "{program}", "--n-ctx", "8"], "context overflow", 1),
     ],
 )
@@ -70,7 +73,7 @@ def test_errors_are_one_line(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith("pawfn: error: ")
-    assert message in captured.err
+    assert message.format(**values) in captured.err
     assert "Traceback" not in captured.err
 
 
@@ -99,3 +102,97 @@ def test_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["run", "--input", "x"])
     assert info.value.code == 2
     assert "--program" in capsys.readouterr().err
+
+
+def test_escape_control_keeps_each_output_on_one_line() -> None:
+    assert escape_control("a\nb\tc\x1b[31m\u202eevil\\n") == "a\\nb\\tc\\x1b[31m\\u202eevil\\\\n"
+    assert escape_control("café ✓ \"q\" 'q'") == "café ✓ \"q\" 'q'"
+
+
+def _records(capsys: pytest.CaptureFixture[str]) -> list[dict[str, object]]:
+    return [json.loads(line) for line in capsys.readouterr().out.strip().split("\n")]
+
+
+def test_input_file_lines_and_jsonl(qwen3_program: TinyProgram, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = str(qwen3_program.interpreter.gguf_path)
+    lines = tmp_path / "inputs.txt"
+    lines.write_text("hello\n\nUrgent: the server is down!\n", encoding="utf-8")
+    jsonl = tmp_path / "inputs.jsonl"
+    jsonl.write_text('"hello"\n{"input": "Urgent: the server is down!", "id": 7}\n', encoding="utf-8")
+    for path in (lines, jsonl):
+        argv = ["run", "--program", str(qwen3_program.folder), "--base", base, "--input-file", str(path)]
+        assert main([*argv, "--max-tokens", "4", "--json"]) == 0
+        records = _records(capsys)
+        assert [r["input"] for r in records] == ["hello", "Urgent: the server is down!"]
+        assert records[0]["tokens"] == list(_expected(qwen3_program, "hello", 4)[1])
+
+
+def test_input_from_stdin(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("a b\nhello\n".encode())))
+    argv = ["run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path)]
+    assert main([*argv, "--input", "first", "--input-file", "-", "--max-tokens", "3", "--json"]) == 0
+    assert [r["input"] for r in _records(capsys)] == ["first", "a b", "hello"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b'"ok"\n42\n', "stdin: line 2 is not a JSON string or an object"), (b"\xff\xfe", "stdin: not UTF-8 text")],
+)
+def test_bad_input_files_are_usage_errors(
+    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, content: bytes,
+    message: str,
+) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(content)))
+    argv = ["run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path)]
+    assert main([*argv, "--input-file", "-", "--input-format", "jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pawfn: error: ") and message in err and err.count("\n") == 1
+
+
+def test_no_input_is_a_usage_error(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--program", str(qwen3_program.folder)]) == 2
+    assert "no input: give --input TEXT" in capsys.readouterr().err
+
+
+@requires_llama_cpp
+def test_backend_llamacpp_gives_the_torch_tokens(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--program", str(gpt2_program.folder), "--base", str(gpt2_program.interpreter.gguf_path),
+            "--input", "hello", "--max-tokens", "6", "--json"]
+    assert main([*argv, "--backend", "llamacpp"]) == 0
+    llama = _records(capsys)
+    assert main([*argv, "--backend", "torch"]) == 0
+    tokens = llama[0]["tokens"]
+    assert isinstance(tokens, list) and len(tokens) == 6 and tokens == _records(capsys)[0]["tokens"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("PAW_DTYPE", "fp16", "invalid PAW_DTYPE='fp16': Input should be 'float32', 'bfloat16' or 'float16'"),
+        ("PAW_N_CTX", "big", "invalid PAW_N_CTX='big': not an integer"),
+        ("PAW_API_URL", "ftp://x", "invalid PAW_API_URL='ftp://x': Value error, api_url must be an http(s) URL"),
+    ],
+)
+def test_option_errors_name_the_environment_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"pawfn: error: {message}\n"
+
+
+def test_cache_list_says_when_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"no programs in the cache ({tmp_path}); `pawfn cache prepare REF` fetches one\n"
+
+
+def test_mismatch_names_the_model_class(gpt2_program: TinyProgram) -> None:
+    from pawfn import InterpreterMismatchError
+
+    with pytest.raises(InterpreterMismatchError, match=r"load it as PawFn\[GPT2, \.\.\.\] instead"):
+        PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TinyProgram
+from tests.helpers.programs import TinyProgram
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from conftest import TinyProgram
+from tests.helpers.programs import TinyProgram
 from pawfn import (
     GPT2,
     BaseModelError,
-    BaseRegistry,
+    ModelRegistry,
     ContextOverflowError,
     InterpreterMismatchError,
     InterpreterModel,
@@ -29,8 +29,8 @@ from pawfn import (
     Torch,
 )
 from pawfn.models import WeightFile
-from pawfn.torch_engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
-from pawfn.torch_runtime import TorchProgram
+from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+from pawfn.torch.program import TorchProgram
 
 GREEDY_24 = RuntimeOptions(max_tokens=24)
 INPUTS = ["Urgent: the server is down!", "hello", "I love this product", "", "the lazy dog"]
@@ -98,7 +98,7 @@ def test_interpreter_mismatch_is_refused_before_weights_load(gpt2_program: TinyP
     with pytest.raises(InterpreterMismatchError, match="compiled for interpreter 'gpt2'.*loaded as Qwen3_0_6B") as info:
         PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=tmp_path / "never-read.gguf")
     assert info.value.found == "gpt2" and info.value.expected == "Qwen/Qwen3-0.6B"
-    assert BaseRegistry.load_count() == 0
+    assert ModelRegistry.load_count() == 0
 
 
 def test_run_variants_agree(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
@@ -176,15 +176,15 @@ def test_two_programs_share_one_base_and_keep_their_own_state(
     alone_a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
     expected_a = [alone_a.generate(t, GREEDY_24).token_ids for t in INPUTS]
     alone_a.close()
-    BaseRegistry.clear()
+    ModelRegistry.clear()
     alone_b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
     expected_b = [alone_b.generate(t, GREEDY_24).token_ids for t in INPUTS]
     alone_b.close()
-    BaseRegistry.clear()
+    ModelRegistry.clear()
 
     first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
     second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
-    assert BaseRegistry.load_count() == 1
+    assert ModelRegistry.load_count() == 1
     assert _torch_program(first).base is _torch_program(second).base
     for index, text in enumerate(INPUTS):  # interleaved: no KV or adapter state leaks between programs
         assert second.generate(text, GREEDY_24).token_ids == expected_b[index]
@@ -196,11 +196,11 @@ def test_registry_keys(qwen3_program: TinyProgram) -> None:
     tiny = qwen3_program.interpreter
     a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path)
     b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=tiny.gguf_path)
-    assert BaseRegistry.load_count() == 1
+    assert ModelRegistry.load_count() == 1
     c = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path, config=PawConfig(dtype="bfloat16"))
     d = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.hf_dir)
-    assert BaseRegistry.load_count() == 3
-    assert {key.dtype for key in BaseRegistry.loaded()} == {"float32", "bfloat16"}
+    assert ModelRegistry.load_count() == 3
+    assert {key.dtype for key in ModelRegistry.loaded()} == {"float32", "bfloat16"}
     assert a.run_with("hello", GREEDY_24) == b.run_with("hello", GREEDY_24) == d.run_with("hello", GREEDY_24)
     assert isinstance(c.run_with("hello", GREEDY_24), str)
 
@@ -215,12 +215,13 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
     (cache / "base_models").mkdir(parents=True)
     (cache / "base_models" / "mirror.gguf").write_bytes(qwen3_program.interpreter.gguf_path.read_bytes())
     monkeypatch.setenv("PAW_CACHE_DIR", str(cache))
-    with PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror:
+    with (
+        PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror,
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as plain,
+    ):
         assert type(mirror).model_type() is MirrorQwen
-        assert mirror.run_with("hello", GREEDY_24) == PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path
-        ).run_with("hello", GREEDY_24)
-    assert {key.model for key in BaseRegistry.loaded()} == {MirrorQwen, Qwen3_0_6B}
+        assert mirror.run_with("hello", GREEDY_24) == plain.run_with("hello", GREEDY_24)
+        assert {key.model for key in ModelRegistry.loaded()} == {MirrorQwen, Qwen3_0_6B}
 
 
 def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TinyProgram
-from hub_server import HubServer
-from official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
+from tests.helpers.programs import TinyProgram
+from tests.helpers.hub_server import HubServer
+from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
 from pawfn import (
     GPT2,
     AsyncPawClient,
@@ -36,7 +36,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.cli import main
-from tiny_models import write_bundle, zip_bundle
+from tests.helpers.tiny_models import write_bundle, zip_bundle
 
 PROGRAM_ID = "a6b454023d41ac9ca845"
 SLUG = "tester/triage"
@@ -326,7 +326,7 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PAW_N_CTX", "lots")
     from pawfn import ConfigError
 
-    with pytest.raises(ConfigError, match="PAW_N_CTX='lots' is not an integer"):
+    with pytest.raises(ConfigError, match="invalid PAW_N_CTX='lots': not an integer"):
         PawConfig.from_env()
 
 
@@ -380,7 +380,7 @@ def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> No
 
 
 def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch_engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+    from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
 
     reference = hub.expected("hello")
     prefills: list[int] = []
@@ -415,12 +415,14 @@ def test_no_prefix_file_in_a_users_own_folder(hub: Hub) -> None:
     assert not list(folder.glob(".pawfn-*"))
 
 
-def test_unreachable_resolve_falls_back_to_the_cached_slug(hub: Hub, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_resolve_falls_back_to_the_cached_slug(hub: Hub) -> None:
     PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config()).close()
     hub.server.state.fail_once["/api/v1/programs/resolve"] = 503
-    with PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config(max_retries=0)) as function:
+    with (
+        pytest.warns(RuntimeWarning, match=f"using the cached {SLUG} -> {PROGRAM_ID}"),
+        PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=hub.config(max_retries=0)) as function,
+    ):
         assert function.program_id == PROGRAM_ID
-    assert f"using the cached {SLUG} -> {PROGRAM_ID}" in capsys.readouterr().err
     with pytest.raises(NotFoundError):  # a definite "no" from the server is not papered over
         PawFn[Qwen3_0_6B, Torch].load_slug_sync("tester/gone", config=hub.config())
 

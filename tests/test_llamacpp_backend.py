@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, BaseModelError, InterpreterModel, LlamaCpp, PawFn, ProgramClosedError, Qwen3_0_6B, RuntimeOptions, Torch
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]

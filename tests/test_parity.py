@@ -9,11 +9,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from conftest import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch_runtime import TorchProgram
-from references import llama_generate, llama_logits, official_token_ids, peft_generate, peft_logits
-from tiny_models import dequantized
+from pawfn.torch.program import TorchProgram
+from tests.helpers.references import llama_generate, llama_logits, official_token_ids, peft_generate, peft_logits
+from tests.helpers.tiny_models import dequantized
 
 INPUTS = [
     "Urgent: the server is down!",
@@ -151,7 +151,7 @@ def test_stops_at_eos(family: str, request: pytest.FixtureRequest, tmp_path: Pat
 
 
 def _has_llama_cpp() -> bool:
-    from conftest import HAS_LLAMA_CPP
+    from tests.helpers.programs import HAS_LLAMA_CPP
 
     return HAS_LLAMA_CPP
 

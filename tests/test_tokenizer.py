@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.ggufio import GGUFFile
 from pawfn.tokenizer import TextCodec
-from references import llama_detokenize, llama_tokenize, official_token_ids
-from tiny_models import TinyInterpreter
+from tests.helpers.references import llama_detokenize, llama_tokenize, official_token_ids
+from tests.helpers.tiny_models import TinyInterpreter
 
 TEXTS = [
     "Urgent: the server is down!",

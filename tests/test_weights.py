@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pawfn import GPT2, BaseModelError, Qwen3_0_6B, TokenizerError
-from pawfn.weights import read_base_weights
-from tiny_models import TinyInterpreter
+from pawfn.torch.weights import read_base_weights
+from tests.helpers.tiny_models import TinyInterpreter
 
 
 def _copy(tiny: TinyInterpreter, target: Path) -> Path:

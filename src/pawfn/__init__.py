@@ -24,12 +24,12 @@ from .errors import (
     TokenizerError,
 )
 from .function import PawFn
-from .generation import Generation, Timings
+from .results import Generation, Timings
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
 from .config import PawConfig
 from .options import RuntimeOptions
 from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
-from .registry import BaseRegistry
+from .torch import ModelRegistry
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,6 @@ __all__ = [
     "AuthenticationError",
     "Backend",
     "BaseModelError",
-    "BaseRegistry",
     "BundleError",
     "CompileError",
     "ConfigError",
@@ -52,6 +51,7 @@ __all__ = [
     "InterpreterMismatchError",
     "InterpreterModel",
     "LlamaCpp",
+    "ModelRegistry",
     "NotFoundError",
     "OfflineError",
     "PawCache",

@@ -1,4 +1,5 @@
-"""`PawFnBuilder`: a typestate builder; `.slug()`/`.id()` can only `load`, `.spec()` can only `compile`."""
+"""`PawFnBuilder`: a typestate builder over `PawFn`'s classmethods; `.slug()`/`.id()` can only `load`,
+`.spec()` can only `compile`."""
 
 from __future__ import annotations
 
@@ -6,30 +7,15 @@ import asyncio
 from dataclasses import dataclass, replace
 
 from .backends import Torch
-from .bundle import ProgramMeta
 from .config import PawConfig
 from .errors import ConfigError
 from .function import PawFn
-from .hub.client import PawClient
-from .hub.loader import prepare_program
-from .hub.refs import is_program_id, parse_reference
+from .hub.prepare import compile_program
+from .hub.refs import checked_program_id, checked_slug
 from .hub.types import CompileRequest
-from .models import InterpreterModel, model_for_interpreter
+from .models import InterpreterModel
 
 __all__ = ["PawFnBuilder", "ProgramLoader", "SpecCompiler"]
-
-
-def _known_interpreter(meta: ProgramMeta) -> None:
-    if model_for_interpreter(meta.interpreter) is None:
-        raise ConfigError(f"program {meta.program_id} needs interpreter {meta.interpreter!r}, which pawfn does not know")
-
-
-def _load_dynamic(reference: str, config: PawConfig) -> PawFn[InterpreterModel, Torch]:
-    """Load with the interpreter model the bundle names (Qwen3_0_6B or GPT2) on the Torch backend."""
-    prepared = prepare_program(reference, config, check=_known_interpreter)
-    model = model_for_interpreter(prepared.meta.interpreter)
-    assert model is not None  # checked above, before any download of base weights
-    return PawFn.specialize(model, Torch).from_path(prepared.bundle, base=prepared.base, config=config)
 
 
 @dataclass(frozen=True)
@@ -57,8 +43,9 @@ class ProgramLoader:
         return ProgramLoader(self._reference, replace(self._settings, config=config))
 
     def load_sync(self) -> PawFn[InterpreterModel, Torch]:
-        """Fetch (or find in the cache) and load the program; its interpreter comes from the bundle."""
-        return _load_dynamic(self._reference, self._settings.resolved_config())
+        """Fetch (or find in the cache) and load the program; its interpreter comes from the bundle
+        (`PawFn[Model, Torch].narrow(...)` gives the precise type)."""
+        return PawFn.load_any_sync(self._reference, Torch, config=self._settings.resolved_config())
 
     async def load(self) -> PawFn[InterpreterModel, Torch]:
         """`load_sync` in a worker thread."""
@@ -104,10 +91,7 @@ class SpecCompiler:
             spec=self._spec, compiler=settings.compiler, ephemeral=settings.ephemeral or None,
             public=settings.public, name=settings.name, slug=settings.slug,
         )
-        with PawClient(config) as client:
-            result = client.compile(request)
-        assert result.program_id is not None  # compile() raises CompileError otherwise
-        return _load_dynamic(result.program_id, config)
+        return PawFn.load_any_sync(compile_program(request, config), Torch, config=config)
 
     async def compile(self) -> PawFn[InterpreterModel, Torch]:
         """`compile_sync` in a worker thread."""
@@ -139,15 +123,11 @@ class PawFnBuilder:
 
     def slug(self, slug: str) -> ProgramLoader:
         """Name a program by `user/slug`, bare official slug or `user/slug@vN`."""
-        if parse_reference(slug).kind != "slug":
-            raise ConfigError(f"{slug!r} is not a slug; use .id() for program ids")
-        return ProgramLoader(slug, self._settings)
+        return ProgramLoader(checked_slug(slug), self._settings)
 
     def id(self, program_id: str) -> ProgramLoader:
         """Name a program by its hash id."""
-        if not is_program_id(program_id):
-            raise ConfigError(f"{program_id!r} is not a program id (16-64 lowercase hex digits)")
-        return ProgramLoader(program_id, self._settings)
+        return ProgramLoader(checked_program_id(program_id), self._settings)
 
     def spec(self, spec: str) -> SpecCompiler:
         """Compile this plain-English spec."""

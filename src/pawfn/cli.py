@@ -7,30 +7,53 @@ import getpass
 import json
 import sys
 import traceback
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
 from pydantic import BaseModel, ValidationError
 
-from .backends import Torch
-from .bundle import ProgramMeta
+from .backends import Backend, LlamaCpp, Torch
+from .bundle import open_bundle
 from .config import PawConfig, save_api_key
-from .errors import ConfigError, PawError
+from .errors import ConfigError, PawError, describe_option_errors
 from .function import PawFn
 from .hub.cache import PawCache
 from .hub.client import PawClient
-from .hub.loader import prepare_program
+from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import CompileRequest
-from .models import model_for_interpreter
+from .jsonio import parse_json_object
 from .options import DType, RuntimeOptions
 
 __all__ = ["main"]
 
 
+_BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCpp}
+_OPTION_FLAGS = {
+    name: "--" + name.replace("_", "-")
+    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
+                 "top_p", "seed")
+} | {"parse_special_in_input": "--parse-special"}
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 class _CliError(Exception):
     """A usage problem found after parsing (printed as one line, exit 2)."""
+
+
+def escape_control(text: str) -> str:
+    """`text` on one line: backslashes, control characters and bidi overrides as Python escapes (`\\n`, `\\x1b`)."""
+    out: list[str] = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(char) == "Cc" or char in _BIDI_CONTROLS:
+            out.append(repr(char)[1:-1] if char not in "\"'" else char)
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -51,7 +74,16 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", parents=[common], help="run a program on one or more inputs")
     run.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
-    run.add_argument("--input", required=True, action="append", metavar="TEXT", help="input text (repeatable)")
+    run.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
+    run.add_argument(
+        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
+    )
+    run.add_argument(
+        "--input-format", choices=("lines", "jsonl"),
+        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
+        "default: jsonl for *.jsonl files, else lines",
+    )
+    run.add_argument("--backend", choices=sorted(_BACKENDS), default="torch", help="torch (default) or llamacpp")
     run.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
     run.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
     run.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
@@ -64,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)"
     )
-    run.add_argument("--json", action="store_true", help="print one JSON object per input (JSON Lines)")
+    run.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object per input (JSON Lines); plain output escapes control characters",
+    )
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
     compile_.add_argument("--spec", required=True, metavar="TEXT", help="what the function does, in plain English")
@@ -107,9 +142,60 @@ def _config(args: argparse.Namespace) -> PawConfig:
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value
     try:
-        return PawConfig.from_env(**overrides)
+        return PawConfig.from_sources(overrides, _OPTION_FLAGS)
     except ConfigError as exc:
-        raise _CliError(str(exc).replace("invalid configuration: ", "invalid option: ")) from exc
+        raise _CliError(str(exc)) from exc
+
+
+def _options(args: argparse.Namespace) -> RuntimeOptions:
+    try:
+        return RuntimeOptions(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+            parse_special_in_input=args.parse_special,
+        )
+    except ValidationError as exc:
+        raise _CliError(describe_option_errors(exc, _OPTION_FLAGS)) from exc
+
+
+def _input_line(line: str, number: int, source: str, jsonl: bool) -> str:
+    if not jsonl:
+        return line
+    parsed = parse_json_object(line) if line.lstrip().startswith("{") else None
+    text: object = parsed.get("input") if parsed is not None else None
+    if parsed is None:
+        try:
+            text = json.loads(line)
+        except json.JSONDecodeError:
+            text = None
+    if not isinstance(text, str):
+        raise _CliError(f"{source}: line {number} is not a JSON string or an object with an \"input\" string")
+    return text
+
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    """--input values, then the lines of --input-file (or stdin for -), each checked to be valid text."""
+    inputs: list[str] = list(args.input)
+    if args.input_file is not None:
+        source = "stdin" if args.input_file == "-" else args.input_file
+        try:
+            raw = sys.stdin.buffer.read() if args.input_file == "-" else Path(args.input_file).read_bytes()
+            text = raw.decode("utf-8")
+        except OSError as exc:
+            raise _CliError(f"--input-file {source}: cannot read it ({exc.strerror or exc})") from exc
+        except UnicodeDecodeError as exc:
+            raise _CliError(f"--input-file {source}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from exc
+        jsonl = (args.input_format or ("jsonl" if source.endswith(".jsonl") else "lines")) == "jsonl"
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                inputs.append(_input_line(line, number, source, jsonl))
+    if not inputs:
+        raise _CliError("no input: give --input TEXT (repeatable) or --input-file PATH (- for stdin)")
+    for number, item in enumerate(inputs, start=1):
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _CliError(f"input {number} is not valid text (undecodable bytes or a lone surrogate)") from exc
+    return inputs
 
 
 def _print_json(data: object) -> None:
@@ -118,32 +204,11 @@ def _print_json(data: object) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
-    try:
-        options = RuntimeOptions(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-            parse_special_in_input=args.parse_special,
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        option = "-".join(map(str, first["loc"])).replace("_", "-")
-        raise _CliError(f"invalid --{option}: {first['msg']}") from exc
-    if args.base is not None:
-        reference = parse_reference(args.program)
-        if reference.kind != "path":
-            raise _CliError("--base goes with a local bundle path; a slug or id brings its own base weights")
-        bundle, base = reference.path, Path(args.base)
-        from .bundle import open_bundle
-
-        with open_bundle(bundle) as opened:
-            meta: ProgramMeta = opened.meta
-    else:
-        prepared = prepare_program(args.program, config)
-        bundle, base, meta = prepared.bundle, prepared.base, prepared.meta
-    model = model_for_interpreter(meta.interpreter)
-    if model is None:
-        raise _CliError(f"program {args.program} needs interpreter {meta.interpreter!r}, which pawfn does not know")
-    with PawFn.specialize(model, Torch).from_path(bundle, base=base, config=config) as program:
-        for text in args.input:
+    options = _options(args)
+    inputs = _inputs(args)
+    base = None if args.base is None else Path(args.base)
+    with PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config) as program:
+        for text in inputs:
             generation = program.generate(text, options)
             if args.json:
                 _print_json(
@@ -160,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
                     }
                 )
             else:
-                print(generation.text, flush=True)
+                print(escape_control(generation.text), flush=True)
     return 0
 
 
@@ -170,8 +235,7 @@ def _compile(args: argparse.Namespace) -> int:
         spec=args.spec, compiler=args.compiler, slug=args.slug, name=args.name, public=not args.private,
         ephemeral=True if args.ephemeral else None,
     )
-    with PawClient(config) as client:
-        result = client.compile(request)
+    result = compile_spec(request, config)
     if args.json:
         _print_json(result.model_dump(mode="json"))
     else:
@@ -192,8 +256,6 @@ def _info(args: argparse.Namespace) -> int:
     reference = parse_reference(args.program)
     data: dict[str, object]
     if reference.kind == "path":
-        from .bundle import open_bundle
-
         with open_bundle(reference.path) as bundle:
             data = _dump(bundle.meta) | {"source": str(reference.path)}
     elif config.offline:
@@ -219,7 +281,10 @@ def _cache(args: argparse.Namespace) -> int:
     config = _config(args)
     cache = PawCache(config.cache_dir)
     if args.cache_command == "list":
-        for program in cache.list_programs():
+        programs = cache.list_programs()
+        if not programs and not args.json:
+            print(f"no programs in the cache ({cache.root}); `pawfn cache prepare REF` fetches one")
+        for program in programs:
             if args.json:
                 _print_json(
                     {"program_id": program.program_id, "slugs": list(program.slugs), "interpreter": program.interpreter,
@@ -243,7 +308,7 @@ def _cache(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {"program": args.program, "program_id": prepared.program_id, "path": str(prepared.bundle),
-             "runtime_id": prepared.runtime.runtime_id, "base": str(prepared.base)}
+             "runtime_id": None if prepared.runtime is None else prepared.runtime.runtime_id, "base": str(prepared.base)}
         )
     else:
         print(f"{args.program}: ready offline ({prepared.bundle}; base {prepared.base})")

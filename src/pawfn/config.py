@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from .errors import ConfigError, describe_validation_error
+from .errors import ConfigError, describe_option_errors
 from .jsonio import read_json_object
 from .options import Device, DType
 
@@ -17,6 +18,10 @@ __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_di
 
 DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
+_ENV_VARIABLES = {
+    "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
+    "max_model_copies": "PAW_MAX_MODEL_COPIES", "threads": "PAW_THREADS", "device": "PAW_DEVICE", "dtype": "PAW_DTYPE",
+}
 
 
 def config_file_path() -> Path:
@@ -72,48 +77,53 @@ class PawConfig(BaseModel):
     @classmethod
     def _http_url(cls, value: str) -> str:
         if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"api_url must be an http(s) URL, got {value!r}")
+            raise ValueError("api_url must be an http(s) URL")
         return value.rstrip("/")
 
     @classmethod
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
-        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES` and the official config file; keyword arguments win over both."""
+        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS` and the official config file; keyword arguments win."""
+        return cls.from_sources(overrides)
+
+    @classmethod
+    def from_sources(cls, overrides: Mapping[str, object], labels: Mapping[str, str] | None = None) -> PawConfig:
+        """`from_env` whose errors name each value's origin: the variable it came from, else its label in
+        `labels` (e.g. ``{"dtype": "--dtype"}``), else the field name."""
         values: dict[str, object] = {}
+        origins: dict[str, str] = {}
         stored = _read_config_file()
         if "api_url" in stored:
-            values["api_url"] = stored["api_url"]
+            values["api_url"], origins["api_url"] = stored["api_url"], f"api_url in {config_file_path()}"
         if "api_key" in stored:
             values["api_key"] = SecretStr(stored["api_key"])
         env = os.environ
-        if env.get("PAW_API_URL"):
-            values["api_url"] = env["PAW_API_URL"]
-        if env.get("PAW_API_KEY"):
-            values["api_key"] = SecretStr(env["PAW_API_KEY"])
-        values["cache_dir"] = default_cache_dir()
-        if env.get("PAW_OFFLINE"):
-            values["offline"] = env["PAW_OFFLINE"].strip().lower() in _TRUTHY
-        for name, key in (("n_ctx", "PAW_N_CTX"), ("max_model_copies", "PAW_MAX_MODEL_COPIES"), ("threads", "PAW_THREADS")):
+        for name, key in _ENV_VARIABLES.items():
             if env.get(key):
+                values[name], origins[name] = env[key], key
+        for name in ("n_ctx", "max_model_copies", "threads"):
+            raw = values.get(name)
+            if isinstance(raw, str):
                 try:
-                    values[name] = int(env[key])
+                    values[name] = int(raw)
                 except ValueError as exc:
-                    raise ConfigError(f"{key}={env[key]!r} is not an integer") from exc
-        for name, key in (("device", "PAW_DEVICE"), ("dtype", "PAW_DTYPE")):
-            if env.get(key):
-                values[name] = env[key]
+                    raise ConfigError(f"invalid {origins[name]}={raw!r}: not an integer") from exc
+        if isinstance(values.get("offline"), str):
+            values["offline"] = str(values["offline"]).strip().lower() in _TRUTHY
+        values.setdefault("cache_dir", default_cache_dir())
         values.update(overrides)  # pydantic turns str into SecretStr and Path
+        origins.update({name: (labels or {}).get(name, name) for name in overrides})
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            raise ConfigError(f"invalid configuration: {describe_validation_error(exc)}") from exc
+            raise ConfigError(describe_option_errors(exc, origins)) from exc
 
     def with_options(self, **changes: object) -> PawConfig:
         """A copy with `changes` applied and validated."""
         try:
             return self.model_validate(self.model_dump() | changes)
         except ValidationError as exc:
-            raise ConfigError(f"invalid configuration: {describe_validation_error(exc)}") from exc
+            raise ConfigError(describe_option_errors(exc, {})) from exc
 
     def key_value(self) -> str | None:
         """The API key in clear, for the one header that carries it."""

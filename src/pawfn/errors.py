@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -25,6 +26,7 @@ __all__ = [
     "PawError",
     "ProgramClosedError",
     "TokenizerError",
+    "describe_option_errors",
     "describe_validation_error",
 ]
 
@@ -32,6 +34,18 @@ __all__ = [
 def describe_validation_error(error: ValidationError) -> str:
     """One line naming each invalid field and its problem (`field: message; ...`)."""
     return "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+
+
+def describe_option_errors(error: ValidationError, labels: Mapping[str, str]) -> str:
+    """One line per invalid option in one wording, `invalid LABEL=VALUE: problem`, where LABEL says where the
+    value came from (e.g. ``--dtype``, ``PAW_DTYPE``; the field name otherwise); secrets are never echoed."""
+    parts: list[str] = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else "value"
+        label = labels.get(field, field)
+        shown = "<hidden>" if "key" in field else repr(item.get("input"))
+        parts.append(f"invalid {label}={shown}: {item['msg']}")
+    return "; ".join(parts)
 
 
 class PawError(Exception):
@@ -72,12 +86,13 @@ class TokenizerError(BaseModelError):
 class InterpreterMismatchError(PawError, TypeError):
     """A program was compiled for another interpreter than the model type it is loaded as."""
 
-    def __init__(self, program: str, found: str, expected: str, model_name: str) -> None:
+    def __init__(self, program: str, found: str, expected: str, model_name: str, suggestion: str | None) -> None:
         self.found = found
         self.expected = expected
+        fix = f"load it as PawFn[{suggestion}, ...] instead" if suggestion else "pawfn has no model type for it"
         super().__init__(
             f"program {program} was compiled for interpreter {found!r}, but it is being loaded as "
-            f"{model_name} (interpreter {expected!r}); load it as PawFn[<model for {found!r}>, ...] instead"
+            f"{model_name} (interpreter {expected!r}); {fix}"
         )
 
 

@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from typing_extensions import Self
 
-from .backends import Backend, ProgramRuntime
+from .backends import Backend, LlamaCpp, Torch
 from .bundle import ProgramMeta, open_bundle
-from .errors import BaseModelError, ConfigError, InterpreterMismatchError, PawError, ProgramClosedError
-from .generation import Generation
-from .models import InterpreterModel
 from .config import PawConfig
+from .errors import BaseModelError, ConfigError, InterpreterMismatchError, ProgramClosedError
+from .hub.cache import PawCache
+from .hub.prepare import compile_program, find_cached_base, prepare_program
+from .hub.refs import checked_program_id, checked_slug
+from .hub.types import CompileRequest
+from .llamacpp import LlamaCppProgram
+from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
+from .results import Generation
+from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
+from .torch import TorchProgram
 
-__all__ = ["PawFn", "cached_base_path"]
+__all__ = ["PawFn", "runtime_opener"]
 
 M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
@@ -27,6 +36,16 @@ OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
 
 _DEFAULT_OPTIONS = RuntimeOptions()
+_OPENERS: Mapping[type[Backend], RuntimeOpener] = {Torch: TorchProgram.open, LlamaCpp: LlamaCppProgram.open}
+
+
+def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
+    """How programs open on `backend` (a subclass of a built-in backend opens like it)."""
+    for kind in backend.__mro__:
+        opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
+        if opener is not None:
+            return opener
+    raise ConfigError(f"backend {backend.__name__} has no implementation; use Torch or LlamaCpp (or a subclass)")
 
 
 def _checked_input(value: object) -> str:
@@ -44,41 +63,36 @@ def _checked_options(value: object) -> RuntimeOptions:
     return value
 
 
-def cached_base_path(model: type[InterpreterModel], meta: ProgramMeta, cache_dir: Path) -> Path | None:
-    """A verified base GGUF in the shared cache (no network): the one the program's runtime manifest names,
-    else the model type's own `default_gguf` (how a mirror subclass points at its weights)."""
-    from .hub.cache import PawCache
-    from .hub.runtimes import resolve_runtime
-    from .hub.types import BaseModelSource
+def _mismatch(program: str, meta: ProgramMeta, model: type[InterpreterModel]) -> InterpreterMismatchError:
+    suggestion = model_for_interpreter(meta.interpreter)
+    return InterpreterMismatchError(
+        program, meta.interpreter, model.interpreter_id, model.__name__, None if suggestion is None else suggestion.__name__
+    )
 
-    cache = PawCache(cache_dir)
-    sources: list[BaseModelSource] = []
-    try:
-        named = resolve_runtime(meta, cache, None).local_sdk.base_model
-        sources += [] if named is None else [named]
-    except PawError:
-        pass
-    pinned = model.default_gguf
-    sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
-    for source in sources:
-        found = cache.verified_base_model(source)
-        if found is not None:
-            return found
-    return None
+
+def _known_interpreter(meta: ProgramMeta) -> type[InterpreterModel]:
+    model = model_for_interpreter(meta.interpreter)
+    if model is None:
+        raise ConfigError(f"program {meta.program_id} needs interpreter {meta.interpreter!r}, which pawfn does not know")
+    return model
 
 
 class PawFn(Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
-    Load one with `PawFn[Model, Backend].from_path(...)`; call `run` (or `arun`) with plain text.
+    Load one with `PawFn[Model, Backend].from_path(...)` or `.load_sync(reference)`; call `run` (or `arun`).
+    Every load goes through `_open`, every download through `prepare_program`, every compile through
+    `compile_program`; the builder and the CLI call these classmethods.
     """
 
     _model_type: ClassVar[type[InterpreterModel] | None] = None
     _backend_type: ClassVar[type[Backend] | None] = None
     _specializations: ClassVar[dict[tuple[type[InterpreterModel], type[Backend]], type[PawFn[Any, Any]]]] = {}
+    _specializations_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __class_getitem__(cls, params: object) -> Any:  # noqa: ANN401 - typing's own hook returns Any
-        """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B."""
+        """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B (one per pair,
+        across threads)."""
         generic_alias = cast(object, super().__class_getitem__(params))  # type: ignore[misc]  # Generic's own hook
         arguments = cast("tuple[object, ...]", params if isinstance(params, tuple) else (params,))  # cast: checked below
         if len(arguments) != 2:
@@ -91,13 +105,14 @@ class PawFn(Generic[M, B]):
         if not issubclass(backend, Backend):
             raise TypeError(f"PawFn's second type argument must be a Backend subclass, not {backend!r}")
         key = (model, backend)
-        specialized = PawFn._specializations.get(key)
-        if specialized is None:
-            name = f"PawFn[{model.__name__}, {backend.__name__}]"
-            namespace = {"_model_type": model, "_backend_type": backend, "__module__": cls.__module__}
-            specialized = type(name, (PawFn,), namespace)
-            specialized.__qualname__ = name
-            PawFn._specializations[key] = specialized
+        with PawFn._specializations_lock:
+            specialized = PawFn._specializations.get(key)
+            if specialized is None:
+                name = f"PawFn[{model.__name__}, {backend.__name__}]"
+                namespace = {"_model_type": model, "_backend_type": backend, "__module__": cls.__module__}
+                specialized = type(name, (PawFn,), namespace)
+                specialized.__qualname__ = name
+                PawFn._specializations[key] = specialized
         return specialized
 
     @staticmethod
@@ -107,7 +122,7 @@ class PawFn(Generic[M, B]):
         return specialized
 
     def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):
-        """Internal: use `PawFn[Model, Backend].from_path(...)`."""
+        """Internal: use `PawFn[Model, Backend].from_path(...)` or `.load_sync(...)`."""
         self._runtime = runtime
         self._meta = meta
         self._source = source
@@ -130,59 +145,96 @@ class PawFn(Generic[M, B]):
         return cls._backend_type
 
     @classmethod
+    def narrow(cls, program: PawFn[Any, Any]) -> Self:
+        """`program` typed as this specialization, e.g. `PawFn[Qwen3_0_6B, Torch].narrow(builder_result)`;
+        a program of another interpreter raises `InterpreterMismatchError`, of another backend `TypeError`."""
+        model, backend = cls.model_type(), cls.backend_type()
+        if not model.accepts(program.interpreter):
+            raise _mismatch(str(program.program_id or program.source), program.meta, model)
+        if isinstance(program, cls):
+            return program
+        raise TypeError(
+            f"{type(program).__name__} is not a {cls.__name__}: it runs on {program.backend_type().__name__} as "
+            f"{program.model_type().__name__}; load it as PawFn[{model.__name__}, {backend.__name__}] instead"
+        )
+
+    @classmethod
+    def _open(cls, bundle: Path, base: Path | None, derived_dir: Path | None, config: PawConfig) -> Self:
+        """The one load path: check the interpreter, find the base, open the program on the backend."""
+        model = cls.model_type()
+        opener = runtime_opener(cls.backend_type())
+        started = time.perf_counter()
+        with open_bundle(bundle) as opened:
+            if not model.accepts(opened.meta.interpreter):
+                raise _mismatch(opened.name, opened.meta, model)
+            base = base or find_cached_base(model, opened.meta, PawCache(config.cache_dir))
+            if base is None:
+                raise BaseModelError(
+                    None,
+                    f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file "
+                    f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
+                    f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
+                )
+            runtime = opener(model, ProgramFiles(opened, base, derived_dir), config)
+        return cls(runtime, opened.meta, bundle, config, (time.perf_counter() - started) * 1e3)
+
+    @classmethod
     def from_path(
         cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
     ) -> Self:
-        """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder)."""
-        model = cls.model_type()
-        backend = cls.backend_type()
+        """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder); without
+        `base`, a verified base already in the shared cache. Makes no network request."""
         config = config or PawConfig.from_env()
-        started = time.perf_counter()
-        with open_bundle(Path(path)) as bundle:
-            if not model.accepts(bundle.meta.interpreter):
-                raise InterpreterMismatchError(
-                    bundle.name, bundle.meta.interpreter, model.interpreter_id, model.__name__
-                )
-            base_path = Path(base) if base is not None else cached_base_path(model, bundle.meta, config.cache_dir)
-            if base_path is None:
-                raise BaseModelError(
-                    None,
-                    f"no base weights for {model.__name__} in the cache: pass base=PATH, a GGUF file such as "
-                    f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
-                    f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
-                )
-            runtime = backend.open_program(model, bundle, base_path, config)
-        return cls(runtime, bundle.meta, Path(path), config, (time.perf_counter() - started) * 1e3)
+        bundle = Path(path)
+        derived_dir = PawCache(config.cache_dir).derived_dir(bundle)
+        return cls._open(bundle, None if base is None else Path(base), derived_dir, config)
 
     @classmethod
     def _check_meta(cls, meta: ProgramMeta) -> None:
         model = cls.model_type()
         if not model.accepts(meta.interpreter):
-            raise InterpreterMismatchError(meta.program_id or "?", meta.interpreter, model.interpreter_id, model.__name__)
+            raise _mismatch(meta.program_id or "?", meta, model)
 
     @classmethod
-    def load_sync(cls, reference: str, *, config: PawConfig | None = None) -> Self:
-        """Load a program by id, slug or path: download what is missing, or use the cache (offline too)."""
-        from .hub.loader import prepare_program
-
+    def load_sync(
+        cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+    ) -> Self:
+        """Load a program by id, slug or path: download what is missing, or use the cache (offline too);
+        `base` brings your own base weights (then none are downloaded)."""
         cls.model_type()
         config = config or PawConfig.from_env()
-        prepared = prepare_program(reference, config, check=cls._check_meta)
-        return cls.from_path(prepared.bundle, base=prepared.base, config=config)
+        prepared = prepare_program(reference, config, check=cls._check_meta, base=None if base is None else Path(base))
+        return cls._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
 
     @classmethod
-    async def load(cls, reference: str, *, config: PawConfig | None = None) -> Self:
+    async def load(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
         """`load_sync` in a worker thread: downloads, hashing and weight loading never block the event loop."""
-        return await asyncio.to_thread(lambda: cls.load_sync(reference, config=config))
+        return await asyncio.to_thread(lambda: cls.load_sync(reference, base=base, config=config))
+
+    @staticmethod
+    def load_any_sync(
+        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None,
+        config: PawConfig | None = None,
+    ) -> PawFn[InterpreterModel, OtherB]:
+        """Load a program with the interpreter model its bundle names (`Qwen3_0_6B`, `GPT2`); narrow the result
+        with `PawFn[Model, Backend].narrow(...)` for the precise type."""
+        config = config or PawConfig.from_env()
+        prepared = prepare_program(reference, config, check=_known_interpreter, base=None if base is None else Path(base))
+        model = _known_interpreter(prepared.meta)
+        return PawFn.specialize(model, backend)._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
+
+    @staticmethod
+    async def load_any(
+        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None,
+        config: PawConfig | None = None,
+    ) -> PawFn[InterpreterModel, OtherB]:
+        """`load_any_sync` in a worker thread."""
+        return await asyncio.to_thread(lambda: PawFn.load_any_sync(reference, backend, base=base, config=config))
 
     @classmethod
     def load_slug_sync(cls, slug: str, *, config: PawConfig | None = None) -> Self:
         """Load `user/slug`, a bare official slug or a pinned `user/slug@vN` (served from the cache)."""
-        from .hub.refs import parse_reference
-
-        if parse_reference(slug).kind != "slug":
-            raise ConfigError(f"{slug!r} is not a slug; use load_id for ids and from_path for local bundles")
-        return cls.load_sync(slug, config=config)
+        return cls.load_sync(checked_slug(slug), config=config)
 
     @classmethod
     async def load_slug(cls, slug: str, *, config: PawConfig | None = None) -> Self:
@@ -192,11 +244,7 @@ class PawFn(Generic[M, B]):
     @classmethod
     def load_id_sync(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
         """Load a program by its hash id."""
-        from .hub.refs import is_program_id
-
-        if not is_program_id(program_id):
-            raise ConfigError(f"{program_id!r} is not a program id (16-64 lowercase hex digits)")
-        return cls.load_sync(program_id, config=config)
+        return cls.load_sync(checked_program_id(program_id), config=config)
 
     @classmethod
     async def load_id(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
@@ -217,18 +265,12 @@ class PawFn(Generic[M, B]):
         ephemeral: bool = False,
     ) -> Self:
         """Compile `spec` on the hub (`compiler` None: the server's default) and load the program."""
-        from .hub.client import PawClient
-        from .hub.types import CompileRequest
-
         cls.model_type()
         config = config or PawConfig.from_env()
         request = CompileRequest(
             spec=spec, compiler=compiler, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral or None
         )
-        with PawClient(config) as client:
-            result = client.compile(request)
-        assert result.program_id is not None  # compile() raises CompileError otherwise
-        return cls.load_id_sync(result.program_id, config=config)
+        return cls.load_id_sync(compile_program(request, config), config=config)
 
     @classmethod
     async def compile_spec(
@@ -249,6 +291,11 @@ class PawFn(Generic[M, B]):
                 spec, compiler, config=config, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral
             )
         )
+
+    @property
+    def source(self) -> Path:
+        """Where the program's bundle was loaded from."""
+        return self._source
 
     @property
     def interpreter(self) -> str:

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "GPT2",
     "InterpreterModel",
-    "ModelFamily",
     "Qwen3_0_6B",
     "WeightFile",
     "builtin_models",
     "model_for_interpreter",
 ]
-
-ModelFamily = Literal["qwen3", "gpt2"]
-
 
 class WeightFile(BaseModel):
     """A pinned base-weight file on a hub: repo, file name, size (bytes) and sha256."""
@@ -47,8 +43,8 @@ class InterpreterModel:
     """The interpreter name programs record in `meta.json` (e.g. ``"Qwen/Qwen3-0.6B"``)."""
     interpreter_aliases: ClassVar[frozenset[str]] = frozenset()
     """Other names that denote the same interpreter."""
-    family: ClassVar[ModelFamily]
-    """Which forward pass the interpreter uses."""
+    family: ClassVar[str]
+    """Which forward pass the interpreter uses: a module of `pawfn.torch.families` (``qwen3``, ``gpt2``)."""
     gguf_architecture: ClassVar[str]
     """`general.architecture` of its GGUF files."""
     hf_model_type: ClassVar[str]
@@ -71,6 +67,8 @@ class InterpreterModel:
     """End-of-sequence token text, used when the weights do not name one."""
     max_context: ClassVar[int | None]
     """Hard position limit of the architecture in tokens (None: bounded by n_ctx only)."""
+    learned_positions: ClassVar[bool] = False
+    """Positions come from a learned table, so a checkpoint's trained length also bounds the context."""
 
     def __init__(self) -> None:
         raise TypeError(f"{type(self).__name__} is a type marker; use it as PawFn[{type(self).__name__}, ...]")
@@ -143,6 +141,7 @@ class GPT2(InterpreterModel):
     conv1d_modules = frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})
     eos_token = "<|endoftext|>"
     max_context = 1024
+    learned_positions = True
 
 
 def builtin_models() -> tuple[type[InterpreterModel], ...]:

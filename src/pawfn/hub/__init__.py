@@ -2,7 +2,7 @@
 
 from .cache import CachedProgram, PawCache
 from .client import AsyncPawClient, PawClient
-from .loader import PreparedProgram, aprepare_program, prepare_program
+from .prepare import PreparedProgram, aprepare_program, compile_program, find_cached_base, prepare_program
 from .refs import ProgramReference, parse_reference
 from .types import (
     CompileCancellation,
@@ -35,6 +35,8 @@ __all__ = [
     "ProgramVersions",
     "RuntimeManifest",
     "aprepare_program",
+    "compile_program",
+    "find_cached_base",
     "parse_reference",
     "prepare_program",
 ]

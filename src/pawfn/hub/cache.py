@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
 from ..errors import BundleError
+from ..hashing import file_sha256
 from ..jsonio import read_json_object
 from .refs import is_program_id
 from .types import BaseModelSource, RuntimeManifest
@@ -178,6 +179,15 @@ class PawCache:
             )
         return programs
 
+    def derived_dir(self, bundle: Path) -> Path | None:
+        """Where a backend may keep files derived from `bundle` (e.g. its evaluated prefix): the program's own
+        folder when it is installed here, else None, so a user's own folders are never written to."""
+        try:
+            inside = bundle.resolve().parent == self.programs_dir.resolve()
+        except OSError:
+            return None
+        return bundle if inside and bundle.is_dir() and is_program_id(bundle.name) else None
+
     def remove_program(self, program_id: str) -> bool:
         """Delete an installed program; True if there was one."""
         folder = self.program_dir(program_id)
@@ -241,8 +251,6 @@ class PawCache:
 
     def verified_base_model(self, source: BaseModelSource) -> Path | None:
         """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""
-        from .client import file_sha256
-
         path = self.base_model_path(source)
         if path.is_symlink() or not path.is_file():
             return None

@@ -2,20 +2,24 @@
 
 Every request retries connection errors, 408, 429 (honouring Retry-After) and 5xx with exponential backoff
 and jitter. Redirects are followed by hand so the `X-API-Key` header never reaches another origin.
+
+As in httpx, the decisions live in one place: `_ClientBase` describes every endpoint once (`_Endpoint`:
+method, path, parser, error mapping) and plans each exchange (`_exchange`: requests, redirects, retries and
+waits, without I/O); `PawClient` and `AsyncPawClient` only carry out the plan, one with blocking calls, one
+with awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import hashlib
 import os
 import random
-import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
@@ -35,7 +39,9 @@ from ..errors import (
     ServerError,
     describe_validation_error,
 )
+from ..hashing import file_sha256
 from ..jsonio import parse_json_object
+from ..progress import DownloadProgress
 from .refs import is_program_id
 from .types import (
     CompileCancellation,
@@ -51,16 +57,13 @@ from .types import (
     RuntimeManifest,
 )
 
-__all__ = ["AsyncPawClient", "DownloadProgress", "PawClient"]
-
-DownloadProgress = Callable[[int, int | None], None]
-"""Called with (bytes so far, total bytes or None) while a file downloads."""
+__all__ = ["AsyncPawClient", "PawClient"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 120.0
 _MAX_REDIRECTS = 5
-_CHUNK = 1024 * 1024
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -146,32 +149,6 @@ def _retry_delay(response: httpx.Response, attempt: int, max_retries: int, backo
     return _backoff(attempt, backoff_s) if delay is None else delay
 
 
-def _refuse_offline(config: PawConfig, what: str) -> None:
-    if config.offline:
-        raise OfflineError(f"{what}: offline mode is on (PAW_OFFLINE / --offline), so no request is made")
-
-
-def _build_request(
-    http: httpx.Client | httpx.AsyncClient,
-    config: PawConfig,
-    method: str,
-    url: str,
-    *,
-    json: object,
-    params: Mapping[str, str] | None,
-    headers: Mapping[str, str] | None,
-    timeout: float | None,
-) -> httpx.Request:
-    """One hop of a request; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
-    all_headers = dict(headers or {})
-    key = config.key_value()
-    if key and _origin(url) == _origin(config.api_url):
-        all_headers["X-API-Key"] = key
-    return http.build_request(
-        method, url, json=json, params=params, headers=all_headers, timeout=httpx.Timeout(timeout) if timeout else None
-    )
-
-
 def _compile_result(response: httpx.Response) -> CompileResult:
     result = _parse(CompileResult, response, "compile")
     if result.error or result.status == "failed" or not result.program_id:
@@ -181,42 +158,206 @@ def _compile_result(response: httpx.Response) -> CompileResult:
     return result
 
 
-def _compile_error(error: HubError, what: str) -> HubError:
+def _as_compile_error(error: HubError) -> HubError:
+    """A refused spec (HTTP 400/422) is a `CompileError`; other failures keep their type."""
     if error.status in (400, 422):
         return CompileError(str(error), status=error.status, server_message=error.server_message, url=error.url)
     return error
 
 
-def default_progress(label: str, enabled: bool | None) -> DownloadProgress | None:
-    """A one-line stderr progress display (on a terminal, unless `enabled` says otherwise)."""
-    if enabled is False or (enabled is None and not sys.stderr.isatty()):
-        return None
-    last = [0.0]
-
-    def show(done: int, total: int | None) -> None:
-        now = time.monotonic()
-        finished = total is not None and done >= total
-        if now - last[0] < 0.2 and not finished:
-            return
-        last[0] = now
-        if total:
-            text = f"\r{label}: {done / 1e6:.1f}/{total / 1e6:.1f} MB ({100 * done / total:.0f}%)"
-        else:
-            text = f"\r{label}: {done / 1e6:.1f} MB"
-        sys.stderr.write(text + ("\n" if finished else ""))
-        sys.stderr.flush()
-
-    return show
+def _program_id(value: str, what: str) -> str:
+    if not is_program_id(value):
+        raise HubError(f"{what}: the server returned an invalid program id {value!r}")
+    return value
 
 
-class PawClient:
+def _runtime_named(manifest: RuntimeManifest, runtime_id: str) -> RuntimeManifest:
+    if manifest.runtime_id != runtime_id:
+        raise HubError(f"runtime {runtime_id}: the server returned runtime {manifest.runtime_id!r}")
+    return manifest
+
+
+class _Resolved(BaseModel):
+    program_id: str
+
+
+class _Compilers(BaseModel):
+    compilers: list[CompilerInfo]
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One logical request: followed through redirects and retried as a whole."""
+
+    method: str
+    url: str
+    what: str
+    """What is asked for, in words, for error messages (e.g. ``program abc``)."""
+    json: object = None
+    params: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = None
+    timeout: float | None = None
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class _Endpoint(Generic[_T]):
+    """An API call described once: its request, how its answer is read and how its errors are named."""
+
+    request: _Request
+    parse: Callable[[httpx.Response], _T]
+    map_error: Callable[[HubError], HubError] = lambda error: error
+
+
+@dataclass(frozen=True)
+class _Send:
+    request: httpx.Request
+    stream: bool
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Outcome = httpx.Response | httpx.TransportError | None
+_Plan = Generator[_Send | _Sleep, _Outcome, httpx.Response]
+
+
+class _ClientBase:
+    """Every pure decision of the two clients: endpoints, request building, redirects, retries, errors."""
+
+    def __init__(self, config: PawConfig | None, backoff_s: float) -> None:
+        self.config = config or PawConfig.from_env()
+        self._backoff_s = backoff_s
+
+    def api_url(self, *parts: str) -> str:
+        """`{api_url}/api/v1/` plus the URL-encoded path parts."""
+        return f"{self.config.api_url}/api/v1/" + "/".join(quote(part, safe="") for part in parts)
+
+    def _api(
+        self, method: str, what: str, *parts: str, json: object = None, params: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> _Request:
+        return _Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout)
+
+    def _build(self, http: httpx.Client | httpx.AsyncClient, request: _Request, method: str, url: str) -> httpx.Request:
+        """One hop; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
+        headers = dict(request.headers or {})
+        key = self.config.key_value()
+        if key and _origin(url) == _origin(self.config.api_url):
+            headers["X-API-Key"] = key
+        return http.build_request(
+            method, url, json=request.json if method == request.method else None, params=request.params,
+            headers=headers, timeout=httpx.Timeout(request.timeout) if request.timeout else None,
+        )
+
+    def _exchange(self, http: httpx.Client | httpx.AsyncClient, request: _Request) -> _Plan:
+        """The plan of one logical request: yields what to send or how long to sleep, returns the 2xx answer
+        (202 included) or raises the typed error."""
+        if self.config.offline:
+            raise OfflineError(f"{request.what}: offline mode is on (PAW_OFFLINE / --offline), so no request is made")
+        attempt = 0
+        while True:
+            url, method, redirects = request.url, request.method, 0
+            while True:
+                outcome = yield _Send(self._build(http, request, method, url), request.stream)
+                assert outcome is not None  # a send is answered by a response or a transport error
+                if isinstance(outcome, httpx.TransportError):
+                    break
+                hop = _redirect(outcome, url, method)
+                if hop is None or redirects >= _MAX_REDIRECTS:
+                    break
+                outcome.close()
+                (url, method), redirects = hop, redirects + 1
+            if isinstance(outcome, httpx.TransportError):
+                if attempt >= self.config.max_retries:
+                    raise HubConnectionError(f"{request.what}: cannot reach {url} ({outcome})", url=url) from outcome
+                delay = _backoff(attempt, self._backoff_s)
+            else:
+                retry = _retry_delay(outcome, attempt, self.config.max_retries, self._backoff_s)
+                if retry is None:
+                    if outcome.is_success:
+                        return outcome
+                    if request.stream:
+                        outcome.read()  # the error body carries the server's message
+                    outcome.close()
+                    raise _error_for(outcome, request.what)
+                outcome.close()
+                delay = retry
+            yield _Sleep(delay)
+            attempt += 1
+
+    # -- endpoints, described once for both clients ------------------------------------------------------
+
+    def _compile(self, request: CompileRequest) -> _Endpoint[CompileResult]:
+        body = request.model_dump(exclude_none=True)
+        return _Endpoint(
+            self._api("POST", "compile", "compile", json=body, timeout=self.config.compile_timeout_s),
+            _compile_result, _as_compile_error,
+        )
+
+    def _precheck(self, spec: str, compiler: str | None) -> _Endpoint[CompilePrecheck]:
+        body = {"spec": spec} | ({"compiler": compiler} if compiler else {})
+        return _Endpoint(
+            self._api("POST", "precheck", "compile", "precheck", json=body),
+            lambda response: _parse(CompilePrecheck, response, "precheck"),
+        )
+
+    def _compile_async(self, request: CompileRequest) -> _Endpoint[CompileJob]:
+        body = request.model_dump(exclude_none=True)
+        return _Endpoint(
+            self._api("POST", "compile", "compile", "async", json=body),
+            lambda response: _parse(CompileJob, response, "compile"), _as_compile_error,
+        )
+
+    def _model(self, kind: type[_ModelT], method: str, what: str, *parts: str, params: Mapping[str, str] | None = None) -> _Endpoint[_ModelT]:
+        return _Endpoint(self._api(method, what, *parts, params=params), lambda response: _parse(kind, response, what))
+
+    def _compile_status(self, job_id: str) -> _Endpoint[CompileStatus]:
+        return self._model(CompileStatus, "GET", f"compile job {job_id}", "compile", job_id)
+
+    def _cancel_compile(self, job_id: str) -> _Endpoint[CompileCancellation]:
+        return self._model(CompileCancellation, "DELETE", f"compile job {job_id}", "compile", job_id)
+
+    def _resolve(self, reference: str) -> _Endpoint[str]:
+        what = f"program {reference}"
+        return _Endpoint(
+            self._api("GET", what, "programs", "resolve", reference),
+            lambda response: _program_id(_parse(_Resolved, response, what).program_id, what),
+        )
+
+    def _program_info(self, reference: str) -> _Endpoint[ProgramInfo]:
+        return self._model(ProgramInfo, "GET", f"program {reference}", "programs", reference)
+
+    def _versions(self, slug: str) -> _Endpoint[ProgramVersions]:
+        return self._model(ProgramVersions, "GET", f"versions of {slug}", "programs", slug, "versions")
+
+    def _my_programs(self, sort: str, per_page: int, page: int) -> _Endpoint[ProgramList]:
+        params = {"mine": "true", "sort": sort, "per_page": str(per_page), "page": str(page)}
+        return self._model(ProgramList, "GET", "my programs", "programs", params=params)
+
+    def _compilers(self) -> _Endpoint[list[CompilerInfo]]:
+        return _Endpoint(
+            self._api("GET", "compilers", "models", "compilers"),
+            lambda response: _parse(_Compilers, response, "compilers").compilers,
+        )
+
+    def _runtime_manifest(self, runtime_id: str) -> _Endpoint[RuntimeManifest]:
+        what = f"runtime {runtime_id}"
+        return _Endpoint(
+            self._api("GET", what, "models", "runtimes", runtime_id),
+            lambda response: _runtime_named(_parse(RuntimeManifest, response, what), runtime_id),
+        )
+
+
+class PawClient(_ClientBase):
     """Synchronous PAW API client; one connection pool, safe to share between threads."""
 
     def __init__(
         self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
     ) -> None:
-        self.config = config or PawConfig.from_env()
-        self._backoff_s = backoff_s
+        super().__init__(config, backoff_s)
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport,
             headers={"User-Agent": "pawfn"},
@@ -232,133 +373,77 @@ class PawClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- transport -------------------------------------------------------------------------------------
-
-    def api_url(self, *parts: str) -> str:
-        """`{api_url}/api/v1/` plus the URL-encoded path parts."""
-        return f"{self.config.api_url}/api/v1/" + "/".join(quote(part, safe="") for part in parts)
-
-    def _send(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        *,
-        json: object = None,
-        params: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        stream: bool = False,
-    ) -> httpx.Response:
-        """One logical request: retries, manual redirects, typed errors. 2xx (202 included) is returned."""
-        _refuse_offline(self.config, what)
-        attempt = 0
+    def _send(self, request: _Request) -> httpx.Response:
+        """Carry out `_exchange` with blocking I/O."""
+        plan = self._exchange(self._http, request)
+        outcome: _Outcome = None
         while True:
-            current, current_method, redirects = url, method, 0
             try:
-                while True:
-                    request = _build_request(
-                        self._http, self.config, current_method, current, json=json if current_method == method else None,
-                        params=params, headers=headers, timeout=timeout,
-                    )
-                    response = self._http.send(request, stream=stream)
-                    hop = _redirect(response, current, current_method)
-                    if hop is None or redirects >= _MAX_REDIRECTS:
-                        break
-                    response.close()
-                    current, current_method = hop
-                    redirects += 1
-            except httpx.TransportError as exc:
-                if attempt < self.config.max_retries:
-                    time.sleep(_backoff(attempt, self._backoff_s))
-                    attempt += 1
-                    continue
-                raise HubConnectionError(f"{what}: cannot reach {current} ({exc})", url=current) from exc
-            delay = _retry_delay(response, attempt, self.config.max_retries, self._backoff_s)
-            if delay is not None:
-                response.close()
-                time.sleep(delay)
-                attempt += 1
+                action = plan.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]  # the plan's return value: an httpx.Response
+            if isinstance(action, _Sleep):
+                time.sleep(action.seconds)
+                outcome = None
                 continue
-            if response.is_success:
-                return response
-            if stream:
-                response.read()
-            response.close()
-            raise _error_for(response, what)
+            try:
+                outcome = self._http.send(action.request, stream=action.stream)
+            except httpx.TransportError as exc:
+                outcome = exc
 
-    def _get(self, kind: type[_ModelT], what: str, *parts: str, params: Mapping[str, str] | None = None) -> _ModelT:
-        return _parse(kind, self._send("GET", self.api_url(*parts), what, params=params), what)
-
-    # -- API -------------------------------------------------------------------------------------------
+    def _call(self, endpoint: _Endpoint[_T]) -> _T:
+        try:
+            response = self._send(endpoint.request)
+        except HubError as exc:
+            mapped = endpoint.map_error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        return endpoint.parse(response)
 
     def compile(self, request: CompileRequest) -> CompileResult:
         """Compile a spec and wait for the program (`POST /api/v1/compile`); failure is a `CompileError`."""
-        what = "compile"
-        try:
-            response = self._send(
-                "POST", self.api_url("compile"), what, json=request.model_dump(exclude_none=True),
-                timeout=self.config.compile_timeout_s,
-            )
-        except HubError as exc:
-            raise _compile_error(exc, what) from exc
-        return _compile_result(response)
+        return self._call(self._compile(request))
 
     def precheck(self, spec: str, compiler: str | None = None) -> CompilePrecheck:
         """Is the spec already compiled, and how long is the queue (`POST /api/v1/compile/precheck`)."""
-        body = {"spec": spec} | ({"compiler": compiler} if compiler else {})
-        return _parse(CompilePrecheck, self._send("POST", self.api_url("compile", "precheck"), "precheck", json=body), "precheck")
+        return self._call(self._precheck(spec, compiler))
 
     def compile_async(self, request: CompileRequest) -> CompileJob:
         """Queue a compile (`POST /api/v1/compile/async`); poll it with `compile_status`."""
-        try:
-            response = self._send("POST", self.api_url("compile", "async"), "compile", json=request.model_dump(exclude_none=True))
-        except HubError as exc:
-            raise _compile_error(exc, "compile") from exc
-        return _parse(CompileJob, response, "compile")
+        return self._call(self._compile_async(request))
 
     def compile_status(self, job_id: str) -> CompileStatus:
         """State of a queued compile."""
-        return self._get(CompileStatus, f"compile job {job_id}", "compile", job_id)
+        return self._call(self._compile_status(job_id))
 
     def cancel_compile(self, job_id: str) -> CompileCancellation:
         """Cancel a queued compile (HTTP 409 once it started)."""
-        what = f"compile job {job_id}"
-        return _parse(CompileCancellation, self._send("DELETE", self.api_url("compile", job_id), what), what)
+        return self._call(self._cancel_compile(job_id))
 
     def resolve(self, reference: str) -> str:
         """The program id a slug (`user/slug`, `slug`, `user/slug@vN`) points at."""
-        what = f"program {reference}"
-        response = self._send("GET", self.api_url("programs", "resolve", reference), what)
-        program_id = _parse(_Resolved, response, what).program_id
-        if not is_program_id(program_id):
-            raise HubError(f"{what}: the server returned an invalid program id {program_id!r}")
-        return program_id
+        return self._call(self._resolve(reference))
 
     def program_info(self, reference: str) -> ProgramInfo:
         """Public facts about a program (`GET /api/v1/programs/{id_or_slug}`)."""
-        return self._get(ProgramInfo, f"program {reference}", "programs", reference)
+        return self._call(self._program_info(reference))
 
     def versions(self, slug: str) -> ProgramVersions:
         """Versions of a slug."""
-        return self._get(ProgramVersions, f"versions of {slug}", "programs", slug, "versions")
+        return self._call(self._versions(slug))
 
     def my_programs(self, *, sort: str = "recent", per_page: int = 20, page: int = 1) -> ProgramList:
         """The caller's programs (needs an API key)."""
-        params = {"mine": "true", "sort": sort, "per_page": str(per_page), "page": str(page)}
-        return self._get(ProgramList, "my programs", "programs", params=params)
+        return self._call(self._my_programs(sort, per_page, page))
 
     def compilers(self) -> list[CompilerInfo]:
         """The compilers the server offers."""
-        response = self._send("GET", self.api_url("models", "compilers"), "compilers")
-        return _parse(_Compilers, response, "compilers").compilers
+        return self._call(self._compilers())
 
     def runtime_manifest(self, runtime_id: str) -> RuntimeManifest:
         """A runtime manifest; its id must be the one asked for."""
-        manifest = self._get(RuntimeManifest, f"runtime {runtime_id}", "models", "runtimes", runtime_id)
-        if manifest.runtime_id != runtime_id:
-            raise HubError(f"runtime {runtime_id}: the server returned runtime {manifest.runtime_id!r}")
-        return manifest
+        return self._call(self._runtime_manifest(runtime_id))
 
     def download_program(self, program_id: str, destination: Path, progress: DownloadProgress | None = None) -> Path:
         """Stream a program's `.paw` archive to `destination`, waiting (bounded) while the server builds it.
@@ -384,8 +469,10 @@ class PawClient:
         waited = 0.0
         while True:
             response = self._send(
-                "GET", self.api_url("programs", program_id, "download"), what, stream=True,
-                timeout=self.config.download_timeout_s,
+                _Request(
+                    "GET", self.api_url("programs", program_id, "download"), what, stream=True,
+                    timeout=self.config.download_timeout_s,
+                )
             )
             if response.status_code != 202:
                 break
@@ -447,7 +534,9 @@ class PawClient:
                 break
             headers = {"Range": f"bytes={offset}-"} if offset else {}
             try:
-                response = self._send("GET", url, what, headers=headers, stream=True, timeout=self.config.download_timeout_s)
+                response = self._send(
+                    _Request("GET", url, what, headers=headers, stream=True, timeout=self.config.download_timeout_s)
+                )
             except HubError as exc:
                 if exc.status == 416 and offset:  # the partial file is already whole, or bogus: check it
                     break
@@ -492,32 +581,15 @@ def _verify(path: Path, name: str, size_bytes: int | None, sha256: str | None) -
             raise IntegrityError(f"{name}: sha256 {digest} does not match the expected {sha256}; the file was discarded")
 
 
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class _Resolved(BaseModel):
-    program_id: str
-
-
-class _Compilers(BaseModel):
-    compilers: list[CompilerInfo]
-
-
-class AsyncPawClient:
-    """Asynchronous twin of `PawClient`: JSON calls on httpx's async client, file downloads in a worker thread."""
+class AsyncPawClient(_ClientBase):
+    """Asynchronous twin of `PawClient`: API calls on httpx's async client; file downloads (disk I/O and
+    hashing) in a worker thread on a `PawClient`."""
 
     def __init__(
         self, config: PawConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None, backoff_s: float = 0.5
     ) -> None:
-        self.config = config or PawConfig.from_env()
-        self._backoff_s = backoff_s
-        self._sync = PawClient(self.config, backoff_s=backoff_s)
+        super().__init__(config, backoff_s)
+        self._downloads = PawClient(self.config, backoff_s=backoff_s)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport,
             headers={"User-Agent": "pawfn"},
@@ -526,7 +598,7 @@ class AsyncPawClient:
     async def aclose(self) -> None:
         """Close both connection pools."""
         await self._http.aclose()
-        self._sync.close()
+        self._downloads.close()
 
     async def __aenter__(self) -> AsyncPawClient:
         return self
@@ -534,111 +606,78 @@ class AsyncPawClient:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def _send(
-        self, method: str, url: str, what: str, *, json: object = None, params: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> httpx.Response:
-        _refuse_offline(self.config, what)
-        attempt = 0
+    async def _send(self, request: _Request) -> httpx.Response:
+        """Carry out `_exchange` with awaits."""
+        plan = self._exchange(self._http, request)
+        outcome: _Outcome = None
         while True:
-            current, current_method, redirects = url, method, 0
             try:
-                while True:
-                    request = _build_request(
-                        self._http, self.config, current_method, current, json=json if current_method == method else None,
-                        params=params, headers=None, timeout=timeout,
-                    )
-                    response = await self._http.send(request)
-                    hop = _redirect(response, current, current_method)
-                    if hop is None or redirects >= _MAX_REDIRECTS:
-                        break
-                    current, current_method = hop
-                    redirects += 1
-            except httpx.TransportError as exc:
-                if attempt < self.config.max_retries:
-                    await asyncio.sleep(_backoff(attempt, self._backoff_s))
-                    attempt += 1
-                    continue
-                raise HubConnectionError(f"{what}: cannot reach {current} ({exc})", url=current) from exc
-            delay = _retry_delay(response, attempt, self.config.max_retries, self._backoff_s)
-            if delay is not None:
-                await asyncio.sleep(delay)
-                attempt += 1
+                action = plan.send(outcome)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]  # the plan's return value: an httpx.Response
+            if isinstance(action, _Sleep):
+                await asyncio.sleep(action.seconds)
+                outcome = None
                 continue
-            if response.is_success:
-                return response
-            raise _error_for(response, what)
+            try:
+                outcome = await self._http.send(action.request, stream=action.stream)
+            except httpx.TransportError as exc:
+                outcome = exc
 
-    async def _get(self, kind: type[_ModelT], what: str, *parts: str, params: Mapping[str, str] | None = None) -> _ModelT:
-        return _parse(kind, await self._send("GET", self._sync.api_url(*parts), what, params=params), what)
+    async def _call(self, endpoint: _Endpoint[_T]) -> _T:
+        try:
+            response = await self._send(endpoint.request)
+        except HubError as exc:
+            mapped = endpoint.map_error(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        return endpoint.parse(response)
 
     async def compile(self, request: CompileRequest) -> CompileResult:
         """Async `PawClient.compile`."""
-        try:
-            response = await self._send(
-                "POST", self._sync.api_url("compile"), "compile", json=request.model_dump(exclude_none=True),
-                timeout=self.config.compile_timeout_s,
-            )
-        except HubError as exc:
-            raise _compile_error(exc, "compile") from exc
-        return _compile_result(response)
+        return await self._call(self._compile(request))
 
     async def precheck(self, spec: str, compiler: str | None = None) -> CompilePrecheck:
         """Async `PawClient.precheck`."""
-        body = {"spec": spec} | ({"compiler": compiler} if compiler else {})
-        response = await self._send("POST", self._sync.api_url("compile", "precheck"), "precheck", json=body)
-        return _parse(CompilePrecheck, response, "precheck")
+        return await self._call(self._precheck(spec, compiler))
 
     async def compile_async(self, request: CompileRequest) -> CompileJob:
         """Async `PawClient.compile_async`."""
-        try:
-            response = await self._send(
-                "POST", self._sync.api_url("compile", "async"), "compile", json=request.model_dump(exclude_none=True)
-            )
-        except HubError as exc:
-            raise _compile_error(exc, "compile") from exc
-        return _parse(CompileJob, response, "compile")
+        return await self._call(self._compile_async(request))
 
     async def compile_status(self, job_id: str) -> CompileStatus:
         """Async `PawClient.compile_status`."""
-        return await self._get(CompileStatus, f"compile job {job_id}", "compile", job_id)
+        return await self._call(self._compile_status(job_id))
 
     async def cancel_compile(self, job_id: str) -> CompileCancellation:
         """Async `PawClient.cancel_compile`."""
-        what = f"compile job {job_id}"
-        return _parse(CompileCancellation, await self._send("DELETE", self._sync.api_url("compile", job_id), what), what)
+        return await self._call(self._cancel_compile(job_id))
 
     async def resolve(self, reference: str) -> str:
         """Async `PawClient.resolve`."""
-        what = f"program {reference}"
-        response = await self._send("GET", self._sync.api_url("programs", "resolve", reference), what)
-        program_id = _parse(_Resolved, response, what).program_id
-        if not is_program_id(program_id):
-            raise HubError(f"{what}: the server returned an invalid program id {program_id!r}")
-        return program_id
+        return await self._call(self._resolve(reference))
 
     async def program_info(self, reference: str) -> ProgramInfo:
         """Async `PawClient.program_info`."""
-        return await self._get(ProgramInfo, f"program {reference}", "programs", reference)
+        return await self._call(self._program_info(reference))
 
     async def versions(self, slug: str) -> ProgramVersions:
         """Async `PawClient.versions`."""
-        return await self._get(ProgramVersions, f"versions of {slug}", "programs", slug, "versions")
+        return await self._call(self._versions(slug))
 
     async def my_programs(self, *, sort: str = "recent", per_page: int = 20, page: int = 1) -> ProgramList:
         """Async `PawClient.my_programs`."""
-        params = {"mine": "true", "sort": sort, "per_page": str(per_page), "page": str(page)}
-        return await self._get(ProgramList, "my programs", "programs", params=params)
+        return await self._call(self._my_programs(sort, per_page, page))
 
     async def compilers(self) -> list[CompilerInfo]:
         """Async `PawClient.compilers`."""
-        response = await self._send("GET", self._sync.api_url("models", "compilers"), "compilers")
-        return _parse(_Compilers, response, "compilers").compilers
+        return await self._call(self._compilers())
 
     async def runtime_manifest(self, runtime_id: str) -> RuntimeManifest:
         """Async `PawClient.runtime_manifest`."""
-        return await asyncio.to_thread(self._sync.runtime_manifest, runtime_id)
+        return await self._call(self._runtime_manifest(runtime_id))
 
     async def download_program(self, program_id: str, destination: Path, progress: DownloadProgress | None = None) -> Path:
         """Async `PawClient.download_program` (streams to disk in a worker thread)."""
-        return await asyncio.to_thread(self._sync.download_program, program_id, destination, progress)
+        return await asyncio.to_thread(self._downloads.download_program, program_id, destination, progress)

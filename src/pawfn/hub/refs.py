@@ -9,7 +9,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-__all__ = ["PROGRAM_ID", "ProgramReference", "is_program_id", "parse_reference"]
+__all__ = ["PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_program_id", "parse_reference"]
 
 PROGRAM_ID = re.compile(r"^[a-f0-9]{16,64}$")
 _PINNED = re.compile(r"@v\d+$")
@@ -21,6 +21,20 @@ ReferenceKind = Literal["id", "slug", "path"]
 def is_program_id(text: str) -> bool:
     """Whether `text` is a program hash id (16-64 lowercase hex digits)."""
     return bool(PROGRAM_ID.match(text))
+
+
+def checked_program_id(text: str) -> str:
+    """`text` if it is a program id, else a `ConfigError` saying what an id looks like."""
+    if not is_program_id(text):
+        raise ConfigError(f"{text!r} is not a program id (16-64 lowercase hex digits); name a slug with the slug loaders")
+    return text
+
+
+def checked_slug(text: str) -> str:
+    """`text` if it is a slug (`user/slug`, bare official slug, `user/slug@vN`), else a `ConfigError`."""
+    if parse_reference(text).kind != "slug":
+        raise ConfigError(f"{text!r} is not a slug (user/slug, slug or user/slug@vN); name ids with the id loaders")
+    return text
 
 
 @dataclass(frozen=True)

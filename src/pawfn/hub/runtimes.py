@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from ..bundle import ProgramMeta
-from ..errors import HubError, OfflineError
+from ..errors import HubError, NotFoundError, OfflineError
 from ..models import builtin_models, model_for_interpreter
 from .cache import PawCache
 from .client import PawClient
@@ -53,7 +53,11 @@ def canonical(manifest: RuntimeManifest) -> RuntimeManifest:
 
 
 def resolve_runtime(meta: ProgramMeta, cache: PawCache, client: PawClient | None) -> RuntimeManifest:
-    """The program's manifest: embedded in meta.json, then cached, then fetched (online), then built in."""
+    """The program's manifest: embedded in meta.json, then cached, then fetched (online), then built in.
+
+    Online, a failed fetch is reported as it is, except a 404 (the server does not know the runtime), which
+    falls back to the built-in manifest of an official runtime.
+    """
     runtime_id = meta.runtime_id
     embedded = (meta.model_extra or {}).get("runtime")
     if isinstance(embedded, dict) and embedded:
@@ -66,7 +70,7 @@ def resolve_runtime(meta: ProgramMeta, cache: PawCache, client: PawClient | None
         if cached is not None:
             return canonical(cached)
         if client is not None and not client.config.offline:
-            with contextlib.suppress(HubError):
+            with contextlib.suppress(NotFoundError):
                 fetched = canonical(client.runtime_manifest(runtime_id))
                 cache.save_runtime(fetched)
                 return fetched

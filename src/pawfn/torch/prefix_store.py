@@ -1,4 +1,5 @@
-"""pawfn's on-disk prefix KV cache, beside a program in the shared cache, under a name the official SDK ignores.
+"""An on-disk prefix KV cache in the folder the hub hands over (beside a program in the shared cache), under a
+name the official SDK ignores.
 
 A program's prefix is evaluated once per load; with this store, once per (program, base weights, dtype, device).
 The file name carries a hash of everything the KV depends on, so a changed base, adapter or template misses.
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .torch_engine import PrefixState
-from .weights import Architecture
+from .engine import PrefixState
+from .families import Architecture
 
 __all__ = ["PrefixStore"]
 
@@ -29,28 +30,22 @@ def _identity(path: Path) -> dict[str, object]:
 
 
 class PrefixStore:
-    """One program's stored prefix for one (base, dtype, device): `<program>/.pawfn-prefix-<key>.pt`."""
+    """One program's stored prefix for one (base, dtype, device): `<folder>/.pawfn-prefix-<key>.pt`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
     @classmethod
-    def for_program(
-        cls, program_dir: Path, cache_dir: Path, base: Path, adapter: Path, prefix_ids: list[int], dtype: str, device: str
-    ) -> PrefixStore | None:
-        """A store for a program installed under `cache_dir/programs`; None elsewhere (user folders stay untouched)."""
-        try:
-            inside = program_dir.resolve().parent == (cache_dir / "programs").resolve()
-        except OSError:
-            return None
-        if not inside or not program_dir.is_dir():
-            return None
+    def in_folder(
+        cls, folder: Path, base: Path, adapter: Path, prefix_ids: list[int], dtype: str, device: str
+    ) -> PrefixStore:
+        """The store in `folder` for this base, adapter, prefix, dtype and device."""
         identity = {
             "format": _FORMAT, "base": _identity(base), "adapter": _identity(adapter), "dtype": dtype,
             "device": torch.device(device).type, "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-        return cls(program_dir / f".pawfn-prefix-{key}.pt")
+        return cls(folder / f".pawfn-prefix-{key}.pt")
 
     def load(self, prefix_ids: list[int], architecture: Architecture, device: torch.device) -> PrefixState | None:
         """The stored prefix if present and consistent with `prefix_ids` and the architecture, else None."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from tiny_models import Array, TinyInterpreter
+from .tiny_models import Array, TinyInterpreter
 
 PLACEHOLDER = "{INPUT_PLACEHOLDER}"
 

@@ -1,44 +1,12 @@
-"""The result of one call and the token sampler."""
+"""The Torch backend's token sampler: greedy argmax, or temperature + top-p with one seeded generator per call."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import BaseModel, ConfigDict
 
-from .options import RuntimeOptions
+from ..options import RuntimeOptions
 
-__all__ = ["Generation", "StopReason", "Timings", "make_generator", "pick_token"]
-
-StopReason = Literal["eos", "max_tokens", "context"]
-
-
-class Timings(BaseModel):
-    """Wall-clock times of one call, in milliseconds."""
-
-    model_config = ConfigDict(frozen=True)
-
-    tokenize_ms: float
-    prompt_ms: float
-    """Evaluating input + suffix after the cached prefix."""
-    generate_ms: float
-    """Sampling and evaluating the generated tokens."""
-    total_ms: float
-
-
-class Generation(BaseModel):
-    """What one call produced: text, generated token ids (EOS excluded), token counts and timings."""
-
-    model_config = ConfigDict(frozen=True)
-
-    text: str
-    token_ids: tuple[int, ...]
-    prefix_tokens: int
-    prompt_tokens: int
-    """Tokens of input + suffix evaluated after the prefix."""
-    stop_reason: StopReason
-    timings: Timings
+__all__ = ["make_generator", "pick_token"]
 
 
 def make_generator(options: RuntimeOptions) -> torch.Generator | None:

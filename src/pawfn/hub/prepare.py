@@ -1,37 +1,43 @@
-"""From a reference (id, slug, path) to a program folder and base weights on disk, online or offline."""
+"""From a reference (id, slug, path) to the files a backend needs: bundle, base weights and a folder for derived
+files, downloading what is missing (online) or reading the cache (offline). Also the one compile path."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import ProgramMeta, open_bundle
 from ..config import PawConfig
-from ..errors import HubConnectionError, OfflineError, ServerError
+from ..errors import BaseModelError, HubConnectionError, HubError, OfflineError, ServerError
+from ..models import InterpreterModel
+from ..progress import download_progress
 from .cache import PawCache
-from .client import PawClient, default_progress
+from .client import PawClient
 from .refs import ProgramReference, parse_reference
 from .runtimes import resolve_runtime
-from .types import RuntimeManifest
+from .types import BaseModelSource, CompileRequest, CompileResult, RuntimeManifest
 
-__all__ = ["PreparedProgram", "aprepare_program", "prepare_program"]
+__all__ = ["PreparedProgram", "aprepare_program", "compile_program", "compile_spec", "find_cached_base", "prepare_program"]
 
 
 @dataclass(frozen=True)
 class PreparedProgram:
-    """A program ready to load: its bundle path, meta, runtime manifest and base weights file."""
+    """A program ready to load: its bundle path, meta, runtime manifest, base weights file and the folder a
+    backend may keep derived files in (None outside the cache)."""
 
     reference: str
     program_id: str | None
     bundle: Path
     meta: ProgramMeta
-    runtime: RuntimeManifest
+    runtime: RuntimeManifest | None
+    """None when the caller brought its own base weights."""
     base: Path
+    derived_dir: Path | None
 
 
 def _offline_hint(reference: str) -> str:
@@ -51,7 +57,8 @@ def _resolve_id(reference: ProgramReference, cache: PawCache, client: PawClient,
     except (HubConnectionError, ServerError) as exc:
         if cached is None:
             raise
-        print(f"pawfn: warning: {exc}; using the cached {reference.text} -> {cached}", file=sys.stderr)
+        # Documented fallback: a slug seen before still loads while the hub is unreachable, with a warning.
+        warnings.warn(f"{exc}; using the cached {reference.text} -> {cached}", RuntimeWarning, stacklevel=4)
         return cached
     cache.remember_slug(reference.text, program_id)
     return program_id
@@ -66,9 +73,8 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
         if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
             staging = Path(tempfile.mkdtemp(prefix="pawfn-download-"))
             try:
-                archive = client.download_program(
-                    program_id, staging / f"{program_id}.paw", default_progress(f"program {program_id[:12]}", config.progress)
-                )
+                progress = download_progress(f"program {program_id[:12]}", config.progress)
+                archive = client.download_program(program_id, staging / f"{program_id}.paw", progress)
                 cache.install_program(program_id, archive, lambda meta: resolve_runtime(meta, cache, client))
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -85,19 +91,44 @@ def _ensure_base(runtime: RuntimeManifest, reference: str, cache: PawCache, clie
     if config.offline:
         raise OfflineError(
             f"base model {source.file} (runtime {runtime.runtime_id}) is not in the cache and offline mode is on; "
-            f"{_offline_hint(reference)}"
+            f"{_offline_hint(reference)}, or pass a local copy of it with --base PATH (base=PATH in Python)"
         )
     with cache.lock("base_models", source.file):
         found = cache.verified_base_model(source)
         if found is None:
             cache.base_models_dir.mkdir(parents=True, exist_ok=True)
-            progress = default_progress(f"base model {source.file}", config.progress)
-            found = client.download_file(
-                source.download_url(), cache.base_model_path(source), size_bytes=source.size_bytes,
-                sha256=source.sha256, progress=progress,
-            )
+            try:
+                found = client.download_file(
+                    source.download_url(), cache.base_model_path(source), size_bytes=source.size_bytes,
+                    sha256=source.sha256, progress=download_progress(f"base model {source.file}", config.progress),
+                )
+            except HubError as exc:
+                raise BaseModelError(
+                    None,
+                    f"cannot download base model {source.file} (runtime {runtime.runtime_id}): {exc}; run again to "
+                    f"resume, or fetch {source.download_url()} yourself and pass it with --base PATH (base=PATH in Python)",
+                ) from exc
             cache.verified_base_model(source)  # records the hash so the next load skips it
     return found
+
+
+def find_cached_base(model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache) -> Path | None:
+    """A verified base GGUF in the cache (no network): the one the program's runtime manifest names, else the
+    model type's own `default_gguf` (how a mirror subclass points at its weights)."""
+    sources: list[BaseModelSource] = []
+    try:
+        named = resolve_runtime(meta, cache, None).local_sdk.base_model
+    except OfflineError:
+        named = None  # no manifest in the cache for this runtime: only the model type's default can serve
+    if named is not None:
+        sources.append(named)
+    pinned = model.default_gguf
+    sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
+    for source in sources:
+        found = cache.verified_base_model(source)
+        if found is not None:
+            return found
+    return None
 
 
 def prepare_program(
@@ -105,11 +136,13 @@ def prepare_program(
     config: PawConfig | None = None,
     *,
     client: PawClient | None = None,
-    check: Callable[[ProgramMeta], None] | None = None,
+    check: Callable[[ProgramMeta], object] | None = None,
+    base: Path | None = None,
 ) -> PreparedProgram:
     """Resolve `reference`, download what is missing (program, runtime manifest, base weights) and return paths.
 
-    `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter).
+    `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter);
+    with `base` given, no base weights are looked up or fetched.
     """
     config = config or PawConfig.from_env()
     parsed = parse_reference(reference)
@@ -118,9 +151,10 @@ def prepare_program(
     client = client or PawClient(config)
     try:
         if parsed.kind == "path":
-            with open_bundle(parsed.path) as bundle:
+            folder = parsed.path
+            with open_bundle(folder) as bundle:
                 meta = bundle.meta
-            folder, program_id = parsed.path, meta.program_id
+            program_id = meta.program_id
         else:
             program_id = _resolve_id(parsed, cache, client, config)
             folder = _ensure_program(program_id, reference, cache, client, config)
@@ -128,12 +162,17 @@ def prepare_program(
                 meta = bundle.meta
         if check is not None:
             check(meta)
-        runtime = resolve_runtime(meta, cache, None if config.offline else client)
-        base = _ensure_base(runtime, reference, cache, client, config)
+        runtime: RuntimeManifest | None = None
+        if base is None:
+            runtime = resolve_runtime(meta, cache, None if config.offline else client)
+            base = _ensure_base(runtime, reference, cache, client, config)
     finally:
         if own_client:
             client.close()
-    return PreparedProgram(reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base)
+    return PreparedProgram(
+        reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base,
+        derived_dir=cache.derived_dir(folder),
+    )
 
 
 async def aprepare_program(
@@ -141,3 +180,16 @@ async def aprepare_program(
 ) -> PreparedProgram:
     """`prepare_program` in a worker thread (downloads and hashing never block the event loop)."""
     return await asyncio.to_thread(lambda: prepare_program(reference, config, check=check))
+
+
+def compile_program(request: CompileRequest, config: PawConfig) -> str:
+    """Compile on the hub and return the new program's id (a failure is a `CompileError`)."""
+    result = compile_spec(request, config)
+    assert result.program_id is not None  # compile() raises CompileError without an id
+    return result.program_id
+
+
+def compile_spec(request: CompileRequest, config: PawConfig) -> CompileResult:
+    """The one compile path: compile `request` on the hub and return the server's answer."""
+    with PawClient(config) as client:
+        return client.compile(request)

@@ -1,4 +1,5 @@
-"""The class-level registry of base models: one load per (model, weights, device, dtype) per process."""
+"""`ModelRegistry`: the process-wide registry of loaded base models, one load per (model, weights, device,
+dtype), reference counted by the programs that use them: the last program to close frees its base."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .models import InterpreterModel
-from .torch_engine import KVCache, TorchInterpreter
+from ..models import InterpreterModel
+from .engine import KVCache, TorchInterpreter
 
-__all__ = ["BaseKey", "BaseRegistry", "ModelCopy", "SharedBase"]
+__all__ = ["BaseKey", "ModelCopy", "ModelRegistry", "SharedBase"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class SharedBase:
         self._copies: list[ModelCopy] = []
         self._free: list[ModelCopy] = []
         self._available = threading.Condition()
+        self.users = 0
+        """Programs holding this base (guarded by the registry's lock)."""
 
     @property
     def max_copies(self) -> int:
@@ -80,7 +83,7 @@ class SharedBase:
                 self._available.notify()
 
 
-class BaseRegistry:
+class ModelRegistry:
     """Process-wide registry; `load_count` tells how often a key was actually loaded (for tests and stats)."""
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
@@ -89,26 +92,35 @@ class BaseRegistry:
     _loads: ClassVar[dict[BaseKey, int]] = {}
 
     @classmethod
-    def get_or_load(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int) -> SharedBase:
-        """The shared base for `key`, loading it once; concurrent callers for one key wait for that load."""
+    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int) -> SharedBase:
+        """The shared base for `key`, loading it once, with one more user; pair it with `release`.
+
+        Concurrent callers for one key wait for that load; other keys keep loading in parallel.
+        """
         with cls._lock:
-            entry = cls._entries.get(key)
             key_lock = cls._key_locks.setdefault(key, threading.Lock())
-        if entry is not None:
-            entry.allow_copies(max_copies)
-            return entry
-        with key_lock:  # other keys keep loading in parallel
+        with key_lock:
             with cls._lock:
                 entry = cls._entries.get(key)
+                if entry is not None:
+                    entry.users += 1
             if entry is None:
-                interpreter = load()
-                entry = SharedBase(key, interpreter, max_copies)
+                entry = SharedBase(key, load(), max_copies)
                 with cls._lock:
                     cls._entries[key] = entry
                     cls._loads[key] = cls._loads.get(key, 0) + 1
+                    entry.users += 1
             else:
                 entry.allow_copies(max_copies)
         return entry
+
+    @classmethod
+    def release(cls, base: SharedBase) -> None:
+        """One user fewer; the last one removes the base, so its memory goes with the last reference to it."""
+        with cls._lock:
+            base.users -= 1
+            if base.users <= 0 and cls._entries.get(base.key) is base:
+                del cls._entries[base.key]
 
     @classmethod
     def load_count(cls, key: BaseKey | None = None) -> int:

@@ -1,0 +1,5 @@
+"""The LlamaCpp backend: programs on llama.cpp itself, the official runtime (the `llamacpp` extra)."""
+
+from .program import LlamaCppProgram
+
+__all__ = ["LlamaCppProgram"]

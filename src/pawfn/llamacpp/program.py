@@ -1,0 +1,139 @@
+"""A program on the LlamaCpp backend: llama.cpp itself (the official runtime), driven the official way.
+
+Needs the `llamacpp` extra (llama-cpp-python). Tokenization uses pawfn's llama.cpp-exact tokenizer (so plain
+input and `parse_special_in_input` behave as on Torch); llama.cpp evaluates and samples. Every native handle is
+registered in an `ExitStack` as it is created, so any failure while opening frees what was made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections.abc import Generator
+from typing import TYPE_CHECKING
+
+from ..config import PawConfig
+from ..errors import AdapterError, BaseModelError, PawError
+from ..ggufio import GGUFFile, GGUFFormatError
+from ..models import InterpreterModel
+from ..options import RuntimeOptions
+from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
+from ..tokenizer import TextCodec
+
+if TYPE_CHECKING:
+    import llama_cpp
+
+__all__ = ["LlamaCppProgram", "LlamaCppSession"]
+
+_KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16
+_NATIVE_STDERR = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Generator[None, None, None]:
+    """Silence llama.cpp's C-level logging on fd 2 while it loads (process-wide, so serialized)."""
+    with _NATIVE_STDERR:
+        saved = os.dup(2)
+        try:
+            with open(os.devnull, "wb") as devnull:
+                os.dup2(devnull.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+class LlamaCppSession:
+    """One call on the program's llama.cpp context, rewound to the cached prefix."""
+
+    def __init__(self, program: LlamaCppProgram, options: RuntimeOptions) -> None:
+        self._llm = program.llm
+        self._prefix_ids = program.prefix_ids
+        self._options = options
+        if options.seed is not None:
+            self._llm.set_seed(options.seed)
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        n_prefix = len(self._prefix_ids)
+        if prompt_ids:
+            self._llm.n_tokens = n_prefix  # rewind to the cached prefix; eval trims the KV cache past it
+            self._llm.eval(prompt_ids)
+        else:
+            self._llm.n_tokens = n_prefix - 1  # re-evaluate the prefix's last token for fresh logits
+            self._llm.eval(self._prefix_ids[-1:])
+
+    def sample(self) -> int:
+        options = self._options
+        if options.temperature == 0.0:
+            return self._llm.sample(temp=0.0)
+        return self._llm.sample(temp=options.temperature, top_p=options.top_p, top_k=0, min_p=0.0)
+
+    def advance(self, token: int) -> None:
+        self._llm.eval([token])
+
+
+class LlamaCppProgram(ProgramRuntime):
+    """One program on its own llama.cpp context; the base GGUF is memory-mapped, so the OS shares it."""
+
+    def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt) -> None:
+        super().__init__(prompt)
+        self._resources = resources
+        self.llm = llm
+        self._lock = threading.Lock()
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        """The template prefix's token ids, evaluated once at load."""
+        return self._prompt.prefix_ids
+
+    @classmethod
+    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> LlamaCppProgram:
+        """Load the base GGUF, apply the adapter at scale 1 and evaluate the prefix."""
+        try:  # an optional extra: imported when a LlamaCpp program opens, not with pawfn
+            import llama_cpp
+        except ImportError as exc:
+            raise PawError("the LlamaCpp backend needs llama-cpp-python: pip install 'pawfn[llamacpp]'") from exc
+        base, adapter_path = files.base, files.bundle.adapter_path
+        if base.is_dir() or not base.is_file():
+            raise BaseModelError(base, "the LlamaCpp backend needs a GGUF file of the base weights")
+        try:
+            file = GGUFFile(base)
+            architecture = file.string("general.architecture")
+            trained = file.integer(f"{architecture}.context_length") or config.n_ctx
+        except GGUFFormatError as exc:
+            raise BaseModelError(base, str(exc)) from exc
+        if architecture != model.gguf_architecture:
+            raise BaseModelError(base, f"GGUF architecture is {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}")
+        prompt = Prompt(TextCodec.from_gguf(file), files.bundle.template, context_window(model, config.n_ctx, trained))
+        kv_type = _KV_TYPES[config.dtype]
+        with contextlib.ExitStack() as resources:
+            with _quiet_native_stderr():
+                llm = llama_cpp.Llama(
+                    model_path=str(base), n_ctx=prompt.n_ctx, n_gpu_layers=0 if config.device == "cpu" else -1,
+                    type_k=kv_type, type_v=kv_type, n_threads=config.threads, verbose=False,
+                )
+                resources.callback(llm.close)
+                adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
+            if adapter is None:
+                raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
+            resources.callback(llama_cpp.llama_adapter_lora_free, adapter)
+            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+            scales = (ctypes.c_float * 1)(1.0)
+            if llama_cpp.llama_set_adapters_lora(llm.ctx, adapters, 1, scales):
+                raise AdapterError(adapter_path, "llama.cpp could not apply this LoRA adapter")
+            # Detach before the adapter is freed: callbacks run last-registered first.
+            resources.callback(llama_cpp.llama_set_adapters_lora, llm.ctx, None, 0, None)
+            if prompt.prefix_ids:
+                llm.eval(prompt.prefix_ids)
+            return cls(resources.pop_all(), llm, prompt)
+
+    @contextlib.contextmanager
+    def session(self, options: RuntimeOptions) -> Generator[LlamaCppSession, None, None]:
+        with self._lock:  # one llama.cpp context per program: its calls take turns
+            yield LlamaCppSession(self, options)
+
+    def release(self) -> None:
+        with self._lock:
+            self._resources.close()

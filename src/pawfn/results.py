@@ -1,0 +1,38 @@
+"""What one call produced: `Generation` (text, token ids, counts) and its `Timings`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Generation", "StopReason", "Timings"]
+
+StopReason = Literal["eos", "max_tokens", "context"]
+
+
+class Timings(BaseModel):
+    """Wall-clock times of one call, in milliseconds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokenize_ms: float
+    prompt_ms: float
+    """Evaluating input + suffix after the cached prefix."""
+    generate_ms: float
+    """Sampling and evaluating the generated tokens."""
+    total_ms: float
+
+
+class Generation(BaseModel):
+    """What one call produced: text, generated token ids (EOS excluded), token counts and timings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    token_ids: tuple[int, ...]
+    prefix_tokens: int
+    prompt_tokens: int
+    """Tokens of input + suffix evaluated after the prefix."""
+    stop_reason: StopReason
+    timings: Timings

@@ -1,0 +1,126 @@
+"""What a model family is to the Torch backend: hyperparameters, weight names and shapes, and its block.
+
+A family module (`qwen3.py`, `gpt2.py`) holds everything about one architecture; the engine calls it through
+`Family` and gives it the shared operations (`Ops`: adapted linear, attention, norms) it needs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Protocol, TypeVar
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+from ...errors import BaseModelError, describe_validation_error
+from ...ggufio import GGUFFile
+
+__all__ = ["Architecture", "Family", "Ops", "parse_hf_config", "required_int"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """Hyperparameters of one interpreter checkpoint, read from its files (never from library defaults)."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    norm_eps: float
+    rope_theta: float
+    max_positions: int
+    """Positions the checkpoint was trained for (GPT-2 cannot exceed it: learned position table)."""
+
+
+class Ops(Protocol):
+    """The engine's operations a family's forward pass is written with."""
+
+    architecture: Architecture
+
+    def weight(self, name: str) -> torch.Tensor:
+        """Base tensor `name` (GGUF naming)."""
+        ...
+
+    def linear(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
+        """`x @ W.T (+ bias)` plus the program's LoRA side path of `name`, if any."""
+        ...
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """Causal attention over the KV cache; q: [T, H, D], k, v: [T, KV, D]; returns [T, H * D]."""
+        ...
+
+    def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
+        """RMS normalization with base tensor `weight`."""
+        ...
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """NEOX-style rotary embedding of x: [T, heads, D] at `positions` [T] (`Family.rope_frequencies`)."""
+        ...
+
+    def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        """Layer normalization with `prefix.weight` and `prefix.bias`."""
+        ...
+
+
+_ConfigT = TypeVar("_ConfigT", bound=BaseModel)
+
+
+def parse_hf_config(kind: type[_ConfigT], raw: bytes, path: Path) -> _ConfigT:
+    """`config.json` as `kind`, or a `BaseModelError` naming the invalid fields."""
+    try:
+        return kind.model_validate_json(raw)
+    except ValidationError as exc:
+        raise BaseModelError(path, f"config.json is invalid: {describe_validation_error(exc)}") from exc
+
+
+def required_int(file: GGUFFile, key: str) -> int:
+    """A positive integer from GGUF metadata, or a `BaseModelError` naming the key."""
+    value = file.integer(key)
+    if value is None or value <= 0:
+        raise BaseModelError(file.path, f"GGUF metadata {key} is missing or not positive")
+    return value
+
+
+class Family(ABC):
+    """One architecture: how to read it and how to run it."""
+
+    name: ClassVar[str]
+    """`InterpreterModel.family` of the models that use it."""
+
+    @abstractmethod
+    def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
+        """Hyperparameters from the GGUF metadata (keys prefixed by `general.architecture`)."""
+
+    @abstractmethod
+    def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
+        """Hyperparameters from a Hugging Face `config.json`."""
+
+    @abstractmethod
+    def gguf_name(self, hf_name: str) -> str | None:
+        """GGUF name of a HF checkpoint tensor; None for buffers pawfn skips, "" for a tensor it does not know."""
+
+    @abstractmethod
+    def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
+        """Every base tensor the forward pass reads, with its shape (`output.weight` may be tied)."""
+
+    def rope_frequencies(self, arch: Architecture) -> torch.Tensor | None:
+        """Inverse RoPE frequencies [head_dim / 2] in float32, or None without rotary embeddings."""
+        return None
+
+    @abstractmethod
+    def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, hidden] of token `ids` at `positions`."""
+
+    @abstractmethod
+    def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One transformer block over `hidden` [T, hidden]."""
+
+    @abstractmethod
+    def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
+        """The normalization before the output projection."""

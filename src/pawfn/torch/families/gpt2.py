@@ -1,0 +1,157 @@
+"""GPT-2 for the Torch backend: GGUF and HF hyperparameters, the HF -> GGUF name map, shapes and the block.
+
+Follows llama.cpp's gpt2 graph: learned positions, pre-LayerNorm, fused QKV, tanh-approximated GELU. HF
+checkpoints store these projections as Conv1D (`[in, out]`); the weight reader transposes them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+from ...errors import BaseModelError
+from ...ggufio import GGUFFile
+from .base import Architecture, Family, Ops, parse_hf_config, required_int
+
+__all__ = ["GPT2Family"]
+
+_BLOCK = {
+    "ln_1.weight": "attn_norm.weight",
+    "ln_1.bias": "attn_norm.bias",
+    "attn.c_attn.weight": "attn_qkv.weight",
+    "attn.c_attn.bias": "attn_qkv.bias",
+    "attn.c_proj.weight": "attn_output.weight",
+    "attn.c_proj.bias": "attn_output.bias",
+    "ln_2.weight": "ffn_norm.weight",
+    "ln_2.bias": "ffn_norm.bias",
+    "mlp.c_fc.weight": "ffn_up.weight",
+    "mlp.c_fc.bias": "ffn_up.bias",
+    "mlp.c_proj.weight": "ffn_down.weight",
+    "mlp.c_proj.bias": "ffn_down.bias",
+}
+_TOP = {
+    "wte.weight": "token_embd.weight",
+    "wpe.weight": "position_embd.weight",
+    "ln_f.weight": "output_norm.weight",
+    "ln_f.bias": "output_norm.bias",
+    "lm_head.weight": "output.weight",
+}
+_LAYER = re.compile(r"^h\.(\d+)\.(.+)$")
+_SKIPPED = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+
+
+class _HFConfig(BaseModel):
+    """`config.json` of a GPT-2 checkpoint; defaults are transformers' GPT2Config defaults."""
+
+    model_config = ConfigDict(extra="allow")
+
+    vocab_size: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_positions: int
+    n_inner: int | None = None
+    layer_norm_epsilon: float = 1e-5
+    activation_function: str = "gelu_new"
+
+
+class GPT2Family(Family):
+    """GPT-2 (124M and its mirrors)."""
+
+    name = "gpt2"
+
+    def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
+        key = "gpt2."
+        hidden = required_int(file, key + "embedding_length")
+        n_heads = required_int(file, key + "attention.head_count")
+        eps = file.number(key + "attention.layer_norm_epsilon")
+        if eps is None:
+            raise BaseModelError(file.path, f"GGUF metadata {key}attention.layer_norm_epsilon is missing")
+        return Architecture(
+            family=self.name,
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            n_layers=required_int(file, key + "block_count"),
+            n_heads=n_heads,
+            n_kv_heads=file.integer(key + "attention.head_count_kv") or n_heads,
+            head_dim=file.integer(key + "attention.key_length") or hidden // n_heads,
+            ffn_size=required_int(file, key + "feed_forward_length"),
+            norm_eps=eps,
+            rope_theta=0.0,
+            max_positions=required_int(file, key + "context_length"),
+        )
+
+    def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
+        config = parse_hf_config(_HFConfig, raw_config, path)
+        if config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise BaseModelError(path, f"activation {config.activation_function!r} is not supported; GPT-2 uses gelu_new")
+        return Architecture(
+            family=self.name,
+            vocab_size=config.vocab_size,
+            hidden_size=config.n_embd,
+            n_layers=config.n_layer,
+            n_heads=config.n_head,
+            n_kv_heads=config.n_head,
+            head_dim=config.n_embd // config.n_head,
+            ffn_size=config.n_inner or 4 * config.n_embd,
+            norm_eps=config.layer_norm_epsilon,
+            rope_theta=0.0,
+            max_positions=config.n_positions,
+        )
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        hf_name = hf_name.removeprefix("transformer.")
+        if _SKIPPED.match(hf_name):
+            return None
+        if hf_name in _TOP:
+            return _TOP[hf_name]
+        match = _LAYER.match(hf_name)
+        if match and match.group(2) in _BLOCK:
+            return f"blk.{match.group(1)}.{_BLOCK[match.group(2)]}"
+        return ""
+
+    def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
+        hidden, ffn = arch.hidden_size, arch.ffn_size
+        shapes: dict[str, tuple[int, ...]] = {
+            "token_embd.weight": (arch.vocab_size, hidden),
+            "position_embd.weight": (arch.max_positions, hidden),
+            "output_norm.weight": (hidden,),
+            "output_norm.bias": (hidden,),
+        }
+        for i in range(arch.n_layers):
+            block = f"blk.{i}."
+            shapes |= {
+                block + "attn_norm.weight": (hidden,),
+                block + "attn_norm.bias": (hidden,),
+                block + "ffn_norm.weight": (hidden,),
+                block + "ffn_norm.bias": (hidden,),
+                block + "attn_qkv.weight": (3 * hidden, hidden),
+                block + "attn_qkv.bias": (3 * hidden,),
+                block + "attn_output.weight": (hidden, hidden),
+                block + "attn_output.bias": (hidden,),
+                block + "ffn_up.weight": (ffn, hidden),
+                block + "ffn_up.bias": (ffn,),
+                block + "ffn_down.weight": (hidden, ffn),
+                block + "ffn_down.bias": (hidden,),
+            }
+        return shapes
+
+    def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, ops.weight("token_embd.weight")) + F.embedding(positions, ops.weight("position_embd.weight"))
+
+    def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]
+        qkv = ops.linear(ops.layer_norm(hidden, block + "attn_norm"), block + "attn_qkv.weight", block + "attn_qkv.bias")
+        q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.chunk(3, dim=-1))
+        attended = ops.attention(q, k, v, layer)
+        hidden = hidden + ops.linear(attended, block + "attn_output.weight", block + "attn_output.bias")
+        normed = ops.layer_norm(hidden, block + "ffn_norm")
+        up = F.gelu(ops.linear(normed, block + "ffn_up.weight", block + "ffn_up.bias"), approximate="tanh")
+        return hidden + ops.linear(up, block + "ffn_down.weight", block + "ffn_down.bias")
+
+    def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(hidden, "output_norm")

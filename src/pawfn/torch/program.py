@@ -1,0 +1,135 @@
+"""A program on the Torch backend: its LoRA side paths and cached prefix over a shared, reference-counted base."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+
+import torch
+
+from ..adapter import read_lora_adapter
+from ..config import PawConfig
+from ..errors import BaseModelError, ProgramClosedError
+from ..models import InterpreterModel
+from ..options import RuntimeOptions
+from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
+from .engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter, torch_dtype
+from .prefix_store import PrefixStore
+from .registry import BaseKey, ModelRegistry, SharedBase
+from .sampling import make_generator, pick_token
+from .weights import read_base_weights
+
+__all__ = ["TorchProgram", "TorchSession"]
+
+
+def _check_device(device: str) -> torch.device:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BaseModelError(None, f"device {device!r} asked for, but torch sees no CUDA device; use device='cpu'")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise BaseModelError(None, "device 'mps' asked for, but torch has no MPS support here; use device='cpu'")
+    return torch.device(device)
+
+
+class TorchSession:
+    """One call on one model copy: the copy's KV cache starts as the program's prefix."""
+
+    def __init__(
+        self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache,
+        options: RuntimeOptions,
+    ) -> None:
+        self._interpreter = interpreter
+        self._adapter = adapter
+        self._prefix = prefix
+        self._cache = cache
+        self._options = options
+        self._generator = make_generator(options)
+        self._position = prefix.length
+        self._logits: torch.Tensor | None = prefix.last_logits
+        cache.load(prefix)
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        if prompt_ids:
+            self._logits = self._interpreter.forward(prompt_ids, self._position, self._cache, self._adapter)
+            self._position += len(prompt_ids)
+
+    def sample(self) -> int:
+        assert self._logits is not None  # the loop refuses an empty prefix with an empty prompt
+        return pick_token(self._logits, self._options, self._generator)
+
+    def advance(self, token: int) -> None:
+        self._logits = self._interpreter.forward([token], self._position, self._cache, self._adapter)
+        self._position += 1
+
+
+class TorchProgram(ProgramRuntime):
+    """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
+
+    def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt) -> None:
+        super().__init__(prompt)
+        self._base: SharedBase | None = base
+        self._adapter = adapter
+        self._prefix = prefix
+
+    @classmethod
+    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> TorchProgram:
+        """Read the adapter, get (or load once) the shared base, attach the adapter and evaluate the prefix."""
+        bundle = files.bundle
+        adapter = read_lora_adapter(bundle.adapter_path, model)
+        device = _check_device(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)  # process-wide: only when the caller asked for it
+        key = BaseKey(model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype)
+
+        def load() -> TorchInterpreter:
+            return TorchInterpreter(read_base_weights(files.base, model), device, torch_dtype(config.dtype))
+
+        with contextlib.ExitStack() as on_error:
+            base = ModelRegistry.acquire(key, load, config.max_model_copies)
+            on_error.callback(ModelRegistry.release, base)
+            interpreter = base.interpreter
+            n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
+            prompt = Prompt(interpreter.codec, bundle.template, n_ctx)
+            device_adapter = interpreter.attach(adapter)
+            prefix_ids = prompt.prefix_ids
+            store = None
+            if files.derived_dir is not None:
+                store = PrefixStore.in_folder(
+                    files.derived_dir, files.base, bundle.adapter_path, prefix_ids, config.dtype, str(device)
+                )
+            prefix = None if store is None else store.load(prefix_ids, interpreter.architecture, device)
+            if prefix is None:
+                with base.acquire() as copy, torch.inference_mode():
+                    prefix = interpreter.prefill_prefix(prefix_ids, device_adapter, copy.cache)
+                if store is not None:
+                    store.save(prefix)
+            on_error.pop_all()
+        return cls(base, device_adapter, prefix, prompt)
+
+    @property
+    def base(self) -> SharedBase:
+        """The shared base this program runs on (gone once the program is closed)."""
+        if self._base is None:
+            raise ProgramClosedError("this program was closed; its base is no longer held")
+        return self._base
+
+    @property
+    def device_adapter(self) -> DeviceAdapter:
+        """The program's LoRA side paths on the device (emptied by `close`)."""
+        return self._adapter
+
+    @property
+    def prefix_state(self) -> PrefixState:
+        """The cached prefix (evaluated once when the program loaded)."""
+        return self._prefix
+
+    @contextlib.contextmanager
+    def session(self, options: RuntimeOptions) -> Generator[TorchSession, None, None]:
+        base = self.base
+        with base.acquire() as copy, torch.inference_mode():
+            yield TorchSession(base.interpreter, self._adapter, self._prefix, copy.cache, options)
+
+    def release(self) -> None:
+        self._adapter.release()
+        base, self._base = self._base, None
+        if base is not None:
+            ModelRegistry.release(base)

@@ -1,0 +1,124 @@
+"""Base weights of an interpreter from a GGUF file or a Hugging Face folder: hyperparameters, tensors (GGUF
+names, `[out, in]`) and tokenizer. What differs per architecture comes from its family module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict
+from safetensors import safe_open
+
+from ..errors import BaseModelError
+from ..ggufio import GGUFFile, GGUFFormatError
+from ..models import InterpreterModel
+from ..tokenizer import TextCodec
+from .families import Architecture, Family, family_for
+from .families.base import parse_hf_config
+
+__all__ = ["BaseWeights", "read_base_weights"]
+
+Array = npt.NDArray[np.float32]
+
+
+@dataclass
+class BaseWeights:
+    """Everything the engine needs to build the interpreter; `tensors` yields (GGUF name, float32 `[out, in]`)."""
+
+    source: Path
+    architecture: Architecture
+    family: Family
+    codec: TextCodec
+    tensors: Callable[[], Iterator[tuple[str, Array]]]
+
+
+def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeights:
+    """Open a GGUF file or a Hugging Face folder (config.json + safetensors + tokenizer.json) for `model`."""
+    family = family_for(model)
+    if source.is_dir():
+        return _read_hf_folder(source, model, family)
+    if not source.is_file():
+        raise BaseModelError(source, "base weights not found: pass a GGUF file or a Hugging Face model folder")
+    with source.open("rb") as handle:
+        magic = handle.read(4)
+    if magic != b"GGUF":
+        raise BaseModelError(source, "not a GGUF file (bad magic); pass a GGUF file or a Hugging Face model folder")
+    return _read_gguf(source, model, family)
+
+
+def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> BaseWeights:
+    try:
+        file = GGUFFile(path)
+        arch_name = file.string("general.architecture")
+        if arch_name != model.gguf_architecture:
+            raise BaseModelError(
+                path, f"GGUF architecture is {arch_name!r}, but {model.__name__} needs {model.gguf_architecture!r}"
+            )
+        if file.string("general.type") == "adapter":
+            raise BaseModelError(path, "this GGUF is a LoRA adapter, not base weights")
+        if not file.has_tensor("token_embd.weight"):
+            raise BaseModelError(path, "GGUF has no token_embd.weight tensor")
+        architecture = family.architecture_from_gguf(file, file.tensor_shape("token_embd.weight")[0])
+        value_length = file.integer(f"{arch_name}.attention.value_length")
+        if value_length is not None and value_length != architecture.head_dim:
+            raise BaseModelError(path, "attention.value_length differs from attention.key_length; not supported")
+    except GGUFFormatError as exc:
+        raise BaseModelError(path, str(exc)) from exc
+    codec = TextCodec.from_gguf(file)
+
+    def tensors() -> Iterator[tuple[str, Array]]:
+        for name in file.tensor_names():
+            try:
+                yield name, file.read_f32(name)
+            except GGUFFormatError as exc:
+                raise BaseModelError(path, str(exc)) from exc
+
+    return BaseWeights(source=path, architecture=architecture, family=family, codec=codec, tensors=tensors)
+
+
+class _HFConfig(BaseModel):
+    """The part of a `config.json` every checkpoint has."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_type: str | None = None
+
+
+def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family) -> BaseWeights:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise BaseModelError(folder, "config.json is missing; a Hugging Face model folder needs it")
+    try:
+        raw = config_path.read_bytes()
+    except OSError as exc:
+        raise BaseModelError(config_path, f"cannot read config.json: {exc}") from exc
+    model_type = parse_hf_config(_HFConfig, raw, config_path).model_type
+    if model_type != model.hf_model_type:
+        raise BaseModelError(
+            config_path, f"model_type is {model_type!r}, but {model.__name__} needs {model.hf_model_type!r}"
+        )
+    architecture = family.architecture_from_hf(raw, config_path)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise BaseModelError(folder, "no *.safetensors weights in the folder")
+    codec = TextCodec.from_hf_folder(folder, model)
+    conv1d = {f"{module}.weight" for module in model.conv1d_modules}
+
+    def tensors() -> Iterator[tuple[str, Array]]:
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for hf_name in handle.keys():
+                    name = family.gguf_name(hf_name)
+                    if name is None:
+                        continue
+                    if not name:
+                        raise BaseModelError(file, f"unexpected tensor {hf_name!r} for {model.__name__}")
+                    array = handle.get_tensor(hf_name).float().numpy()
+                    if name.split(".", 2)[-1] in conv1d:
+                        array = np.ascontiguousarray(array.T)  # Conv1D stores [in, out]
+                    yield name, array
+
+    return BaseWeights(source=folder, architecture=architecture, family=family, codec=codec, tensors=tensors)

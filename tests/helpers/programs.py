@@ -1,0 +1,63 @@
+"""Generated programs (adapter + bundle folder + .paw) on the tiny interpreters, and the llama.cpp marker."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import pytest
+
+from .tiny_models import (
+    GPT2_TEMPLATE,
+    QWEN_TEMPLATE,
+    Array,
+    Family,
+    TinyInterpreter,
+    random_lora,
+    write_adapter_gguf,
+    write_bundle,
+    zip_bundle,
+)
+
+__all__ = ["HAS_LLAMA_CPP", "INTERPRETER_IDS", "TEMPLATES", "TinyProgram", "make_program", "requires_llama_cpp"]
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+requires_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
+INTERPRETER_IDS: dict[Family, str] = {"qwen3": "Qwen/Qwen3-0.6B", "gpt2": "gpt2"}
+TEMPLATES: dict[Family, str] = {"qwen3": QWEN_TEMPLATE, "gpt2": GPT2_TEMPLATE}
+ALPHA = 16.0
+
+
+@dataclass(frozen=True)
+class TinyProgram:
+    """A generated program: its interpreter, LoRA pairs, adapter file and bundle (folder and zip)."""
+
+    interpreter: TinyInterpreter
+    pairs: dict[str, tuple[Array, Array]]
+    alpha: float
+    adapter: Path
+    folder: Path
+    archive: Path
+    template: str
+
+
+def make_program(
+    interpreter: TinyInterpreter,
+    root: Path,
+    name: str,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    seed: int = 1,
+    template: str | None = None,
+) -> TinyProgram:
+    """Write an adapter and a bundle (folder + .paw) for `interpreter` under `root / name`."""
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    pairs = random_lora(interpreter, seed=seed)
+    adapter = folder / "adapter-source.gguf"
+    write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
+    template = template or TEMPLATES[interpreter.family]
+    bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template)
+    archive = zip_bundle(bundle, folder / "program.paw")
+    return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
