@@ -165,8 +165,7 @@ def test_backend_llamacpp_gives_the_torch_tokens(gpt2_program: TinyProgram, caps
     assert main([*argv, "--backend", "llamacpp"]) == 0
     llama = _records(capsys)
     assert main([*argv, "--backend", "torch"]) == 0
-    tokens = llama[0]["tokens"]
-    assert isinstance(tokens, list) and len(tokens) == 6 and tokens == _records(capsys)[0]["tokens"]
+    assert llama[0]["tokens"] == _records(capsys)[0]["tokens"] and llama[0]["stop_reason"] == "max_tokens"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from .errors import ConfigError
 from .function import PawFn
 from .hub.prepare import compile_program
 from .hub.refs import checked_program_id, checked_slug
-from .hub.types import CompileRequest
+from .hub.types import compile_request
 from .models import InterpreterModel
 
 __all__ = ["PawFnBuilder", "ProgramLoader", "SpecCompiler"]
@@ -87,9 +87,9 @@ class SpecCompiler:
         """Compile on the hub, then load the program; its interpreter comes from the bundle."""
         settings = self._settings
         config = settings.resolved_config()
-        request = CompileRequest(
-            spec=self._spec, compiler=settings.compiler, ephemeral=settings.ephemeral or None,
-            public=settings.public, name=settings.name, slug=settings.slug,
+        request = compile_request(
+            self._spec, settings.compiler, ephemeral=settings.ephemeral, public=settings.public, name=settings.name,
+            slug=settings.slug,
         )
         return PawFn.load_any_sync(compile_program(request, config), Torch, config=config)
 

@@ -8,6 +8,7 @@ import json
 import sys
 import traceback
 import unicodedata
+from importlib import metadata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
@@ -23,7 +24,7 @@ from .hub.cache import PawCache
 from .hub.client import PawClient
 from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
-from .hub.types import CompileRequest
+from .hub.types import compile_request
 from .jsonio import parse_json_object
 from .options import DType, RuntimeOptions
 
@@ -130,9 +131,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from . import __version__
-
-    return f"pawfn {__version__}"
+    return f"pawfn {metadata.version('pawfn')}"
 
 
 def _config(args: argparse.Namespace) -> PawConfig:
@@ -231,9 +230,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     config = _config(args)
-    request = CompileRequest(
-        spec=args.spec, compiler=args.compiler, slug=args.slug, name=args.name, public=not args.private,
-        ephemeral=True if args.ephemeral else None,
+    request = compile_request(
+        args.spec, args.compiler, slug=args.slug, name=args.name, public=not args.private, ephemeral=args.ephemeral
     )
     result = compile_spec(request, config)
     if args.json:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from typing_extensions import Self
+from typing_extensions import Self, Unpack
 
 from .backends import Backend, LlamaCpp, Torch
 from .bundle import ProgramMeta, open_bundle
@@ -20,7 +20,7 @@ from .errors import BaseModelError, ConfigError, InterpreterMismatchError, Progr
 from .hub.cache import PawCache
 from .hub.prepare import compile_program, find_cached_base, prepare_program
 from .hub.refs import checked_program_id, checked_slug
-from .hub.types import CompileRequest
+from .hub.types import CompileSettings, compile_request
 from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
@@ -253,44 +253,20 @@ class PawFn(Generic[M, B]):
 
     @classmethod
     def compile_spec_sync(
-        cls,
-        spec: str,
-        compiler: str | None = None,
-        *,
-        config: PawConfig | None = None,
-        name: str | None = None,
-        tags: list[str] | None = None,
-        public: bool = True,
-        slug: str | None = None,
-        ephemeral: bool = False,
+        cls, spec: str, compiler: str | None = None, *, config: PawConfig | None = None, **settings: Unpack[CompileSettings]
     ) -> Self:
         """Compile `spec` on the hub (`compiler` None: the server's default) and load the program."""
         cls.model_type()
         config = config or PawConfig.from_env()
-        request = CompileRequest(
-            spec=spec, compiler=compiler, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral or None
-        )
+        request = compile_request(spec, compiler, **settings)
         return cls.load_id_sync(compile_program(request, config), config=config)
 
     @classmethod
     async def compile_spec(
-        cls,
-        spec: str,
-        compiler: str | None = None,
-        *,
-        config: PawConfig | None = None,
-        name: str | None = None,
-        tags: list[str] | None = None,
-        public: bool = True,
-        slug: str | None = None,
-        ephemeral: bool = False,
+        cls, spec: str, compiler: str | None = None, *, config: PawConfig | None = None, **settings: Unpack[CompileSettings]
     ) -> Self:
         """Async `compile_spec_sync`."""
-        return await asyncio.to_thread(
-            lambda: cls.compile_spec_sync(
-                spec, compiler, config=config, name=name, tags=tags, public=public, slug=slug, ephemeral=ephemeral
-            )
-        )
+        return await asyncio.to_thread(lambda: cls.compile_spec_sync(spec, compiler, config=config, **settings))
 
     @property
     def source(self) -> Path:

@@ -82,3 +82,14 @@ def options() -> None:
     RuntimeOptions(max_tokens="5")  # expect-error: arg-type; reportArgumentType
     RuntimeOptions(temperature="hot")  # expect-error: arg-type; reportArgumentType
     RuntimeOptions(max_token=5)  # expect-error: call-arg; reportCallIssue
+
+
+def narrowing(loaded: PawFn[InterpreterModel, Torch]) -> None:
+    qwen = PawFn[Qwen3_0_6B, Torch].narrow(loaded)
+    assert_type(qwen, PawFn[Qwen3_0_6B, Torch])
+    assert_type(triage(qwen, "text"), str)
+    assert_type(PawFn[GPT2, LlamaCpp].narrow(loaded), PawFn[GPT2, LlamaCpp])
+    assert_type(PawFn.load_any_sync("email-triage", Torch), PawFn[InterpreterModel, Torch])
+    assert_type(PawFn.load_any_sync("email-triage", LlamaCpp), PawFn[InterpreterModel, LlamaCpp])
+    triage(loaded, "text")  # expect-error: arg-type; reportArgumentType
+    PawFn[Qwen3_0_6B, Torch].narrow("a program")  # expect-error: arg-type; reportArgumentType

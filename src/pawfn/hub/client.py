@@ -43,19 +43,8 @@ from ..hashing import file_sha256
 from ..jsonio import parse_json_object
 from ..progress import DownloadProgress
 from .refs import is_program_id
-from .types import (
-    CompileCancellation,
-    CompileJob,
-    CompilePrecheck,
-    CompileRequest,
-    CompileResult,
-    CompileStatus,
-    CompilerInfo,
-    ProgramInfo,
-    ProgramList,
-    ProgramVersions,
-    RuntimeManifest,
-)
+from .types import CompileCancellation, CompileJob, CompilePrecheck, CompileRequest, CompileResult, CompileStatus
+from .types import CompilerInfo, ProgramInfo, ProgramList, ProgramVersions, RuntimeManifest
 
 __all__ = ["AsyncPawClient", "PawClient"]
 
@@ -198,15 +187,16 @@ class _Request:
     headers: Mapping[str, str] | None = None
     timeout: float | None = None
     stream: bool = False
+    map_error: Callable[[HubError], HubError] = lambda error: error
+    """How this call names the server's errors (e.g. a refused spec is a `CompileError`)."""
 
 
 @dataclass(frozen=True)
 class _Endpoint(Generic[_T]):
-    """An API call described once: its request, how its answer is read and how its errors are named."""
+    """An API call described once: its request and how its answer is read."""
 
     request: _Request
     parse: Callable[[httpx.Response], _T]
-    map_error: Callable[[HubError], HubError] = lambda error: error
 
 
 @dataclass(frozen=True)
@@ -237,9 +227,9 @@ class _ClientBase:
 
     def _api(
         self, method: str, what: str, *parts: str, json: object = None, params: Mapping[str, str] | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, map_error: Callable[[HubError], HubError] = lambda error: error,
     ) -> _Request:
-        return _Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout)
+        return _Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout, map_error=map_error)
 
     def _build(self, http: httpx.Client | httpx.AsyncClient, request: _Request, method: str, url: str) -> httpx.Request:
         """One hop; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
@@ -282,7 +272,7 @@ class _ClientBase:
                     if request.stream:
                         outcome.read()  # the error body carries the server's message
                     outcome.close()
-                    raise _error_for(outcome, request.what)
+                    raise request.map_error(_error_for(outcome, request.what))
                 outcome.close()
                 delay = retry
             yield _Sleep(delay)
@@ -293,8 +283,10 @@ class _ClientBase:
     def _compile(self, request: CompileRequest) -> _Endpoint[CompileResult]:
         body = request.model_dump(exclude_none=True)
         return _Endpoint(
-            self._api("POST", "compile", "compile", json=body, timeout=self.config.compile_timeout_s),
-            _compile_result, _as_compile_error,
+            self._api(
+                "POST", "compile", "compile", json=body, timeout=self.config.compile_timeout_s, map_error=_as_compile_error
+            ),
+            _compile_result,
         )
 
     def _precheck(self, spec: str, compiler: str | None) -> _Endpoint[CompilePrecheck]:
@@ -307,8 +299,8 @@ class _ClientBase:
     def _compile_async(self, request: CompileRequest) -> _Endpoint[CompileJob]:
         body = request.model_dump(exclude_none=True)
         return _Endpoint(
-            self._api("POST", "compile", "compile", "async", json=body),
-            lambda response: _parse(CompileJob, response, "compile"), _as_compile_error,
+            self._api("POST", "compile", "compile", "async", json=body, map_error=_as_compile_error),
+            lambda response: _parse(CompileJob, response, "compile"),
         )
 
     def _model(self, kind: type[_ModelT], method: str, what: str, *parts: str, params: Mapping[str, str] | None = None) -> _Endpoint[_ModelT]:
@@ -392,14 +384,7 @@ class PawClient(_ClientBase):
                 outcome = exc
 
     def _call(self, endpoint: _Endpoint[_T]) -> _T:
-        try:
-            response = self._send(endpoint.request)
-        except HubError as exc:
-            mapped = endpoint.map_error(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-        return endpoint.parse(response)
+        return endpoint.parse(self._send(endpoint.request))
 
     def compile(self, request: CompileRequest) -> CompileResult:
         """Compile a spec and wait for the program (`POST /api/v1/compile`); failure is a `CompileError`."""
@@ -625,14 +610,7 @@ class AsyncPawClient(_ClientBase):
                 outcome = exc
 
     async def _call(self, endpoint: _Endpoint[_T]) -> _T:
-        try:
-            response = await self._send(endpoint.request)
-        except HubError as exc:
-            mapped = endpoint.map_error(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
-        return endpoint.parse(response)
+        return endpoint.parse(await self._send(endpoint.request))
 
     async def compile(self, request: CompileRequest) -> CompileResult:
         """Async `PawClient.compile`."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from typing_extensions import TypedDict, Unpack
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "CompilePrecheck",
     "CompileRequest",
     "CompileResult",
+    "CompileSettings",
     "CompileStatus",
     "CompilerInfo",
     "LocalSdk",
@@ -23,6 +26,7 @@ __all__ = [
     "ProgramVersion",
     "ProgramVersions",
     "RuntimeManifest",
+    "compile_request",
 ]
 
 _RUNTIME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -45,6 +49,24 @@ class CompileRequest(BaseModel):
     name: str | None = None
     tags: list[str] | None = None
     slug: str | None = None
+
+
+class CompileSettings(TypedDict, total=False):
+    """Optional fields of a compile, as keyword arguments (`PawFn.compile_spec(spec, name=..., public=False)`)."""
+
+    name: str | None
+    tags: list[str] | None
+    public: bool
+    slug: str | None
+    ephemeral: bool
+
+
+def compile_request(spec: str, compiler: str | None = None, **settings: Unpack[CompileSettings]) -> CompileRequest:
+    """A `CompileRequest`; `ephemeral=False` is left unsent, as the server's default."""
+    return CompileRequest(
+        spec=spec, compiler=compiler, name=settings.get("name"), tags=settings.get("tags"),
+        public=settings.get("public", True), slug=settings.get("slug"), ephemeral=settings.get("ephemeral") or None,
+    )
 
 
 class CompileResult(_Response):

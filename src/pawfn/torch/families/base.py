@@ -6,7 +6,9 @@ A family module (`qwen3.py`, `gpt2.py`) holds everything about one architecture;
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
@@ -93,17 +95,59 @@ class Family(ABC):
     name: ClassVar[str]
     """`InterpreterModel.family` of the models that use it."""
 
-    @abstractmethod
+    norm_eps_key: ClassVar[str]
+    """GGUF metadata key (after ``<arch>.``) of the normalization epsilon."""
+    rotary: ClassVar[bool] = False
+    """Whether positions are rotary (RoPE, with `rope.freq_base`) rather than a learned table."""
+
     def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
-        """Hyperparameters from the GGUF metadata (keys prefixed by `general.architecture`)."""
+        """Hyperparameters from the GGUF metadata (keys prefixed by the family's `general.architecture`)."""
+        key = f"{file.string('general.architecture') or self.name}."
+        hidden = required_int(file, key + "embedding_length")
+        n_heads = required_int(file, key + "attention.head_count")
+        eps = file.number(key + self.norm_eps_key)
+        if eps is None:
+            raise BaseModelError(file.path, f"GGUF metadata {key}{self.norm_eps_key} is missing")
+        return Architecture(
+            family=self.name,
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            n_layers=required_int(file, key + "block_count"),
+            n_heads=n_heads,
+            n_kv_heads=file.integer(key + "attention.head_count_kv") or n_heads,
+            head_dim=file.integer(key + "attention.key_length") or hidden // n_heads,
+            ffn_size=required_int(file, key + "feed_forward_length"),
+            norm_eps=eps,
+            rope_theta=(file.number(key + "rope.freq_base") or 10000.0) if self.rotary else 0.0,
+            max_positions=required_int(file, key + "context_length"),
+        )
 
     @abstractmethod
     def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
         """Hyperparameters from a Hugging Face `config.json`."""
 
-    @abstractmethod
+    hf_top: ClassVar[Mapping[str, str]]
+    """HF tensor name -> GGUF name, outside the blocks."""
+    hf_block: ClassVar[Mapping[str, str]]
+    """HF tensor name inside block N (after the layer prefix) -> GGUF name after ``blk.N.``."""
+    hf_layer: ClassVar[re.Pattern[str]]
+    """Splits a HF block tensor name into (layer number, name inside the block)."""
+    hf_skipped: ClassVar[re.Pattern[str] | None] = None
+    """HF buffers pawfn does not need (e.g. GPT-2's attention masks)."""
+    hf_prefix: ClassVar[str] = ""
+    """A prefix some HF checkpoints put before every name (e.g. ``transformer.``)."""
+
     def gguf_name(self, hf_name: str) -> str | None:
         """GGUF name of a HF checkpoint tensor; None for buffers pawfn skips, "" for a tensor it does not know."""
+        hf_name = hf_name.removeprefix(self.hf_prefix)
+        if self.hf_skipped is not None and self.hf_skipped.match(hf_name):
+            return None
+        if hf_name in self.hf_top:
+            return self.hf_top[hf_name]
+        match = self.hf_layer.match(hf_name)
+        if match and match.group(2) in self.hf_block:
+            return f"blk.{match.group(1)}.{self.hf_block[match.group(2)]}"
+        return ""
 
     @abstractmethod
     def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:

@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ...errors import BaseModelError
-from ...ggufio import GGUFFile
-from .base import Architecture, Family, Ops, parse_hf_config, required_int
+from .base import Architecture, Family, Ops, parse_hf_config
 
 __all__ = ["GPT2Family"]
 
@@ -63,27 +62,12 @@ class GPT2Family(Family):
     """GPT-2 (124M and its mirrors)."""
 
     name = "gpt2"
-
-    def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
-        key = "gpt2."
-        hidden = required_int(file, key + "embedding_length")
-        n_heads = required_int(file, key + "attention.head_count")
-        eps = file.number(key + "attention.layer_norm_epsilon")
-        if eps is None:
-            raise BaseModelError(file.path, f"GGUF metadata {key}attention.layer_norm_epsilon is missing")
-        return Architecture(
-            family=self.name,
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            n_layers=required_int(file, key + "block_count"),
-            n_heads=n_heads,
-            n_kv_heads=file.integer(key + "attention.head_count_kv") or n_heads,
-            head_dim=file.integer(key + "attention.key_length") or hidden // n_heads,
-            ffn_size=required_int(file, key + "feed_forward_length"),
-            norm_eps=eps,
-            rope_theta=0.0,
-            max_positions=required_int(file, key + "context_length"),
-        )
+    norm_eps_key = "attention.layer_norm_epsilon"
+    hf_top = _TOP
+    hf_block = _BLOCK
+    hf_layer = _LAYER
+    hf_skipped = _SKIPPED
+    hf_prefix = "transformer."
 
     def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
         config = parse_hf_config(_HFConfig, raw_config, path)
@@ -102,17 +86,6 @@ class GPT2Family(Family):
             rope_theta=0.0,
             max_positions=config.n_positions,
         )
-
-    def gguf_name(self, hf_name: str) -> str | None:
-        hf_name = hf_name.removeprefix("transformer.")
-        if _SKIPPED.match(hf_name):
-            return None
-        if hf_name in _TOP:
-            return _TOP[hf_name]
-        match = _LAYER.match(hf_name)
-        if match and match.group(2) in _BLOCK:
-            return f"blk.{match.group(1)}.{_BLOCK[match.group(2)]}"
-        return ""
 
     def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
         hidden, ffn = arch.hidden_size, arch.ffn_size

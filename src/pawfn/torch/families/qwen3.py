@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ...errors import BaseModelError
-from ...ggufio import GGUFFile
-from .base import Architecture, Family, Ops, parse_hf_config, required_int
+from .base import Architecture, Family, Ops, parse_hf_config
 
 __all__ = ["Qwen3Family"]
 
@@ -70,27 +69,11 @@ class Qwen3Family(Family):
     """Qwen3 (Qwen3-0.6B and its mirrors)."""
 
     name = "qwen3"
-
-    def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
-        key = "qwen3."
-        hidden = required_int(file, key + "embedding_length")
-        n_heads = required_int(file, key + "attention.head_count")
-        eps = file.number(key + "attention.layer_norm_rms_epsilon")
-        if eps is None:
-            raise BaseModelError(file.path, f"GGUF metadata {key}attention.layer_norm_rms_epsilon is missing")
-        return Architecture(
-            family=self.name,
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            n_layers=required_int(file, key + "block_count"),
-            n_heads=n_heads,
-            n_kv_heads=file.integer(key + "attention.head_count_kv") or n_heads,
-            head_dim=file.integer(key + "attention.key_length") or hidden // n_heads,
-            ffn_size=required_int(file, key + "feed_forward_length"),
-            norm_eps=eps,
-            rope_theta=file.number(key + "rope.freq_base") or 10000.0,
-            max_positions=required_int(file, key + "context_length"),
-        )
+    norm_eps_key = "attention.layer_norm_rms_epsilon"
+    rotary = True
+    hf_top = _TOP
+    hf_block = _BLOCK
+    hf_layer = _LAYER
 
     def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
         config = parse_hf_config(_HFConfig, raw_config, path)
@@ -114,14 +97,6 @@ class Qwen3Family(Family):
             rope_theta=rope_theta,
             max_positions=config.max_position_embeddings,
         )
-
-    def gguf_name(self, hf_name: str) -> str | None:
-        if hf_name in _TOP:
-            return _TOP[hf_name]
-        match = _LAYER.match(hf_name)
-        if match and match.group(2) in _BLOCK:
-            return f"blk.{match.group(1)}.{_BLOCK[match.group(2)]}"
-        return ""
 
     def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
         hidden, q_size, kv_size = arch.hidden_size, arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim

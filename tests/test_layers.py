@@ -1,0 +1,152 @@
+"""The import graph of src/pawfn: layers only point down, sibling backends and the hub stay apart, no cycle,
+and no pawfn import hidden inside a function.
+
+Layers, lowest first (the README's layout section draws the same picture):
+core types <- file formats <- runtime interface <- backends (torch/, llamacpp/) and hub/ <- PawFn and the
+builder <- cli <- the package's own `__init__`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "jsonio", "options", "config", "models", "backends", "results", "hashing", "progress"}),
+    frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
+    frozenset({"runtime"}),
+    frozenset({"torch", "llamacpp", "hub"}),
+    frozenset({"function", "builder"}),
+    frozenset({"cli", "__main__"}),
+    frozenset({"__init__"}),
+)
+SEPARATE = frozenset({"torch", "llamacpp", "hub"})
+"""Units of one layer that must not import each other."""
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, bool]]:
+    """(absolute module imported, whether the import sits inside a function) for every import in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                if child.module is None:  # `from . import x`: x is a module of the package
+                    found.extend((f"{target}.{alias.name}", in_function) for alias in child.names)
+                else:
+                    found.append((target, in_function))
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def _unit(module: str, top: str) -> str:
+    """The layer unit of a module: its first part under the package (`hub`, `torch`, `errors`, ...)."""
+    rest = module.removeprefix(top).lstrip(".")
+    return rest.split(".")[0] if rest else "__init__"
+
+
+def check_layers(root: Path, top: str, layers: tuple[frozenset[str], ...], separate: frozenset[str]) -> list[str]:
+    """Every violation of the layering in the package `root / top`, as readable lines."""
+    layer_of: Mapping[str, int] = {unit: index for index, units in enumerate(layers) for unit in units}
+    modules = {_module_name(path, root): path for path in sorted((root / top).rglob("*.py"))}
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        unit = _unit(name, top)
+        if unit not in layer_of:
+            problems.append(f"{name}: unit {unit!r} has no layer; add it to LAYERS (and to the README's layout)")
+            continue
+        for target, in_function in _imports(path, name):
+            if target != top and not target.startswith(top + "."):
+                continue
+            target_unit = _unit(target, top)
+            if target_unit == "__init__" and unit != "__init__":
+                problems.append(f"{name} imports the package root {top}; import the module that defines the name")
+                continue
+            if in_function:
+                problems.append(f"{name} imports {target} inside a function; import it at the top (or fix the cycle)")
+            if target_unit != unit and layer_of.get(target_unit, -1) > layer_of[unit]:
+                problems.append(f"{name} (layer {layer_of[unit]}) imports {target} from a layer above")
+            if target_unit != unit and {unit, target_unit} <= separate:
+                problems.append(f"{name} imports {target}: {unit} and {target_unit} must stay independent")
+            resolved = target if target in modules else target.rpartition(".")[0]
+            if resolved in modules and resolved != name:
+                graph[name].add(resolved)
+    problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in _cycles(graph)]
+    return problems
+
+
+def _cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of modules that import each other."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_pawfn_layers_point_down_without_cycles() -> None:
+    assert check_layers(SRC, "pawfn", LAYERS, SEPARATE) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({"low.py": "from .high import x\n", "high.py": ""}, "pkg.low (layer 0) imports pkg.high from a layer above"),
+        ({"low.py": "def f():\n    from . import other\n", "other.py": ""}, "pkg.low imports pkg.other inside a function"),
+        ({"a/__init__.py": "", "a/m.py": "from ..b import m\n", "b/__init__.py": "", "b/m.py": ""},
+         "pkg.a.m imports pkg.b: a and b must stay independent"),
+        ({"low.py": "from .other import y\n", "other.py": "from .low import z\n"}, "import cycle: pkg.low -> pkg.other -> pkg.low"),
+    ],
+)
+def test_the_checker_reports_each_kind_of_violation(tmp_path: Path, files: dict[str, str], expected: str) -> None:
+    _write(tmp_path / "pkg", {"__init__.py": "", **files})
+    layers = (frozenset({"low", "other", "a", "b"}), frozenset({"high"}), frozenset({"__init__"}))
+    problems = check_layers(tmp_path, "pkg", layers, frozenset({"a", "b"}))
+    assert any(expected in problem for problem in problems), problems

@@ -1,0 +1,160 @@
+"""Lifetimes: the last program on a base frees it, specializations are one per type pair across threads,
+`narrow` gives the precise type or refuses, and a failing llama.cpp load releases every native handle."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pawfn import GPT2, ContextOverflowError, InterpreterMismatchError, LlamaCpp, ModelRegistry, PawConfig, PawFn, ProgramClosedError, Qwen3_0_6B, Torch
+from pawfn.errors import AdapterError
+from pawfn.torch.program import TorchProgram
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
+
+
+def _torch_runtime(program: PawFn[Any, Any]) -> TorchProgram:
+    runtime = program.runtime
+    assert isinstance(runtime, TorchProgram)
+    return runtime
+
+
+def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
+    base = qwen3_program.interpreter.gguf_path
+    first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+    second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    shared = _torch_runtime(first).base
+    assert _torch_runtime(second).base is shared and shared.users == 2
+    weights = weakref.ref(shared.interpreter.tensors["token_embd.weight"])
+    interpreter = weakref.ref(shared.interpreter)
+    del shared
+    first.close()
+    gc.collect()
+    assert ModelRegistry.loaded() and weights() is not None  # the second program still runs on it
+    assert second.run("hello") == second.run("hello")
+    second.close()
+    gc.collect()
+    assert ModelRegistry.loaded() == []
+    assert weights() is None and interpreter() is None  # freed although both handles are still referenced
+    with pytest.raises(ProgramClosedError):
+        second.run("hello")
+    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base) as again:  # a later load reloads it
+        assert again.run("hello") == PawFn[Qwen3_0_6B, Torch].narrow(again).run("hello")
+    assert ModelRegistry.load_count() == 2
+
+
+def test_a_failed_open_releases_its_base(qwen3_program: TinyProgram) -> None:
+    """A prefix longer than the context fails after the base loaded: the base goes with it."""
+    with pytest.raises(ContextOverflowError):
+        PawFn[Qwen3_0_6B, Torch].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8)
+        )
+    assert ModelRegistry.load_count() == 1 and ModelRegistry.loaded() == []
+
+
+class _RaceQwen(Qwen3_0_6B):
+    """A model type no other test specializes, so the threads below race for its first specialization."""
+
+
+def test_sixteen_threads_get_one_specialization() -> None:
+    barrier = threading.Barrier(16)
+    classes: list[type[PawFn[Any, Any]]] = []
+
+    def specialize() -> None:
+        barrier.wait()
+        classes.append(PawFn[_RaceQwen, Torch])
+
+    threads = [threading.Thread(target=specialize) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(classes) == 16 and len(set(classes)) == 1
+    assert classes[0] is PawFn[_RaceQwen, Torch] and classes[0].model_type() is _RaceQwen
+
+
+def test_narrow_gives_the_precise_type_or_refuses(qwen3_program: TinyProgram, gpt2_program: TinyProgram) -> None:
+    base = str(qwen3_program.interpreter.gguf_path)
+    with PawFn.load_any_sync(str(qwen3_program.folder), Torch, base=base) as loaded:
+        assert type(loaded) is PawFn[Qwen3_0_6B, Torch]
+        assert PawFn[Qwen3_0_6B, Torch].narrow(loaded) is loaded
+        with pytest.raises(InterpreterMismatchError, match=r"load it as PawFn\[Qwen3_0_6B, \.\.\.\] instead"):
+            PawFn[GPT2, Torch].narrow(loaded)
+        with pytest.raises(TypeError, match=r"runs on Torch as Qwen3_0_6B; load it as PawFn\[Qwen3_0_6B, LlamaCpp\]"):
+            PawFn[Qwen3_0_6B, LlamaCpp].narrow(loaded)
+
+
+@pytest.fixture
+def native_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[object]]]:
+    """Records every llama.cpp context made and closed, and every adapter made and freed."""
+    import llama_cpp
+
+    seen: dict[str, list[object]] = {"made": [], "closed": [], "adapters": [], "freed": []}
+
+    class SpyLlama(llama_cpp.Llama):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - forwards llama_cpp's own signature
+            super().__init__(*args, **kwargs)
+            seen["made"].append(self)
+
+        def close(self) -> None:
+            seen["closed"].append(self)
+            super().close()
+
+    init, free = llama_cpp.llama_adapter_lora_init, llama_cpp.llama_adapter_lora_free
+
+    def spy_init(model: Any, path: bytes) -> Any:  # noqa: ANN401 - ctypes handles
+        adapter = init(model, path)
+        seen["adapters"].append(adapter)
+        return adapter
+
+    def spy_free(adapter: Any) -> None:  # noqa: ANN401 - ctypes handles
+        seen["freed"].append(adapter)
+        free(adapter)
+
+    monkeypatch.setattr(llama_cpp, "Llama", SpyLlama)
+    monkeypatch.setattr(llama_cpp, "llama_adapter_lora_init", spy_init)
+    monkeypatch.setattr(llama_cpp, "llama_adapter_lora_free", spy_free)
+    yield seen
+
+
+def _all_released(seen: dict[str, list[object]]) -> bool:
+    return seen["made"] == seen["closed"] and seen["adapters"] == seen["freed"]
+
+
+@requires_llama_cpp
+@pytest.mark.parametrize("failure", ["apply", "eval"])
+def test_a_failing_llama_cpp_load_leaves_no_live_handle(
+    gpt2_program: TinyProgram, native_spy: dict[str, list[object]], monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    import llama_cpp
+
+    if failure == "apply":
+        def refuse(*args: object) -> int:
+            return 1  # llama.cpp's "could not apply"
+
+        monkeypatch.setattr(llama_cpp, "llama_set_adapters_lora", refuse)
+        expected: type[Exception] = AdapterError
+    else:
+
+        def failing_eval(self: llama_cpp.Llama, tokens: object) -> None:
+            raise RuntimeError("llama_decode failed")
+
+        monkeypatch.setattr(llama_cpp.Llama, "eval", failing_eval)
+        expected = RuntimeError
+    with pytest.raises(expected):
+        PawFn[GPT2, LlamaCpp].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+    assert len(native_spy["made"]) == 1 and _all_released(native_spy)
+    assert len(native_spy["adapters"]) == 1
+
+
+@requires_llama_cpp
+def test_closing_a_llama_cpp_program_releases_its_handles(gpt2_program: TinyProgram, native_spy: dict[str, list[object]]) -> None:
+    program = PawFn[GPT2, LlamaCpp].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+    assert program.run("hello") == program.run("hello")
+    assert not _all_released(native_spy)
+    program.close()
+    assert _all_released(native_spy) and len(native_spy["made"]) == 1
