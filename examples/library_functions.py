@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TypeVar
 
-from pawfn import Backend, InterpreterModel, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import Backend, InterpreterModel, PawError, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 
 B = TypeVar("B", bound=Backend)
 M = TypeVar("M", bound=InterpreterModel)
@@ -24,20 +25,21 @@ def describe(program: PawFn[M, B]) -> str:
     return f"{program.program_id or 'local program'} on {program.interpreter}, {program.n_ctx}-token context"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description="Typed program functions for libraries.")
     parser.add_argument("--program", required=True, help="a Qwen3 program: .paw file, bundle folder, id or slug")
     parser.add_argument("--base", help="Qwen3-0.6B weights (GGUF or HF folder); omitted: from the hub's manifest")
     parser.add_argument("--input", required=True, help="the message to triage")
     args = parser.parse_args()
-    if args.base:
-        program = PawFn[Qwen3_0_6B, Torch].from_path(args.program, base=args.base)
-    else:
-        program = PawFn[Qwen3_0_6B, Torch].load_sync(args.program)
-    with program:
-        print(describe(program))
-        print(triage(program, args.input))
+    try:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(args.program, base=args.base) as program:
+            print(describe(program))
+            print(triage(program, args.input))
+    except PawError as exc:
+        print(f"library_functions: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,8 +35,9 @@ class PreparedProgram:
     bundle: Path
     meta: ProgramMeta
     runtime: RuntimeManifest | None
-    """None when the caller brought its own base weights."""
-    base: Path
+    """None when the caller brought its own base weights or asked for none."""
+    base: Path | None
+    """None only with `fetch_base=False`."""
     derived_dir: Path | None
 
 
@@ -138,11 +139,12 @@ def prepare_program(
     client: PawClient | None = None,
     check: Callable[[ProgramMeta], object] | None = None,
     base: Path | None = None,
+    fetch_base: bool = True,
 ) -> PreparedProgram:
     """Resolve `reference`, download what is missing (program, runtime manifest, base weights) and return paths.
 
     `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter);
-    with `base` given, no base weights are looked up or fetched.
+    with `base` given, or `fetch_base=False`, no base weights are looked up or fetched.
     """
     config = config or PawConfig.from_env()
     parsed = parse_reference(reference)
@@ -163,7 +165,7 @@ def prepare_program(
         if check is not None:
             check(meta)
         runtime: RuntimeManifest | None = None
-        if base is None:
+        if base is None and fetch_base:
             runtime = resolve_runtime(meta, cache, None if config.offline else client)
             base = _ensure_base(runtime, reference, cache, client, config)
     finally:
