@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,7 +20,9 @@ from pawfn.adapter import LoraAdapter, LoraPair
 from pawfn.models import Qwen3_0_6B
 from pawfn.tokenizer import TextCodec
 from pawfn.torch.engine import TorchInterpreter
-from pawfn.torch.weights import Architecture, BaseWeights, _gguf_name  # pyright: ignore[reportPrivateUsage]  # the HF->GGUF name table
+from pawfn.torch.families import Architecture
+from pawfn.torch.families.qwen3 import Qwen3Family
+from pawfn.torch.weights import BaseWeights
 
 QWEN3_0_6B = Architecture(
     family="qwen3", vocab_size=151936, hidden_size=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
@@ -62,12 +65,12 @@ def main() -> None:
 
     def tensors() -> Iterator[tuple[str, np.ndarray]]:
         for name, array in state.items():
-            gguf_name = _gguf_name(name, "qwen3")
+            gguf_name = Qwen3Family().gguf_name(name)
             if gguf_name:
                 yield gguf_name, array
 
     codec = TextCodec(Tokenizer(models.BPE()), {}, 0, "benchmark")
-    weights = BaseWeights(source=__import__("pathlib").Path("random"), architecture=arch, codec=codec, tensors=tensors)
+    weights = BaseWeights(source=Path("random"), architecture=arch, family=Qwen3Family(), codec=codec, tensors=tensors)
     engine = TorchInterpreter(weights, torch.device("cpu"), torch.float32)
 
     rng = np.random.default_rng(0)
