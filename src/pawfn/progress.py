@@ -37,7 +37,7 @@ def download_progress(label: str, setting: bool | None) -> DownloadProgress | No
     return update
 
 
-def track(items: Iterable[_T], label: str, total: int, setting: bool | None) -> Iterator[_T]:
+def track(items: Iterable[_T], label: str, total: int | None, setting: bool | None) -> Iterator[_T]:
     """`items` with a bar counting them (e.g. tensors while a base loads), when progress is on."""
     if not progress_enabled(setting):
         yield from items

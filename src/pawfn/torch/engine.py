@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
 from ..errors import AdapterError, BaseModelError
+from ..progress import track
 from .families import Architecture
 from .weights import BaseWeights
 
@@ -104,14 +105,17 @@ class KVCache:
 class TorchInterpreter:
     """Base weights of one interpreter on one device; read-only, shared by every program and model copy."""
 
-    def __init__(self, weights: BaseWeights, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False
+    ) -> None:
+        """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load)."""
         self.architecture = weights.architecture
         self.family = weights.family
         self.codec = weights.codec
         self.device = device
         self.dtype = dtype
         self.tensors: dict[str, torch.Tensor] = {}
-        for name, array in weights.tensors():
+        for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
             self.tensors[name] = torch.as_tensor(array).to(device=device, dtype=dtype)
         self._check_tensors(weights)
         if "output.weight" not in self.tensors:

@@ -81,7 +81,8 @@ class TorchProgram(ProgramRuntime):
         key = BaseKey(model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype)
 
         def load() -> TorchInterpreter:
-            return TorchInterpreter(read_base_weights(files.base, model), device, torch_dtype(config.dtype))
+            weights = read_base_weights(files.base, model)
+            return TorchInterpreter(weights, device, torch_dtype(config.dtype), config.progress)
 
         with contextlib.ExitStack() as on_error:
             base = ModelRegistry.acquire(key, load, config.max_model_copies)
