@@ -451,3 +451,18 @@ def test_waits_for_the_official_sdk_installing_the_same_program(hub: Hub, tmp_pa
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
     assert official.wait(timeout=60) == 0
     assert hub.server.state.count("/download$") == 0  # the official SDK's install was used
+
+
+def test_a_failed_base_download_suggests_base_and_base_skips_it(
+    hub: Hub, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PAW_API_KEY", "secret-key")
+    common = ["--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir)]
+    hub.server.state.files.pop(BASE_FILE)  # the CDN answers 404 for the base weights
+    assert main(["run", "--program", SLUG, "--input", "hello", *common]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"pawfn: error: cannot download base model {BASE_FILE}") and err.count("\n") == 1
+    assert "pass it with --base PATH" in err
+    assert main(["run", "--program", SLUG, "--input", "hello", "--max-tokens", "12", "--json", "--base", str(hub.base), *common]) == 0
+    assert tuple(json.loads(capsys.readouterr().out)["tokens"]) == hub.expected("hello")
+    assert hub.server.state.count(f"/files/{BASE_FILE}$") == 1  # with --base, no second attempt

@@ -1,0 +1,194 @@
+"""Load time and memory of one Qwen3-0.6B-shaped program: pawfn's Torch backend vs llama.cpp, side by side.
+
+Writes (once, into --workdir) random weights with Qwen3-0.6B's exact shapes as a Q6_K GGUF made by llama.cpp's
+own quantizer, a rank-64 Q4_0 adapter on all seven projections and a bundle with a ~290-token prefix. Then each
+backend loads the program in a fresh process (base, adapter and prefix evaluation: ready to run), runs one
+10-token call, and reports its load time and the process's peak RSS. Prints the figures and their ratios.
+
+    python benchmarks/load_cost.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 2] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 1024, 28, 16, 8, 128, 3072, 151936
+PROJECTIONS = {
+    "attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_output": (HIDDEN, HEADS * HEAD_DIM), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN),
+}
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The benchmark vocabulary has only a few merges, so a character is about a token: ~290 tokens of prefix.
+PREFIX = (
+    "<|im_start|>system\nYou are an email triage function. Answer with one word: immediate, today, later or "
+    "ignore. Weigh urgency, sender, deadlines, outages, customers, money and security; when unsure, say today. "
+    "Never explain.<|im_end|>\n<|im_start|>user\n[INPUT]\n"
+)
+TEMPLATE = PREFIX + "{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+INPUT = "Urgent: the server is down! Customers wait."  # ~46 tokens with the suffix
+
+_MEASURE = """
+import json, resource, sys, time
+from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+backend = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]]
+threads = int(sys.argv[4]) if sys.argv[4] != "0" else None
+started = time.perf_counter()
+program = PawFn[Qwen3_0_6B, backend].from_path(sys.argv[2], base=sys.argv[3], config=PawConfig(threads=threads))
+loaded = time.perf_counter()
+result = program.generate(sys.argv[5], RuntimeOptions(max_tokens=10))
+print(json.dumps({"load_s": loaded - started, "call_ms": result.timings.total_ms, "prefix": result.prefix_tokens,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE vocabulary of Qwen3's size: the 256 byte symbols, a few merges, specials, then filler."""
+    from tokenizers import pre_tokenizers
+
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
+    merges = ["Ġ t", "Ġ a", "t h", "i n", "e r"]
+    tokens += [merge.replace(" ", "") for merge in merges]
+    tokens += SPECIALS
+    types = [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIALS)) + [int(gguf.TokenType.CONTROL)] * len(SPECIALS)
+    filler = VOCAB - len(tokens)
+    tokens += [f"zzfill{i}" for i in range(filler)]
+    types += [int(gguf.TokenType.NORMAL)] * filler
+    return tokens, types, merges
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[np.generic]:
+    return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
+
+
+def _write_f16_base(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_name("qwen3-0.6b-shape-random")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(40960)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(1000000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    tokens, types, merges = _vocabulary()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_tensor("token_embd.weight", _random(rng, (VOCAB, HIDDEN), np.float16))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    for layer in range(LAYERS):
+        block = f"blk.{layer}."
+        for norm, size in (("attn_norm", HIDDEN), ("ffn_norm", HIDDEN), ("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM)):
+            writer.add_tensor(f"{block}{norm}.weight", np.ones(size, dtype=np.float32))
+        for module, shape in PROJECTIONS.items():
+            writer.add_tensor(f"{block}{module}.weight", _random(rng, shape, np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _quantize(source: Path, destination: Path) -> None:
+    """Q6_K with llama.cpp's own quantizer, as the official base was made."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)):
+        raise SystemExit(f"llama.cpp could not quantize {source}")
+
+
+def _write_adapter(path: Path, rank: int = 64) -> None:
+    rng = np.random.default_rng(1)
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 16.0)
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    for layer in range(LAYERS):
+        for module, (out_features, in_features) in PROJECTIONS.items():
+            name = f"blk.{layer}.{module}.weight"
+            for half, shape in (("lora_a", (rank, in_features)), ("lora_b", (out_features, rank))):
+                data = gguf.quants.quantize(_random(rng, shape, np.float32), q4)
+                writer.add_tensor(f"{name}.{half}", data, raw_dtype=q4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    """The Q6_K base and the bundle folder, written once into `workdir`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base, bundle = workdir / "qwen3-0.6b-shape-q6_k.gguf", workdir / "bundle"
+    if not base.is_file():
+        f16 = workdir / "qwen3-0.6b-shape-f16.gguf"
+        print(f"writing {f16} ...", file=sys.stderr)
+        _write_f16_base(f16)
+        print(f"quantizing to {base} ...", file=sys.stderr)
+        _quantize(f16, base)
+        f16.unlink()
+    if (bundle / "prompt_template.txt").is_file() and (bundle / "prompt_template.txt").read_text(encoding="utf-8") != TEMPLATE:
+        (bundle / "prompt_template.txt").write_text(TEMPLATE, encoding="utf-8")
+    if not (bundle / "adapter.gguf").is_file():
+        bundle.mkdir(exist_ok=True)
+        meta = {"interpreter": "Qwen/Qwen3-0.6B", "program_id": "00000000000000000000", "spec": "benchmark program"}
+        (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        (bundle / "prompt_template.txt").write_text(TEMPLATE, encoding="utf-8")
+        _write_adapter(bundle / "adapter.gguf")
+    return base, bundle
+
+
+def measure(backend: str, base: Path, bundle: Path, threads: int | None) -> dict[str, float]:
+    """One fresh process: load the program on `backend`, run one call; its figures."""
+    command = [sys.executable, "-c", _MEASURE, backend, str(bundle), str(base), str(threads or 0), INPUT]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"{backend} failed:\n{result.stderr}")
+    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
+    parser.add_argument("--runs", type=int, default=2, help="fresh processes per backend (the median is shown)")
+    parser.add_argument("--threads", type=int, help="CPU threads for both backends (default: each one's own)")
+    args = parser.parse_args()
+    base, bundle = prepare(args.workdir)
+    print(f"base {base.name}: {base.stat().st_size / 1e6:.0f} MB; adapter {(bundle / 'adapter.gguf').stat().st_size / 1e6:.1f} MB")
+    results: dict[str, dict[str, float]] = {}
+    for backend in ("llamacpp", "torch"):  # interleaved runs would be fairer, but each is a whole process anyway
+        runs = [measure(backend, base, bundle, args.threads) for _ in range(args.runs)]
+        results[backend] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        figures = results[backend]
+        print(f"{backend:9} load {figures['load_s']:6.2f} s   peak RSS {figures['peak_rss_mb']:6.0f} MB   "
+              f"first 10-token call {figures['call_ms']:7.0f} ms   prefix {figures['prefix']:.0f} tokens")
+    torch_figures, llama_figures = results["torch"], results["llamacpp"]
+    for key, label in (("load_s", "load time"), ("peak_rss_mb", "peak RSS"), ("call_ms", "first call")):
+        print(f"pawfn Torch / llama.cpp {label}: {torch_figures[key] / llama_figures[key]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
