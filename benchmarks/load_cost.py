@@ -32,6 +32,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PREFIX = (
     "<|im_start|>system\nYou are an email triage function. Answer with one word: immediate, today, later or "
     "ignore. Weigh urgency, sender, deadlines, outages, customers, money and security; when unsure, say today. "
+    "Invoices and contracts are today, newsletters and adverts are ignore, a locked account is immediate. "
     "Never explain.<|im_end|>\n<|im_start|>user\n[INPUT]\n"
 )
 TEMPLATE = PREFIX + "{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
