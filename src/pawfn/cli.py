@@ -6,6 +6,7 @@ import argparse
 import getpass
 import json
 import sys
+import time
 import traceback
 import unicodedata
 from importlib import metadata
@@ -16,6 +17,7 @@ from typing import get_args
 from pydantic import BaseModel, ValidationError
 
 from .backends import Backend, LlamaCpp, Torch
+from .bench import run_bench
 from .bundle import open_bundle
 from .config import PawConfig, save_api_key
 from .errors import ConfigError, PawError, describe_option_errors
@@ -35,8 +37,9 @@ _BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCp
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
     for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed")
+                 "top_p", "seed", "max_model_copies")
 } | {"parse_special_in_input": "--parse-special"}
+_BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
@@ -66,6 +69,34 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+def _program_options() -> argparse.ArgumentParser:
+    """What `run` and `bench` share: the program, its inputs, and every option that changes how it runs."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
+    options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
+    options.add_argument(
+        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
+    )
+    options.add_argument(
+        "--input-format", choices=("lines", "jsonl"),
+        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
+        "default: jsonl for *.jsonl files, else lines",
+    )
+    options.add_argument("--backend", choices=sorted(_BACKENDS), default="torch", help="torch (default) or llamacpp")
+    options.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
+    options.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
+    options.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
+    options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
+    options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
+    options.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
+    options.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
+    options.add_argument("--seed", type=int, metavar="S", help="sampling seed")
+    options.add_argument(
+        "--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)"
+    )
+    return options
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(prog="pawfn", description="Run ProgramAsWeights neural programs locally.")
@@ -73,34 +104,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", parents=[common], help="run a program on one or more inputs")
-    run.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
-    run.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
-    run.add_argument(
-        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
-    )
-    run.add_argument(
-        "--input-format", choices=("lines", "jsonl"),
-        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
-        "default: jsonl for *.jsonl files, else lines",
-    )
-    run.add_argument("--backend", choices=sorted(_BACKENDS), default="torch", help="torch (default) or llamacpp")
-    run.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
-    run.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
-    run.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
-    run.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
-    run.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
+    program = _program_options()
+    run = commands.add_parser("run", parents=[common, program], help="run a program on one or more inputs")
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
-    run.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
-    run.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
-    run.add_argument("--seed", type=int, metavar="S", help="sampling seed")
-    run.add_argument(
-        "--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)"
-    )
     run.add_argument(
         "--json", action="store_true",
         help="print one JSON object per input (JSON Lines); plain output escapes control characters",
     )
+
+    bench = commands.add_parser("bench", parents=[common, program], help="time calls of a program (load, latency, memory)")
+    bench.add_argument("--max-tokens", type=int, default=10, metavar="N", help="tokens per call (default: 10)")
+    bench.add_argument("--runs", type=int, default=10, metavar="N", help="timed calls after one warm-up (default: 10)")
+    bench.add_argument(
+        "--concurrency", type=int, default=1, metavar="N",
+        help="callers at once (default: 1); they run together up to --max-model-copies",
+    )
+    bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 1)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object with the figures and the configuration")
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
     compile_.add_argument("--spec", required=True, metavar="TEXT", help="what the function does, in plain English")
@@ -136,7 +156,7 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads"):
+    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_model_copies"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value
@@ -225,6 +245,36 @@ def _run(args: argparse.Namespace) -> int:
                 )
             else:
                 print(escape_control(generation.text), flush=True)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    config = _config(args)
+    options = _options(args)
+    inputs = _inputs(args) if args.input_file is not None or args.input else [_BENCH_INPUT]
+    for flag, value in (("--runs", args.runs), ("--concurrency", args.concurrency)):
+        if value < 1:
+            raise _CliError(f"invalid {flag}={value!r}: Input should be greater than or equal to 1")
+    base = None if args.base is None else Path(args.base)
+    started = time.perf_counter()
+    with PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config) as program:
+        load_s = time.perf_counter() - started
+        result, _ = run_bench(
+            program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program
+        )
+    if args.json:
+        _print_json(result.model_dump())
+        return 0
+    print(f"{result.program} ({result.interpreter}) on {result.backend}, {result.device}, {result.dtype}, "
+          f"threads {result.threads or 'default'}, {result.concurrency} caller(s), {result.runs} runs")
+    rows = [
+        ("load (ready to run)", f"{result.load_s:.2f} s"), ("median call", f"{result.median_ms:.1f} ms"),
+        ("p90 call", f"{result.p90_ms:.1f} ms"), ("per token", f"{result.ms_per_token:.1f} ms"),
+        ("tokens per call", f"{result.tokens_per_call:.1f}"), ("calls per second", f"{result.calls_per_s:.2f}"),
+        ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
+    ]
+    for label, value in rows:
+        print(f"  {label:20} {value}")
     return 0
 
 
@@ -330,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _run, "compile": _compile, "info": _info, "cache": _cache, "login": _login}
+    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login}
     try:
         return handlers[args.command](args)
     except _CliError as exc:
