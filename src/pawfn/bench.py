@@ -34,6 +34,7 @@ class BenchResult(BaseModel):
     backend: str
     device: str
     dtype: str
+    weight_dtype: str | None
     threads: int | None
     max_model_copies: int
     max_tokens: int | None
@@ -90,7 +91,8 @@ def run_bench(
     config = program.config
     result = BenchResult(
         program=program.program_id or reference, interpreter=program.interpreter,
-        backend=type(program).backend_type().name, device=config.device, dtype=config.dtype, threads=config.threads,
+        backend=type(program).backend_type().name, device=config.device, dtype=config.dtype,
+        weight_dtype=config.weight_dtype, threads=config.threads,
         max_model_copies=config.max_model_copies, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
         load_s=load_s, median_ms=statistics.median(times), p90_ms=_percentile(times, 0.9),
         ms_per_token=statistics.median(ms / max(n, 1) for ms, n in zip(times, produced, strict=True)),

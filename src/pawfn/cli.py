@@ -28,7 +28,7 @@ from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import compile_request
 from .jsonio import parse_json_object
-from .options import DType, RuntimeOptions
+from .options import DType, RuntimeOptions, WeightDType
 
 __all__ = ["main"]
 
@@ -37,7 +37,7 @@ _BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCp
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
     for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed", "max_model_copies")
+                 "top_p", "seed", "max_model_copies", "weight_dtype")
 } | {"parse_special_in_input": "--parse-special"}
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -86,6 +86,10 @@ def _program_options() -> argparse.ArgumentParser:
     options.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
     options.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
     options.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
+    options.add_argument(
+        "--weight-dtype", choices=get_args(WeightDType),
+        help="store the base's matrices in float16 (Torch on CPU: fbgemm's fp16 kernel; near-exact, opt-in)",
+    )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
     options.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
@@ -156,7 +160,7 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_model_copies"):
+    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "n_ctx", "threads", "max_model_copies"):
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value

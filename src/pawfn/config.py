@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from .errors import ConfigError, describe_option_errors
 from .jsonio import read_json_object
-from .options import Device, DType
+from .options import Device, DType, WeightDType
 
 __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
 
@@ -21,6 +21,7 @@ _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "threads": "PAW_THREADS", "device": "PAW_DEVICE", "dtype": "PAW_DTYPE",
+    "weight_dtype": "PAW_WEIGHT_DTYPE",
 }
 
 
@@ -53,6 +54,10 @@ class PawConfig(BaseModel):
     """Torch device: ``cpu``, ``cuda``, ``cuda:N`` (N < 16) or ``mps``."""
     dtype: DType = "float32"
     """Compute dtype of the base weights, adapters and KV cache."""
+    weight_dtype: WeightDType | None = None
+    """Store the base's matrices (projections, output, embeddings) in this dtype instead of `dtype`: on the
+    Torch backend's CPU, ``float16`` halves their memory and runs fbgemm's fp16 kernel with float32 activations
+    (near-exact, opt-in: see the README's figures). None keeps `dtype`."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=1, ge=1)

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
-from ..errors import AdapterError, BaseModelError
+from ..errors import AdapterError, BaseModelError, ConfigError
+from ..options import WeightDType
 from ..progress import track
 from .families import Architecture
 from .weights import BaseWeights
@@ -23,12 +24,23 @@ from .weights import BaseWeights
 __all__ = ["DeviceAdapter", "KVCache", "LoraWeights", "PrefixState", "TorchInterpreter", "torch_dtype"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
 _CACHE_GRANULE = 256  # tokens; the KV buffer grows in steps of this size
 
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype for a `PawConfig.dtype` name."""
     return _DTYPES[name]
+
+
+def _check_fp16_kernel(device: torch.device, dtype: torch.dtype) -> None:
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ConfigError(
+            f"weight_dtype='float16' runs on the CPU with dtype='float32' (fbgemm's fp16 kernel), not on "
+            f"{device.type} with {dtype}; on a GPU use dtype='float16' or 'bfloat16' instead"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ConfigError("weight_dtype='float16' needs torch's fbgemm kernels (x86 CPUs); leave weight_dtype unset")
 
 
 @dataclass(frozen=True)
@@ -106,42 +118,70 @@ class TorchInterpreter:
     """Base weights of one interpreter on one device; read-only, shared by every program and model copy."""
 
     def __init__(
-        self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False
+        self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False,
+        weight_dtype: WeightDType | None = None,
     ) -> None:
-        """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load)."""
+        """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load);
+        `weight_dtype` "float16" keeps the matrices in float16 (CPU, fbgemm; see `PawConfig.weight_dtype`)."""
         self.architecture = weights.architecture
         self.family = weights.family
         self.codec = weights.codec
         self.device = device
         self.dtype = dtype
+        self.shapes: dict[str, tuple[int, ...]] = {}
         self.tensors: dict[str, torch.Tensor] = {}
+        self.packed: dict[str, torch.Tensor] = {}
+        """Matrices packed for fbgemm's fp16 kernel (weight_dtype float16), by GGUF name."""
+        compact = weight_dtype == "float16"
+        if compact:
+            _check_fp16_kernel(device, dtype)
         for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
-            self.tensors[name] = torch.as_tensor(array).to(device=device, dtype=dtype)
+            tensor = torch.as_tensor(array)
+            self.shapes[name] = tuple(tensor.shape)
+            if compact and name in _EMBEDDINGS:
+                self.tensors[name] = tensor.to(torch.float16)  # rows are looked up, then widened exactly
+            elif compact and tensor.ndim == 2:
+                self.packed[name] = torch.ops.quantized.linear_prepack_fp16(tensor.float(), None)
+            else:
+                self.tensors[name] = tensor.to(device=device, dtype=dtype)
         self._check_tensors(weights)
-        if "output.weight" not in self.tensors:
-            self.tensors["output.weight"] = self.tensors["token_embd.weight"]  # tied embeddings
+        if "output.weight" not in self.shapes:  # tied embeddings
+            self.shapes["output.weight"] = self.shapes["token_embd.weight"]
+            embeddings = self.tensors["token_embd.weight"]
+            if compact:
+                self.packed["output.weight"] = torch.ops.quantized.linear_prepack_fp16(embeddings.float(), None)
+            else:
+                self.tensors["output.weight"] = embeddings
         self.rope_frequencies = self.family.rope_frequencies(self.architecture)
 
     def _check_tensors(self, weights: BaseWeights) -> None:
         arch = self.architecture
         shapes = self.family.expected_shapes(arch)
-        if "output.weight" in self.tensors:
+        if "output.weight" in self.shapes:
             shapes["output.weight"] = (arch.vocab_size, arch.hidden_size)
         for name, shape in shapes.items():
-            tensor = self.tensors.get(name)
-            if tensor is None:
+            found = self.shapes.get(name)
+            if found is None:
                 raise BaseModelError(weights.source, f"base weights lack tensor {name}")
-            if tuple(tensor.shape) != shape:
-                raise BaseModelError(weights.source, f"tensor {name} has shape {tuple(tensor.shape)}, expected {shape}")
+            if found != shape:
+                raise BaseModelError(weights.source, f"tensor {name} has shape {found}, expected {shape}")
+
+    def matmul(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
+        """`x @ W.T (+ bias)` for base matrix `name`, on its packed fp16 kernel when it has one."""
+        packed = self.packed.get(name)
+        if packed is None:
+            return F.linear(x, self.tensors[name], None if bias is None else self.tensors[bias])
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, packed)
+        return y if bias is None else y + self.tensors[bias]
 
     def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
         """Check `adapter` against these weights and move it to the device."""
         pairs: dict[str, LoraWeights] = {}
         for name, pair in adapter.pairs.items():
-            weight = self.tensors.get(name)
-            if weight is None:
+            shape = self.shapes.get(name)
+            if shape is None or len(shape) != 2:
                 raise AdapterError(adapter.path, f"adapts {name}, which the base model does not have")
-            out_features, in_features = weight.shape
+            out_features, in_features = shape
             if pair.a.shape[1] != in_features or pair.b.shape[0] != out_features:
                 raise AdapterError(
                     adapter.path,
@@ -182,7 +222,7 @@ class TorchInterpreter:
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
-        return F.linear(last, self.tensors["output.weight"])[0].float()
+        return self.matmul(last, "output.weight")[0].float()
 
 
 class _ForwardPass:
@@ -196,11 +236,11 @@ class _ForwardPass:
         self._cache = cache
         self._start = start
 
-    def weight(self, name: str) -> torch.Tensor:
-        return self._tensors[name]
+    def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
+        return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
     def linear(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
-        y = F.linear(x, self._tensors[name], None if bias is None else self._tensors[bias])
+        y = self._interpreter.matmul(x, name, bias)
         lora = self._adapter.get(name)
         if lora is not None:
             y = y + F.linear(F.linear(x, lora.a), lora.b) * lora.scale

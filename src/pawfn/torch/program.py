@@ -78,11 +78,14 @@ class TorchProgram(ProgramRuntime):
         device = _check_device(config.device)
         if config.threads is not None:
             torch.set_num_threads(config.threads)  # process-wide: only when the caller asked for it
-        key = BaseKey(model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype)
+        key = BaseKey(
+            model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype,
+            weight_dtype=config.weight_dtype,
+        )
 
         def load() -> TorchInterpreter:
             weights = read_base_weights(files.base, model)
-            return TorchInterpreter(weights, device, torch_dtype(config.dtype), config.progress)
+            return TorchInterpreter(weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype)
 
         with contextlib.ExitStack() as on_error:
             base = ModelRegistry.acquire(key, load, config.max_model_copies)
@@ -94,9 +97,8 @@ class TorchProgram(ProgramRuntime):
             prefix_ids = prompt.prefix_ids
             store = None
             if files.derived_dir is not None:
-                store = PrefixStore.in_folder(
-                    files.derived_dir, files.base, bundle.adapter_path, prefix_ids, config.dtype, str(device)
-                )
+                mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
+                store = PrefixStore.in_folder(files.derived_dir, files.base, bundle.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else store.load(prefix_ids, interpreter.architecture, device)
             if prefix is None:
                 with base.acquire() as copy, torch.inference_mode():

@@ -17,12 +17,13 @@ __all__ = ["BaseKey", "ModelCopy", "ModelRegistry", "SharedBase"]
 
 @dataclass(frozen=True)
 class BaseKey:
-    """What identifies one loaded base: model type, resolved weights path, device and dtype."""
+    """What identifies one loaded base: model type, resolved weights path, device, dtype and weight storage."""
 
     model: type[InterpreterModel]
     source: str
     device: str
     dtype: str
+    weight_dtype: str | None = None
 
 
 class ModelCopy:

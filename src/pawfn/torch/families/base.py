@@ -45,8 +45,8 @@ class Ops(Protocol):
 
     architecture: Architecture
 
-    def weight(self, name: str) -> torch.Tensor:
-        """Base tensor `name` (GGUF naming)."""
+    def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
+        """Rows `ids` of base matrix `name` (GGUF naming), in the compute dtype."""
         ...
 
     def linear(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:

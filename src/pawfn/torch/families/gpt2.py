@@ -114,7 +114,7 @@ class GPT2Family(Family):
         return shapes
 
     def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, ops.weight("token_embd.weight")) + F.embedding(positions, ops.weight("position_embd.weight"))
+        return ops.embedding(ids, "token_embd.weight") + ops.embedding(positions, "position_embd.weight")
 
     def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]

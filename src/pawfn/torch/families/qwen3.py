@@ -124,7 +124,7 @@ class Qwen3Family(Family):
         return (1.0 / (arch.rope_theta**exponents)).to(torch.float32)
 
     def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, ops.weight("token_embd.weight"))
+        return ops.embedding(ids, "token_embd.weight")
 
     def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]
