@@ -1,8 +1,17 @@
-"""Typed reading of GGUF metadata and tensors through the `gguf` package (llama.cpp's reader)."""
+"""Typed reading of GGUF metadata and tensors.
+
+The header (metadata and tensor table) is parsed here with `struct` over a memory map, every count checked
+against the bytes left before anything loops or allocates; the `gguf` package (maintained by llama.cpp)
+dequantizes the tensor data. gguf's own reader builds numpy views per array item, which took ~4.7 s for a
+151,936-token vocabulary; this parser reads it in a fraction of a second.
+"""
 
 from __future__ import annotations
 
+import mmap
+import struct
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import SupportsFloat, SupportsInt, cast
 
@@ -59,31 +68,156 @@ def _as_float(value: object) -> float | None:
     return None
 
 
+_SCALARS: dict[int, struct.Struct] = {
+    0: struct.Struct("<B"), 1: struct.Struct("<b"), 2: struct.Struct("<H"), 3: struct.Struct("<h"),
+    4: struct.Struct("<I"), 5: struct.Struct("<i"), 6: struct.Struct("<f"), 7: struct.Struct("<?"),
+    10: struct.Struct("<Q"), 11: struct.Struct("<q"), 12: struct.Struct("<d"),
+}
+"""GGUF metadata value types with a fixed size (8 is a string, 9 an array)."""
+_NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    """GGML order (fastest-varying first), as stored."""
+    qtype: gguf.GGMLQuantizationType
+    offset: int
+    """From the start of the file, in bytes."""
+    n_bytes: int
+
+
+class _Cursor:
+    """Reads little-endian GGUF values from a buffer, refusing any read past its end."""
+
+    def __init__(self, buffer: mmap.mmap, size: int) -> None:
+        self.buffer = buffer
+        self.size = size
+        self.offset = 0
+
+    def need(self, n_bytes: int, what: str) -> None:
+        if n_bytes < 0 or self.offset + n_bytes > self.size:
+            raise GGUFFormatError(f"{what} runs past the end of the file (truncated or corrupt)")
+
+    def unpack(self, layout: struct.Struct, what: str) -> object:
+        self.need(layout.size, what)
+        (value,) = layout.unpack_from(self.buffer, self.offset)
+        self.offset += layout.size
+        return cast(object, value)  # cast: struct returns Any
+
+    def count(self, layout: struct.Struct, what: str) -> int:
+        value = self.unpack(layout, what)
+        assert isinstance(value, int)
+        return value
+
+    def string(self, what: str) -> str:
+        length = self.count(_U64, what)
+        self.need(length, what)
+        raw = self.buffer[self.offset : self.offset + length]
+        self.offset += length
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFFormatError(f"{what} is not UTF-8") from exc
+
+    def value(self, kind: int, what: str) -> object:
+        if kind in _SCALARS:
+            return self.unpack(_SCALARS[kind], what)
+        if kind == _STRING:
+            return self.string(what)
+        if kind != _ARRAY:
+            raise GGUFFormatError(f"{what} has unknown value type {kind}")
+        item_kind, count = self.count(_U32, what), self.count(_U64, what)
+        if item_kind in _SCALARS:  # numbers in one read, after checking they fit
+            width = _SCALARS[item_kind].size
+            self.need(count * width, what)
+            items = np.frombuffer(self.buffer, dtype=_NUMPY_TYPES[item_kind], count=count, offset=self.offset)
+            self.offset += count * width
+            return cast("list[object]", items.tolist())  # cast: tolist() is untyped
+        if item_kind == _STRING:
+            self.need(count * _U64.size, what)  # each string takes at least its 8-byte length
+            return [self.string(what) for _ in range(count)]
+        raise GGUFFormatError(f"{what} is an array of unsupported type {item_kind}")
+
+
+def _parse(path: Path) -> tuple[mmap.mmap, dict[str, object], dict[str, _TensorInfo]]:
+    """Memory-map `path` and parse its GGUF header: (map, metadata, tensor table)."""
+    try:
+        with path.open("rb") as handle:
+            size = path.stat().st_size
+            if size < 24:
+                raise GGUFFormatError(f"not a readable GGUF file ({size} bytes)")
+            buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as exc:
+        raise GGUFFormatError(f"not a readable GGUF file ({exc})") from exc
+    cursor = _Cursor(buffer, size)
+    if buffer[:4] != b"GGUF":
+        raise GGUFFormatError("not a readable GGUF file (bad magic)")
+    cursor.offset = 4
+    version = cursor.count(_U32, "the version")
+    if version not in (2, 3):
+        raise GGUFFormatError(f"not a readable GGUF file (version {version}; pawfn reads GGUF 2 and 3, little-endian)")
+    n_tensors, n_metadata = cursor.count(_U64, "the tensor count"), cursor.count(_U64, "the metadata count")
+    cursor.need(n_metadata * (_U64.size + _U32.size), "the metadata")  # a key's length and a type at least
+    metadata: dict[str, object] = {}
+    for _ in range(n_metadata):
+        key = cursor.string("a metadata key")
+        metadata[key] = cursor.value(cursor.count(_U32, f"metadata {key}"), f"metadata {key}")
+    cursor.need(n_tensors * (_U64.size + _U32.size + _U32.size + _U64.size), "the tensor table")
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFFormatError(f"general.alignment {alignment!r} is not a power of two")
+    entries: list[tuple[str, tuple[int, ...], int, int]] = []
+    for _ in range(n_tensors):
+        name = cursor.string("a tensor name")
+        n_dims = cursor.count(_U32, f"tensor {name}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise GGUFFormatError(f"tensor {name} has {n_dims} dimensions (1 to {_MAX_DIMS})")
+        shape = tuple(cursor.count(_U64, f"tensor {name}") for _ in range(n_dims))
+        entries.append((name, shape, cursor.count(_U32, f"tensor {name}"), cursor.count(_U64, f"tensor {name}")))
+    data_start = -(-cursor.offset // alignment) * alignment
+    tensors: dict[str, _TensorInfo] = {}
+    for name, shape, type_id, offset in entries:
+        try:
+            qtype = gguf.GGMLQuantizationType(type_id)
+            block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError) as exc:
+            raise GGUFFormatError(f"tensor {name} has unknown type {type_id}") from exc
+        n_elements = 1
+        for dim in shape:
+            n_elements *= dim
+        if shape[0] % block_size:
+            raise GGUFFormatError(f"tensor {name}: rows of {shape[0]} values do not split into {qtype.name} blocks")
+        n_bytes = n_elements // block_size * type_size
+        start = data_start + offset
+        if name in tensors or start + n_bytes > size:
+            raise GGUFFormatError(f"tensor {name} is repeated or its data runs past the end of the file")
+        tensors[name] = _TensorInfo(name, shape, qtype, start, n_bytes)
+    return buffer, metadata, tensors
+
+
 class GGUFFile:
     """A GGUF file opened for reading (memory-mapped); values are typed on access."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self._reader = gguf.GGUFReader(path)
-        except (ValueError, OSError, IndexError, KeyError) as exc:
-            raise GGUFFormatError(f"not a readable GGUF file ({exc})") from exc
-        self._tensors = {tensor.name: tensor for tensor in self._reader.tensors}
+        self._buffer, self._metadata, self._tensors = _parse(path)
 
-    def _value(self, key: str) -> object:
-        field = self._reader.get_field(key)
-        if field is None:
-            return None
-        value: object = field.contents()
-        return value
+    def value(self, key: str) -> object:
+        """A metadata value as stored (str, int, float, bool, or a list of them), or None when absent."""
+        return self._metadata.get(key)
 
     def has(self, key: str) -> bool:
         """Whether the metadata holds `key`."""
-        return self._reader.get_field(key) is not None
+        return key in self._metadata
 
     def string(self, key: str, default: str | None = None) -> str | None:
         """A string metadata value, or `default` when absent."""
-        value = self._value(key)
+        value = self.value(key)
         if value is None:
             return default
         if not isinstance(value, str):
@@ -92,7 +226,7 @@ class GGUFFile:
 
     def integer(self, key: str, default: int | None = None) -> int | None:
         """An integer metadata value, or `default` when absent."""
-        value = self._value(key)
+        value = self.value(key)
         if value is None:
             return default
         as_int = _as_int(value)
@@ -102,7 +236,7 @@ class GGUFFile:
 
     def number(self, key: str, default: float | None = None) -> float | None:
         """A numeric metadata value as float, or `default` when absent."""
-        value = self._value(key)
+        value = self.value(key)
         if value is None:
             return default
         as_float = _as_float(value)
@@ -112,7 +246,7 @@ class GGUFFile:
 
     def strings(self, key: str) -> list[str] | None:
         """A string-array metadata value, or None when absent."""
-        value = self._value(key)
+        value = self.value(key)
         if value is None:
             return None
         items = cast("list[object]", value) if isinstance(value, list) else None  # cast: list of unknown items
@@ -122,7 +256,7 @@ class GGUFFile:
 
     def integers(self, key: str) -> list[int] | None:
         """An integer-array metadata value, or None when absent."""
-        value = self._value(key)
+        value = self.value(key)
         if value is None:
             return None
         items = cast("list[object]", value) if isinstance(value, list) else None  # cast: list of unknown items
@@ -141,19 +275,20 @@ class GGUFFile:
 
     def tensor_shape(self, name: str) -> tuple[int, ...]:
         """Shape of tensor `name` in numpy (row-major) order."""
-        return tuple(int(n) for n in reversed(self._tensors[name].shape))
+        return tuple(reversed(self._tensors[name].shape))
 
     def tensor_type_name(self, name: str) -> str:
         """GGML type name of tensor `name` (e.g. ``Q4_0``)."""
-        return self._tensors[name].tensor_type.name
+        return self._tensors[name].qtype.name
 
     def read_f32(self, name: str) -> npt.NDArray[np.float32]:
-        """Tensor `name` dequantized to float32 in numpy order."""
+        """Tensor `name` dequantized to float32 in numpy order (a fresh, writeable array)."""
         tensor = self._tensors[name]
-        if tensor.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise GGUFFormatError(f"tensor {name} has unsupported type {tensor.tensor_type.name}")
+        if tensor.qtype not in SUPPORTED_TENSOR_TYPES:
+            raise GGUFFormatError(f"tensor {name} has unsupported type {tensor.qtype.name}")
+        shape = self.tensor_shape(name)
+        raw = np.frombuffer(self._buffer, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset)
+        blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
         dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
-        values = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if not values.flags.writeable:  # F32 tensors come straight from the read-only memory map
-            values = values.copy()
-        return values.reshape(self.tensor_shape(name))
+        values = np.array(dequantize(blocks, tensor.qtype), dtype=np.float32)  # a copy: never the read-only map
+        return values.reshape(shape)
