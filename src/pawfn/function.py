@@ -165,8 +165,7 @@ class PawFn(Generic[M, B]):
         opener = runtime_opener(cls.backend_type())
         started = time.perf_counter()
         with open_bundle(bundle) as opened:
-            if not model.accepts(opened.meta.interpreter):
-                raise _mismatch(opened.name, opened.meta, model)
+            cls._check_meta(opened.meta, opened.name)
             base = base or find_cached_base(model, opened.meta, PawCache(config.cache_dir))
             if base is None:
                 raise BaseModelError(
@@ -190,10 +189,11 @@ class PawFn(Generic[M, B]):
         return cls._open(bundle, None if base is None else Path(base), derived_dir, config)
 
     @classmethod
-    def _check_meta(cls, meta: ProgramMeta) -> None:
+    def _check_meta(cls, meta: ProgramMeta, name: str | None = None) -> None:
+        """Refuse a program compiled for another interpreter than M, before any weights load."""
         model = cls.model_type()
         if not model.accepts(meta.interpreter):
-            raise _mismatch(meta.program_id or "?", meta, model)
+            raise _mismatch(name or meta.program_id or "?", meta, model)
 
     @classmethod
     def load_sync(

@@ -281,13 +281,18 @@ class GGUFFile:
         """GGML type name of tensor `name` (e.g. ``Q4_0``)."""
         return self._tensors[name].qtype.name
 
+    def raw(self, name: str) -> tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType]:
+        """Tensor `name`'s bytes (a read-only view of the file) and its GGML type."""
+        tensor = self._tensors[name]
+        return np.frombuffer(self._buffer, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset), tensor.qtype
+
     def read_f32(self, name: str) -> npt.NDArray[np.float32]:
         """Tensor `name` dequantized to float32 in numpy order (a fresh, writeable array)."""
         tensor = self._tensors[name]
         if tensor.qtype not in SUPPORTED_TENSOR_TYPES:
             raise GGUFFormatError(f"tensor {name} has unsupported type {tensor.qtype.name}")
         shape = self.tensor_shape(name)
-        raw = np.frombuffer(self._buffer, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset)
+        raw, _ = self.raw(name)
         blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
         dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
         values = np.array(dequantize(blocks, tensor.qtype), dtype=np.float32)  # a copy: never the read-only map

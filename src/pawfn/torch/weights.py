@@ -16,6 +16,7 @@ from ..errors import BaseModelError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..tokenizer import TextCodec
+from .dequant import dequantize
 from .families import Architecture, Family, family_for
 from .families.base import parse_hf_config
 
@@ -72,7 +73,9 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
     def tensors() -> Iterator[tuple[str, Array]]:
         for name in file.tensor_names():
             try:
-                yield name, file.read_f32(name)
+                raw, qtype = file.raw(name)
+                fast = dequantize(raw, qtype, file.tensor_shape(name))
+                yield name, file.read_f32(name) if fast is None else fast
             except GGUFFormatError as exc:
                 raise BaseModelError(path, str(exc)) from exc
 

@@ -1,0 +1,57 @@
+"""GGUF block formats dequantized with torch's vectorized kernels (the official bases' Q6_K and Q8_0).
+
+Bit-exact with the `gguf` package's numpy code, which took ~5.6 s for a Q6_K Qwen3-0.6B here; other types
+fall back to it.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+import torch
+
+__all__ = ["dequantize"]
+
+_Q6_K_BYTES, _Q8_0_BYTES = 210, 34
+_CHUNK_VALUES = 1 << 20  # values decoded at a time, so the temporaries stay small (~4 MB each)
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """256 values a block: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, one f16 scale."""
+    n = blocks.shape[0]
+    low, high = blocks[:, :128], blocks[:, 128:192]
+    scales = blocks[:, 192:208].view(torch.int8).to(torch.float32)
+    d = blocks[:, 208:210].contiguous().view(torch.float16).to(torch.float32)
+    d = (d * scales).reshape(n, 16, 1)
+    low = low.reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
+    low = (low & 0x0F).reshape(n, 8, 32)
+    high = high.reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+    high = (high & 0x03).reshape(n, 8, 32)
+    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16).to(torch.float32)
+    return (d * q).reshape(n, 256)
+
+
+def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    """32 values a block: one f16 scale, then 32 int8."""
+    d = blocks[:, :2].contiguous().view(torch.float16).to(torch.float32)
+    return d * blocks[:, 2:].contiguous().view(torch.int8).to(torch.float32)
+
+
+_KERNELS = {gguf.GGMLQuantizationType.Q6_K: (_Q6_K_BYTES, _q6_k), gguf.GGMLQuantizationType.Q8_0: (_Q8_0_BYTES, _q8_0)}
+
+
+def dequantize(raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]) -> npt.NDArray[np.float32] | None:
+    """The float32 values of `raw` (a tensor's bytes) in numpy order `shape`, or None for a type without a kernel here."""
+    kernel = _KERNELS.get(qtype)
+    if kernel is None:
+        return None
+    block_bytes, decode = kernel
+    blocks = raw.reshape(-1, block_bytes)
+    values = np.empty(shape, dtype=np.float32)
+    flat = torch.as_tensor(values).reshape(blocks.shape[0], -1)  # shares the array's memory
+    step = max(1, _CHUNK_VALUES // flat.shape[1])
+    for start in range(0, blocks.shape[0], step):
+        chunk = torch.as_tensor(np.array(blocks[start : start + step]))  # a copy: the map is read-only
+        flat[start : start + step] = decode(chunk)
+    return values
