@@ -13,15 +13,20 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from .backends import Backend
 from .function import PawFn
+from .models import InterpreterModel
 from .options import RuntimeOptions
 from .results import Generation
 
 __all__ = ["BenchResult", "peak_rss_mb", "run_bench"]
+
+M = TypeVar("M", bound=InterpreterModel)
+B = TypeVar("B", bound=Backend)
 
 
 class BenchResult(BaseModel):
@@ -66,7 +71,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def run_bench(
-    program: PawFn[Any, Any], inputs: Sequence[str], options: RuntimeOptions, *, runs: int, concurrency: int,
+    program: PawFn[M, B], inputs: Sequence[str], options: RuntimeOptions, *, runs: int, concurrency: int,
     load_s: float, reference: str,
 ) -> tuple[BenchResult, list[Generation]]:
     """Warm up once, then time `runs` calls over `inputs` from `concurrency` threads; the figures and the calls'

@@ -145,7 +145,7 @@ class PawFn(Generic[M, B]):
         return cls._backend_type
 
     @classmethod
-    def narrow(cls, program: PawFn[Any, Any]) -> Self:
+    def narrow(cls, program: PawFn[OtherM, OtherB]) -> Self:
         """`program` typed as this specialization, e.g. `PawFn[Qwen3_0_6B, Torch].narrow(builder_result)`;
         a program of another interpreter raises `InterpreterMismatchError`, of another backend `TypeError`."""
         model, backend = cls.model_type(), cls.backend_type()

@@ -373,7 +373,9 @@ class PawClient(_ClientBase):
             try:
                 action = plan.send(outcome)
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]  # the plan's return value: an httpx.Response
+                response = done.value  # the plan's return value
+                assert isinstance(response, httpx.Response)
+                return response
             if isinstance(action, _Sleep):
                 time.sleep(action.seconds)
                 outcome = None
@@ -599,7 +601,9 @@ class AsyncPawClient(_ClientBase):
             try:
                 action = plan.send(outcome)
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]  # the plan's return value: an httpx.Response
+                response = done.value  # the plan's return value
+                assert isinstance(response, httpx.Response)
+                return response
             if isinstance(action, _Sleep):
                 await asyncio.sleep(action.seconds)
                 outcome = None
