@@ -50,11 +50,16 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(code): byte for byte, code in zip(printable, codes)}
 
 
+_BYTE_CHARS = frozenset(_byte_decoder())
+_TO_LATIN1 = str.maketrans({char: chr(byte) for char, byte in _byte_decoder().items()})
+"""Each byte-table character to the character whose Latin-1 code is its byte, so `encode("latin-1")` gives
+the bytes in one pass (a whole 151,936-token vocabulary in a fraction of a second)."""
+
+
 def _piece_bytes(token: str) -> bytes:
     """Bytes of a byte-level BPE token; text outside the byte table is taken as UTF-8."""
-    table = _byte_decoder()
-    if all(ch in table for ch in token):
-        return bytes(table[ch] for ch in token)
+    if _BYTE_CHARS.issuperset(token):
+        return token.translate(_TO_LATIN1).encode("latin-1")
     return token.encode()
 
 
