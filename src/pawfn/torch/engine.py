@@ -135,23 +135,26 @@ class TorchInterpreter:
         compact = weight_dtype == "float16"
         if compact:
             _check_fp16_kernel(device, dtype)
+        tied_output: torch.Tensor | None = None
         for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
             tensor = torch.as_tensor(array)
             self.shapes[name] = tuple(tensor.shape)
             if compact and name in _EMBEDDINGS:
                 self.tensors[name] = tensor.to(torch.float16)  # rows are looked up, then widened exactly
+                if name == "token_embd.weight":  # packed now, while its float32 values are at hand
+                    tied_output = torch.ops.quantized.linear_prepack_fp16(tensor.float(), None)
             elif compact and tensor.ndim == 2:
                 self.packed[name] = torch.ops.quantized.linear_prepack_fp16(tensor.float(), None)
             else:
                 self.tensors[name] = tensor.to(device=device, dtype=dtype)
+            del tensor, array  # one float32 tensor at a time: the peak stays near the stored weights
         self._check_tensors(weights)
         if "output.weight" not in self.shapes:  # tied embeddings
             self.shapes["output.weight"] = self.shapes["token_embd.weight"]
-            embeddings = self.tensors["token_embd.weight"]
-            if compact:
-                self.packed["output.weight"] = torch.ops.quantized.linear_prepack_fp16(embeddings.float(), None)
+            if tied_output is not None:
+                self.packed["output.weight"] = tied_output
             else:
-                self.tensors["output.weight"] = embeddings
+                self.tensors["output.weight"] = self.tensors["token_embd.weight"]
         self.rope_frequencies = self.family.rope_frequencies(self.architecture)
 
     def _check_tensors(self, weights: BaseWeights) -> None:
