@@ -54,3 +54,9 @@ def fresh_registry() -> Iterator[None]:
     ModelRegistry.clear()
     yield
     ModelRegistry.clear()
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache of each test's own (PAW_CACHE_DIR), so no test writes to the user's and none sees another's files."""
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path_factory.mktemp("paw-cache")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from .types import BaseModelSource, RuntimeManifest
 
 __all__ = ["CachedProgram", "PawCache"]
 
+_BUNDLE_FILES = ("meta.json", "prompt_template.txt", "adapter.gguf")
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 
@@ -180,13 +182,21 @@ class PawCache:
         return programs
 
     def derived_dir(self, bundle: Path) -> Path | None:
-        """Where a backend may keep files derived from `bundle` (e.g. its evaluated prefix): the program's own
-        folder when it is installed here, else None, so a user's own folders are never written to."""
+        """Where a backend may keep files derived from `bundle` (e.g. its evaluated prefix): an installed
+        program's own folder; for any other bundle `<root>/.pawfn-derived/<hash of its files>`, so a user's own
+        folders are never written to. None when the cache cannot be written."""
         try:
-            inside = bundle.resolve().parent == self.programs_dir.resolve()
+            if bundle.resolve().parent == self.programs_dir.resolve() and bundle.is_dir() and is_program_id(bundle.name):
+                return bundle
+            members = [bundle] if bundle.is_file() else [bundle / name for name in _BUNDLE_FILES]
+            digest = hashlib.sha256()
+            for member in members:
+                digest.update(member.name.encode() + b"\0" + file_sha256(member).encode())
+            folder = self.root / ".pawfn-derived" / digest.hexdigest()[:32]
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError:
-            return None
-        return bundle if inside and bundle.is_dir() and is_program_id(bundle.name) else None
+            return None  # an unreadable bundle fails when it opens; a read-only cache only costs speed
+        return folder
 
     def remove_program(self, program_id: str) -> bool:
         """Delete an installed program; True if there was one."""

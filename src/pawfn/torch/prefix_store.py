@@ -16,17 +16,23 @@ from pathlib import Path
 
 import torch
 
+from ..hashing import file_sha256
 from .engine import PrefixState
 from .families import Architecture
 
 __all__ = ["PrefixStore"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: the adapter is keyed by its content
 
 
 def _identity(path: Path) -> dict[str, object]:
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _content(path: Path) -> str:
+    """An adapter by its bytes: a `.paw` is extracted to a new temporary folder at every load."""
+    return file_sha256(path)
 
 
 class PrefixStore:
@@ -41,7 +47,7 @@ class PrefixStore:
     ) -> PrefixStore:
         """The store in `folder` for this base, adapter, prefix, dtype and device."""
         identity = {
-            "format": _FORMAT, "base": _identity(base), "adapter": _identity(adapter), "dtype": dtype,
+            "format": _FORMAT, "base": _identity(base), "adapter": _content(adapter), "dtype": dtype,
             "device": torch.device(device).type, "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
