@@ -56,3 +56,11 @@ def test_an_unwritable_cache_only_costs_the_evaluation(qwen3_program: TinyProgra
     for _ in range(2):
         PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config).close()
     assert len(prefills) == 2
+
+
+def test_cache_clear_removes_derived_files(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    config = PawConfig(cache_dir=tmp_path / "cache")
+    PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path, config=config).close()
+    assert (tmp_path / "cache" / ".pawfn-derived").is_dir()
+    PawCache(tmp_path / "cache").clear()
+    assert not (tmp_path / "cache" / ".pawfn-derived").exists()

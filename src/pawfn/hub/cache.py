@@ -285,8 +285,8 @@ class PawCache:
         return path
 
     def clear(self) -> None:
-        """Delete every program, base model, runtime manifest and the slug cache."""
-        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir):
+        """Delete every program, base model, runtime manifest, the slug cache and pawfn's derived files."""
+        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir, self.root / ".pawfn-derived"):
             shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.slug_cache_path.unlink()
