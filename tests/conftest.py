@@ -60,3 +60,20 @@ def fresh_registry() -> Iterator[None]:
 def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache of each test's own (PAW_CACHE_DIR), so no test writes to the user's and none sees another's files."""
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path_factory.mktemp("paw-cache")))
+
+
+@pytest.fixture(scope="session")
+def trained_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trained")
+
+
+@pytest.fixture(scope="session")
+def trained_qwen3_program(trained_root: Path) -> TinyProgram:
+    """A tiny Qwen3 trained on the corpus (peaked predictions) with a small LoRA: for measuring fidelity."""
+    return make_program(build_interpreter("qwen3", trained_root, train_steps=300), trained_root, "qwen3-program", lora_std=0.05)
+
+
+@pytest.fixture(scope="session")
+def trained_gpt2_program(trained_root: Path) -> TinyProgram:
+    """A tiny GPT-2 trained on the corpus (peaked predictions) with a small LoRA: for measuring fidelity."""
+    return make_program(build_interpreter("gpt2", trained_root, train_steps=300), trained_root, "gpt2-program", lora_std=0.05)

@@ -9,15 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from pawfn import GPT2, ConfigError, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import GPT2, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
 from pawfn.torch.weights import Array, BaseWeights, read_base_weights
-from tests.helpers.programs import TinyProgram
+from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram
 
 INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a",
           "what is this?", "numbers 1 2 3"]
 FLOORS = {"qwen3": 0.95, "gpt2": 0.85}
-"""Least share of greedy tokens that match float32 before a call's first difference (measured: 1.0 and 0.90)."""
+"""On the random tiny models (nearly flat predictions): least share of greedy tokens that match float32 before a
+call's first difference (measured 1.00 and 0.90)."""
+TRAINED_FLOOR = 0.98
+"""The same on the trained tiny models, against float32 and against llama.cpp (measured 1.00 for both families)."""
 
 
 def _model(program: TinyProgram) -> type[InterpreterModel]:
@@ -66,6 +69,34 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
             agreed += next((i for i, (a, b) in enumerate(zip(reference, found, strict=False)) if a != b), len(reference))
             total += len(reference)
     assert agreed / total >= FLOORS[family]
+
+
+def _agreement(reference: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp], compact: PawFn[InterpreterModel, Torch], max_tokens: int) -> float:
+    """Share of `reference`'s greedy tokens that `compact` matches before each call's first difference."""
+    options = RuntimeOptions(max_tokens=max_tokens)
+    agreed = total = 0
+    for text in INPUTS:
+        expected, found = reference.generate(text, options).token_ids, compact.generate(text, options).token_ids
+        agreed += next((i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b), len(expected))
+        total += len(expected)
+    return agreed / total
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest) -> None:
+    """Peaked predictions, as a real model makes: float16 weights keep float32's and llama.cpp's greedy tokens."""
+    program: TinyProgram = request.getfixturevalue(f"trained_{family}_program")
+    model, base = _model(program), program.interpreter.gguf_path
+    config = PawConfig(weight_dtype="float16")
+    with (
+        PawFn.load_any_sync(str(program.folder), Torch, base=base) as exact,
+        PawFn.load_any_sync(str(program.folder), Torch, base=base, config=config) as compact,
+    ):
+        assert type(compact).model_type() is model
+        assert _agreement(exact, compact, 48) >= TRAINED_FLOOR
+        if HAS_LLAMA_CPP:
+            with PawFn.load_any_sync(str(program.folder), LlamaCpp, base=base) as official:
+                assert _agreement(official, compact, 48) >= TRAINED_FLOOR
 
 
 def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:

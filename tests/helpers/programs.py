@@ -50,11 +50,12 @@ def make_program(
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
     seed: int = 1,
     template: str | None = None,
+    lora_std: float = 0.3,
 ) -> TinyProgram:
     """Write an adapter and a bundle (folder + .paw) for `interpreter` under `root / name`."""
     folder = root / name
     folder.mkdir(parents=True, exist_ok=True)
-    pairs = random_lora(interpreter, seed=seed)
+    pairs = random_lora(interpreter, seed=seed, std=lora_std)
     adapter = folder / "adapter-source.gguf"
     write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
     template = template or TEMPLATES[interpreter.family]
