@@ -28,6 +28,7 @@ from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import compile_request
 from .jsonio import parse_json_object
+from .models import InterpreterModel
 from .options import DType, RuntimeOptions, WeightDType
 
 __all__ = ["main"]
@@ -225,12 +226,17 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, ensure_ascii=False, default=str), flush=True)
 
 
+def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[InterpreterModel, Backend]:
+    """`--program` (with `--base`, if given) on `--backend`, with the interpreter its bundle names."""
+    base = None if args.base is None else Path(args.base)
+    return PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config)
+
+
 def _run(args: argparse.Namespace) -> int:
     config = _config(args)
     options = _options(args)
     inputs = _inputs(args)
-    base = None if args.base is None else Path(args.base)
-    with PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config) as program:
+    with _load_program(args, config) as program:
         for text in inputs:
             generation = program.generate(text, options)
             if args.json:
@@ -259,9 +265,8 @@ def _bench(args: argparse.Namespace) -> int:
     for flag, value in (("--runs", args.runs), ("--concurrency", args.concurrency)):
         if value < 1:
             raise _CliError(f"invalid {flag}={value!r}: Input should be greater than or equal to 1")
-    base = None if args.base is None else Path(args.base)
     started = time.perf_counter()
-    with PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config) as program:
+    with _load_program(args, config) as program:
         load_s = time.perf_counter() - started
         result, _ = run_bench(
             program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program

@@ -128,7 +128,6 @@ class PawFn(Generic[M, B]):
         self._source = source
         self._config = config
         self._load_ms = load_ms
-        self._closed = False
 
     @classmethod
     def model_type(cls) -> type[InterpreterModel]:
@@ -321,12 +320,12 @@ class PawFn(Generic[M, B]):
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""
-        return self._closed
+        return self._runtime.closed
 
     def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
         """Run the program and return text, token ids and timings."""
         text, checked = _checked_input(input), _checked_options(options)
-        if self._closed:
+        if self._runtime.closed:  # before tokenizing, so a closed program says so whatever the input
             raise ProgramClosedError("this program was closed; load it again to run it")
         return self._runtime.generate(text, checked)
 
@@ -348,10 +347,9 @@ class PawFn(Generic[M, B]):
         return generation.text
 
     def close(self) -> None:
-        """Free the program's adapter and prefix cache; the shared base stays for other programs."""
-        if not self._closed:
-            self._closed = True
-            self._runtime.close()
+        """Wait for running calls, then free the program's adapter and prefix; the shared base is freed with the
+        last program on it. Closing twice is harmless."""
+        self._runtime.close()
 
     def __enter__(self) -> Self:
         return self
@@ -362,5 +360,5 @@ class PawFn(Generic[M, B]):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"n_ctx={self.n_ctx}"
+        state = "closed" if self.closed else f"n_ctx={self.n_ctx}"
         return f"<{type(self).__name__} {self.program_id or self._source} {state}>"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +167,7 @@ class ProgramRuntime(ABC):
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads."""
-        clock: Callable[[], float] = time.perf_counter
+        clock = time.perf_counter
         started = clock()
         prompt_ids = self._prompt.encode(text, options)
         allowed = self._prompt.budget(len(prompt_ids), options)

@@ -147,6 +147,11 @@ def _compile_result(response: httpx.Response) -> CompileResult:
     return result
 
 
+def _as_reported(error: HubError) -> HubError:
+    """An error as the server's status named it."""
+    return error
+
+
 def _as_compile_error(error: HubError) -> HubError:
     """A refused spec (HTTP 400/422) is a `CompileError`; other failures keep their type."""
     if error.status in (400, 422):
@@ -187,7 +192,7 @@ class _Request:
     headers: Mapping[str, str] | None = None
     timeout: float | None = None
     stream: bool = False
-    map_error: Callable[[HubError], HubError] = lambda error: error
+    map_error: Callable[[HubError], HubError] = _as_reported
     """How this call names the server's errors (e.g. a refused spec is a `CompileError`)."""
 
 
@@ -227,7 +232,7 @@ class _ClientBase:
 
     def _api(
         self, method: str, what: str, *parts: str, json: object = None, params: Mapping[str, str] | None = None,
-        timeout: float | None = None, map_error: Callable[[HubError], HubError] = lambda error: error,
+        timeout: float | None = None, map_error: Callable[[HubError], HubError] = _as_reported,
     ) -> _Request:
         return _Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout, map_error=map_error)
 
@@ -291,20 +296,19 @@ class _ClientBase:
 
     def _precheck(self, spec: str, compiler: str | None) -> _Endpoint[CompilePrecheck]:
         body = {"spec": spec} | ({"compiler": compiler} if compiler else {})
-        return _Endpoint(
-            self._api("POST", "precheck", "compile", "precheck", json=body),
-            lambda response: _parse(CompilePrecheck, response, "precheck"),
-        )
+        return self._model(CompilePrecheck, "POST", "precheck", "compile", "precheck", json=body)
 
     def _compile_async(self, request: CompileRequest) -> _Endpoint[CompileJob]:
         body = request.model_dump(exclude_none=True)
-        return _Endpoint(
-            self._api("POST", "compile", "compile", "async", json=body, map_error=_as_compile_error),
-            lambda response: _parse(CompileJob, response, "compile"),
-        )
+        return self._model(CompileJob, "POST", "compile", "compile", "async", json=body, map_error=_as_compile_error)
 
-    def _model(self, kind: type[_ModelT], method: str, what: str, *parts: str, params: Mapping[str, str] | None = None) -> _Endpoint[_ModelT]:
-        return _Endpoint(self._api(method, what, *parts, params=params), lambda response: _parse(kind, response, what))
+    def _model(
+        self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None,
+        params: Mapping[str, str] | None = None, map_error: Callable[[HubError], HubError] = _as_reported,
+    ) -> _Endpoint[_ModelT]:
+        """An endpoint whose answer is one pydantic model."""
+        request = self._api(method, what, *parts, json=json, params=params, map_error=map_error)
+        return _Endpoint(request, lambda response: _parse(kind, response, what))
 
     def _compile_status(self, job_id: str) -> _Endpoint[CompileStatus]:
         return self._model(CompileStatus, "GET", f"compile job {job_id}", "compile", job_id)

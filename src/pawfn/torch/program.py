@@ -39,7 +39,6 @@ class TorchSession:
     ) -> None:
         self._interpreter = interpreter
         self._adapter = adapter
-        self._prefix = prefix
         self._cache = cache
         self._options = options
         self._generator = make_generator(options)
