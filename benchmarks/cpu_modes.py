@@ -19,6 +19,7 @@ MODES: dict[str, list[str]] = {
     "llama.cpp": ["--backend", "llamacpp"],
     "torch float32": [],
     "torch float16 weights": ["--weight-dtype", "float16"],
+    "torch int8 weights": ["--weight-dtype", "int8"],
 }
 
 

@@ -13,6 +13,7 @@ import torch
 
 from tests.helpers.programs import TinyProgram
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.torch.compute import on_compute_thread, set_threads
 from pawfn.cli import escape_control, main
 from tests.helpers.programs import requires_llama_cpp
 
@@ -35,11 +36,11 @@ def test_text_output(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[s
 
 def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     base = str(gpt2_program.interpreter.hf_dir)
-    threads = torch.get_num_threads()
+    threads = on_compute_thread(torch.get_num_threads)
     status = main(["run", "--program", str(gpt2_program.folder), "--base", base, "--input", "a", "--input", "b c",
                    "--max-tokens", "6", "--json", "--threads", "1"])
-    assert torch.get_num_threads() == 1
-    torch.set_num_threads(threads)
+    assert on_compute_thread(torch.get_num_threads) == 1  # the thread that computes
+    set_threads(threads)
     lines = capsys.readouterr().out.strip().split("\n")
     assert status == 0 and len(lines) == 2
     records = [json.loads(line) for line in lines]

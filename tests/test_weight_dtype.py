@@ -1,16 +1,23 @@
-"""`PawConfig(weight_dtype="float16")`: the base's matrices in float16 on fbgemm's fp16 kernel (CPU, float32
-activations). Exact with respect to float16-rounded weights; near-exact against float32, with a measured floor."""
+"""`PawConfig(weight_dtype=...)`: the base's matrices compact on fbgemm's kernels (CPU). float16 (float32
+activations) is exact with respect to float16-rounded weights and near-exact against float32; int8 (per-row
+weights, activations quantized per call) is lossy, held to floors measured on the trained tiny models and to
+llama.cpp's own 8-bit base. Fusing q/k/v and gate/up changes no bit in any mode."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from pawfn import GPT2, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.adapter import read_lora_adapter
+from pawfn.options import WeightDType
+from pawfn.torch import kernels
 from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
+from pawfn.torch.families import Architecture, Family
 from pawfn.torch.weights import Array, BaseWeights, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram
 
@@ -34,15 +41,19 @@ def test_fp16_kernel_equals_float32_on_rounded_weights(family: str, request: pyt
     model = _model(program)
     weights = read_base_weights(program.interpreter.gguf_path, model)
 
-    def rounded() -> Iterator[tuple[str, Array]]:
+    def rounded() -> Iterator[tuple[str, Array]]:  # the matrices; embedding rows are decoded exactly
         for name, array in weights.tensors():
-            yield name, array.astype(np.float16).astype(np.float32) if array.ndim == 2 else array
+            matrix = array.ndim == 2 and not name.endswith("embd.weight")
+            yield name, array.astype(np.float16).astype(np.float32) if matrix else array
 
-    plain_weights = BaseWeights(weights.source, weights.architecture, weights.family, weights.codec, rounded)
+    plain_weights = BaseWeights(weights.source, weights.architecture, weights.family, weights.codec, rounded, weights.shapes)
     plain = TorchInterpreter(plain_weights, torch.device("cpu"), torch.float32)
+    assert plain.tied
+    output = plain.tensors["token_embd.weight"].to(torch.float16).to(torch.float32)
+    plain.matrices["output.weight"] = kernels.plain(output, None)  # tied: the output matrix is rounded too
     compact = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype="float16")
-    assert compact.packed and "output.weight" in compact.packed
-    assert compact.tensors["token_embd.weight"].dtype == torch.float16
+    assert {matrix.kind for matrix in compact.matrices.values()} == {"float16"} and "output.weight" in compact.matrices
+    assert "token_embd.weight" in compact.rows and "token_embd.weight" not in compact.tensors  # decoded from the file
     no_lora = DeviceAdapter({})
     ids = weights.codec.encode("Urgent: the server is down! Please help.", parse_special=False)
     plain_cache, compact_cache = plain.new_cache(), compact.new_cache()
@@ -71,7 +82,10 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
     assert agreed / total >= FLOORS[family]
 
 
-def _agreement(reference: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp], compact: PawFn[InterpreterModel, Torch], max_tokens: int) -> float:
+def _agreement(
+    reference: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp],
+    compact: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp], max_tokens: int,
+) -> float:
     """Share of `reference`'s greedy tokens that `compact` matches before each call's first difference."""
     options = RuntimeOptions(max_tokens=max_tokens)
     agreed = total = 0
@@ -104,4 +118,74 @@ def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> No
         PawFn[Qwen3_0_6B, Torch].from_path(
             qwen3_program.folder, base=qwen3_program.interpreter.gguf_path,
             config=PawConfig(weight_dtype="float16", dtype="bfloat16"),
+        )
+
+
+INT8_TRAINED_FLOORS = {"qwen3": 0.25, "gpt2": 0.6}
+"""Least share of float32's greedy tokens before a call's first difference, int8 weights on the trained tiny models
+(measured 0.31 and 0.72: their hidden size is 64, and llama.cpp's own Q8_0 base scores 0.30 and 0.78 there)."""
+
+
+def _quantized_base(source: Path, destination: Path) -> Path:
+    """`source` as a Q8_0 GGUF made by llama.cpp's own quantizer."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)) == 0
+    return destination
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_int8_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """int8 keeps a stated share of float32's tokens, and loses no more than llama.cpp's own Q8_0 base does."""
+    program: TinyProgram = request.getfixturevalue(f"trained_{family}_program")
+    base = program.interpreter.gguf_path
+    with (
+        PawFn.load_any_sync(str(program.folder), Torch, base=base) as exact,
+        PawFn.load_any_sync(str(program.folder), Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
+    ):
+        int8_agreement = _agreement(exact, compact, 48)
+        assert int8_agreement >= INT8_TRAINED_FLOORS[family]
+        if HAS_LLAMA_CPP:
+            q8_0 = _quantized_base(base, tmp_path / "q8_0.gguf")
+            with PawFn.load_any_sync(str(program.folder), LlamaCpp, base=q8_0) as official_q8_0:
+                assert int8_agreement >= _agreement(exact, official_q8_0, 48) - 0.1
+
+
+@pytest.mark.parametrize("weight_dtype", [None, "float16", "int8"])
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_fused_matrices_change_no_bit(family: str, weight_dtype: WeightDType | None, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v and gate/up multiplied as one matrix (with their LoRA `a` matrices joined) give the separate products' bits."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    model = _model(program)
+    weights = read_base_weights(program.interpreter.gguf_path, model)
+    adapter = read_lora_adapter(program.adapter, model)
+    fused = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
+    def no_groups(self: Family, arch: Architecture) -> list[tuple[str, ...]]:
+        return []
+
+    monkeypatch.setattr(type(weights.family), "fused_groups", no_groups)
+    separate = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
+    assert bool(fused.groups) == (family == "qwen3") and not separate.groups
+    ids = weights.codec.encode("Urgent: the server is down! Please help.", parse_special=False)
+    fused_adapter, separate_adapter = fused.attach(adapter), separate.attach(adapter)
+    assert bool(fused_adapter.groups) == (family == "qwen3")
+    fused_cache, separate_cache = fused.new_cache(), separate.new_cache()
+    expected = separate.forward(ids, 0, separate_cache, separate_adapter)
+    found = fused.forward(ids, 0, fused_cache, fused_adapter)
+    for position in range(len(ids), len(ids) + 8):
+        assert torch.equal(found, expected)
+        token = int(torch.argmax(expected))
+        expected = separate.forward([token], position, separate_cache, separate_adapter)
+        found = fused.forward([token], position, fused_cache, fused_adapter)
+
+
+def test_int8_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
+    with pytest.raises(ConfigError, match="weight_dtype='int8' runs on the CPU with dtype='float32'"):
+        PawFn[Qwen3_0_6B, Torch].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path,
+            config=PawConfig(weight_dtype="int8", dtype="bfloat16"),
         )

@@ -173,7 +173,8 @@ class PawFn(Generic[M, B]):
                     f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
                     f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
                 )
-            runtime = opener(model, ProgramFiles(opened, base, derived_dir), config)
+            files = ProgramFiles(opened, base, derived_dir, PawCache(config.cache_dir).base_derived_dir())
+            runtime = opener(model, files, config)
         return cls(runtime, opened.meta, bundle, config, (time.perf_counter() - started) * 1e3)
 
     @classmethod

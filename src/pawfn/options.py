@@ -11,7 +11,7 @@ __all__ = ["DType", "Device", "RuntimeOptions", "WeightDType"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
-WeightDType = Literal["float16"]
+WeightDType = Literal["float16", "int8"]
 """Compact storage of the base's matrices (`PawConfig.weight_dtype`)."""
 Device = Literal[
     "cpu", "mps", "cuda", "cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4", "cuda:5", "cuda:6", "cuda:7",

@@ -38,11 +38,13 @@ __all__ = [
 @dataclass(frozen=True)
 class ProgramFiles:
     """What a backend is handed to open a program: the opened bundle, the base weights and where it may
-    keep derived files (e.g. an evaluated prefix); None keeps it from writing anywhere."""
+    keep files derived from the program (e.g. an evaluated prefix) and from the base (e.g. converted weights);
+    None keeps it from writing there."""
 
     bundle: ProgramBundle
     base: Path
     derived_dir: Path | None
+    base_derived_dir: Path | None = None
 
 
 def context_window(model: type[InterpreterModel], requested: int, trained_positions: int) -> int:

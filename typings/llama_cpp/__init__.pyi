@@ -62,3 +62,15 @@ def llama_set_adapters_lora(
     scales: ctypes.Array[ctypes.c_float] | None,
     /,
 ) -> int: ...
+
+class llama_model_quantize_params(ctypes.Structure):
+    ftype: int
+    nthread: int
+
+LLAMA_FTYPE_MOSTLY_Q8_0: int
+LLAMA_FTYPE_MOSTLY_Q6_K: int
+
+def llama_model_quantize_default_params() -> llama_model_quantize_params: ...
+def llama_model_quantize(
+    fname_inp: bytes, fname_out: bytes, params: ctypes._Pointer[llama_model_quantize_params] | ctypes._CArgObject, /
+) -> int: ...

@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["dequantize"]
+__all__ = ["RowTable", "dequantize"]
 
 _Q6_K_BYTES, _Q8_0_BYTES = 210, 34
 _CHUNK_VALUES = 1 << 20  # values decoded at a time, so the temporaries stay small (~4 MB each)
@@ -55,3 +55,32 @@ def dequantize(raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, sha
         chunk = torch.as_tensor(np.array(blocks[start : start + step]))  # a copy: the map is read-only
         flat[start : start + step] = decode(chunk)
     return values
+
+
+class RowTable:
+    """Rows of a GGUF matrix `[rows, cols]` decoded on demand from the file's bytes: an embedding lookup that is
+    exact and keeps only the rows it touched in memory."""
+
+    def __init__(self, raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> None:
+        self._raw = raw.reshape(rows, -1)
+        self._qtype = qtype
+        self._cols = cols
+
+    @classmethod
+    def of(cls, raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]) -> RowTable | None:
+        """A table over a 2-D tensor of a type decoded here (F32, F16, Q8_0, Q6_K), else None."""
+        if len(shape) != 2 or (qtype not in _KERNELS and qtype not in _PLAIN):
+            return None
+        return cls(raw, qtype, shape[0], shape[1])
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` as float32 `[len(ids), cols]`."""
+        chunk = np.array(self._raw[ids.cpu().numpy()])  # a copy: the map is read-only
+        plain = _PLAIN.get(self._qtype)
+        if plain is not None:
+            return torch.as_tensor(chunk.view(plain)).float()
+        block_bytes, decode = _KERNELS[self._qtype]
+        return decode(torch.as_tensor(chunk).reshape(-1, block_bytes)).reshape(len(chunk), self._cols)
+
+
+_PLAIN = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}

@@ -8,20 +8,24 @@ model's family module; this module holds what every family shares.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
-from ..errors import AdapterError, BaseModelError, ConfigError
+from ..errors import AdapterError, BaseModelError
 from ..options import WeightDType
 from ..progress import track
+from .converted import ConvertedStore, CorruptStoreError
+from .dequant import RowTable
 from .families import Architecture
+from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
 from .weights import BaseWeights
 
-__all__ = ["DeviceAdapter", "KVCache", "LoraWeights", "PrefixState", "TorchInterpreter", "torch_dtype"]
+__all__ = ["DeviceAdapter", "GroupLora", "KVCache", "LoraWeights", "PrefixState", "TorchInterpreter", "torch_dtype"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
@@ -33,16 +37,6 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _check_fp16_kernel(device: torch.device, dtype: torch.dtype) -> None:
-    if device.type != "cpu" or dtype != torch.float32:
-        raise ConfigError(
-            f"weight_dtype='float16' runs on the CPU with dtype='float32' (fbgemm's fp16 kernel), not on "
-            f"{device.type} with {dtype}; on a GPU use dtype='float16' or 'bfloat16' instead"
-        )
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
-        raise ConfigError("weight_dtype='float16' needs torch's fbgemm kernels (x86 CPUs); leave weight_dtype unset")
-
-
 @dataclass(frozen=True)
 class LoraWeights:
     """One LoRA side path on the device: y += scale * (x @ a.T) @ b.T."""
@@ -52,11 +46,21 @@ class LoraWeights:
     scale: float
 
 
+@dataclass(frozen=True)
+class GroupLora:
+    """The side paths of a fused group whose members are all adapted: one product with their `a` matrices joined
+    by rows, then each member's `b` on its slice."""
+
+    a: torch.Tensor
+    members: tuple[LoraWeights, ...]
+
+
 class DeviceAdapter:
     """A program's LoRA adapter moved to the interpreter's device and dtype."""
 
-    def __init__(self, pairs: Mapping[str, LoraWeights]) -> None:
+    def __init__(self, pairs: Mapping[str, LoraWeights], groups: Mapping[tuple[str, ...], GroupLora] | None = None) -> None:
         self.pairs = dict(pairs)
+        self.groups = dict(groups or {})
 
     def get(self, name: str) -> LoraWeights | None:
         """The side path of weight `name`, if adapted."""
@@ -65,6 +69,7 @@ class DeviceAdapter:
     def release(self) -> None:
         """Drop the adapter's tensors."""
         self.pairs.clear()
+        self.groups.clear()
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class KVCache:
             values[layer][:, : self.capacity] = self.values[layer]
         self.keys, self.values, self.capacity = keys, values, capacity
 
+    @torch.inference_mode()
     def load(self, prefix: PrefixState) -> None:
         """Copy a program's cached prefix into positions `[0, prefix.length)`."""
         self.reserve(max(prefix.length, 1))
@@ -119,49 +125,50 @@ class TorchInterpreter:
 
     def __init__(
         self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False,
-        weight_dtype: WeightDType | None = None,
+        weight_dtype: WeightDType | None = None, store: ConvertedStore | None = None,
     ) -> None:
         """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load);
-        `weight_dtype` "float16" keeps the matrices in float16 (CPU, fbgemm; see `PawConfig.weight_dtype`)."""
+        `weight_dtype` keeps the matrices compact on fbgemm's kernels (CPU; see `PawConfig.weight_dtype`), their
+        converted form read from and written to `store` when given."""
         self.architecture = weights.architecture
         self.family = weights.family
         self.codec = weights.codec
         self.device = device
         self.dtype = dtype
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.tensors: dict[str, torch.Tensor] = {}
-        self.packed: dict[str, torch.Tensor] = {}
-        """Matrices packed for fbgemm's fp16 kernel (weight_dtype float16), by GGUF name."""
-        compact = weight_dtype == "float16"
-        if compact:
-            _check_fp16_kernel(device, dtype)
-        tied_output: torch.Tensor | None = None
-        for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
-            tensor = torch.as_tensor(array)
-            self.shapes[name] = tuple(tensor.shape)
-            if compact and name in _EMBEDDINGS:
-                self.tensors[name] = tensor.to(torch.float16)  # rows are looked up, then widened exactly
-                if name == "token_embd.weight":  # packed now, while its float32 values are at hand
-                    tied_output = torch.ops.quantized.linear_prepack_fp16(tensor.float(), None)
-            elif compact and tensor.ndim == 2:
-                self.packed[name] = torch.ops.quantized.linear_prepack_fp16(tensor.float(), None)
-            else:
-                self.tensors[name] = tensor.to(device=device, dtype=dtype)
-            del tensor, array  # one float32 tensor at a time: the peak stays near the stored weights
-        self._check_tensors(weights)
-        if "output.weight" not in self.shapes:  # tied embeddings
+        self.weight_dtype = weight_dtype
+        self.shapes = weights.shapes()
+        self._check_shapes(weights)
+        self.tied = "output.weight" not in self.shapes
+        """The output matrix is the token embedding table."""
+        if self.tied:
             self.shapes["output.weight"] = self.shapes["token_embd.weight"]
-            if tied_output is not None:
-                self.packed["output.weight"] = tied_output
-            else:
-                self.tensors["output.weight"] = self.tensors["token_embd.weight"]
+        self.tensors: dict[str, torch.Tensor] = {}
+        """Vectors (norms, biases) and, where not decoded on demand, embedding tables, by GGUF name."""
+        self.rows: dict[str, RowTable] = {}
+        """Embedding tables decoded row by row from the base file (compact modes)."""
+        self.matrices: dict[str, Matrix] = {}
+        """Every matrix a linear layer multiplies, by GGUF name; a fused group under its first member's name."""
+        self.groups: dict[tuple[str, ...], list[int]] = {}
+        """Fused groups (names) and the output width of each member."""
+        matrix_names = sorted(name for name, shape in self.shapes.items() if len(shape) == 2 and name not in _EMBEDDINGS)
+        fused = [group for group in self.family.fused_groups(self.architecture) if all(n in self.shapes for n in group)]
+        if weight_dtype is None:
+            self._load_plain(weights, matrix_names, fused, progress)
+        else:
+            check_kernel(weight_dtype, device, dtype)
+            self._load_compact(weights, weight_dtype, matrix_names, fused, store, progress)
         self.rope_frequencies = self.family.rope_frequencies(self.architecture)
+        if self.rope_frequencies is not None:
+            self.rope_frequencies = self.rope_frequencies.to(device)
 
-    def _check_tensors(self, weights: BaseWeights) -> None:
+    def _check_shapes(self, weights: BaseWeights) -> None:
+        """Every tensor the family needs, with its shape, before anything is converted."""
         arch = self.architecture
         shapes = self.family.expected_shapes(arch)
         if "output.weight" in self.shapes:
             shapes["output.weight"] = (arch.vocab_size, arch.hidden_size)
+        if arch.n_kv_heads <= 0 or arch.n_heads % arch.n_kv_heads:
+            raise BaseModelError(weights.source, f"{arch.n_heads} attention heads do not share {arch.n_kv_heads} KV heads evenly")
         for name, shape in shapes.items():
             found = self.shapes.get(name)
             if found is None:
@@ -169,13 +176,104 @@ class TorchInterpreter:
             if found != shape:
                 raise BaseModelError(weights.source, f"tensor {name} has shape {found}, expected {shape}")
 
-    def matmul(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
-        """`x @ W.T (+ bias)` for base matrix `name`, on its packed fp16 kernel when it has one."""
-        packed = self.packed.get(name)
-        if packed is None:
-            return F.linear(x, self.tensors[name], None if bias is None else self.tensors[bias])
-        y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, packed)
-        return y if bias is None else y + self.tensors[bias]
+    def _bias(self, matrix: str) -> torch.Tensor | None:
+        return self.tensors.get(matrix.removesuffix(".weight") + ".bias")
+
+    def _load_plain(
+        self, weights: BaseWeights, matrix_names: list[str], fused: list[tuple[str, ...]], progress: bool | None
+    ) -> None:
+        loaded: dict[str, torch.Tensor] = {}
+        group_of = {name: group for group in fused for name in group}
+        pending: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
+        for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
+            tensor = torch.as_tensor(array).to(device=self.device, dtype=self.dtype)
+            del array  # one float32 array at a time: the peak stays near the stored weights
+            group = group_of.get(name)
+            if group is None:
+                loaded[name] = tensor
+                continue
+            parts = pending.setdefault(group, {})
+            parts[name] = tensor
+            del tensor
+            if len(parts) == len(group):  # fused as soon as complete, so the parts' memory is reused at once
+                # fusing rows is exact: each output is the same dot product
+                self.matrices[group[0]] = plain(torch.cat([parts[member] for member in group]), None)
+                self.groups[group] = [self.shapes[member][0] for member in group]
+                del pending[group], parts
+        self.tensors = {name: tensor for name, tensor in loaded.items() if tensor.ndim != 2 or name in _EMBEDDINGS}
+        loaded.setdefault("output.weight", loaded["token_embd.weight"])
+        for name in matrix_names:
+            if name in loaded:
+                self.matrices[name] = plain(loaded[name], self._bias(name))
+
+    def _load_compact(
+        self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], fused: list[tuple[str, ...]],
+        store: ConvertedStore | None, progress: bool | None,
+    ) -> None:
+        rows = weights.rows("token_embd.weight")
+        if rows is not None:
+            self.rows["token_embd.weight"] = rows
+        stored = None if store is None else store.open()
+        if stored is not None:
+            try:
+                self._pack(stored.get, weight_dtype, matrix_names, fused, progress, weights.source.name)
+                return
+            except CorruptStoreError:
+                assert store is not None
+                store.discard()
+                self.tensors.clear()
+                self.matrices.clear()
+                self.groups.clear()
+        converted = self._convert(weights, weight_dtype, matrix_names, progress)
+        if store is not None:
+            store.save(converted)
+        self._pack(converted.pop, weight_dtype, matrix_names, fused, progress, weights.source.name)
+
+    def _convert(
+        self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], progress: bool | None
+    ) -> dict[str, torch.Tensor]:
+        """Every tensor in its stored form: matrices compressed, the token embeddings float16 unless decoded on
+        demand, the rest (vectors, GPT-2's position table) float32."""
+        matrices, tied = set(matrix_names), self.tied
+        converted: dict[str, torch.Tensor] = {}
+        for name, array in track(weights.tensors(), f"converting {weights.source.name}", None, progress):
+            tensor = torch.as_tensor(array)
+            if name in matrices:
+                converted |= compress(name, tensor, weight_dtype)
+            elif name == "token_embd.weight":
+                if tied:
+                    converted |= compress("output.weight", tensor, weight_dtype)
+                if name not in self.rows:
+                    converted[name] = tensor.to(torch.float16)  # rows are looked up, then widened exactly
+            else:
+                converted[name] = tensor.to(torch.float32)
+            del tensor, array  # one float32 tensor at a time
+        return converted
+
+    def _pack(
+        self, read: Callable[[str], torch.Tensor], weight_dtype: WeightDType, matrix_names: list[str],
+        fused: list[tuple[str, ...]], progress: bool | None, label: str,
+    ) -> None:
+        """Build every tensor and packed matrix from stored forms that `read` hands over (once each)."""
+        for name, shape in self.shapes.items():
+            if (len(shape) != 2 or name in _EMBEDDINGS) and name not in self.rows:
+                self.tensors[name] = read(name).to(torch.float16 if name == "token_embd.weight" else torch.float32).clone()
+        in_groups = {name for group in fused for name in group}
+        jobs: list[tuple[str, ...]] = [*fused, *((name,) for name in matrix_names if name not in in_groups)]
+
+        def build(group: tuple[str, ...]) -> Matrix:
+            first = group[0]
+            parts = [{name: read(name) for name in stored_names(member, weight_dtype)} for member in group]
+            if len(parts) == 1:
+                return pack(first, parts[0], weight_dtype, self._bias(first))
+            return pack(first, concat_stored(parts, group, weight_dtype), weight_dtype, None)
+
+        # fbgemm's packing is single-threaded and releases the GIL: pack on every thread torch may use
+        with ThreadPoolExecutor(max_workers=max(1, min(4, torch.get_num_threads()))) as pool:
+            for group, matrix in track(zip(jobs, pool.map(build, jobs), strict=True), f"packing {label}", len(jobs), progress):
+                self.matrices[group[0]] = matrix
+                if len(group) > 1:
+                    self.groups[group] = [self.shapes[name][0] for name in group]
 
     def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
         """Check `adapter` against these weights and move it to the device."""
@@ -194,7 +292,11 @@ class TorchInterpreter:
             a = torch.as_tensor(pair.a).to(device=self.device, dtype=self.dtype)
             b = torch.as_tensor(pair.b).to(device=self.device, dtype=self.dtype)
             pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
-        return DeviceAdapter(pairs)
+        groups = {
+            group: GroupLora(a=torch.cat([pairs[name].a for name in group]), members=tuple(pairs[name] for name in group))
+            for group in self.groups if all(name in pairs for name in group)
+        }
+        return DeviceAdapter(pairs, groups)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this interpreter."""
@@ -225,7 +327,7 @@ class TorchInterpreter:
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
-        return self.matmul(last, "output.weight")[0].float()
+        return self.matrices["output.weight"](last)[0].float()
 
 
 class _ForwardPass:
@@ -235,34 +337,58 @@ class _ForwardPass:
         self.architecture = interpreter.architecture
         self._interpreter = interpreter
         self._tensors = interpreter.tensors
+        self._matrices = interpreter.matrices
+        self._groups = interpreter.groups
         self._adapter = adapter
         self._cache = cache
         self._start = start
+        self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._mask: torch.Tensor | None = None
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
+        rows = self._interpreter.rows.get(name)
+        if rows is not None:
+            return rows(ids).to(self._interpreter.dtype)
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
-    def linear(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
-        y = self._interpreter.matmul(x, name, bias)
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        y = self._matrices[name](x)
         lora = self._adapter.get(name)
         if lora is not None:
             y = y + F.linear(F.linear(x, lora.a), lora.b) * lora.scale
         return y
+
+    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        widths = self._groups.get(names)
+        if widths is None:
+            return [self.linear(x, name) for name in names]
+        outputs = list(torch.split(self._matrices[names[0]](x), widths, dim=-1))
+        group = self._adapter.groups.get(names)
+        if group is not None:
+            projected = torch.split(F.linear(x, group.a), [lora.a.shape[0] for lora in group.members], dim=-1)
+            return [y + F.linear(p, lora.b) * lora.scale for y, p, lora in zip(outputs, projected, group.members, strict=True)]
+        for index, name in enumerate(names):
+            lora = self._adapter.get(name)
+            if lora is not None:
+                outputs[index] = outputs[index] + F.linear(F.linear(x, lora.a), lora.b) * lora.scale
+        return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         n_new, start, arch, cache = q.shape[0], self._start, self.architecture, self._cache
         end = start + n_new
         cache.keys[layer][:, start:end] = k.transpose(0, 1)
         cache.values[layer][:, start:end] = v.transpose(0, 1)
-        mask: torch.Tensor | None = None
-        if n_new > 1:
+        group = arch.n_heads // arch.n_kv_heads
+        if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
             query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
-            mask = torch.arange(0, end, device=q.device).unsqueeze(0) <= query_pos
-        out = F.scaled_dot_product_attention(  # enable_gqa: KV heads are shared without copying them per query head
-            q.transpose(0, 1), cache.keys[layer][:, :end], cache.values[layer][:, :end], attn_mask=mask,
-            scale=1.0 / math.sqrt(arch.head_dim), enable_gqa=arch.n_kv_heads != arch.n_heads,
+            self._mask = (torch.arange(0, end, device=q.device).unsqueeze(0) <= query_pos).repeat(group, 1)
+        # the query heads that share a KV head are rows of one query block, so K and V are never copied per head
+        queries = q.transpose(0, 1).reshape(arch.n_kv_heads, group * n_new, arch.head_dim)
+        out = F.scaled_dot_product_attention(
+            queries, cache.keys[layer][:, :end], cache.values[layer][:, :end], attn_mask=self._mask,
+            scale=1.0 / math.sqrt(arch.head_dim),
         )
-        return out.transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
+        return out.view(arch.n_heads, n_new, arch.head_dim).transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
 
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
         variance = x.pow(2).mean(dim=-1, keepdim=True)
@@ -276,9 +402,10 @@ class _ForwardPass:
         frequencies = self._interpreter.rope_frequencies
         if frequencies is None:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
-        angles = positions.to(torch.float32).unsqueeze(1) * frequencies.to(x.device).unsqueeze(0)
-        cos = torch.cos(angles).to(x.dtype).unsqueeze(1)
-        sin = torch.sin(angles).to(x.dtype).unsqueeze(1)
+        if self._rotation is None:  # one table per pass: every layer rotates the same positions
+            angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
+            self._rotation = torch.cos(angles).to(x.dtype).unsqueeze(1), torch.sin(angles).to(x.dtype).unsqueeze(1)
+        cos, sin = self._rotation
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -13,6 +13,8 @@ from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
+from .converted import ConvertedStore
+from .compute import on_compute_thread, set_threads
 from .engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
@@ -44,19 +46,19 @@ class TorchSession:
         self._generator = make_generator(options)
         self._position = prefix.length
         self._logits: torch.Tensor | None = prefix.last_logits
-        cache.load(prefix)
+        on_compute_thread(cache.load, prefix)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         if prompt_ids:
-            self._logits = self._interpreter.forward(prompt_ids, self._position, self._cache, self._adapter)
+            self._logits = on_compute_thread(self._interpreter.forward, prompt_ids, self._position, self._cache, self._adapter)
             self._position += len(prompt_ids)
 
     def sample(self) -> int:
         assert self._logits is not None  # the loop refuses an empty prefix with an empty prompt
-        return pick_token(self._logits, self._options, self._generator)
+        return on_compute_thread(pick_token, self._logits, self._options, self._generator)
 
     def advance(self, token: int) -> None:
-        self._logits = self._interpreter.forward([token], self._position, self._cache, self._adapter)
+        self._logits = on_compute_thread(self._interpreter.forward, [token], self._position, self._cache, self._adapter)
         self._position += 1
 
 
@@ -76,7 +78,7 @@ class TorchProgram(ProgramRuntime):
         adapter = read_lora_adapter(bundle.adapter_path, model)
         device = _check_device(config.device)
         if config.threads is not None:
-            torch.set_num_threads(config.threads)  # process-wide: only when the caller asked for it
+            set_threads(config.threads)  # process-wide: only when the caller asked for it
         key = BaseKey(
             model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype,
             weight_dtype=config.weight_dtype,
@@ -84,7 +86,12 @@ class TorchProgram(ProgramRuntime):
 
         def load() -> TorchInterpreter:
             weights = read_base_weights(files.base, model)
-            return TorchInterpreter(weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype)
+            store = None
+            if config.weight_dtype is not None and files.base_derived_dir is not None:
+                store = ConvertedStore.for_base(files.base_derived_dir, files.base, config.weight_dtype)
+            return on_compute_thread(
+                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store
+            )
 
         with contextlib.ExitStack() as on_error:
             base = ModelRegistry.acquire(key, load, config.max_model_copies)
@@ -92,18 +99,18 @@ class TorchProgram(ProgramRuntime):
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
             prompt = Prompt(interpreter.codec, bundle.template, n_ctx)
-            device_adapter = interpreter.attach(adapter)
+            device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None
             if files.derived_dir is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
                 store = PrefixStore.in_folder(files.derived_dir, files.base, bundle.adapter_path, prefix_ids, mode, str(device))
-            prefix = None if store is None else store.load(prefix_ids, interpreter.architecture, device)
+            prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
             if prefix is None:
-                with base.acquire() as copy, torch.inference_mode():
-                    prefix = interpreter.prefill_prefix(prefix_ids, device_adapter, copy.cache)
+                with base.acquire() as copy:
+                    prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, device_adapter, copy.cache)
                 if store is not None:
-                    store.save(prefix)
+                    on_compute_thread(store.save, prefix)
             on_error.pop_all()
         return cls(base, device_adapter, prefix, prompt)
 
@@ -127,7 +134,7 @@ class TorchProgram(ProgramRuntime):
     @contextlib.contextmanager
     def session(self, options: RuntimeOptions) -> Generator[TorchSession, None, None]:
         base = self.base
-        with base.acquire() as copy, torch.inference_mode():
+        with base.acquire() as copy:
             yield TorchSession(base.interpreter, self._adapter, self._prefix, copy.cache, options)
 
     def release(self) -> None:

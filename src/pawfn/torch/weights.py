@@ -16,7 +16,7 @@ from ..errors import BaseModelError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..tokenizer import TextCodec
-from .dequant import dequantize
+from .dequant import RowTable, dequantize
 from .families import Architecture, Family, family_for
 from .families.base import parse_hf_config
 
@@ -27,13 +27,17 @@ Array = npt.NDArray[np.float32]
 
 @dataclass
 class BaseWeights:
-    """Everything the engine needs to build the interpreter; `tensors` yields (GGUF name, float32 `[out, in]`)."""
+    """Everything the engine needs to build the interpreter; `tensors` yields (GGUF name, float32 `[out, in]`),
+    `shapes` reads every tensor's shape without its values, and `rows` gives an on-demand row decoder of a matrix
+    kept in the file (GGUF only, else None)."""
 
     source: Path
     architecture: Architecture
     family: Family
     codec: TextCodec
     tensors: Callable[[], Iterator[tuple[str, Array]]]
+    shapes: Callable[[], dict[str, tuple[int, ...]]]
+    rows: Callable[[str], RowTable | None] = lambda name: None
 
 
 def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeights:
@@ -79,7 +83,16 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
             except GGUFFormatError as exc:
                 raise BaseModelError(path, str(exc)) from exc
 
-    return BaseWeights(source=path, architecture=architecture, family=family, codec=codec, tensors=tensors)
+    def shapes() -> dict[str, tuple[int, ...]]:
+        return {name: file.tensor_shape(name) for name in file.tensor_names()}
+
+    def rows(name: str) -> RowTable | None:
+        raw, qtype = file.raw(name)
+        return RowTable.of(raw, qtype, file.tensor_shape(name))
+
+    return BaseWeights(
+        source=path, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes, rows=rows
+    )
 
 
 class _HFConfig(BaseModel):
@@ -124,4 +137,15 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
                         array = np.ascontiguousarray(array.T)  # Conv1D stores [in, out]
                     yield name, array
 
-    return BaseWeights(source=folder, architecture=architecture, family=family, codec=codec, tensors=tensors)
+    def shapes() -> dict[str, tuple[int, ...]]:
+        found: dict[str, tuple[int, ...]] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for hf_name in handle.keys():
+                    name = family.gguf_name(hf_name)
+                    if name:
+                        shape = tuple(handle.get_slice(hf_name).get_shape())
+                        found[name] = shape[::-1] if name.split(".", 2)[-1] in conv1d else shape
+        return found
+
+    return BaseWeights(source=folder, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes)

@@ -49,8 +49,12 @@ class Ops(Protocol):
         """Rows `ids` of base matrix `name` (GGUF naming), in the compute dtype."""
         ...
 
-    def linear(self, x: torch.Tensor, name: str, bias: str | None = None) -> torch.Tensor:
-        """`x @ W.T (+ bias)` plus the program's LoRA side path of `name`, if any."""
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """`x @ W.T (+ its bias)` plus the program's LoRA side path of `name`, if any."""
+        ...
+
+    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        """`linear(x, name)` for each of `names` (one product when they were fused, `Family.fused_groups`)."""
         ...
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
@@ -156,6 +160,11 @@ class Family(ABC):
     def rope_frequencies(self, arch: Architecture) -> torch.Tensor | None:
         """Inverse RoPE frequencies [head_dim / 2] in float32, or None without rotary embeddings."""
         return None
+
+    def fused_groups(self, arch: Architecture) -> list[tuple[str, ...]]:
+        """Matrices that read the same input (e.g. q, k, v), multiplied as one: the block asks for them together
+        with `Ops.linears`."""
+        return []
 
     @abstractmethod
     def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

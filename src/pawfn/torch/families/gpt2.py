@@ -118,13 +118,13 @@ class GPT2Family(Family):
 
     def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]
-        qkv = ops.linear(ops.layer_norm(hidden, block + "attn_norm"), block + "attn_qkv.weight", block + "attn_qkv.bias")
+        qkv = ops.linear(ops.layer_norm(hidden, block + "attn_norm"), block + "attn_qkv.weight")
         q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.chunk(3, dim=-1))
         attended = ops.attention(q, k, v, layer)
-        hidden = hidden + ops.linear(attended, block + "attn_output.weight", block + "attn_output.bias")
+        hidden = hidden + ops.linear(attended, block + "attn_output.weight")
         normed = ops.layer_norm(hidden, block + "ffn_norm")
-        up = F.gelu(ops.linear(normed, block + "ffn_up.weight", block + "ffn_up.bias"), approximate="tanh")
-        return hidden + ops.linear(up, block + "ffn_down.weight", block + "ffn_down.bias")
+        up = F.gelu(ops.linear(normed, block + "ffn_up.weight"), approximate="tanh")
+        return hidden + ops.linear(up, block + "ffn_down.weight")
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         return ops.layer_norm(hidden, "output_norm")

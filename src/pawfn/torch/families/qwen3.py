@@ -5,8 +5,10 @@ Follows llama.cpp's qwen3 graph: RMS norms, q/k norms, NEOX RoPE, GQA attention,
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,31 @@ class _HFConfig(BaseModel):
     rope_parameters: _RopeParameters | None = None
     rope_scaling: _RopeParameters | None = None
     max_position_embeddings: int
+
+
+class _LayerNames(NamedTuple):
+    """The GGUF names one block reads, built once per layer index rather than per token."""
+
+    attn_norm: str
+    qkv: tuple[str, str, str]
+    q_norm: str
+    k_norm: str
+    attn_output: str
+    ffn_norm: str
+    gate_up: tuple[str, str]
+    ffn_down: str
+
+
+@functools.cache
+def _names(layer: int) -> _LayerNames:
+    block = f"blk.{layer}."
+    return _LayerNames(
+        attn_norm=block + "attn_norm.weight",
+        qkv=(block + "attn_q.weight", block + "attn_k.weight", block + "attn_v.weight"),
+        q_norm=block + "attn_q_norm.weight", k_norm=block + "attn_k_norm.weight",
+        attn_output=block + "attn_output.weight", ffn_norm=block + "ffn_norm.weight",
+        gate_up=(block + "ffn_gate.weight", block + "ffn_up.weight"), ffn_down=block + "ffn_down.weight",
+    )
 
 
 class Qwen3Family(Family):
@@ -123,21 +150,21 @@ class Qwen3Family(Family):
         exponents = torch.arange(0, half, dtype=torch.float64) * 2.0 / arch.head_dim
         return (1.0 / (arch.rope_theta**exponents)).to(torch.float32)
 
+    def fused_groups(self, arch: Architecture) -> list[tuple[str, ...]]:
+        return [group for layer in range(arch.n_layers) for group in (_names(layer).qkv, _names(layer).gate_up)]
+
     def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return ops.embedding(ids, "token_embd.weight")
 
     def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]
-        normed = ops.rms_norm(hidden, block + "attn_norm.weight")
-        q = ops.linear(normed, block + "attn_q.weight").view(n, arch.n_heads, arch.head_dim)
-        k = ops.linear(normed, block + "attn_k.weight").view(n, arch.n_kv_heads, arch.head_dim)
-        v = ops.linear(normed, block + "attn_v.weight").view(n, arch.n_kv_heads, arch.head_dim)
-        q = ops.rope(ops.rms_norm(q, block + "attn_q_norm.weight"), positions)
-        k = ops.rope(ops.rms_norm(k, block + "attn_k_norm.weight"), positions)
-        hidden = hidden + ops.linear(ops.attention(q, k, v, layer), block + "attn_output.weight")
-        normed = ops.rms_norm(hidden, block + "ffn_norm.weight")
-        gate = F.silu(ops.linear(normed, block + "ffn_gate.weight"))
-        return hidden + ops.linear(gate * ops.linear(normed, block + "ffn_up.weight"), block + "ffn_down.weight")
+        arch, names, n = ops.architecture, _names(layer), hidden.shape[0]
+        q, k, v = ops.linears(ops.rms_norm(hidden, names.attn_norm), names.qkv)
+        q = ops.rope(ops.rms_norm(q.view(n, arch.n_heads, arch.head_dim), names.q_norm), positions)
+        k = ops.rope(ops.rms_norm(k.view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
+        v = v.view(n, arch.n_kv_heads, arch.head_dim)
+        hidden = hidden + ops.linear(ops.attention(q, k, v, layer), names.attn_output)
+        gate, up = ops.linears(ops.rms_norm(hidden, names.ffn_norm), names.gate_up)
+        return hidden + ops.linear(F.silu(gate) * up, names.ffn_down)
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(hidden, "output_norm.weight")

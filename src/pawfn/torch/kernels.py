@@ -1,0 +1,121 @@
+"""The base's matrices ready to multiply: plain `F.linear` in the compute dtype, or (CPU, `PawConfig.weight_dtype`)
+fbgemm's kernels over matrices packed once at load: float16 weights with float32 activations (near-exact), or
+int8 per-row weights with activations quantized per call to 8 bits (fastest, lossy).
+
+A matrix is first *compressed* (its stored form: float16 values, or int8 values and one float32 scale per row;
+what the converted-weights file holds) and then *packed* for the kernel (fbgemm's own layout, built per process).
+Both are exact per row, so concatenating rows (fused q/k/v) before or after either step gives the same values.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..options import WeightDType
+
+__all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "pack", "plain", "stored_names"]
+
+_INT8_LIMIT = 127.0
+_SCALE = ".scale"
+
+
+class Matrix:
+    """`x @ W.T (+ bias)` for one base matrix (or several fused by rows): plain, or packed for fbgemm."""
+
+    def __init__(self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None) -> None:
+        self.weight = weight
+        """The plain weight `[out, in]`; None when packed."""
+        self._packed = packed
+        self.kind = kind
+        """``plain``, ``float16`` or ``int8``."""
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            return F.linear(x, self.weight, self.bias)
+        if self.kind == "float16":
+            y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+        else:
+            y = torch.ops.quantized.linear_dynamic(x, self._packed, _reduce_range())
+        return y if self.bias is None else y + self.bias
+
+
+@functools.cache
+def _reduce_range() -> bool:
+    """fbgemm's int8 kernel sums pairs of u8*s8 products in int16 on CPUs without VNNI, which can saturate;
+    7-bit activations avoid that there (a little less precise). With VNNI the sums are int32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return True
+    return not any(flag in flags for flag in (" avx512_vnni", " avx_vnni", " amx_int8"))
+
+
+def check_kernel(weight_dtype: WeightDType, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a `weight_dtype` that cannot run on `device` with compute `dtype`, naming the fix."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ConfigError(
+            f"weight_dtype={weight_dtype!r} runs on the CPU with dtype='float32' (fbgemm's kernels), not on "
+            f"{device.type} with {dtype}; on a GPU use dtype='float16' or 'bfloat16' instead"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ConfigError(f"weight_dtype={weight_dtype!r} needs torch's fbgemm kernels (x86 CPUs); leave weight_dtype unset")
+    names = ("linear_prepack_fp16", "linear_dynamic_fp16") if weight_dtype == "float16" else ("linear_prepack", "linear_dynamic")
+    for name in names:
+        try:
+            getattr(torch.ops.quantized, name)
+        except (AttributeError, RuntimeError) as exc:
+            raise ConfigError(
+                f"weight_dtype={weight_dtype!r} needs torch.ops.quantized.{name}, which this torch {torch.__version__} "
+                "lacks; leave weight_dtype unset (float32) or install torch 2.13"
+            ) from exc
+
+
+def stored_names(name: str, weight_dtype: WeightDType) -> tuple[str, ...]:
+    """The stored tensors of matrix `name`."""
+    return (name,) if weight_dtype == "float16" else (name, name + _SCALE)
+
+
+def compress(name: str, weight: torch.Tensor, weight_dtype: WeightDType) -> dict[str, torch.Tensor]:
+    """The stored form of float32 matrix `weight` `[out, in]`: float16 values, or int8 values with a per-row scale
+    (symmetric, the row's largest magnitude maps to 127)."""
+    if weight_dtype == "float16":
+        return {name: weight.to(torch.float16)}
+    scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / _INT8_LIMIT
+    values = torch.round(weight / scale.unsqueeze(1)).clamp_(-_INT8_LIMIT, _INT8_LIMIT).to(torch.int8)
+    return {name: values, name + _SCALE: scale}
+
+
+def concat_stored(parts: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], weight_dtype: WeightDType) -> dict[str, torch.Tensor]:
+    """Stored forms of matrices `names` joined by rows, under the first name (fused q/k/v, gate/up)."""
+    joined = {names[0]: torch.cat([part[name] for part, name in zip(parts, names, strict=True)])}
+    if weight_dtype == "int8":
+        joined[names[0] + _SCALE] = torch.cat([part[name + _SCALE] for part, name in zip(parts, names, strict=True)])
+    return joined
+
+
+def pack(name: str, stored: Mapping[str, torch.Tensor], weight_dtype: WeightDType, bias: torch.Tensor | None) -> Matrix:
+    """Matrix `name` packed for its fbgemm kernel from its stored form."""
+    if weight_dtype == "float16":
+        return Matrix(None, torch.ops.quantized.linear_prepack_fp16(stored[name].float(), None), "float16", bias)
+    values, scale = stored[name], stored[name + _SCALE]
+    with warnings.catch_warnings():
+        # torch marks quantized tensors deprecated; fbgemm's int8 kernel takes nothing else yet (check_kernel
+        # refuses the mode, naming the fix, once the ops are gone)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        quantized = torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
+            values, scale.to(torch.float64), torch.zeros(values.shape[0], dtype=torch.long), 0
+        )
+    return Matrix(None, torch.ops.quantized.linear_prepack(quantized, None), "int8", bias)
+
+
+def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+    """Matrix `weight` multiplied with `F.linear` in its own dtype."""
+    return Matrix(weight, None, "plain", bias)

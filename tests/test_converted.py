@@ -1,0 +1,121 @@
+"""Converted base weights in the shared cache: written by the first load of a compact mode, read (not converted
+again) by the next, and rebuilt when corrupt, truncated or stale; never used when they do not fit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.options import WeightDType
+from pawfn.torch.engine import TorchInterpreter
+from tests.helpers.programs import TinyProgram
+
+INPUT = "Urgent: the server is down!"
+
+
+def _stores() -> list[Path]:
+    return sorted((Path(os.environ["PAW_CACHE_DIR"]) / ".pawfn-derived" / "bases").glob("*.safetensors"))
+
+
+class _Conversions:
+    """Counts the loads that converted the base instead of reading stored weights."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        convert = TorchInterpreter._convert  # pyright: ignore[reportPrivateUsage]
+
+        def counted(interpreter: TorchInterpreter, *args: object) -> object:
+            self.count += 1
+            return convert(interpreter, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(TorchInterpreter, "_convert", counted)
+
+
+def _tokens(program: TinyProgram, base: Path, weight_dtype: WeightDType) -> tuple[int, ...]:
+    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=PawConfig(weight_dtype=weight_dtype)) as loaded:
+        return loaded.generate(INPUT, RuntimeOptions(max_tokens=12)).token_ids
+
+
+@pytest.mark.parametrize("weight_dtype", ["float16", "int8"])
+def test_a_later_load_reads_the_converted_weights(
+    weight_dtype: WeightDType, qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conversions = _Conversions(monkeypatch)
+    base = qwen3_program.interpreter.gguf_path
+    first = _tokens(qwen3_program, base, weight_dtype)
+    assert conversions.count == 1 and len(_stores()) == 1
+    assert _tokens(qwen3_program, base, weight_dtype) == first
+    assert conversions.count == 1  # read, not converted
+    other: WeightDType = "int8" if weight_dtype == "float16" else "float16"
+    _tokens(qwen3_program, base, other)
+    assert conversions.count == 2 and len(_stores()) == 2  # one file per mode
+
+
+def _flip_data_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) - 100] ^= 0xFF  # inside the last tensor's values; the header stays valid
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def _garble_header(path: Path) -> None:
+    path.write_bytes(b"\xff" * 64)
+
+
+@pytest.mark.parametrize("damage", [_flip_data_byte, _truncate, _garble_header])
+def test_a_damaged_store_is_detected_and_rebuilt(damage: object, qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+    conversions = _Conversions(monkeypatch)
+    base = qwen3_program.interpreter.gguf_path
+    expected = _tokens(qwen3_program, base, "int8")
+    (store,) = _stores()
+    good = store.read_bytes()
+    assert callable(damage)
+    damage(store)
+    assert _tokens(qwen3_program, base, "int8") == expected
+    assert conversions.count == 2  # converted again, not used
+    assert store.read_bytes() == good  # and written again
+
+
+def test_a_changed_base_gets_new_converted_weights(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conversions = _Conversions(monkeypatch)
+    base = tmp_path / "base.gguf"
+    shutil.copyfile(qwen3_program.interpreter.gguf_path, base)
+    _tokens(qwen3_program, base, "int8")
+    stat = base.stat()
+    os.utime(base, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # replaced in place: a new identity
+    _tokens(qwen3_program, base, "int8")
+    assert conversions.count == 2
+
+
+def test_a_store_written_for_another_base_is_not_used(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conversions = _Conversions(monkeypatch)
+    base = qwen3_program.interpreter.gguf_path
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(base, other)
+    _tokens(qwen3_program, other, "int8")
+    (foreign,) = _stores()
+    foreign_bytes = foreign.read_bytes()
+    expected = _tokens(qwen3_program, base, "int8")
+    own = next(path for path in _stores() if path != foreign)
+    own.write_bytes(foreign_bytes)  # the right name, another base's identity inside
+    assert _tokens(qwen3_program, base, "int8") == expected
+    assert conversions.count == 3
+
+
+def test_an_unwritable_cache_only_costs_a_conversion(qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+    conversions = _Conversions(monkeypatch)
+    base = qwen3_program.interpreter.gguf_path
+    expected = _tokens(qwen3_program, base, "int8")
+    (store,) = _stores()
+    shutil.rmtree(store.parent)
+    store.parent.write_bytes(b"")  # a file where the folder should be: nothing can be written there
+    assert _tokens(qwen3_program, base, "int8") == expected
+    assert conversions.count == 2 and store.parent.is_file()
