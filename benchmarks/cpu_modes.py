@@ -1,14 +1,16 @@
 """pawfn's CPU modes beside llama.cpp on a Qwen3-0.6B-shaped program, in one run: each configuration is one
-`pawfn bench --json` in a fresh process (load, then a warm-up and --runs 10-token calls). Prints the figures and
-the ratios to llama.cpp.
+`pawfn bench --json` in a fresh process (load, then a warm-up and --runs 10-token calls), and --rounds rounds
+run every configuration in turn (after one process each that stores the prefix and converted weights). Prints
+the median figures and the median of each round's ratios to llama.cpp.
 
-    python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--threads N]
+    python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--rounds 3] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -36,18 +38,31 @@ def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="timed calls per process, after a warm-up call")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every mode once, in turn")
     parser.add_argument("--threads", type=int)
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
-    results = {mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in MODES.items()}
-    reference = results["llama.cpp"]
-    print(f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   ratios to llama.cpp (call, load, RSS)")
-    for mode, figures in results.items():
-        ratios = [float(str(figures[key])) / float(str(reference[key])) for key in ("median_ms", "load_s", "peak_rss_mb")]
-        print(f"{mode:24} {float(str(figures['median_ms'])):9.0f} ms {float(str(figures['ms_per_token'])):9.1f} "
-              f"{float(str(figures['load_s'])):6.2f} s {float(str(figures['peak_rss_mb'])):6.0f} MiB   "
-              + ", ".join(f"{ratio:.2f}x" for ratio in ratios))
+    for flags in MODES.values():  # a first process stores what later ones read (prefix, converted weights)
+        bench(base, bundle, flags, 1, args.threads)
+    rounds: list[dict[str, dict[str, object]]] = []
+    for _ in range(args.rounds):  # modes alternate, so the machine's drift reaches every mode alike
+        rounds.append({mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in MODES.items()})
+
+    def value(figures: dict[str, object], key: str) -> float:
+        return float(str(figures[key]))
+
+    print(f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   "
+          "ratios to llama.cpp (call, load, RSS), median of the rounds' ratios")
+    for mode in MODES:
+        figures = {key: statistics.median(value(r[mode], key) for r in rounds)
+                   for key in ("median_ms", "ms_per_token", "load_s", "peak_rss_mb")}
+        ratios = [statistics.median(value(r[mode], key) / value(r["llama.cpp"], key) for r in rounds)
+                  for key in ("median_ms", "load_s", "peak_rss_mb")]
+        print(f"{mode:24} {figures['median_ms']:9.0f} ms {figures['ms_per_token']:9.1f} {figures['load_s']:6.2f} s "
+              f"{figures['peak_rss_mb']:6.0f} MiB   " + ", ".join(f"{ratio:.2f}x" for ratio in ratios))
+    calls = ", ".join(f"{value(r['torch int8 weights'], 'median_ms') / value(r['llama.cpp'], 'median_ms'):.2f}x" for r in rounds)
+    print(f"int8 call / llama.cpp call per round: {calls}")
 
 
 if __name__ == "__main__":

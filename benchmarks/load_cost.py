@@ -4,8 +4,8 @@ Writes (once, into --workdir) random weights with Qwen3-0.6B's exact shapes as a
 own quantizer, a rank-64 Q4_0 adapter on all seven projections and a bundle with a ~290-token prefix. Then each
 backend loads the program in fresh processes (base, adapter and prefix: ready to run), runs one 10-token
 call, and reports its load time and the process's peak RSS: one first process (it may store derived files in
-the shared cache, e.g. the evaluated prefix), then the median of --runs later ones. Prints the figures and
-their ratios.
+a fresh shared cache: the evaluated prefix, a compact mode's converted weights), then the median of --runs
+later ones. Modes: llama.cpp, Torch float32, float16 and int8 weights. Prints the figures and the ratios.
 
     python benchmarks/load_cost.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 2] [--threads N]
 """
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import statistics
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import gguf
@@ -45,8 +48,10 @@ import json, resource, sys, time
 from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 backend = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]]
 threads = int(sys.argv[4]) if sys.argv[4] != "0" else None
+weight_dtype = sys.argv[6] or None
 started = time.perf_counter()
-program = PawFn[Qwen3_0_6B, backend].from_path(sys.argv[2], base=sys.argv[3], config=PawConfig(threads=threads))
+config = PawConfig(threads=threads, weight_dtype=weight_dtype)
+program = PawFn[Qwen3_0_6B, backend].from_path(sys.argv[2], base=sys.argv[3], config=config)
 loaded = time.perf_counter()
 result = program.generate(sys.argv[5], RuntimeOptions(max_tokens=10))
 print(json.dumps({"load_s": loaded - started, "call_ms": result.timings.total_ms, "prefix": result.prefix_tokens,
@@ -145,6 +150,11 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     """The Q6_K base and the bundle folder, written once into `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
     base, bundle = workdir / "qwen3-0.6b-shape-q6_k.gguf", workdir / "bundle"
+    if not base.is_file() and importlib.util.find_spec("llama_cpp") is None:  # e.g. a lent GPU machine
+        base = workdir / "qwen3-0.6b-shape-f16.gguf"
+        if not base.is_file():
+            print(f"llama-cpp-python is not installed, so no Q6_K: writing {base} ...", file=sys.stderr)
+            _write_f16_base(base)
     if not base.is_file():
         f16 = workdir / "qwen3-0.6b-shape-f16.gguf"
         print(f"writing {f16} ...", file=sys.stderr)
@@ -163,10 +173,16 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     return base, bundle
 
 
-def measure(backend: str, base: Path, bundle: Path, threads: int | None) -> dict[str, float]:
-    """One fresh process: load the program on `backend`, run one call; its figures."""
-    command = [sys.executable, "-c", _MEASURE, backend, str(bundle), str(base), str(threads or 0), INPUT]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch float16": ("torch", "float16"),
+         "torch int8": ("torch", "int8")}
+
+
+def measure(mode: str, base: Path, bundle: Path, threads: int | None, cache: Path) -> dict[str, float]:
+    """One fresh process: load the program in `mode` (see MODES), run one call; its figures."""
+    backend, weight_dtype = MODES[mode]
+    command = [sys.executable, "-c", _MEASURE, backend, str(bundle), str(base), str(threads or 0), INPUT, weight_dtype]
+    environment = {**os.environ, "PAW_CACHE_DIR": str(cache)}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=environment)
     if result.returncode != 0:
         raise SystemExit(f"{backend} failed:\n{result.stderr}")
     figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
@@ -182,17 +198,19 @@ def main() -> None:
     base, bundle = prepare(args.workdir)
     print(f"base {base.name}: {base.stat().st_size / 1e6:.0f} MB; adapter {(bundle / 'adapter.gguf').stat().st_size / 1e6:.1f} MB")
     results: dict[str, dict[str, float]] = {}
-    for backend in ("llamacpp", "torch"):
-        first = measure(backend, base, bundle, args.threads)  # a first process may store what later ones reuse
-        runs = [measure(backend, base, bundle, args.threads) for _ in range(args.runs)]
-        results[backend] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        figures = results[backend]
-        print(f"{backend:9} load {figures['load_s']:6.2f} s (first process {first['load_s']:.2f} s)   peak RSS "
-              f"{figures['peak_rss_mb']:6.0f} MB   first 10-token call {figures['call_ms']:7.0f} ms   "
-              f"prefix {figures['prefix']:.0f} tokens")
-    torch_figures, llama_figures = results["torch"], results["llamacpp"]
-    for key, label in (("load_s", "load time"), ("peak_rss_mb", "peak RSS"), ("call_ms", "first call")):
-        print(f"pawfn Torch / llama.cpp {label}: {torch_figures[key] / llama_figures[key]:.2f}x")
+    with tempfile.TemporaryDirectory(prefix="pawfn-load-cost-") as cache:  # a fresh cache: the first process is first
+        for mode in MODES:
+            first = measure(mode, base, bundle, args.threads, Path(cache))  # it may store what later ones reuse
+            runs = [measure(mode, base, bundle, args.threads, Path(cache)) for _ in range(args.runs)]
+            results[mode] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            results[mode] |= {"first_load_s": first["load_s"], "first_peak_rss_mb": first["peak_rss_mb"]}
+    reference = results["llama.cpp"]
+    print(f"{'mode':14} {'load':>7} {'first load':>10} {'peak RSS':>9} {'first RSS':>9} {'first call':>10}   "
+          "ratios to llama.cpp (load, first load, RSS, call)")
+    for mode, figures in results.items():
+        ratios = [figures[key] / reference[key] for key in ("load_s", "first_load_s", "peak_rss_mb", "call_ms")]
+        print(f"{mode:14} {figures['load_s']:5.2f} s {figures['first_load_s']:8.2f} s {figures['peak_rss_mb']:5.0f} MB "
+              f"{figures['first_peak_rss_mb']:6.0f} MB {figures['call_ms']:7.0f} ms   " + ", ".join(f"{r:.2f}x" for r in ratios))
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def _program_options() -> argparse.ArgumentParser:
     options.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
     options.add_argument(
         "--weight-dtype", choices=get_args(WeightDType),
-        help="store the base's matrices in float16 (Torch on CPU: fbgemm's fp16 kernel; near-exact, opt-in)",
+        help="compact base matrices on the CPU (Torch): float16 (near-exact) or int8 (fastest, lossy)",
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")

@@ -55,9 +55,11 @@ class PawConfig(BaseModel):
     dtype: DType = "float32"
     """Compute dtype of the base weights, adapters and KV cache."""
     weight_dtype: WeightDType | None = None
-    """Store the base's matrices (projections, output, embeddings) in this dtype instead of `dtype`: on the
-    Torch backend's CPU, ``float16`` halves their memory and runs fbgemm's fp16 kernel with float32 activations
-    (near-exact, opt-in: see the README's figures). None keeps `dtype`."""
+    """Keep the base's matrices (projections, output) compact on the Torch backend's CPU (with dtype float32):
+    ``float16`` runs fbgemm's fp16 kernel with float32 activations (near-exact); ``int8`` runs fbgemm's int8
+    kernel, per-row weights and activations quantized per call (fastest, lossy: about as faithful as a Q8_0
+    base on llama.cpp). Converted once, then read from the shared cache; LoRA, norms and KV stay float32.
+    None (the default) keeps `dtype`, the exact mode. See the README's figures."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=1, ge=1)

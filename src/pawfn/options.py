@@ -12,7 +12,7 @@ __all__ = ["DType", "Device", "RuntimeOptions", "WeightDType"]
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
 WeightDType = Literal["float16", "int8"]
-"""Compact storage of the base's matrices (`PawConfig.weight_dtype`)."""
+"""Compact CPU storage of the base's matrices (`PawConfig.weight_dtype`): near-exact float16 or lossy int8."""
 Device = Literal[
     "cpu", "mps", "cuda", "cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4", "cuda:5", "cuda:6", "cuda:7",
     "cuda:8", "cuda:9", "cuda:10", "cuda:11", "cuda:12", "cuda:13", "cuda:14", "cuda:15",

@@ -383,9 +383,9 @@ class _ForwardPass:
             query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
             self._mask = (torch.arange(0, end, device=q.device).unsqueeze(0) <= query_pos).repeat(group, 1)
         # the query heads that share a KV head are rows of one query block, so K and V are never copied per head
-        queries = q.transpose(0, 1).reshape(arch.n_kv_heads, group * n_new, arch.head_dim)
-        out = F.scaled_dot_product_attention(
-            queries, cache.keys[layer][:, :end], cache.values[layer][:, :end], attn_mask=self._mask,
+        queries = q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n_new, arch.head_dim)
+        out = F.scaled_dot_product_attention(  # 4-D, so torch may pick its fused CPU kernel
+            queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], attn_mask=self._mask,
             scale=1.0 / math.sqrt(arch.head_dim),
         )
         return out.view(arch.n_heads, n_new, arch.head_dim).transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
