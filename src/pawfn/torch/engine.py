@@ -39,11 +39,13 @@ def torch_dtype(name: str) -> torch.dtype:
 
 @dataclass(frozen=True)
 class LoraWeights:
-    """One LoRA side path on the device: y += scale * (x @ a.T) @ b.T."""
+    """One LoRA side path on the device: y += scale * b(a(x)), `a` `[rank, in]` and `b` `[out, rank]` as matrices
+    (plain in the compute dtype; packed float16 in the compact modes)."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    a: Matrix
+    b: Matrix
     scale: float
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class GroupLora:
     """The side paths of a fused group whose members are all adapted: one product with their `a` matrices joined
     by rows, then each member's `b` on its slice."""
 
-    a: torch.Tensor
+    a: Matrix
     members: tuple[LoraWeights, ...]
 
 
@@ -289,14 +291,21 @@ class TorchInterpreter:
                     f"{name}: lora_a {pair.a.shape} / lora_b {pair.b.shape} do not fit the base weight "
                     f"[{out_features}, {in_features}]; the adapter was made for another model size",
                 )
-            a = torch.as_tensor(pair.a).to(device=self.device, dtype=self.dtype)
-            b = torch.as_tensor(pair.b).to(device=self.device, dtype=self.dtype)
-            pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
-        groups = {
-            group: GroupLora(a=torch.cat([pairs[name].a for name in group]), members=tuple(pairs[name] for name in group))
-            for group in self.groups if all(name in pairs for name in group)
-        }
+            a, b = (torch.as_tensor(array).to(device=self.device, dtype=self.dtype) for array in (pair.a, pair.b))
+            pairs[name] = LoraWeights(a=self._lora_matrix(a), b=self._lora_matrix(b), scale=pair.scale, rank=a.shape[0])
+        groups: dict[tuple[str, ...], GroupLora] = {}
+        for group in self.groups:
+            if all(name in pairs for name in group):
+                joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group]).to(self.device, self.dtype)
+                groups[group] = GroupLora(a=self._lora_matrix(joined), members=tuple(pairs[name] for name in group))
         return DeviceAdapter(pairs, groups)
+
+    def _lora_matrix(self, weight: torch.Tensor) -> Matrix:
+        """A LoRA matrix: plain in the exact mode; packed float16 in the compact ones (a quarter of float32's
+        memory per program, and no slower)."""
+        if self.weight_dtype is None:
+            return plain(weight, None)
+        return pack("lora", {"lora": weight.to(torch.float16)}, "float16", None)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this interpreter."""
@@ -355,7 +364,7 @@ class _ForwardPass:
         y = self._matrices[name](x)
         lora = self._adapter.get(name)
         if lora is not None:
-            y = y + F.linear(F.linear(x, lora.a), lora.b) * lora.scale
+            y = y + lora.b(lora.a(x)) * lora.scale
         return y
 
     def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
@@ -365,12 +374,12 @@ class _ForwardPass:
         outputs = list(torch.split(self._matrices[names[0]](x), widths, dim=-1))
         group = self._adapter.groups.get(names)
         if group is not None:
-            projected = torch.split(F.linear(x, group.a), [lora.a.shape[0] for lora in group.members], dim=-1)
-            return [y + F.linear(p, lora.b) * lora.scale for y, p, lora in zip(outputs, projected, group.members, strict=True)]
+            projected = torch.split(group.a(x), [lora.rank for lora in group.members], dim=-1)
+            return [y + lora.b(p) * lora.scale for y, p, lora in zip(outputs, projected, group.members, strict=True)]
         for index, name in enumerate(names):
             lora = self._adapter.get(name)
             if lora is not None:
-                outputs[index] = outputs[index] + F.linear(F.linear(x, lora.a), lora.b) * lora.scale
+                outputs[index] = outputs[index] + lora.b(lora.a(x)) * lora.scale
         return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
