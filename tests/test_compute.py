@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.compute import on_compute_thread
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.torch.compute import on_compute_thread, set_threads
 from pawfn.torch.engine import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
@@ -58,3 +58,21 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
             found = list(pool.map(tokens, ["hello"] * 3))
     assert found == [expected] * 3
     assert seen == {on_compute_thread(threading.get_ident)}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_one_thread_gives_the_tokens_of_two(family: str, request: pytest.FixtureRequest) -> None:
+    """`PawConfig.threads` changes speed, never tokens (float32, greedy)."""
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    before = on_compute_thread(torch.get_num_threads)
+    options = RuntimeOptions(max_tokens=24)
+    found: list[list[tuple[int, ...]]] = []
+    try:
+        for threads in (1, 2):
+            config = PawConfig(threads=threads)
+            with PawFn.load_any_sync(str(program.folder), Torch, base=program.interpreter.gguf_path, config=config) as loaded:
+                assert on_compute_thread(torch.get_num_threads) == threads
+                found.append([loaded.generate(text, options).token_ids for text in ("hello", "Urgent: the server is down!")])
+    finally:
+        set_threads(before)
+    assert found[0] == found[1]

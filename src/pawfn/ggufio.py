@@ -8,6 +8,7 @@ dequantizes the tensor data. gguf's own reader builds numpy views per array item
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from collections.abc import Callable, Iterator
@@ -78,6 +79,7 @@ _NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "
 _STRING, _ARRAY = 8, 9
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_ONE_GROUP_VALUES = 1 << 20  # a tensor up to this size (any adapter's) is decoded in one go
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,8 @@ class GGUFFile:
         shape = self.tensor_shape(name)
         raw, _ = self.raw(name)
         blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
+        if math.prod(shape) <= _ONE_GROUP_VALUES:  # gguf decodes 16 rows at a time; one group is ~10x faster here
+            blocks = raw.reshape(1, -1)
         dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
         values = np.array(dequantize(blocks, tensor.qtype), dtype=np.float32)  # a copy: never the read-only map
         return values.reshape(shape)

@@ -6,8 +6,10 @@ checkpoints store these projections as Conv1D (`[in, out]`); the weight reader t
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,26 @@ class _HFConfig(BaseModel):
     n_inner: int | None = None
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
+
+
+class _LayerNames(NamedTuple):
+    """The GGUF names one block reads, built once per layer index rather than per token."""
+
+    attn_norm: str
+    attn_qkv: str
+    attn_output: str
+    ffn_norm: str
+    ffn_up: str
+    ffn_down: str
+
+
+@functools.cache
+def _names(layer: int) -> _LayerNames:
+    block = f"blk.{layer}."
+    return _LayerNames(
+        attn_norm=block + "attn_norm", attn_qkv=block + "attn_qkv.weight", attn_output=block + "attn_output.weight",
+        ffn_norm=block + "ffn_norm", ffn_up=block + "ffn_up.weight", ffn_down=block + "ffn_down.weight",
+    )
 
 
 class GPT2Family(Family):
@@ -117,14 +139,14 @@ class GPT2Family(Family):
         return ops.embedding(ids, "token_embd.weight") + ops.embedding(positions, "position_embd.weight")
 
     def block(self, ops: Ops, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        arch, block, n = ops.architecture, f"blk.{layer}.", hidden.shape[0]
-        qkv = ops.linear(ops.layer_norm(hidden, block + "attn_norm"), block + "attn_qkv.weight")
+        arch, names, n = ops.architecture, _names(layer), hidden.shape[0]
+        qkv = ops.linear(ops.layer_norm(hidden, names.attn_norm), names.attn_qkv)
         q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.chunk(3, dim=-1))
         attended = ops.attention(q, k, v, layer)
-        hidden = hidden + ops.linear(attended, block + "attn_output.weight")
-        normed = ops.layer_norm(hidden, block + "ffn_norm")
-        up = F.gelu(ops.linear(normed, block + "ffn_up.weight"), approximate="tanh")
-        return hidden + ops.linear(up, block + "ffn_down.weight")
+        hidden = hidden + ops.linear(attended, names.attn_output)
+        normed = ops.layer_norm(hidden, names.ffn_norm)
+        up = F.gelu(ops.linear(normed, names.ffn_up), approximate="tanh")
+        return hidden + ops.linear(up, names.ffn_down)
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         return ops.layer_norm(hidden, "output_norm")
