@@ -14,7 +14,7 @@ from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
 from .converted import ConvertedStore
-from .compute import on_compute_thread, set_threads
+from .compute import on_compute_thread, set_threads, trim_heap
 from .engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
@@ -112,6 +112,7 @@ class TorchProgram(ProgramRuntime):
                 if store is not None:
                     on_compute_thread(store.save, prefix)
             on_error.pop_all()
+        trim_heap()
         return cls(base, device_adapter, prefix, prompt)
 
     @property
