@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.options import WeightDType
 from pawfn.torch.engine import TorchInterpreter
+from pawfn.torch.program import TorchProgram
 from tests.helpers.programs import TinyProgram
 
 INPUT = "Urgent: the server is down!"
@@ -119,3 +120,22 @@ def test_an_unwritable_cache_only_costs_a_conversion(qwen3_program: TinyProgram,
     store.parent.write_bytes(b"")  # a file where the folder should be: nothing can be written there
     assert _tokens(qwen3_program, base, "int8") == expected
     assert conversions.count == 2 and store.parent.is_file()
+
+
+@pytest.mark.parametrize("weight_dtype", ["float16", "int8"])
+def test_a_hugging_face_folder_base_converts_and_stores_too(
+    weight_dtype: WeightDType, gpt2_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GGUF to decode embedding rows from: the table is stored float16 with the rest, and read back."""
+    conversions = _Conversions(monkeypatch)
+    base = gpt2_program.interpreter.hf_dir
+    kind = PawFn.specialize(GPT2, Torch)
+
+    def tokens() -> tuple[int, ...]:
+        with kind.from_path(gpt2_program.folder, base=base, config=PawConfig(weight_dtype=weight_dtype)) as loaded:
+            runtime = loaded.runtime
+            assert isinstance(runtime, TorchProgram) and "token_embd.weight" in runtime.base.interpreter.tensors
+            return loaded.generate(INPUT, RuntimeOptions(max_tokens=12)).token_ids
+
+    first = tokens()
+    assert tokens() == first and conversions.count == 1 and len(_stores()) == 1
