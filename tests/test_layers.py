@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
     frozenset({"runtime"}),
     frozenset({"torch", "llamacpp", "hub"}),
-    frozenset({"function", "builder", "bench"}),
+    frozenset({"function", "batch", "builder", "bench"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),
 )

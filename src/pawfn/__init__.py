@@ -1,6 +1,7 @@
 """pawfn: typed Python SDK for ProgramAsWeights neural programs."""
 
 from .backends import Backend, LlamaCpp, Torch
+from .batch import arun_many, generate_many, run_many
 from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
 from .bundle import ProgramMeta, PromptTemplate
 from .errors import (
@@ -75,5 +76,8 @@ __all__ = [
     "Torch",
     "WeightFile",
     "__version__",
+    "arun_many",
+    "generate_many",
     "prepare_program",
+    "run_many",
 ]

@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -346,6 +346,23 @@ class PawFn(Generic[M, B]):
         """`run` in a worker thread, so the event loop never blocks."""
         generation = await asyncio.to_thread(self.generate, input, options)
         return generation.text
+
+    def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
+        """`generate` for each of `inputs`, results in input order: each is what the input gives alone. (For now
+        the calls run one after another; the first error is raised.)"""
+        if isinstance(inputs, str):
+            raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
+        checked = _checked_options(options)
+        return [self.generate(text, checked) for text in [_checked_input(item) for item in inputs]]
+
+    def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
+        """The output texts of `generate_batch`."""
+        return [generation.text for generation in self.generate_batch(inputs, options)]
+
+    async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
+        """`run_batch` in a worker thread, so the event loop never blocks."""
+        generations = await asyncio.to_thread(self.generate_batch, inputs, options)
+        return [generation.text for generation in generations]
 
     def close(self) -> None:
         """Wait for running calls, then free the program's adapter and prefix; the shared base is freed with the
