@@ -5,6 +5,9 @@ llama.cpp's own 8-bit base. Fusing q/k/v and gate/up changes no bit in any mode.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,3 +192,20 @@ def test_int8_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> No
             qwen3_program.folder, base=qwen3_program.interpreter.gguf_path,
             config=PawConfig(weight_dtype="int8", dtype="bfloat16"),
         )
+
+
+def test_int8_loads_without_torchs_deprecation_warning(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """torch warns once that quantized tensors are deprecated; pawfn takes that warning, so users never see it."""
+    script = (
+        "import sys\n"
+        "from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch\n"
+        "with PawFn[Qwen3_0_6B, Torch].from_path(sys.argv[1], base=sys.argv[2], config=PawConfig(weight_dtype='int8')) as p:\n"
+        "    p.generate('hi', RuntimeOptions(max_tokens=2))\n"
+    )
+    environment = {**os.environ, "PAW_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", script, str(qwen3_program.folder), str(qwen3_program.interpreter.gguf_path)],
+        capture_output=True, text=True, check=False, env=environment, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "deprecated" not in result.stderr

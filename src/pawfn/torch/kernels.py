@@ -76,6 +76,12 @@ def check_kernel(weight_dtype: WeightDType, device: torch.device, dtype: torch.d
                 f"weight_dtype={weight_dtype!r} needs torch.ops.quantized.{name}, which this torch {torch.__version__} "
                 "lacks; leave weight_dtype unset (float32) or install torch 2.13"
             ) from exc
+    if weight_dtype == "int8":
+        # torch warns once per process that quantized tensors are deprecated: take that warning here, on one
+        # thread, so packing (on several threads, where filtering warnings is not thread-safe) never shows it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            _per_row_quantized(torch.zeros((1, 1), dtype=torch.int8), torch.ones(1))
 
 
 def stored_names(name: str, weight_dtype: WeightDType) -> tuple[str, ...]:
@@ -106,14 +112,15 @@ def pack(name: str, stored: Mapping[str, torch.Tensor], weight_dtype: WeightDTyp
     if weight_dtype == "float16":
         return Matrix(None, torch.ops.quantized.linear_prepack_fp16(stored[name].float(), None), "float16", bias)
     values, scale = stored[name], stored[name + _SCALE]
-    with warnings.catch_warnings():
-        # torch marks quantized tensors deprecated; fbgemm's int8 kernel takes nothing else yet (check_kernel
-        # refuses the mode, naming the fix, once the ops are gone)
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        quantized = torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
-            values, scale.to(torch.float64), torch.zeros(values.shape[0], dtype=torch.long), 0
-        )
-    return Matrix(None, torch.ops.quantized.linear_prepack(quantized, None), "int8", bias)
+    return Matrix(None, torch.ops.quantized.linear_prepack(_per_row_quantized(values, scale), None), "int8", bias)
+
+
+def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The quantized tensor fbgemm's int8 packing takes (torch marks these deprecated; the kernel takes nothing
+    else yet, and `check_kernel` names the fix once the ops are gone)."""
+    return torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
+        values, scale.to(torch.float64), torch.zeros(values.shape[0], dtype=torch.long), 0
+    )
 
 
 def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
