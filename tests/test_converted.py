@@ -94,6 +94,7 @@ def test_a_changed_base_gets_new_converted_weights(qwen3_program: TinyProgram, t
     os.utime(base, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # replaced in place: a new identity
     _tokens(qwen3_program, base, "int8")
     assert conversions.count == 2
+    assert len(_stores()) == 1  # the earlier version's file is gone
 
 
 def test_a_store_written_for_another_base_is_not_used(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

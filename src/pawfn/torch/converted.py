@@ -1,7 +1,8 @@
 """Converted base weights in the shared cache: what a compact mode derives from a base (`kernels.compress`'s
 stored forms and the float32 vectors) is written once, so a later process skips dequantizing and compressing.
 
-`<folder>/<key>.safetensors`, the key a hash of the base file's identity (path, size, mtime) and the mode. Each
+`<folder>/<place>-<key>.safetensors`: a hash of the base file's path and the mode, then one of its identity
+(path, size, mtime, mode); writing a new version removes the earlier ones of the same place. Each
 tensor's CRC-32 is in the file's metadata and checked when the tensor is read, so a corrupt, truncated or stale
 file is detected, deleted and rebuilt, never used. Each tensor is read through its own short-lived map, so the
 process's memory holds the packed matrices, not the file as well.
@@ -36,6 +37,10 @@ class _Metadata(BaseModel):
 
     identity: str
     crc32: dict[str, int]
+
+
+def _digest(fields: Mapping[str, object]) -> str:
+    return hashlib.sha256(json.dumps(dict(fields), sort_keys=True).encode()).hexdigest()[:24]
 
 
 class CorruptStoreError(Exception):
@@ -77,16 +82,16 @@ class ConvertedStore:
 
     def __init__(self, path: Path, identity: Mapping[str, object]) -> None:
         self.path = path
+        """`<folder>/<base path and mode>-<their identity>.safetensors`."""
         self._identity = json.dumps(dict(identity), sort_keys=True)
 
     @classmethod
     def for_base(cls, folder: Path, base: Path, mode: str) -> ConvertedStore:
         """The store in `folder` for base file (or folder) `base` in `mode` (e.g. ``int8``)."""
         stat = base.stat()
-        identity = {"format": _FORMAT, "base": str(base.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                    "mode": mode}
-        key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-        return cls(folder / f"{key}.safetensors", identity)
+        place = {"format": _FORMAT, "base": str(base.resolve()), "mode": mode}
+        identity = {**place, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        return cls(folder / f"{_digest(place)}-{_digest(identity)}.safetensors", identity)
 
     def open(self) -> StoredWeights | None:
         """The stored weights if the file exists and was written for this identity, else None."""
@@ -119,13 +124,21 @@ class ConvertedStore:
         try:
             save_file(contiguous, temporary, metadata=metadata)
             os.replace(temporary, self.path)
-        except (OSError, SafetensorError):
+            self._remove_older()
+        except BaseException as exc:  # KeyboardInterrupt too: never leave a partial file behind
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+            if not isinstance(exc, (OSError, SafetensorError)):
+                raise
+
+    def _remove_older(self) -> None:
+        """Delete the files written for earlier versions of this base file in this mode (a base replaced in
+        place, e.g. downloaded again): each is as large as the converted weights."""
+        place = self.path.name.split("-", 1)[0]
+        for older in self.path.parent.glob(f"{place}-*.safetensors"):
+            if older != self.path:
+                with contextlib.suppress(OSError):
+                    older.unlink()
 
     def discard(self) -> None:
         """Delete the file (a corrupt or stale one)."""
