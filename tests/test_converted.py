@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,21 +37,35 @@ class _Conversions:
         monkeypatch.setattr(TorchInterpreter, "_convert", counted)
 
 
-def _tokens(program: TinyProgram, base: Path, weight_dtype: WeightDType) -> tuple[int, ...]:
-    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=PawConfig(weight_dtype=weight_dtype)) as loaded:
+def _tokens(
+    program: TinyProgram, base: Path, weight_dtype: WeightDType, check: Callable[[TorchProgram], bool] | None = None
+) -> tuple[int, ...]:
+    """The program's tokens for INPUT in `weight_dtype` on `base`, after `check` holds for its runtime."""
+    model = GPT2 if program.interpreter.family == "gpt2" else Qwen3_0_6B
+    config = PawConfig(weight_dtype=weight_dtype)
+    with PawFn.specialize(model, Torch).from_path(program.folder, base=base, config=config) as loaded:
+        runtime = loaded.runtime
+        assert check is None or (isinstance(runtime, TorchProgram) and check(runtime))
         return loaded.generate(INPUT, RuntimeOptions(max_tokens=12)).token_ids
+
+
+def _converted_once(
+    program: TinyProgram, base: Path, weight_dtype: WeightDType, conversions: _Conversions,
+    check: Callable[[TorchProgram], bool] | None = None,
+) -> None:
+    """A first load converts and stores; a second reads the store and gives the same tokens."""
+    first = _tokens(program, base, weight_dtype, check)
+    assert conversions.count == 1 and len(_stores()) == 1
+    assert _tokens(program, base, weight_dtype, check) == first
+    assert conversions.count == 1  # read, not converted
 
 
 @pytest.mark.parametrize("weight_dtype", ["float16", "int8"])
 def test_a_later_load_reads_the_converted_weights(
     weight_dtype: WeightDType, qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conversions = _Conversions(monkeypatch)
-    base = qwen3_program.interpreter.gguf_path
-    first = _tokens(qwen3_program, base, weight_dtype)
-    assert conversions.count == 1 and len(_stores()) == 1
-    assert _tokens(qwen3_program, base, weight_dtype) == first
-    assert conversions.count == 1  # read, not converted
+    conversions, base = _Conversions(monkeypatch), qwen3_program.interpreter.gguf_path
+    _converted_once(qwen3_program, base, weight_dtype, conversions)
     other: WeightDType = "int8" if weight_dtype == "float16" else "float16"
     _tokens(qwen3_program, base, other)
     assert conversions.count == 2 and len(_stores()) == 2  # one file per mode
@@ -128,15 +143,7 @@ def test_a_hugging_face_folder_base_converts_and_stores_too(
     weight_dtype: WeightDType, gpt2_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No GGUF to decode embedding rows from: the table is stored float16 with the rest, and read back."""
-    conversions = _Conversions(monkeypatch)
-    base = gpt2_program.interpreter.hf_dir
-    kind = PawFn.specialize(GPT2, Torch)
+    def table_kept(runtime: TorchProgram) -> bool:
+        return "token_embd.weight" in runtime.base.interpreter.tensors
 
-    def tokens() -> tuple[int, ...]:
-        with kind.from_path(gpt2_program.folder, base=base, config=PawConfig(weight_dtype=weight_dtype)) as loaded:
-            runtime = loaded.runtime
-            assert isinstance(runtime, TorchProgram) and "token_embd.weight" in runtime.base.interpreter.tensors
-            return loaded.generate(INPUT, RuntimeOptions(max_tokens=12)).token_ids
-
-    first = tokens()
-    assert tokens() == first and conversions.count == 1 and len(_stores()) == 1
+    _converted_once(gpt2_program, gpt2_program.interpreter.hf_dir, weight_dtype, _Conversions(monkeypatch), table_kept)
