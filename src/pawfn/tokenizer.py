@@ -67,24 +67,26 @@ class TextCodec:
     """Byte-level BPE tokenizer with llama.cpp's special-token rules; encode/decode are thread-safe."""
 
     def __init__(self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str) -> None:
+        """`tokenizer` becomes the codec's own (its callers build it for the codec and keep no reference)."""
         self.source = source
         self.eos_id = eos_id
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        # Two private copies: one splits special-token text into control tokens, one treats it as text.
-        self._special = Tokenizer.from_str(tokenizer.to_str())
+        # Two copies: one splits special-token text into control tokens, one treats it as text.
+        self._special = tokenizer
         self._special.encode_special_tokens = False
         self._plain = Tokenizer.from_str(tokenizer.to_str())
         self._plain.encode_special_tokens = True
-        self._pieces: list[bytes] = []
-        for token_id in range(self.vocab_size):
-            text = tokenizer.id_to_token(token_id) or ""
-            kind = kinds.get(token_id, TokenKind.NORMAL)
-            if kind in (TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED):
-                self._pieces.append(b"")  # llama.cpp renders these as nothing unless asked for special text
-            elif kind == TokenKind.USER_DEFINED:
-                self._pieces.append(text.encode())
-            else:
-                self._pieces.append(_piece_bytes(text))
+        texts = [""] * self.vocab_size
+        for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+            if 0 <= token_id < self.vocab_size:
+                texts[token_id] = text
+        silent = {TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED}
+        self._pieces: list[bytes] = [
+            b"" if kind in silent  # llama.cpp renders these as nothing unless asked for special text
+            else text.encode() if kind == TokenKind.USER_DEFINED
+            else _piece_bytes(text)
+            for text, kind in ((texts[i], kinds.get(i, TokenKind.NORMAL)) for i in range(self.vocab_size))
+        ]
         controls = sorted(
             (tokenizer.id_to_token(i) or "" for i, k in kinds.items() if k == TokenKind.CONTROL),
             key=len,
