@@ -67,7 +67,7 @@ def set_threads(threads: int) -> None:
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
         trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):  # not glibc (macOS, musl, Windows): nothing to trim
+    except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows): nothing to trim
         return None
     return trim
 
