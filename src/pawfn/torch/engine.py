@@ -48,6 +48,10 @@ class LoraWeights:
     b: Matrix
     scale: float
 
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """What the side path adds to the base product of `x`."""
+        return self.b(self.a(x)) * self.scale
+
 
 @dataclass(frozen=True)
 class GroupLora:
@@ -153,10 +157,10 @@ class TorchInterpreter:
         """Embedding tables decoded row by row from the base file (compact modes)."""
         self.matrices: dict[str, Matrix] = {}
         """Every matrix a linear layer multiplies, by GGUF name; a fused group under its first member's name."""
-        self.groups: dict[tuple[str, ...], list[int]] = {}
-        """Fused groups (names) and the output width of each member."""
         matrix_names = sorted(name for name, shape in self.shapes.items() if len(shape) == 2 and name not in _EMBEDDINGS)
         fused = [group for group in self.family.fused_groups(self.architecture) if all(n in self.shapes for n in group)]
+        self.groups = {group: [self.shapes[name][0] for name in group] for group in fused}
+        """Fused groups (names) and the output width of each member."""
         if weight_dtype is None:
             self._load_plain(weights, matrix_names, fused, progress)
         else:
@@ -203,7 +207,6 @@ class TorchInterpreter:
             if len(parts) == len(group):  # fused as soon as complete, so the parts' memory is reused at once
                 # fusing rows is exact: each output is the same dot product
                 self.matrices[group[0]] = plain(torch.cat([parts[member] for member in group]), None)
-                self.groups[group] = [self.shapes[member][0] for member in group]
                 del pending[group], parts
         self.tensors = {name: tensor for name, tensor in loaded.items() if tensor.ndim != 2 or name in _EMBEDDINGS}
         loaded.setdefault("output.weight", loaded["token_embd.weight"])
@@ -219,16 +222,14 @@ class TorchInterpreter:
         if rows is not None:
             self.rows["token_embd.weight"] = rows
         stored = None if store is None else store.open()
-        if stored is not None:
+        if store is not None and stored is not None:
             try:
                 self._pack(stored.get, weight_dtype, matrix_names, fused, progress, weights.source.name)
                 return
             except CorruptStoreError:
-                assert store is not None
                 store.discard()
                 self.tensors.clear()
                 self.matrices.clear()
-                self.groups.clear()
         converted = self._convert(weights, weight_dtype, matrix_names, progress)
         if store is not None:
             store.save(converted)
@@ -277,8 +278,6 @@ class TorchInterpreter:
         with ThreadPoolExecutor(max_workers=max(1, min(4, torch.get_num_threads()))) as pool:
             for group, matrix in track(zip(jobs, pool.map(build, jobs), strict=True), f"packing {label}", len(jobs), progress):
                 self.matrices[group[0]] = matrix
-                if len(group) > 1:
-                    self.groups[group] = [self.shapes[name][0] for name in group]
 
     def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
         """Check `adapter` against these weights and move it to the device."""
@@ -379,7 +378,7 @@ class _ForwardPass:
         y = self._matrices[name](x)
         lora = self._adapter.get(name)
         if lora is not None:
-            y = y + lora.b(lora.a(x)) * lora.scale
+            y = y + lora.delta(x)
         return y
 
     def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
@@ -394,7 +393,7 @@ class _ForwardPass:
         for index, name in enumerate(names):
             lora = self._adapter.get(name)
             if lora is not None:
-                outputs[index] = outputs[index] + lora.b(lora.a(x)) * lora.scale
+                outputs[index] = outputs[index] + lora.delta(x)
         return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
