@@ -295,9 +295,10 @@ class GGUFFile:
             raise GGUFFormatError(f"tensor {name} has unsupported type {tensor.qtype.name}")
         shape = self.tensor_shape(name)
         raw, _ = self.raw(name)
-        blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
         if math.prod(shape) <= _ONE_GROUP_VALUES:  # gguf decodes 16 rows at a time; one group is ~10x faster here
             blocks = raw.reshape(1, -1)
+        else:
+            blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
         dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
         values = np.array(dequantize(blocks, tensor.qtype), dtype=np.float32)  # a copy: never the read-only map
         return values.reshape(shape)

@@ -123,7 +123,8 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
     codec = TextCodec.from_hf_folder(folder, model)
     conv1d = {f"{module}.weight" for module in model.conv1d_modules}
 
-    def tensors() -> Iterator[tuple[str, Array]]:
+    def entries() -> Iterator[tuple[safe_open, str, str, bool]]:
+        """(open file, HF name, GGUF name, stored `[in, out]` as Conv1D does) for every tensor the engine reads."""
         for file in files:
             with safe_open(str(file), framework="pt") as handle:
                 for hf_name in handle.keys():
@@ -132,20 +133,18 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
                         continue
                     if not name:
                         raise BaseModelError(file, f"unexpected tensor {hf_name!r} for {model.__name__}")
-                    array = handle.get_tensor(hf_name).float().numpy()
-                    if name.split(".", 2)[-1] in conv1d:
-                        array = np.ascontiguousarray(array.T)  # Conv1D stores [in, out]
-                    yield name, array
+                    yield handle, hf_name, name, name.split(".", 2)[-1] in conv1d
+
+    def tensors() -> Iterator[tuple[str, Array]]:
+        for handle, hf_name, name, transposed in entries():
+            array = handle.get_tensor(hf_name).float().numpy()
+            yield name, np.ascontiguousarray(array.T) if transposed else array
 
     def shapes() -> dict[str, tuple[int, ...]]:
         found: dict[str, tuple[int, ...]] = {}
-        for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                for hf_name in handle.keys():
-                    name = family.gguf_name(hf_name)
-                    if name:
-                        shape = tuple(handle.get_slice(hf_name).get_shape())
-                        found[name] = shape[::-1] if name.split(".", 2)[-1] in conv1d else shape
+        for handle, hf_name, name, transposed in entries():
+            shape = tuple(handle.get_slice(hf_name).get_shape())
+            found[name] = shape[::-1] if transposed else shape
         return found
 
     return BaseWeights(source=folder, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes)
