@@ -198,15 +198,10 @@ class PawCache:
             return None  # an unreadable bundle fails when it opens; a read-only cache only costs speed
         return folder
 
-    def base_derived_dir(self) -> Path | None:
+    def base_derived_dir(self) -> Path:
         """Where a backend may keep files derived from base weights (e.g. converted weights, named by a hash of
-        the base's identity): `<root>/.pawfn-derived/bases`. None when the cache cannot be written."""
-        folder = self.root / ".pawfn-derived" / "bases"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return None
-        return folder
+        the base's identity): `<root>/.pawfn-derived/bases`, created by the first backend that writes there."""
+        return self.root / ".pawfn-derived" / "bases"
 
     def remove_program(self, program_id: str) -> bool:
         """Delete an installed program; True if there was one."""
