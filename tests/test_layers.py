@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "jsonio", "options", "config", "models", "backends", "results", "hashing", "progress"}),
+    frozenset({"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress"}),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
     frozenset({"runtime"}),
     frozenset({"torch", "llamacpp", "hub"}),

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
 from ..errors import BundleError
+from ..files import write_atomically
 from ..hashing import file_sha256
 from ..jsonio import read_json_object
 from .refs import is_program_id
@@ -310,16 +311,11 @@ def _hydrate_meta(meta_path: Path, runtime: RuntimeManifest | None) -> None:
 
 
 def _atomic_write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+    def write(temporary: Path) -> None:
+        with temporary.open("w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, sort_keys=True)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+
+    write_atomically(path, write)

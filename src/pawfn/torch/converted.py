@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +21,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from ..files import write_atomically
 
 __all__ = ["ConvertedStore", "CorruptStoreError", "StoredWeights"]
 
@@ -116,20 +116,10 @@ class ConvertedStore:
         checksums = {name: _crc(tensor) for name, tensor in contiguous.items()}
         metadata = {_METADATA_KEY: _Metadata(identity=self._identity, crc32=checksums).model_dump_json()}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        except OSError:
+            write_atomically(self.path, lambda temporary: save_file(contiguous, temporary, metadata=metadata))
+        except (OSError, SafetensorError):
             return
-        os.close(descriptor)
-        try:
-            save_file(contiguous, temporary, metadata=metadata)
-            os.replace(temporary, self.path)
-            self._remove_older()
-        except BaseException as exc:  # KeyboardInterrupt too: never leave a partial file behind
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            if not isinstance(exc, (OSError, SafetensorError)):
-                raise
+        self._remove_older()
 
     def _remove_older(self) -> None:
         """Delete the files written for earlier versions of this base file in this mode (a base replaced in

@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ..files import write_atomically
 from ..hashing import file_sha256
 from .engine import PrefixState
 from .families import Architecture
@@ -83,14 +82,5 @@ class PrefixStore:
             "values": [v.cpu() for v in prefix.values],
             "last_logits": None if prefix.last_logits is None else prefix.last_logits.cpu(),
         }
-        try:
-            descriptor, temporary = tempfile.mkstemp(prefix=f"{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        except OSError:
-            return
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                torch.save(data, handle)
-            os.replace(temporary, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        with contextlib.suppress(OSError):
+            write_atomically(self.path, lambda temporary: torch.save(data, temporary))
