@@ -53,7 +53,7 @@ def test_run_many_keeps_call_order_across_programs_and_interpreters(
         assert pawfn.run_many(calls, options) == [g.text for g in alone]
         assert asyncio.run(pawfn.arun_many(calls, options)) == [g.text for g in alone]
         with pytest.raises(TypeError, match=r"calls\[1\] is .* not a \(program, input\) pair"):
-            pawfn.run_many([(first, "x"), ("x", first)])  # type: ignore[list-item]  # pyright: ignore[reportArgumentType]
+            pawfn.run_many([(first, "x"), ("x", first)])  # type: ignore[list-item]  # pyright: ignore[reportArgumentType]  # a wrong call on purpose
 
 
 @requires_llama_cpp

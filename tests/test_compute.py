@@ -10,7 +10,7 @@ import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.compute import on_compute_thread, set_threads
-from pawfn.torch.engine import TorchInterpreter
+from pawfn.torch.engine import DeviceAdapter, KVCache, TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 
@@ -43,9 +43,11 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
     seen: set[int] = set()
     forward = TorchInterpreter.forward
 
-    def recorded(self: TorchInterpreter, *args: object) -> torch.Tensor:
+    def recorded(
+        self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter
+    ) -> torch.Tensor:
         seen.add(threading.get_ident())
-        return forward(self, *args)  # type: ignore[arg-type]
+        return forward(self, token_ids, start, cache, adapter)
 
     monkeypatch.setattr(TorchInterpreter, "forward", recorded)
     with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:

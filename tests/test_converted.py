@@ -9,10 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.options import WeightDType
 from pawfn.torch.engine import TorchInterpreter
+from pawfn.torch.weights import BaseWeights
 from pawfn.torch.program import TorchProgram
 from tests.helpers.programs import TinyProgram
 
@@ -28,11 +30,14 @@ class _Conversions:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        convert = TorchInterpreter._convert  # pyright: ignore[reportPrivateUsage]
+        convert = TorchInterpreter._convert  # pyright: ignore[reportPrivateUsage]  # a spy on the conversion step
 
-        def counted(interpreter: TorchInterpreter, *args: object) -> object:
+        def counted(
+            interpreter: TorchInterpreter, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str],
+            progress: bool | None,
+        ) -> dict[str, torch.Tensor]:
             self.count += 1
-            return convert(interpreter, *args)  # type: ignore[arg-type]
+            return convert(interpreter, weights, weight_dtype, matrix_names, progress)
 
         monkeypatch.setattr(TorchInterpreter, "_convert", counted)
 

@@ -352,8 +352,8 @@ class PawFn(Generic[M, B]):
         the calls run one after another; the first error is raised.)"""
         if isinstance(inputs, str):
             raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
-        checked = _checked_options(options)
-        return [self.generate(text, checked) for text in [_checked_input(item) for item in inputs]]
+        texts = [_checked_input(item) for item in inputs]  # every input checked before the first call runs
+        return [self.generate(text, options) for text in texts]
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""

@@ -118,7 +118,7 @@ def pack(name: str, stored: Mapping[str, torch.Tensor], weight_dtype: WeightDTyp
 def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The quantized tensor fbgemm's int8 packing takes (torch marks these deprecated; the kernel takes nothing
     else yet, and `check_kernel` names the fix once the ops are gone)."""
-    return torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
+    return torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]  # the one way to build it
         values, scale.to(torch.float64), torch.zeros(values.shape[0], dtype=torch.long), 0
     )
 
