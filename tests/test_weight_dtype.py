@@ -124,9 +124,11 @@ def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> No
         )
 
 
-INT8_TRAINED_FLOORS = {"qwen3": 0.25, "gpt2": 0.6}
+INT8_TRAINED_FLOORS = {"qwen3": 0.2, "gpt2": 0.6}
 """Least share of float32's greedy tokens before a call's first difference, int8 weights on the trained tiny models
-(measured 0.31 and 0.78: their hidden size is 64, and llama.cpp's own Q8_0 base scores 0.30 and 0.78 there)."""
+(measured 0.24 and 0.79 with decode activations quantized per row, symmetric, for batch invariance; 0.31 and 0.78
+before, with fbgemm's asymmetric per-call quantization; their hidden size is 64, and llama.cpp's own Q8_0 base
+scores 0.30 and 0.78 there)."""
 
 
 def _quantized_base(source: Path, destination: Path) -> Path:

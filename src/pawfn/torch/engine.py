@@ -24,10 +24,12 @@ from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families import Architecture
-from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
+from .kernels import ROW_BLOCK, Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
 from .weights import BaseWeights
 
-__all__ = ["DeviceAdapter", "GroupLora", "KVCache", "LoraWeights", "PrefixState", "TorchInterpreter", "torch_dtype"]
+__all__ = [
+    "DeviceAdapter", "GroupLora", "KVCache", "LoraWeights", "PrefixState", "StepRow", "TorchInterpreter", "torch_dtype",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
@@ -51,6 +53,10 @@ class LoraWeights:
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         """What the side path adds to the base product of `x`."""
         return self.b(self.a(x)) * self.scale
+
+    def delta_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`delta` with each row exactly as alone (`Matrix.rows`)."""
+        return self.b.rows(self.a.rows(x)) * self.scale
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,16 @@ class PrefixState:
     def length(self) -> int:
         """Prefix length in tokens."""
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One sequence's next token in a decode step: where it goes and the program whose side paths it takes."""
+
+    token: int
+    position: int
+    cache: KVCache
+    adapter: DeviceAdapter
 
 
 class KVCache:
@@ -299,14 +315,14 @@ class TorchInterpreter:
                 joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
                 groups[group] = GroupLora(
                     a=self._lora_a(joined), ranks=[adapter.pairs[name].a.shape[0] for name in group],
-                    b=tuple(plain(self._on_device(adapter.pairs[name].b), None) for name in group),
+                    b=tuple(self._lora_b(adapter.pairs[name].b) for name in group),
                     scales=tuple(adapter.pairs[name].scale for name in group),
                 )
         grouped = {name for group in groups for name in group}
         for name, pair in adapter.pairs.items():
             if name not in grouped:
                 pairs[name] = LoraWeights(
-                    a=self._lora_a(torch.as_tensor(pair.a)), b=plain(self._on_device(pair.b), None), scale=pair.scale
+                    a=self._lora_a(torch.as_tensor(pair.a)), b=self._lora_b(pair.b), scale=pair.scale
                 )
         return DeviceAdapter(pairs, groups)
 
@@ -320,6 +336,12 @@ class TorchInterpreter:
         if self.weight_dtype is None:
             return plain(self._on_device(weight), None)
         return pack("lora_a", {"lora_a": weight.to(torch.float16)}, "float16", None)
+
+    def _lora_b(self, weight: npt.NDArray[np.float32]) -> Matrix:
+        """A LoRA `b` matrix, plain. Decode steps multiply it in fixed blocks of rows in the compact modes (cheap
+        for a rank-wide input, and exact per row at any batch size); the exact mode keeps one row per product, the
+        single-call numerics that match llama.cpp."""
+        return plain(self._on_device(weight), None, None if self.weight_dtype is None else ROW_BLOCK)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this interpreter."""
@@ -352,27 +374,73 @@ class TorchInterpreter:
         last = self.family.final_norm(ops, hidden[-1:])
         return self.matrices["output.weight"](last)[0].float()
 
+    @torch.inference_mode()
+    def step(self, rows: list[StepRow]) -> torch.Tensor:
+        """One decode step for several sequences (any programs): each row's token at its position into its cache;
+        returns logits [rows, vocab], each row bit-identical to the row stepped alone. Rows of one program should
+        be adjacent: each run of them takes the program's side paths in one product."""
+        ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
+        for row in rows:
+            row.cache.reserve(row.position + 1)
+        ops = _StepPass(self, rows)
+        hidden = self.family.embed(ops, ids, positions)
+        for layer in range(self.architecture.n_layers):
+            hidden = self.family.block(ops, layer, hidden, positions)
+        return self.matrices["output.weight"].rows(self.family.final_norm(ops, hidden)).float()
 
-class _ForwardPass:
-    """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
 
-    def __init__(self, interpreter: TorchInterpreter, adapter: DeviceAdapter, cache: KVCache, start: int) -> None:
+class _Pass:
+    """What every pass's `Ops` share: the base's tensors, embeddings, norms and one rotary table per pass."""
+
+    def __init__(self, interpreter: TorchInterpreter) -> None:
         self.architecture = interpreter.architecture
         self._interpreter = interpreter
         self._tensors = interpreter.tensors
         self._matrices = interpreter.matrices
         self._groups = interpreter.groups
-        self._adapter = adapter
-        self._cache = cache
-        self._start = start
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._mask: torch.Tensor | None = None
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
         if rows is not None:
             return rows(ids).to(self._interpreter.dtype)
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
+
+    def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
+        variance = x.pow(2).mean(dim=-1, keepdim=True)
+        return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
+
+    def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        weight, bias = self._tensors[prefix + ".weight"], self._tensors[prefix + ".bias"]
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.architecture.norm_eps)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self._rotation is None:  # one table per pass: every layer rotates the same positions
+            self._rotation = self._rotation_table(positions, x.dtype)
+        cos, sin = self._rotation
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D/2] of `positions` [T]."""
+        frequencies = self._interpreter.rope_frequencies
+        if frequencies is None:
+            raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
+        angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
+        return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
+
+
+class _ForwardPass(_Pass):
+    """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
+
+    def __init__(self, interpreter: TorchInterpreter, adapter: DeviceAdapter, cache: KVCache, start: int) -> None:
+        super().__init__(interpreter)
+        self._adapter = adapter
+        self._cache = cache
+        self._start = start
+        self._mask: torch.Tensor | None = None
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         y = self._matrices[name](x)
@@ -397,38 +465,83 @@ class _ForwardPass:
         return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        n_new, start, arch, cache = q.shape[0], self._start, self.architecture, self._cache
-        end = start + n_new
-        cache.keys[layer][:, start:end] = k.transpose(0, 1)
-        cache.values[layer][:, start:end] = v.transpose(0, 1)
-        group = arch.n_heads // arch.n_kv_heads
+        n_new, start, arch = q.shape[0], self._start, self.architecture
         if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
+            end, group = start + n_new, arch.n_heads // arch.n_kv_heads
             query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
             self._mask = (torch.arange(0, end, device=q.device).unsqueeze(0) <= query_pos).repeat(group, 1)
-        # the query heads that share a KV head are rows of one query block, so K and V are never copied per head
-        queries = q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n_new, arch.head_dim)
-        out = F.scaled_dot_product_attention(  # 4-D, so torch may pick its fused CPU kernel
-            queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], attn_mask=self._mask,
-            scale=1.0 / math.sqrt(arch.head_dim),
-        )
-        return out.view(arch.n_heads, n_new, arch.head_dim).transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
+        return _attend(arch, q, k, v, self._cache, layer, start, self._mask)
 
-    def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
-        variance = x.pow(2).mean(dim=-1, keepdim=True)
-        return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
 
-    def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        weight, bias = self._tensors[prefix + ".weight"], self._tensors[prefix + ".bias"]
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.architecture.norm_eps)
+class _StepPass(_Pass):
+    """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program.
+    Every product goes through `Matrix.rows`, so a row's numbers never depend on the other rows."""
 
-    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        frequencies = self._interpreter.rope_frequencies
-        if frequencies is None:
-            raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
-        if self._rotation is None:  # one table per pass: every layer rotates the same positions
-            angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
-            self._rotation = torch.cos(angles).to(x.dtype).unsqueeze(1), torch.sin(angles).to(x.dtype).unsqueeze(1)
-        cos, sin = self._rotation
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def __init__(self, interpreter: TorchInterpreter, rows: list[StepRow]) -> None:
+        super().__init__(interpreter)
+        self._rows = rows
+        self._segments: list[tuple[int, int, DeviceAdapter]] = []
+        """Runs of adjacent rows of one program: (start, end, adapter)."""
+        for index, row in enumerate(rows):
+            if self._segments and self._segments[-1][2] is row.adapter:
+                self._segments[-1] = (self._segments[-1][0], index + 1, row.adapter)
+            else:
+                self._segments.append((index, index + 1, row.adapter))
+
+    def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # row by row: a vectorized cos/sin may round a lane differently from a lone value's
+        tables = [super(_StepPass, self)._rotation_table(positions[i : i + 1], dtype) for i in range(len(self._rows))]
+        return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        y = self._matrices[name].rows(x)
+        for start, end, adapter in self._segments:
+            lora = adapter.get(name)
+            if lora is not None:
+                y[start:end] += lora.delta_rows(x[start:end])
+        return y
+
+    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        widths = self._groups.get(names)
+        if widths is None:
+            return [self.linear(x, name) for name in names]
+        outputs = list(torch.split(self._matrices[names[0]].rows(x), widths, dim=-1))
+        for start, end, adapter in self._segments:
+            rows = x[start:end]
+            group = adapter.groups.get(names)
+            if group is not None:
+                projected = torch.split(group.a.rows(rows), group.ranks, dim=-1)
+                for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
+                    y[start:end] += b.rows(p) * scale
+                continue
+            for index, name in enumerate(names):
+                lora = adapter.get(name)
+                if lora is not None:
+                    outputs[index][start:end] += lora.delta_rows(rows)
+        return outputs
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        arch = self.architecture
+        return torch.cat([
+            _attend(arch, q[i : i + 1], k[i : i + 1], v[i : i + 1], row.cache, layer, row.position, None)
+            for i, row in enumerate(self._rows)
+        ])
+
+
+def _attend(
+    arch: Architecture, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, start: int,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Store k/v of the new positions `start...` in `cache` and attend q [new, heads, D] over the cache so far."""
+    n_new = q.shape[0]
+    end = start + n_new
+    cache.keys[layer][:, start:end] = k.transpose(0, 1)
+    cache.values[layer][:, start:end] = v.transpose(0, 1)
+    group = arch.n_heads // arch.n_kv_heads
+    # the query heads that share a KV head are rows of one query block, so K and V are never copied per head
+    queries = q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n_new, arch.head_dim)
+    out = F.scaled_dot_product_attention(  # 4-D, so torch may pick its fused CPU kernel
+        queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], attn_mask=mask,
+        scale=1.0 / math.sqrt(arch.head_dim),
+    )
+    return out.view(arch.n_heads, n_new, arch.head_dim).transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)

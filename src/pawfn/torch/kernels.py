@@ -2,6 +2,9 @@
 fbgemm's kernels over matrices packed once at load: float16 weights with float32 activations (near-exact), or
 int8 per-row weights with activations quantized per call to 8 bits (fastest, lossy).
 
+Decode steps multiply through `Matrix.rows`, whose every output row depends on its own input row only, bit for
+bit, however many rows share the call: a row decoded in a batch then gets exactly the tokens it gets alone.
+
 A matrix is first *compressed* (its stored form: float16 values, or int8 values and one float32 scale per row;
 what the converted-weights file holds) and then *packed* for the kernel (fbgemm's own layout, built per process).
 Both are exact per row, so concatenating rows (fused q/k/v) before or after either step gives the same values.
@@ -23,19 +26,66 @@ from ..options import WeightDType
 __all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "pack", "plain", "stored_names"]
 
 _INT8_LIMIT = 127.0
+_TINY = torch.finfo(torch.float32).tiny
 _SCALE = ".scale"
+ROW_BLOCK = 8
+"""Rows per product of a blocked matrix (`plain(row_block=...)`): fixed, so a row's rounding never depends on
+how many rows a step holds (MKL's float32 GEMM rounds by the row count, but the same at any position)."""
 
 
 class Matrix:
     """`x @ W.T (+ bias)` for one base matrix (or several fused by rows): plain, or packed for fbgemm."""
 
-    def __init__(self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None, row_block: int | None = None
+    ) -> None:
         self.weight = weight
         """The plain weight `[out, in]`; None when packed."""
         self._packed = packed
         self.kind = kind
         """``plain``, ``float16`` or ``int8``."""
         self.bias = bias
+        self.row_block = row_block
+        """Plain only: multiply rows in blocks of this many (zero-padded) in `rows`; None: one row at a time."""
+        self._int8_range = _INT8_LIMIT if kind != "int8" or not _reduce_range() else 63.0
+        self._ends: torch.Tensor | None = None
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`self(x)` computed so that each output row is bit-identical to that row multiplied alone.
+
+        Plain: one row (or one fixed block) per product. float16: fbgemm's fp16 kernel already is. int8: each row
+        is quantized with its own scale to integers; fbgemm then multiplies integers exactly (int32 sums), since
+        an extra row holding the range's ends makes its per-call quantization the identity."""
+        if self.weight is not None:
+            block = self.row_block or 1
+            if x.shape[0] == 1 and block == 1:
+                return F.linear(x, self.weight, self.bias)
+            chunks = []
+            for start in range(0, x.shape[0], block):
+                chunk = x[start : start + block]
+                if chunk.shape[0] < block:
+                    chunk = F.pad(chunk, (0, 0, 0, block - chunk.shape[0]))
+                chunks.append(F.linear(chunk, self.weight, self.bias))
+            return torch.cat(chunks)[: x.shape[0]]
+        if self.kind == "float16":
+            return self(x)
+        top = self._int8_range
+        scale = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(_TINY) / top
+        ends = self._range_row(x)
+        integers = torch.empty((x.shape[0] + 1, x.shape[1]), dtype=x.dtype, device=x.device)
+        torch.div(x, scale, out=integers[:-1]).round_()
+        integers[-1] = ends
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(integers, self._packed, _reduce_range())[:-1] * scale
+        return y if self.bias is None else y + self.bias
+
+    def _range_row(self, x: torch.Tensor) -> torch.Tensor:
+        """A row holding -(top+1) and top: with it, the call's range is [-(top+1), top], so scale 1, zero point top+1."""
+        ends = self._ends
+        if ends is None or ends.shape[0] != x.shape[1]:
+            ends = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+            ends[0], ends[-1] = -self._int8_range - 1, self._int8_range
+            self._ends = ends
+        return ends
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is not None:
@@ -123,6 +173,6 @@ def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
     )
 
 
-def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
-    """Matrix `weight` multiplied with `F.linear` in its own dtype."""
-    return Matrix(weight, None, "plain", bias)
+def plain(weight: torch.Tensor, bias: torch.Tensor | None, row_block: int | None = None) -> Matrix:
+    """Matrix `weight` multiplied with `F.linear` in its own dtype (`Matrix.row_block` for `rows`)."""
+    return Matrix(weight, None, "plain", bias, row_block)

@@ -15,7 +15,7 @@ from ..options import RuntimeOptions
 from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
 from .converted import ConvertedStore
 from .compute import on_compute_thread, set_threads, trim_heap
-from .engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter, torch_dtype
+from .engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
 from .sampling import make_generator, pick_token
@@ -58,7 +58,16 @@ class TorchSession:
         return on_compute_thread(pick_token, self._logits, self._options, self._generator)
 
     def advance(self, token: int) -> None:
-        self._logits = on_compute_thread(self._interpreter.forward, [token], self._position, self._cache, self._adapter)
+        self._logits = on_compute_thread(self._interpreter.step, [self.step_row(token)])[0]
+        self._position += 1
+
+    def step_row(self, token: int) -> StepRow:
+        """This call's row in a decode step that evaluates `token` next."""
+        return StepRow(token, self._position, self._cache, self._adapter)
+
+    def stepped(self, logits: torch.Tensor) -> None:
+        """Take this row's logits from a decode step made with `step_row`."""
+        self._logits = logits
         self._position += 1
 
 
