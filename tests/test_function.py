@@ -29,7 +29,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.models import WeightFile
-from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
 from pawfn.torch.program import TorchProgram
 
 GREEDY_24 = RuntimeOptions(max_tokens=24)
@@ -119,16 +119,15 @@ def test_properties(qwen: PawFn[Qwen3_0_6B, Torch], qwen3_program: TinyProgram) 
     assert "0123456789abcdef0123" in repr(qwen)
 
 
-def test_arun_runs_in_a_worker_thread(qwen: PawFn[Qwen3_0_6B, Torch], monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = _torch_program(qwen)
+def test_arun_decodes_off_the_event_loop(qwen: PawFn[Qwen3_0_6B, Torch], monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[int] = []
-    original = runtime.generate
+    original = TorchInterpreter.step
 
-    def spy(text: str, options: RuntimeOptions) -> Any:
+    def spy(self: TorchInterpreter, rows: list[StepRow]) -> torch.Tensor:
         threads.append(threading.get_ident())
-        return original(text, options)
+        return original(self, rows)
 
-    monkeypatch.setattr(runtime, "generate", spy)
+    monkeypatch.setattr(TorchInterpreter, "step", spy)
 
     async def main() -> tuple[str, int]:
         ticks = 0
@@ -262,8 +261,15 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
         forwards.append((len(ids), start))
         return original_forward(self, ids, start, cache, adapter)
 
+    original_step = TorchInterpreter.step
+
+    def record_step(self: TorchInterpreter, rows: list[StepRow]) -> torch.Tensor:
+        forwards.extend((1, row.position) for row in rows)
+        return original_step(self, rows)
+
     monkeypatch.setattr(TorchInterpreter, "prefill_prefix", count_prefill)
     monkeypatch.setattr(TorchInterpreter, "forward", record_forward)
+    monkeypatch.setattr(TorchInterpreter, "step", record_step)
     function = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
     n_prefix = function.prefix_tokens
     forwards.clear()
@@ -271,7 +277,7 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
     second = function.generate(INPUTS[0], RuntimeOptions(max_tokens=4))
     assert prefills == [n_prefix]
     assert first.token_ids == second.token_ids
-    # Each call evaluates only input + suffix at position n_prefix, then one token at a time.
+    # Each call evaluates only input + suffix at position n_prefix, then one token per decode step.
     prompt = (first.prompt_tokens, n_prefix)
     assert forwards == [prompt, (1, n_prefix + first.prompt_tokens), (1, n_prefix + first.prompt_tokens + 1),
                         (1, n_prefix + first.prompt_tokens + 2)] * 2

@@ -16,7 +16,8 @@ def test_defaults_are_the_official_runtime_s() -> None:
     assert (options.max_tokens, options.temperature, options.top_p, options.seed) == (None, 0.0, 1.0, None)
     assert options.parse_special_in_input is False
     config = PawConfig()
-    assert (config.device, config.dtype, config.n_ctx, config.max_model_copies) == ("cpu", "float32", 2048, 1)
+    assert (config.device, config.dtype, config.n_ctx) == ("cpu", "float32", 2048)
+    assert (config.max_model_copies, config.max_batch_rows) == (8, 8)  # made only when runs overlap
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,13 @@ backends, and return the results in call order."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 from .function import PawFn
 from .options import RuntimeOptions
 from .results import Generation
+from .runtime import gather_in_order, results_in_order
 
 __all__ = ["arun_many", "generate_many", "run_many"]
 
@@ -18,11 +18,13 @@ Call: TypeAlias = "tuple[PawFn[Any, Any], str]"  # a string: PawFn refuses Any a
 
 
 def generate_many(calls: Sequence[Call], options: RuntimeOptions | None = None) -> list[Generation]:
-    """`generate` for each (program, input) pair, results in call order: each is what the call gives alone. (For
-    now the calls run one after another; the first error is raised.)"""
+    """`generate` for each (program, input) pair, results in call order, each exactly what the call gives alone.
+    On the Torch backend, calls on one base are decoded together (each program's side paths once per step, on
+    its rows); calls on other bases run beside them; llama.cpp runs its calls one by one. If calls fail, the first
+    failing call's error is raised once every call has ended."""
     for index, call in enumerate(calls):
         _check_call(index, call)
-    return [program.generate(text, options) for program, text in calls]
+    return results_in_order([program.submit(text, options) for program, text in calls])
 
 
 def _check_call(index: int, call: object) -> None:
@@ -37,6 +39,8 @@ def run_many(calls: Sequence[Call], options: RuntimeOptions | None = None) -> li
 
 
 async def arun_many(calls: Sequence[Call], options: RuntimeOptions | None = None) -> list[str]:
-    """`run_many` in a worker thread, so the event loop never blocks."""
-    generations = await asyncio.to_thread(generate_many, calls, options)
-    return [generation.text for generation in generations]
+    """`run_many` without blocking the event loop; cancelling the task stops its calls."""
+    for index, call in enumerate(calls):
+        _check_call(index, call)
+    pendings = [await program.asubmit(text, options) for program, text in calls]
+    return [generation.text for generation in await gather_in_order(pendings)]

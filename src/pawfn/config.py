@@ -20,7 +20,7 @@ DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
-    "max_model_copies": "PAW_MAX_MODEL_COPIES", "threads": "PAW_THREADS", "device": "PAW_DEVICE", "dtype": "PAW_DTYPE",
+    "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS", "device": "PAW_DEVICE", "dtype": "PAW_DTYPE",
     "weight_dtype": "PAW_WEIGHT_DTYPE",
 }
 
@@ -62,8 +62,13 @@ class PawConfig(BaseModel):
     None (the default) keeps `dtype`, the exact mode. See the README's figures."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
-    max_model_copies: int = Field(default=1, ge=1)
-    """Most copies of one base model, and so most concurrent runs on it."""
+    max_model_copies: int = Field(default=8, ge=1)
+    """Most copies of one base model, and so most concurrent runs on it (threads, tasks and batch rows alike). A
+    copy is one run's KV cache, made only when that many runs overlap (Torch; llama.cpp runs a program's calls in
+    turn)."""
+    max_batch_rows: int = Field(default=8, ge=1)
+    """Most rows in one forward pass of a decode step (Torch): concurrent runs on one base are decoded together,
+    up to this many per pass."""
     threads: int | None = Field(default=None, ge=1)
     """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
     context (llama.cpp). On small VMs one thread can beat two (see the README)."""
@@ -108,7 +113,7 @@ class PawConfig(BaseModel):
         for name, key in _ENV_VARIABLES.items():
             if env.get(key):
                 values[name], origins[name] = env[key], key
-        for name in ("n_ctx", "max_model_copies", "threads"):
+        for name in ("n_ctx", "max_model_copies", "max_batch_rows", "threads"):
             raw = values.get(name)
             if isinstance(raw, str):
                 try:

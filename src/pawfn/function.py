@@ -25,7 +25,7 @@ from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
 from .results import Generation
-from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
+from .runtime import PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, gather_in_order, results_in_order
 from .torch import TorchProgram
 
 __all__ = ["PawFn", "runtime_opener"]
@@ -342,26 +342,46 @@ class PawFn(Generic[M, B]):
         """Run the program with explicit `options` and return its output text."""
         return self.generate(input, options).text
 
+    def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
+        """Start a call and return a future of its `Generation`. The Torch backend queues it on its base's scheduler
+        and returns at once (calls in flight are decoded together, each with the tokens it gets alone);
+        llama.cpp runs it before returning. `cancel()` stops a call that is still decoding."""
+        text, checked = _checked_input(input), _checked_options(options)
+        if self._runtime.closed:
+            raise ProgramClosedError("this program was closed; load it again to run it")
+        return self._runtime.submit(text, checked)
+
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
-        """`run` in a worker thread, so the event loop never blocks."""
-        generation = await asyncio.to_thread(self.generate, input, options)
+        """`run` without blocking the event loop; cancelling the task stops the call at its next token (Torch)."""
+        pending = await self.asubmit(input, options)
+        generation = await asyncio.wrap_future(pending)
         return generation.text
 
+    async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
+        """`submit` for the event loop: a call llama.cpp runs at once goes to a worker thread."""
+        if self._runtime.queues_calls:  # returns at once: no thread, and nothing runs orphaned if we are cancelled
+            return self.submit(input, options)
+        return await asyncio.to_thread(self.submit, input, options)
+
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
-        """`generate` for each of `inputs`, results in input order: each is what the input gives alone. (For now
-        the calls run one after another; the first error is raised.)"""
+        """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
+        Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
+        one. If calls fail, the first failing input's error is raised once every call has ended."""
         if isinstance(inputs, str):
             raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
         texts = [_checked_input(item) for item in inputs]  # every input checked before the first call runs
-        return [self.generate(text, options) for text in texts]
+        return results_in_order([self.submit(text, options) for text in texts])
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""
         return [generation.text for generation in self.generate_batch(inputs, options)]
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
-        """`run_batch` in a worker thread, so the event loop never blocks."""
-        generations = await asyncio.to_thread(self.generate_batch, inputs, options)
+        """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
+        if isinstance(inputs, str):
+            raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
+        texts = [_checked_input(item) for item in inputs]
+        generations = await gather_in_order([await self.asubmit(text, options) for text in texts])
         return [generation.text for generation in generations]
 
     def close(self) -> None:

@@ -1,20 +1,22 @@
 """The runtime interface every backend implements, and the one decode loop they all run.
 
-A backend supplies a `DecodeSession` (prefill, sample, advance) per call; `ProgramRuntime.generate` does the
-rest once: prompt encoding, the context budget, stopping, timings and the `Generation`. Rows are independent
-sessions, so a batched loop can drive several of them per step.
+A backend supplies a `DecodeSession` (prefill, sample, advance) per call; a `Decoding` does the rest once: prompt
+encoding, the context budget, stopping, timings and the `Generation`. `ProgramRuntime.generate` drives one call
+to its end; a batching backend (Torch) drives many `Decoding`s through shared steps and overrides `submit`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from concurrent.futures import Future, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from .bundle import ProgramBundle, PromptTemplate
 from .config import PawConfig
@@ -27,11 +29,15 @@ from .tokenizer import TextCodec
 __all__ = [
     "Budget",
     "DecodeSession",
+    "Decoding",
+    "PendingGeneration",
     "ProgramFiles",
     "ProgramRuntime",
     "Prompt",
     "RuntimeOpener",
     "context_window",
+    "gather_in_order",
+    "results_in_order",
 ]
 
 
@@ -115,11 +121,74 @@ class DecodeSession(Protocol):
         ...
 
 
+class Decoding:
+    """One call from its input to its `Generation`, token by token: the stopping rules and timings every loop shares."""
+
+    def __init__(self, prompt: Prompt, text: str, options: RuntimeOptions) -> None:
+        """Encode `text` and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
+        self._clock = time.perf_counter
+        self._started = self._clock()
+        self._prompt = prompt
+        self.options = options
+        self.prompt_ids = prompt.encode(text, options)
+        self.budget = prompt.budget(len(self.prompt_ids), options)
+        if self.budget.limit > 0 and not self.prompt_ids and not prompt.prefix_ids:
+            raise PawError("the program's template and the input are both empty: there is nothing to continue")
+        self.output: list[int] = []
+        self.stop: StopReason = self.budget.exhausted_reason
+        self._tokenized = self._prompt_done = self._clock()
+
+    def prefilled(self) -> None:
+        """Note that the prompt has been evaluated."""
+        self._prompt_done = self._clock()
+
+    def take(self, token: int) -> bool:
+        """Record a sampled token; True when the call goes on (so `token` must be evaluated next)."""
+        if token == self._prompt.codec.eos_id:
+            self.stop = "eos"
+            return False
+        self.output.append(token)
+        return len(self.output) < self.budget.limit
+
+    def result(self) -> Generation:
+        """The call's `Generation` (its timings end now)."""
+        finished = self._clock()
+        return Generation(
+            text=self._prompt.codec.decode(self.output).strip(),
+            token_ids=tuple(self.output),
+            prefix_tokens=len(self._prompt.prefix_ids),
+            prompt_tokens=len(self.prompt_ids),
+            stop_reason=self.stop,
+            timings=Timings(
+                tokenize_ms=(self._tokenized - self._started) * 1e3,
+                prompt_ms=(self._prompt_done - self._tokenized) * 1e3,
+                generate_ms=(finished - self._prompt_done) * 1e3,
+                total_ms=(finished - self._started) * 1e3,
+            ),
+        )
+
+
+class PendingGeneration(Future[Generation]):
+    """A submitted call. `cancel()` also stops a call that is already decoding: it leaves at the next step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.abandoned = threading.Event()
+        """Set by `cancel()`; a scheduler drops the call's row when it sees it."""
+
+    def cancel(self) -> bool:
+        self.abandoned.set()
+        return super().cancel()
+
+
 class ProgramRuntime(ABC):
     """A loaded program on a backend: its adapter, its cached prefix and a handle on the shared base.
 
     Subclasses give `session` and `release`; running, closing and the decode loop are shared.
     """
+
+    queues_calls: ClassVar[bool] = False
+    """Whether `submit` returns at once (calls queued for batching) rather than after running the call."""
 
     def __init__(self, prompt: Prompt) -> None:
         self._prompt = prompt
@@ -154,58 +223,50 @@ class ProgramRuntime(ABC):
     def release(self) -> None:
         """Free the program's own resources; called once, after every run has ended."""
 
-    @contextmanager
-    def _running(self) -> Generator[None, None, None]:
+    def _enter_run(self) -> None:
+        """Count a run that starts (refused once the program is closed); pair with `_exit_run`."""
         with self._state:
             if self._closed:
                 raise ProgramClosedError("this program was closed; load it again to run it")
             self._active_runs += 1
+
+    def _exit_run(self) -> None:
+        with self._state:
+            self._active_runs -= 1
+            self._state.notify_all()
+
+    @contextmanager
+    def _running(self) -> Generator[None, None, None]:
+        self._enter_run()
         try:
             yield
         finally:
-            with self._state:
-                self._active_runs -= 1
-                self._state.notify_all()
+            self._exit_run()
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads."""
-        clock = time.perf_counter
-        started = clock()
-        prompt_ids = self._prompt.encode(text, options)
-        allowed = self._prompt.budget(len(prompt_ids), options)
-        eos_id = self._prompt.codec.eos_id
-        output: list[int] = []
-        stop: StopReason = allowed.exhausted_reason
-        tokenized = prompt_done = clock()
+        decoding = Decoding(self._prompt, text, options)
         with self._running():
-            if allowed.limit > 0:
-                if not prompt_ids and not self._prompt.prefix_ids:
-                    raise PawError("the program's template and the input are both empty: there is nothing to continue")
+            if decoding.budget.limit > 0:
                 with self.session(options) as session:
-                    session.prefill(prompt_ids)
-                    prompt_done = clock()
-                    for step in range(allowed.limit):
+                    session.prefill(decoding.prompt_ids)
+                    decoding.prefilled()
+                    token = session.sample()
+                    while decoding.take(token):
+                        session.advance(token)
                         token = session.sample()
-                        if token == eos_id:
-                            stop = "eos"
-                            break
-                        output.append(token)
-                        if step + 1 < allowed.limit:
-                            session.advance(token)
-        finished = clock()
-        return Generation(
-            text=self._prompt.codec.decode(output).strip(),
-            token_ids=tuple(output),
-            prefix_tokens=len(self._prompt.prefix_ids),
-            prompt_tokens=len(prompt_ids),
-            stop_reason=stop,
-            timings=Timings(
-                tokenize_ms=(tokenized - started) * 1e3,
-                prompt_ms=(prompt_done - tokenized) * 1e3,
-                generate_ms=(finished - prompt_done) * 1e3,
-                total_ms=(finished - started) * 1e3,
-            ),
-        )
+        return decoding.result()
+
+    def submit(self, text: str, options: RuntimeOptions) -> PendingGeneration:
+        """Start a call and return at once where the backend batches calls (its errors come with the result);
+        here, a backend that runs calls one by one, the call runs before this returns."""
+        pending = PendingGeneration()
+        if pending.set_running_or_notify_cancel():
+            try:
+                pending.set_result(self.generate(text, options))
+            except Exception as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
+                pending.set_exception(exc)
+        return pending
 
     def close(self) -> None:
         """Wait for running calls, then free the program (the shared base goes with its last program)."""
@@ -216,6 +277,23 @@ class ProgramRuntime(ABC):
             while self._active_runs:
                 self._state.wait()
         self.release()
+
+
+def results_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:
+    """The results of `pendings` in order, after all have ended; the first failed one's error is raised."""
+    wait(pendings)
+    return [pending.result() for pending in pendings]
+
+
+async def gather_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:
+    """`results_in_order` for the event loop; cancelling the awaiting task cancels every call."""
+    outcomes = await asyncio.gather(*(asyncio.wrap_future(pending) for pending in pendings), return_exceptions=True)
+    results: list[Generation] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        results.append(outcome)
+    return results
 
 
 class RuntimeOpener(Protocol):

@@ -60,7 +60,7 @@ class Matrix:
             block = self.row_block or 1
             if x.shape[0] == 1 and block == 1:
                 return F.linear(x, self.weight, self.bias)
-            chunks = []
+            chunks: list[torch.Tensor] = []
             for start in range(0, x.shape[0], block):
                 chunk = x[start : start + block]
                 if chunk.shape[0] < block:
@@ -70,7 +70,7 @@ class Matrix:
         if self.kind == "float16":
             return self(x)
         top = self._int8_range
-        scale = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(_TINY) / top
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY) / top
         ends = self._range_row(x)
         integers = torch.empty((x.shape[0] + 1, x.shape[1]), dtype=x.dtype, device=x.device)
         torch.div(x, scale, out=integers[:-1]).round_()

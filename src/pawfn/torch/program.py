@@ -12,16 +12,18 @@ from ..config import PawConfig
 from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
+from ..results import Generation
+from ..runtime import Decoding, PendingGeneration, ProgramFiles, ProgramRuntime, Prompt, context_window
 from .converted import ConvertedStore
 from .compute import on_compute_thread, set_threads, trim_heap
-from .engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter, torch_dtype
+from .engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
-from .sampling import make_generator, pick_token
+from .scheduler import ScheduledCall
+from .session import TorchSession
 from .weights import read_base_weights
 
-__all__ = ["TorchProgram", "TorchSession"]
+__all__ = ["TorchProgram"]
 
 
 def _check_device(device: str) -> torch.device:
@@ -32,47 +34,10 @@ def _check_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchSession:
-    """One call on one model copy: the copy's KV cache starts as the program's prefix."""
-
-    def __init__(
-        self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache,
-        options: RuntimeOptions,
-    ) -> None:
-        self._interpreter = interpreter
-        self._adapter = adapter
-        self._cache = cache
-        self._options = options
-        self._generator = make_generator(options)
-        self._position = prefix.length
-        self._logits: torch.Tensor | None = prefix.last_logits
-        on_compute_thread(cache.load, prefix)
-
-    def prefill(self, prompt_ids: list[int]) -> None:
-        if prompt_ids:
-            self._logits = on_compute_thread(self._interpreter.forward, prompt_ids, self._position, self._cache, self._adapter)
-            self._position += len(prompt_ids)
-
-    def sample(self) -> int:
-        assert self._logits is not None  # the loop refuses an empty prefix with an empty prompt
-        return on_compute_thread(pick_token, self._logits, self._options, self._generator)
-
-    def advance(self, token: int) -> None:
-        self._logits = on_compute_thread(self._interpreter.step, [self.step_row(token)])[0]
-        self._position += 1
-
-    def step_row(self, token: int) -> StepRow:
-        """This call's row in a decode step that evaluates `token` next."""
-        return StepRow(token, self._position, self._cache, self._adapter)
-
-    def stepped(self, logits: torch.Tensor) -> None:
-        """Take this row's logits from a decode step made with `step_row`."""
-        self._logits = logits
-        self._position += 1
-
-
 class TorchProgram(ProgramRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
+
+    queues_calls = True
 
     def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt) -> None:
         super().__init__(prompt)
@@ -103,7 +68,7 @@ class TorchProgram(ProgramRuntime):
             )
 
         with contextlib.ExitStack() as on_error:
-            base = ModelRegistry.acquire(key, load, config.max_model_copies)
+            base = ModelRegistry.acquire(key, load, config.max_model_copies, config.max_batch_rows)
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
@@ -141,6 +106,27 @@ class TorchProgram(ProgramRuntime):
         """The cached prefix (evaluated once when the program loaded)."""
         return self._prefix
 
+    def generate(self, text: str, options: RuntimeOptions) -> Generation:
+        """Run the program on `text` through its base's scheduler (batched with concurrent calls, same tokens)."""
+        return self.submit(text, options).result()
+
+    def submit(self, text: str, options: RuntimeOptions) -> PendingGeneration:
+        """Queue a call on the base's scheduler and return at once; errors come with the result."""
+        pending = PendingGeneration()
+        try:
+            decoding = Decoding(self._prompt, text, options)
+            self._enter_run()
+        except Exception as exc:  # noqa: BLE001 - this call's error, delivered like a running call's
+            pending.set_exception(exc)
+            return pending
+        if decoding.budget.limit == 0:
+            pending.set_running_or_notify_cancel()
+            pending.set_result(decoding.result())
+            self._exit_run()
+            return pending
+        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self._prefix, pending, self._exit_run))
+        return pending
+
     @contextlib.contextmanager
     def session(self, options: RuntimeOptions) -> Generator[TorchSession, None, None]:
         base = self.base
@@ -152,3 +138,5 @@ class TorchProgram(ProgramRuntime):
         base, self._base = self._base, None
         if base is not None:
             ModelRegistry.release(base)
+            if base.users <= 0:  # the last program: its scheduler's thread lets go of the base as it ends
+                base.scheduler.wait_idle()

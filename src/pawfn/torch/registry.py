@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from ..models import InterpreterModel
 from .engine import KVCache, TorchInterpreter
+from .scheduler import Scheduler
 
 __all__ = ["BaseKey", "ModelCopy", "ModelRegistry", "SharedBase"]
 
@@ -38,15 +39,18 @@ class ModelCopy:
 class SharedBase:
     """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
 
-    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int) -> None:
+    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int = 8) -> None:
         self.key = key
         self.interpreter = interpreter
         self._max_copies = max_copies
+        self._max_rows = max_rows
         self._copies: list[ModelCopy] = []
         self._free: list[ModelCopy] = []
         self._available = threading.Condition()
         self.users = 0
         """Programs holding this base (guarded by the registry's lock)."""
+        self.scheduler = Scheduler(interpreter, self._acquire_cache, lambda: self._max_copies, lambda: self._max_rows)
+        """Batches every call on this base."""
 
     @property
     def max_copies(self) -> int:
@@ -58,11 +62,22 @@ class SharedBase:
         """Copies created so far (they are created lazily)."""
         return len(self._copies)
 
-    def allow_copies(self, max_copies: int) -> None:
-        """Raise the bound to `max_copies` (a bound is never lowered while programs use the base)."""
+    @property
+    def max_rows(self) -> int:
+        """Upper bound on the rows of one forward pass in a decode step."""
+        return self._max_rows
+
+    def allow_copies(self, max_copies: int, max_rows: int = 1) -> None:
+        """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
         with self._available:
             self._max_copies = max(self._max_copies, max_copies)
+            self._max_rows = max(self._max_rows, max_rows)
             self._available.notify_all()
+
+    @contextmanager
+    def _acquire_cache(self) -> Generator[KVCache, None, None]:
+        with self.acquire() as copy:
+            yield copy.cache
 
     @contextmanager
     def acquire(self) -> Generator[ModelCopy, None, None]:
@@ -93,7 +108,7 @@ class ModelRegistry:
     _loads: ClassVar[dict[BaseKey, int]] = {}
 
     @classmethod
-    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int) -> SharedBase:
+    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int, max_rows: int = 8) -> SharedBase:
         """The shared base for `key`, loading it once, with one more user; pair it with `release`.
 
         Concurrent callers for one key wait for that load; other keys keep loading in parallel.
@@ -106,13 +121,13 @@ class ModelRegistry:
                 if entry is not None:
                     entry.users += 1
             if entry is None:
-                entry = SharedBase(key, load(), max_copies)
+                entry = SharedBase(key, load(), max_copies, max_rows)
                 with cls._lock:
                     cls._entries[key] = entry
                     cls._loads[key] = cls._loads.get(key, 0) + 1
                     entry.users += 1
             else:
-                entry.allow_copies(max_copies)
+                entry.allow_copies(max_copies, max_rows)
         return entry
 
     @classmethod

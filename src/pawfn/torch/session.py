@@ -1,0 +1,51 @@
+"""One call's decoding state on the Torch backend: its KV cache (a model copy's), position and last logits."""
+
+from __future__ import annotations
+
+import torch
+
+from ..options import RuntimeOptions
+from .compute import on_compute_thread
+from .engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
+from .sampling import make_generator, pick_token
+
+__all__ = ["TorchSession"]
+
+
+class TorchSession:
+    """One call on one model copy: the copy's KV cache starts as the program's prefix."""
+
+    def __init__(
+        self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache,
+        options: RuntimeOptions,
+    ) -> None:
+        self.interpreter = interpreter
+        self.adapter = adapter
+        self._cache = cache
+        self._options = options
+        self._generator = make_generator(options)
+        self._position = prefix.length
+        self._logits: torch.Tensor | None = prefix.last_logits
+        on_compute_thread(cache.load, prefix)
+
+    def prefill(self, prompt_ids: list[int]) -> None:
+        if prompt_ids:
+            self._logits = on_compute_thread(self.interpreter.forward, prompt_ids, self._position, self._cache, self.adapter)
+            self._position += len(prompt_ids)
+
+    def sample(self) -> int:
+        assert self._logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
+        return on_compute_thread(pick_token, self._logits, self._options, self._generator)
+
+    def advance(self, token: int) -> None:
+        self._logits = on_compute_thread(self.interpreter.step, [self.step_row(token)])[0]
+        self._position += 1
+
+    def step_row(self, token: int) -> StepRow:
+        """This call's row in a decode step that evaluates `token` next."""
+        return StepRow(token, self._position, self._cache, self.adapter)
+
+    def stepped(self, logits: torch.Tensor) -> None:
+        """Take this row's logits from a decode step made with `step_row`."""
+        self._logits = logits
+        self._position += 1
