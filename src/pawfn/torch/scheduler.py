@@ -85,6 +85,11 @@ class Scheduler:
         """Calls waiting to join."""
         return len(self._waiting)
 
+    @property
+    def running(self) -> int:
+        """Calls decoding now."""
+        return len(self._running)
+
     def _loop(self) -> None:
         while True:
             with self._lock:
