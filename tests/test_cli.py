@@ -53,6 +53,18 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
         assert set(record["timings"]) == {"tokenize_ms", "prompt_ms", "generate_ms", "total_ms"}
 
 
+def test_batch_size_decodes_inputs_together_in_input_order(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
+    texts = ["hello", "Urgent: the server is down!", "a", "numbers 1 2 3", "x"]
+    argv = ["run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
+            "--max-tokens", "6", "--json", "--batch-size", "2"]
+    for text in texts:
+        argv += ["--input", text]
+    assert main(argv) == 0
+    records = _records(capsys)
+    assert [record["input"] for record in records] == texts
+    assert [tuple(record["tokens"]) for record in records] == [_expected(qwen3_program, text, 6)[1] for text in texts]  # type: ignore[arg-type]  # JSON list of ints
+
+
 @pytest.mark.parametrize(
     ("args", "message", "status"),
     [
@@ -62,6 +74,7 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
         (["--program", "{program}", "--device", "tpu"], "invalid --device='tpu': Input should be 'cpu', 'mps', 'cuda'", 2),
         (["--program", "{program}", "--input-file", "{missing}"], "--input-file {missing}: cannot read it", 2),
         (["--program", "{program}", "--n-ctx", "8"], "context overflow", 1),
+        (["--program", "{program}", "--batch-size", "0"], "invalid --batch-size=0: Input should be greater", 2),
     ],
 )
 def test_errors_are_one_line(

@@ -1,7 +1,8 @@
 """`pawfn bench`'s measurement: calls of one loaded program, timed, with the process's peak memory.
 
 The calls are ordinary `generate` calls (warm-up first, then `runs` calls cycling over the inputs, from
-`concurrency` threads at once); the benchmark only times them.
+`concurrency` threads at once; on the Torch backend the base's scheduler decodes concurrent calls together); the
+benchmark only times them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class BenchResult(BaseModel):
     weight_dtype: str | None
     threads: int | None
     max_model_copies: int
+    max_batch_rows: int
     max_tokens: int | None
     runs: int
     concurrency: int
@@ -98,7 +100,7 @@ def run_bench(
         program=program.program_id or reference, interpreter=program.interpreter,
         backend=type(program).backend_type().name, device=config.device, dtype=config.dtype,
         weight_dtype=config.weight_dtype, threads=config.threads,
-        max_model_copies=config.max_model_copies, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
+        max_model_copies=config.max_model_copies, max_batch_rows=config.max_batch_rows, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
         load_s=load_s, median_ms=statistics.median(times), p90_ms=_percentile(times, 0.9),
         ms_per_token=statistics.median(ms / max(n, 1) for ms, n in zip(times, produced, strict=True)),
         tokens_per_call=statistics.fmean(produced), calls_per_s=runs / wall_s, peak_rss_mb=peak_rss_mb(),

@@ -30,6 +30,7 @@ from .hub.types import compile_request
 from .jsonio import parse_json_object
 from .models import InterpreterModel
 from .options import DType, RuntimeOptions, WeightDType
+from .results import Generation
 
 __all__ = ["main"]
 
@@ -38,7 +39,7 @@ _BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCp
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
     for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed", "max_model_copies", "weight_dtype")
+                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype")
 } | {"parse_special_in_input": "--parse-special"}
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -113,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common, program], help="run a program on one or more inputs")
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
     run.add_argument(
+        "--batch-size", type=int, default=8, metavar="N",
+        help="inputs decoded together, each with the tokens it gets alone (default: 8; Torch; llama.cpp runs them in turn)",
+    )
+    run.add_argument(
         "--json", action="store_true",
         help="print one JSON object per input (JSON Lines); plain output escapes control characters",
     )
@@ -122,9 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=10, metavar="N", help="timed calls after one warm-up (default: 10)")
     bench.add_argument(
         "--concurrency", type=int, default=1, metavar="N",
-        help="callers at once (default: 1); they run together up to --max-model-copies",
+        help="callers at once (default: 1); Torch decodes their calls together, up to --max-model-copies",
     )
-    bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 1)")
+    bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 8)")
+    bench.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)")
     bench.add_argument("--json", action="store_true", help="print one JSON object with the figures and the configuration")
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
@@ -161,7 +167,9 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "n_ctx", "threads", "max_model_copies"):
+    names = ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "n_ctx", "threads", "max_model_copies",
+             "max_batch_rows")
+    for name in names:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value
@@ -233,29 +241,37 @@ def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[Interpre
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1:
+        raise _CliError(f"invalid --batch-size={args.batch_size!r}: Input should be greater than or equal to 1")
     config = _config(args)
+    config = config.with_options(max_batch_rows=args.batch_size, max_model_copies=max(config.max_model_copies, args.batch_size))
     options = _options(args)
     inputs = _inputs(args)
     with _load_program(args, config) as program:
-        for text in inputs:
-            generation = program.generate(text, options)
-            if args.json:
-                _print_json(
-                    {
-                        "program": program.program_id or args.program,
-                        "interpreter": program.interpreter,
-                        "input": text,
-                        "output": generation.text,
-                        "tokens": list(generation.token_ids),
-                        "stop_reason": generation.stop_reason,
-                        "prefix_tokens": generation.prefix_tokens,
-                        "prompt_tokens": generation.prompt_tokens,
-                        "timings": generation.timings.model_dump(),
-                    }
-                )
-            else:
-                print(escape_control(generation.text), flush=True)
+        for start in range(0, len(inputs), args.batch_size):  # outputs print batch by batch, in input order
+            batch = inputs[start : start + args.batch_size]
+            for text, generation in zip(batch, program.generate_batch(batch, options), strict=True):
+                _print_generation(args, program, text, generation)
     return 0
+
+
+def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation) -> None:
+    if not args.json:
+        print(escape_control(generation.text), flush=True)
+        return
+    _print_json(
+        {
+            "program": program.program_id or args.program,
+            "interpreter": program.interpreter,
+            "input": text,
+            "output": generation.text,
+            "tokens": list(generation.token_ids),
+            "stop_reason": generation.stop_reason,
+            "prefix_tokens": generation.prefix_tokens,
+            "prompt_tokens": generation.prompt_tokens,
+            "timings": generation.timings.model_dump(),
+        }
+    )
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families import Architecture
-from .kernels import ROW_BLOCK, Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
+from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
 from .weights import BaseWeights
 
 __all__ = [
@@ -315,14 +315,14 @@ class TorchInterpreter:
                 joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
                 groups[group] = GroupLora(
                     a=self._lora_a(joined), ranks=[adapter.pairs[name].a.shape[0] for name in group],
-                    b=tuple(self._lora_b(adapter.pairs[name].b) for name in group),
+                    b=tuple(plain(self._on_device(adapter.pairs[name].b), None) for name in group),
                     scales=tuple(adapter.pairs[name].scale for name in group),
                 )
         grouped = {name for group in groups for name in group}
         for name, pair in adapter.pairs.items():
             if name not in grouped:
                 pairs[name] = LoraWeights(
-                    a=self._lora_a(torch.as_tensor(pair.a)), b=self._lora_b(pair.b), scale=pair.scale
+                    a=self._lora_a(torch.as_tensor(pair.a)), b=plain(self._on_device(pair.b), None), scale=pair.scale
                 )
         return DeviceAdapter(pairs, groups)
 
@@ -336,12 +336,6 @@ class TorchInterpreter:
         if self.weight_dtype is None:
             return plain(self._on_device(weight), None)
         return pack("lora_a", {"lora_a": weight.to(torch.float16)}, "float16", None)
-
-    def _lora_b(self, weight: npt.NDArray[np.float32]) -> Matrix:
-        """A LoRA `b` matrix, plain. Decode steps multiply it in fixed blocks of rows in the compact modes (cheap
-        for a rank-wide input, and exact per row at any batch size); the exact mode keeps one row per product, the
-        single-call numerics that match llama.cpp."""
-        return plain(self._on_device(weight), None, None if self.weight_dtype is None else ROW_BLOCK)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this interpreter."""

@@ -28,45 +28,33 @@ __all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "pack", "plain
 _INT8_LIMIT = 127.0
 _TINY = torch.finfo(torch.float32).tiny
 _SCALE = ".scale"
-ROW_BLOCK = 8
-"""Rows per product of a blocked matrix (`plain(row_block=...)`): fixed, so a row's rounding never depends on
-how many rows a step holds (MKL's float32 GEMM rounds by the row count, but the same at any position)."""
 
 
 class Matrix:
     """`x @ W.T (+ bias)` for one base matrix (or several fused by rows): plain, or packed for fbgemm."""
 
-    def __init__(
-        self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None, row_block: int | None = None
-    ) -> None:
+    def __init__(self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None) -> None:
         self.weight = weight
         """The plain weight `[out, in]`; None when packed."""
         self._packed = packed
         self.kind = kind
         """``plain``, ``float16`` or ``int8``."""
         self.bias = bias
-        self.row_block = row_block
-        """Plain only: multiply rows in blocks of this many (zero-padded) in `rows`; None: one row at a time."""
         self._int8_range = _INT8_LIMIT if kind != "int8" or not _reduce_range() else 63.0
         self._ends: torch.Tensor | None = None
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """`self(x)` computed so that each output row is bit-identical to that row multiplied alone.
 
-        Plain: one row (or one fixed block) per product. float16: fbgemm's fp16 kernel already is. int8: each row
-        is quantized with its own scale to integers; fbgemm then multiplies integers exactly (int32 sums), since
-        an extra row holding the range's ends makes its per-call quantization the identity."""
+        Plain: one row per product (MKL's float32 GEMM rounds differently by row count; padding every product to
+        a fixed 8 rows would be exact too, but made a lone Qwen3-0.6B decode step ~14 ms slower). float16: fbgemm's
+        fp16 kernel already is. int8: each row is quantized with its own scale to integers; fbgemm then multiplies
+        integers exactly (int32 sums), since an extra row holding the range's ends makes its per-call quantization
+        the identity."""
         if self.weight is not None:
-            block = self.row_block or 1
-            if x.shape[0] == 1 and block == 1:
+            if x.shape[0] == 1:
                 return F.linear(x, self.weight, self.bias)
-            chunks: list[torch.Tensor] = []
-            for start in range(0, x.shape[0], block):
-                chunk = x[start : start + block]
-                if chunk.shape[0] < block:
-                    chunk = F.pad(chunk, (0, 0, 0, block - chunk.shape[0]))
-                chunks.append(F.linear(chunk, self.weight, self.bias))
-            return torch.cat(chunks)[: x.shape[0]]
+            return torch.cat([F.linear(x[i : i + 1], self.weight, self.bias) for i in range(x.shape[0])])
         if self.kind == "float16":
             return self(x)
         top = self._int8_range
@@ -173,6 +161,6 @@ def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
     )
 
 
-def plain(weight: torch.Tensor, bias: torch.Tensor | None, row_block: int | None = None) -> Matrix:
-    """Matrix `weight` multiplied with `F.linear` in its own dtype (`Matrix.row_block` for `rows`)."""
-    return Matrix(weight, None, "plain", bias, row_block)
+def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+    """Matrix `weight` multiplied with `F.linear` in its own dtype."""
+    return Matrix(weight, None, "plain", bias)

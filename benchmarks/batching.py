@@ -1,0 +1,85 @@
+"""Calls per second with concurrent callers, pawfn's scheduler beside llama.cpp, on a Qwen3-0.6B-shaped program,
+in one run: llama.cpp runs the calls one after another (the official runtime's way); pawfn takes them from 1, 2,
+4, 8 and 16 threads at once, on one program and on four programs sharing the base. Every configuration runs in
+its own process (load, warm-up, then the timed calls); prints calls/s and the ratio to llama.cpp's.
+
+    python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--calls 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from load_cost import INPUT, prepare
+
+_MEASURE = """
+import json, statistics, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+backend, base, text = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]], sys.argv[2], sys.argv[3]
+concurrency, calls, weight_dtype, bundles = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] or None, sys.argv[7:]
+config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1))
+programs = [PawFn[Qwen3_0_6B, backend].from_path(bundle, base=base, config=config) for bundle in bundles]
+options = RuntimeOptions(max_tokens=10)
+for program in programs:
+    program.generate(text, options)
+times = []
+def call(index):
+    started = time.perf_counter()
+    generation = programs[index % len(programs)].generate(text, options)
+    times.append(time.perf_counter() - started)
+    return generation.token_ids
+started = time.perf_counter()
+with ThreadPoolExecutor(concurrency) as pool:
+    tokens = list(pool.map(call, range(calls)))
+wall = time.perf_counter() - started
+alone = [programs[i % len(programs)].generate(text, options).token_ids for i in range(len(programs))]
+exact = all(tokens[i] == alone[i % len(programs)] for i in range(calls))
+print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(times) * 1e3, "exact": exact}))
+"""
+
+
+def measure(backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str) -> dict[str, float]:
+    command = [sys.executable, "-c", _MEASURE, backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype,
+               *map(str, bundles)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"{backend} x{concurrency} failed: {result.stderr.strip()[-2000:]}")
+    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
+    parser.add_argument("--weight-dtype", default="int8", choices=("", "float16", "int8"), help="'' for float32")
+    parser.add_argument("--calls", type=int, default=16, help="timed calls per configuration (at least 2x the callers)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    args = parser.parse_args()
+    base, bundle = prepare(args.workdir)
+    four = [bundle]
+    for index in range(1, 4):  # four programs: the bundle under four folders, so four adapters and prefixes
+        copy = args.workdir / f"bundle-{index}"
+        if not copy.exists():
+            shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns(".pawfn*"))
+        four.append(copy)
+    reference = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
+    print(f"llama.cpp, one call after another: {reference['calls_per_s']:.2f} calls/s "
+          f"(median call {reference['median_ms']:.0f} ms)")
+    print(f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+          f"{'vs llama.cpp':>12} {'same tokens as alone':>21}")
+    for label, bundles in (("one program", [bundle]), ("four programs", four)):
+        for concurrency in args.concurrency:
+            calls = max(args.calls, 2 * concurrency)
+            figures = measure("torch", base, bundles, concurrency, calls, args.weight_dtype)
+            print(f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
+                  f"{figures['calls_per_s'] / reference['calls_per_s']:11.2f}x {str(bool(figures['exact'])):>21}")
+
+
+if __name__ == "__main__":
+    main()
