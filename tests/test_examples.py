@@ -54,6 +54,15 @@ def test_qwen3_inference_example(qwen3_program: TinyProgram) -> None:
     assert lines[1].startswith("'hello' -> ") and "(4 tokens, max_tokens, " in lines[1]
 
 
+def test_parallel_benchmark_example(qwen3_program: TinyProgram) -> None:
+    result = _run(
+        "parallel_benchmark", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
+        "--concurrency", "4", "--calls", "8", "--max-tokens", "5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Qwen/Qwen3-0.6B: ") and result.stdout.strip().endswith("same tokens as alone: True")
+
+
 def test_verify_bundle_example(gpt2_program_q4: TinyProgram) -> None:
     result = _run("verify_bundle", "--program", str(gpt2_program_q4.archive))
     assert result.returncode == 0, result.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from typing import cast
@@ -37,7 +37,7 @@ def _scheduler(function: PawFn[InterpreterModel, Torch]) -> Scheduler:
 
 
 @contextmanager
-def _counting(function: PawFn[InterpreterModel, Torch]) -> Iterator[Callable[[], tuple[int, int]]]:
+def _counting(function: PawFn[InterpreterModel, Torch]) -> Generator[Callable[[], tuple[int, int]], None, None]:
     """(steps, rows stepped) taken inside the block."""
     scheduler = _scheduler(function)
     steps, rows = scheduler.steps, scheduler.rows_stepped

@@ -1,6 +1,7 @@
 """The base's matrices ready to multiply: plain `F.linear` in the compute dtype, or (CPU, `PawConfig.weight_dtype`)
 fbgemm's kernels over matrices packed once at load: float16 weights with float32 activations (near-exact), or
-int8 per-row weights with activations quantized per call to 8 bits (fastest, lossy).
+int8 per-row weights with activations quantized to 8 bits per call (prompts) or per row (decode steps;
+fastest, lossy).
 
 Decode steps multiply through `Matrix.rows`, whose every output row depends on its own input row only, bit for
 bit, however many rows share the call: a row decoded in a batch then gets exactly the tokens it gets alone.
