@@ -50,14 +50,6 @@ class LoraWeights:
     b: Matrix
     scale: float
 
-    def delta(self, x: torch.Tensor) -> torch.Tensor:
-        """What the side path adds to the base product of `x`."""
-        return self.b(self.a(x)) * self.scale
-
-    def delta_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """`delta` with each row exactly as alone (`Matrix.rows`)."""
-        return self.b.rows(self.a.rows(x)) * self.scale
-
 
 @dataclass(frozen=True)
 class GroupLora:
@@ -385,15 +377,51 @@ class TorchInterpreter:
 
 
 class _Pass:
-    """What every pass's `Ops` share: the base's tensors, embeddings, norms and one rotary table per pass."""
+    """What every pass's `Ops` share: the base's tensors, embeddings, norms, one rotary table per pass, and the
+    linear layers with their side paths, taken per segment of rows of one program (`_product` multiplies)."""
 
-    def __init__(self, interpreter: TorchInterpreter) -> None:
+    def __init__(self, interpreter: TorchInterpreter, segments: list[tuple[int, int | None, DeviceAdapter]]) -> None:
         self.architecture = interpreter.architecture
         self._interpreter = interpreter
         self._tensors = interpreter.tensors
         self._matrices = interpreter.matrices
         self._groups = interpreter.groups
+        self._segments = segments
+        """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _product(self, matrix: Matrix, x: torch.Tensor) -> torch.Tensor:
+        return matrix(x)
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        y = self._product(self._matrices[name], x)
+        for start, end, adapter in self._segments:
+            self._add_side_path(y, x, start, end, adapter, name)
+        return y
+
+    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        widths = self._groups.get(names)
+        if widths is None:
+            return [self.linear(x, name) for name in names]
+        outputs = list(torch.split(self._product(self._matrices[names[0]], x), widths, dim=-1))
+        for start, end, adapter in self._segments:
+            group = adapter.groups.get(names)
+            if group is None:
+                for y, name in zip(outputs, names, strict=True):
+                    self._add_side_path(y, x, start, end, adapter, name)
+                continue
+            projected = torch.split(self._product(group.a, x[start:end]), group.ranks, dim=-1)
+            for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
+                y[start:end] += self._product(b, p) * scale
+        return outputs
+
+    def _add_side_path(
+        self, y: torch.Tensor, x: torch.Tensor, start: int, end: int | None, adapter: DeviceAdapter, name: str
+    ) -> None:
+        """Add weight `name`'s side path of `adapter`, if adapted, to rows `start:end` of its product `y`."""
+        lora = adapter.get(name)
+        if lora is not None:
+            y[start:end] += self._product(lora.b, self._product(lora.a, x[start:end])) * lora.scale
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
@@ -430,33 +458,10 @@ class _ForwardPass(_Pass):
     """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
 
     def __init__(self, interpreter: TorchInterpreter, adapter: DeviceAdapter, cache: KVCache, start: int) -> None:
-        super().__init__(interpreter)
-        self._adapter = adapter
+        super().__init__(interpreter, [(0, None, adapter)])
         self._cache = cache
         self._start = start
         self._mask: torch.Tensor | None = None
-
-    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        y = self._matrices[name](x)
-        lora = self._adapter.get(name)
-        if lora is not None:
-            y = y + lora.delta(x)
-        return y
-
-    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
-        widths = self._groups.get(names)
-        if widths is None:
-            return [self.linear(x, name) for name in names]
-        outputs = list(torch.split(self._matrices[names[0]](x), widths, dim=-1))
-        group = self._adapter.groups.get(names)
-        if group is not None:
-            projected = torch.split(group.a(x), group.ranks, dim=-1)
-            return [y + b(p) * scale for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True)]
-        for index, name in enumerate(names):
-            lora = self._adapter.get(name)
-            if lora is not None:
-                outputs[index] = outputs[index] + lora.delta(x)
-        return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         n_new, start, arch = q.shape[0], self._start, self.architecture
@@ -472,47 +477,23 @@ class _StepPass(_Pass):
     Every product goes through `Matrix.rows`, so a row's numbers never depend on the other rows."""
 
     def __init__(self, interpreter: TorchInterpreter, rows: list[StepRow]) -> None:
-        super().__init__(interpreter)
-        self._rows = rows
-        self._segments: list[tuple[int, int, DeviceAdapter]] = []
-        """Runs of adjacent rows of one program: (start, end, adapter)."""
+        segments: list[tuple[int, int | None, DeviceAdapter]] = []
         for index, row in enumerate(rows):
-            if self._segments and self._segments[-1][2] is row.adapter:
-                self._segments[-1] = (self._segments[-1][0], index + 1, row.adapter)
+            if segments and segments[-1][2] is row.adapter:
+                segments[-1] = (segments[-1][0], index + 1, row.adapter)
             else:
-                self._segments.append((index, index + 1, row.adapter))
+                segments.append((index, index + 1, row.adapter))
+        super().__init__(interpreter, segments)
+        self._rows = rows
+
+    def _product(self, matrix: Matrix, x: torch.Tensor) -> torch.Tensor:
+        return matrix.rows(x)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # row by row: a vectorized cos/sin may round a lane differently from a lone value's
-        tables = [super(_StepPass, self)._rotation_table(positions[i : i + 1], dtype) for i in range(len(self._rows))]
+        one_row = super()._rotation_table
+        tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
-
-    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        y = self._matrices[name].rows(x)
-        for start, end, adapter in self._segments:
-            lora = adapter.get(name)
-            if lora is not None:
-                y[start:end] += lora.delta_rows(x[start:end])
-        return y
-
-    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
-        widths = self._groups.get(names)
-        if widths is None:
-            return [self.linear(x, name) for name in names]
-        outputs = list(torch.split(self._matrices[names[0]].rows(x), widths, dim=-1))
-        for start, end, adapter in self._segments:
-            rows = x[start:end]
-            group = adapter.groups.get(names)
-            if group is not None:
-                projected = torch.split(group.a.rows(rows), group.ranks, dim=-1)
-                for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
-                    y[start:end] += b.rows(p) * scale
-                continue
-            for index, name in enumerate(names):
-                lora = adapter.get(name)
-                if lora is not None:
-                    outputs[index][start:end] += lora.delta_rows(rows)
-        return outputs
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         arch = self.architecture
