@@ -22,9 +22,14 @@ def generate_many(calls: Sequence[Call], options: RuntimeOptions | None = None) 
     On the Torch backend, calls on one base are decoded together (each program's side paths once per step, on
     its rows); calls on other bases run beside them; llama.cpp runs its calls one by one. If calls fail, the first
     failing call's error is raised once every call has ended."""
+    return results_in_order([program.submit(text, options) for program, text in _checked_calls(calls)])
+
+
+def _checked_calls(calls: Sequence[Call]) -> Sequence[Call]:
+    """`calls`, every one checked before the first runs."""
     for index, call in enumerate(calls):
         _check_call(index, call)
-    return results_in_order([program.submit(text, options) for program, text in calls])
+    return calls
 
 
 def _check_call(index: int, call: object) -> None:
@@ -40,7 +45,5 @@ def run_many(calls: Sequence[Call], options: RuntimeOptions | None = None) -> li
 
 async def arun_many(calls: Sequence[Call], options: RuntimeOptions | None = None) -> list[str]:
     """`run_many` without blocking the event loop; cancelling the task stops its calls."""
-    for index, call in enumerate(calls):
-        _check_call(index, call)
-    pendings = [await program.asubmit(text, options) for program, text in calls]
+    pendings = [await program.asubmit(text, options) for program, text in _checked_calls(calls)]
     return [generation.text for generation in await gather_in_order(pendings)]

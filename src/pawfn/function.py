@@ -55,6 +55,13 @@ def _checked_input(value: object) -> str:
     return value
 
 
+def _checked_inputs(inputs: Sequence[str]) -> list[str]:
+    """A batch's inputs, every one checked before the first call runs."""
+    if isinstance(inputs, str):
+        raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
+    return [_checked_input(item) for item in inputs]
+
+
 def _checked_options(value: object) -> RuntimeOptions:
     if value is None:
         return _DEFAULT_OPTIONS
@@ -367,10 +374,7 @@ class PawFn(Generic[M, B]):
         """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
         Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
         one. If calls fail, the first failing input's error is raised once every call has ended."""
-        if isinstance(inputs, str):
-            raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
-        texts = [_checked_input(item) for item in inputs]  # every input checked before the first call runs
-        return results_in_order([self.submit(text, options) for text in texts])
+        return results_in_order([self.submit(text, options) for text in _checked_inputs(inputs)])
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""
@@ -378,10 +382,7 @@ class PawFn(Generic[M, B]):
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
-        if isinstance(inputs, str):
-            raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
-        texts = [_checked_input(item) for item in inputs]
-        generations = await gather_in_order([await self.asubmit(text, options) for text in texts])
+        generations = await gather_in_order([await self.asubmit(text, options) for text in _checked_inputs(inputs)])
         return [generation.text for generation in generations]
 
     def close(self) -> None:

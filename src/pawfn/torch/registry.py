@@ -39,7 +39,7 @@ class ModelCopy:
 class SharedBase:
     """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
 
-    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int = 8) -> None:
+    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
         self.key = key
         self.interpreter = interpreter
         self._max_copies = max_copies
@@ -62,12 +62,7 @@ class SharedBase:
         """Copies created so far (they are created lazily)."""
         return len(self._copies)
 
-    @property
-    def max_rows(self) -> int:
-        """Upper bound on the rows of one forward pass in a decode step."""
-        return self._max_rows
-
-    def allow_copies(self, max_copies: int, max_rows: int = 1) -> None:
+    def allow_copies(self, max_copies: int, max_rows: int) -> None:
         """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
         with self._available:
             self._max_copies = max(self._max_copies, max_copies)
@@ -108,7 +103,7 @@ class ModelRegistry:
     _loads: ClassVar[dict[BaseKey, int]] = {}
 
     @classmethod
-    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int, max_rows: int = 8) -> SharedBase:
+    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int, max_rows: int) -> SharedBase:
         """The shared base for `key`, loading it once, with one more user; pair it with `release`.
 
         Concurrent callers for one key wait for that load; other keys keep loading in parallel.

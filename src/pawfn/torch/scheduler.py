@@ -81,11 +81,6 @@ class Scheduler:
                 thread.join()
 
     @property
-    def queued(self) -> int:
-        """Calls waiting to join."""
-        return len(self._waiting)
-
-    @property
     def running(self) -> int:
         """Calls decoding now."""
         return len(self._running)
@@ -111,36 +106,32 @@ class Scheduler:
     def _iteration(self, admitted: list[ScheduledCall]) -> None:
         """Evaluate the new calls' prompts, then take one token for every running call."""
         for call in admitted:
-            if call.cache is not None:
+            if call.cache is not None:  # a call cancelled before it was admitted has none
                 try:
                     self._start(call, call.cache)
                 except Exception as exc:  # noqa: BLE001 - one call's failure is that call's result
                     self._end(call, exc)
-        stepping: list[ScheduledCall] = []
-        for call in list(self._running):
-            if call.pending.abandoned.is_set():
+        stepping: list[tuple[ScheduledCall, TorchSession]] = []
+        for call in list(self._running):  # every running call has started: a failed start ended it
+            if call.session is None or call.pending.abandoned.is_set() or not call.decoding.take(call.token):
                 self._end(call, None)
-            elif call.decoding.take(call.token):
-                stepping.append(call)
             else:
-                self._end(call, None)
+                stepping.append((call, call.session))
         # a program's rows adjacent: each program's side paths then run once per step, on all its rows
         first_seen: dict[int, int] = {}
-        stepping.sort(key=lambda call: first_seen.setdefault(id(call.adapter), len(first_seen)))
-        width = max(1, self._max_rows())
+        stepping.sort(key=lambda entry: first_seen.setdefault(id(entry[0].adapter), len(first_seen)))
+        width = self._max_rows()
         for start in range(0, len(stepping), width):
             chunk = stepping[start : start + width]
             try:
-                rows = [call.session.step_row(call.token) for call in chunk if call.session is not None]
-                logits = self._interpreter.step(rows)
+                logits = self._interpreter.step([session.step_row(call.token) for call, session in chunk])
                 self.steps += 1
-                self.rows_stepped += len(rows)
-                for index, call in enumerate(chunk):
-                    assert call.session is not None
-                    call.session.stepped(logits[index])
-                    call.token = call.session.sample()
+                self.rows_stepped += len(chunk)
+                for (call, session), row_logits in zip(chunk, logits, strict=True):
+                    session.stepped(row_logits)
+                    call.token = session.sample()
             except Exception as exc:  # noqa: BLE001 - a failed pass fails the calls in it, not the scheduler
-                for call in chunk:
+                for call, _ in chunk:
                     self._end(call, exc)
 
     def _start(self, call: ScheduledCall, cache: KVCache) -> None:
