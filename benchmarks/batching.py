@@ -9,13 +9,10 @@ its own process (load, warm-up, then the timed calls); prints calls/s and the ra
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from load_cost import INPUT, prepare
+from load_cost import INPUT, prepare, run_script
 
 _MEASURE = """
 import json, statistics, sys, time
@@ -44,14 +41,12 @@ print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(ti
 """
 
 
-def measure(backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str) -> dict[str, float]:
-    command = [sys.executable, "-c", _MEASURE, backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype,
-               *map(str, bundles)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
-    if result.returncode != 0:
-        raise SystemExit(f"{backend} x{concurrency} failed: {result.stderr.strip()[-2000:]}")
-    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
+def measure(
+    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str
+) -> dict[str, float]:
+    """One fresh process: load `bundles`, then `calls` calls from `concurrency` threads; its figures."""
+    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, *map(str, bundles)]
+    return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
 
 
 def main() -> None:

@@ -177,16 +177,21 @@ MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch f
          "torch int8": ("torch", "int8")}
 
 
+def run_script(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
+    """Run `script` in a fresh Python process with `arguments`; the JSON object on its last line of output."""
+    command = [sys.executable, "-c", script, *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=environment)
+    if result.returncode != 0:
+        raise SystemExit(f"{label} failed:\n{result.stderr}")
+    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def measure(mode: str, base: Path, bundle: Path, threads: int | None, cache: Path) -> dict[str, float]:
     """One fresh process: load the program in `mode` (see MODES), run one call; its figures."""
     backend, weight_dtype = MODES[mode]
-    command = [sys.executable, "-c", _MEASURE, backend, str(bundle), str(base), str(threads or 0), INPUT, weight_dtype]
-    environment = {**os.environ, "PAW_CACHE_DIR": str(cache)}
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=environment)
-    if result.returncode != 0:
-        raise SystemExit(f"{backend} failed:\n{result.stderr}")
-    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
+    arguments = [backend, str(bundle), str(base), str(threads or 0), INPUT, weight_dtype]
+    return run_script(backend, _MEASURE, arguments, {**os.environ, "PAW_CACHE_DIR": str(cache)})
 
 
 def main() -> None:

@@ -99,8 +99,8 @@ def run_bench(
     result = BenchResult(
         program=program.program_id or reference, interpreter=program.interpreter,
         backend=type(program).backend_type().name, device=config.device, dtype=config.dtype,
-        weight_dtype=config.weight_dtype, threads=config.threads,
-        max_model_copies=config.max_model_copies, max_batch_rows=config.max_batch_rows, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
+        weight_dtype=config.weight_dtype, threads=config.threads, max_model_copies=config.max_model_copies,
+        max_batch_rows=config.max_batch_rows, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
         load_s=load_s, median_ms=statistics.median(times), p90_ms=_percentile(times, 0.9),
         ms_per_token=statistics.median(ms / max(n, 1) for ms, n in zip(times, produced, strict=True)),
         tokens_per_call=statistics.fmean(produced), calls_per_s=runs / wall_s, peak_rss_mb=peak_rss_mb(),

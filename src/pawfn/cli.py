@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
     run.add_argument(
         "--batch-size", type=int, default=8, metavar="N",
-        help="inputs decoded together, each with the tokens it gets alone (default: 8; Torch; llama.cpp runs them in turn)",
+        help="inputs decoded together, each with the tokens it gets alone (default: 8; llama.cpp runs them in turn)",
     )
     run.add_argument(
         "--json", action="store_true",
@@ -130,7 +130,9 @@ def _parser() -> argparse.ArgumentParser:
         help="callers at once (default: 1); Torch decodes their calls together, up to --max-model-copies",
     )
     bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 8)")
-    bench.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)")
+    bench.add_argument(
+        "--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)"
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object with the figures and the configuration")
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
@@ -244,7 +246,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise _CliError(f"invalid --batch-size={args.batch_size!r}: Input should be greater than or equal to 1")
     config = _config(args)
-    config = config.with_options(max_batch_rows=args.batch_size, max_model_copies=max(config.max_model_copies, args.batch_size))
+    copies = max(config.max_model_copies, args.batch_size)  # every row of a batch holds a copy while it runs
+    config = config.with_options(max_batch_rows=args.batch_size, max_model_copies=copies)
     options = _options(args)
     inputs = _inputs(args)
     with _load_program(args, config) as program:
@@ -255,7 +258,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation) -> None:
+def _print_generation(
+    args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation
+) -> None:
     if not args.json:
         print(escape_control(generation.text), flush=True)
         return

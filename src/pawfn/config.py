@@ -20,8 +20,8 @@ DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
-    "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS", "device": "PAW_DEVICE", "dtype": "PAW_DTYPE",
-    "weight_dtype": "PAW_WEIGHT_DTYPE",
+    "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
+    "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
 }
 
 
