@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from tests.helpers.programs import TinyProgram
+from tests.helpers.programs import TinyProgram, torch_program
 from pawfn import (
     GPT2,
     BaseModelError,
@@ -30,7 +30,6 @@ from pawfn import (
 )
 from pawfn.models import WeightFile
 from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
-from pawfn.torch.program import TorchProgram
 
 GREEDY_24 = RuntimeOptions(max_tokens=24)
 INPUTS = ["Urgent: the server is down!", "hello", "I love this product", "", "the lazy dog"]
@@ -42,12 +41,6 @@ def qwen(qwen3_program: TinyProgram) -> Iterator[PawFn[Qwen3_0_6B, Torch]]:
     config = PawConfig(n_ctx=160)
     with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
         yield f
-
-
-def _torch_program(function: PawFn[Any, Any]) -> TorchProgram:
-    runtime = function.runtime
-    assert isinstance(runtime, TorchProgram)
-    return runtime
 
 
 def test_type_arguments_are_kept_at_run_time(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
@@ -163,7 +156,7 @@ def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copie
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             results = list(pool.map(run, INPUTS * 4))
-        shared = _torch_program(function).base
+        shared = torch_program(function).base
     assert all(tokens == expected[text] for text, tokens in results)
     assert 1 <= shared.n_copies <= copies
 
@@ -184,7 +177,7 @@ def test_two_programs_share_one_base_and_keep_their_own_state(
     first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
     second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
     assert ModelRegistry.load_count() == 1
-    assert _torch_program(first).base is _torch_program(second).base
+    assert torch_program(first).base is torch_program(second).base
     for index, text in enumerate(INPUTS):  # interleaved: no KV or adapter state leaks between programs
         assert second.generate(text, GREEDY_24).token_ids == expected_b[index]
         assert first.generate(text, GREEDY_24).token_ids == expected_a[index]
@@ -284,7 +277,7 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
 
 
 def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
-    runtime = _torch_program(qwen)
+    runtime = torch_program(qwen)
     interpreter = runtime.base.interpreter
     for text in INPUTS:
         ids = list(runtime.prefix_state.token_ids) + qwen.prompt_token_ids(text)
@@ -303,7 +296,7 @@ def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qw
 
 def test_close_frees_the_adapter(qwen3_program: TinyProgram) -> None:
     with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as function:
-        runtime = _torch_program(function)
+        runtime = torch_program(function)
         assert runtime.device_adapter.pairs
     assert function.closed
     assert runtime.device_adapter.pairs == {}

@@ -13,22 +13,15 @@ import pytest
 
 from pawfn import GPT2, ContextOverflowError, InterpreterMismatchError, LlamaCpp, ModelRegistry, PawConfig, PawFn, ProgramClosedError, Qwen3_0_6B, Torch
 from pawfn.errors import AdapterError
-from pawfn.torch.program import TorchProgram
-from tests.helpers.programs import TinyProgram, requires_llama_cpp
-
-
-def _torch_runtime(program: PawFn[Any, Any]) -> TorchProgram:
-    runtime = program.runtime
-    assert isinstance(runtime, TorchProgram)
-    return runtime
+from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 
 
 def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
     first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
     second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
-    shared = _torch_runtime(first).base
-    assert _torch_runtime(second).base is shared and shared.users == 2
+    shared = torch_program(first).base
+    assert torch_program(second).base is shared and shared.users == 2
     weights = weakref.ref(shared.interpreter.tensors["token_embd.weight"])
     interpreter = weakref.ref(shared.interpreter)
     del shared

@@ -9,9 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from tests.helpers.programs import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from pawfn import GPT2, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.program import TorchProgram
 from tests.helpers.references import llama_generate, llama_logits, official_token_ids, peft_generate, peft_logits
 from tests.helpers.tiny_models import dequantized
 
@@ -49,8 +48,7 @@ def test_f32_adapter_matches_peft(family: str, base_kind: str, request: pytest.F
 
 def _pawfn_logits(function: PawFn[InterpreterModel, Torch], text: str) -> npt.NDArray[np.float32]:
     """pawfn's logits after input + suffix, continuing from the program's cached prefix."""
-    runtime = function.runtime
-    assert isinstance(runtime, TorchProgram)
+    runtime = torch_program(function)
     interpreter = runtime.base.interpreter
     cache = interpreter.new_cache()
     cache.load(runtime.prefix_state)

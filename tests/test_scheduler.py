@@ -8,7 +8,6 @@ import threading
 from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from typing import cast
 
 import pytest
 
@@ -16,9 +15,8 @@ import pawfn
 from pawfn import ContextOverflowError, InterpreterModel, PawConfig, PawFn, RuntimeOptions, Torch
 from pawfn.options import WeightDType
 from pawfn.results import Generation
-from pawfn.torch.program import TorchProgram
 from pawfn.torch.scheduler import Scheduler
-from tests.helpers.programs import TinyProgram
+from tests.helpers.programs import TinyProgram, torch_program
 
 # different lengths, so rows start at different positions
 INPUTS = ["hello", "Urgent: the server is down! Customers wait and wait.", "a", "numbers 1 2 3", "x y", "the end is near"]
@@ -33,7 +31,7 @@ def _load(program: TinyProgram, **config: object) -> PawFn[InterpreterModel, Tor
 
 
 def _scheduler(function: PawFn[InterpreterModel, Torch]) -> Scheduler:
-    return cast(TorchProgram, function.runtime).base.scheduler
+    return torch_program(function).base.scheduler
 
 
 @contextmanager
@@ -159,7 +157,7 @@ def test_rows_per_pass_and_copies_bound_the_batch(qwen3_program: TinyProgram) ->
         with _counting(function) as counts:
             found = [g.token_ids for g in function.generate_batch(INPUTS, options)]
         assert found == alone
-        assert cast(TorchProgram, function.runtime).base.n_copies <= 3
+        assert torch_program(function).base.n_copies <= 3
         steps, rows = counts()
         assert rows <= 2 * steps and rows > steps
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import gguf
 import pytest
+
+from pawfn import PawFn
+from pawfn.torch.program import TorchProgram
 
 from .tiny_models import (
     GPT2_TEMPLATE,
@@ -62,3 +66,10 @@ def make_program(
     bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template)
     archive = zip_bundle(bundle, folder / "program.paw")
     return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
+
+
+def torch_program(function: PawFn[Any, Any]) -> TorchProgram:
+    """The Torch runtime under a loaded program (a test failure if it runs on another backend)."""
+    runtime = function.runtime
+    assert isinstance(runtime, TorchProgram)
+    return runtime
