@@ -91,7 +91,7 @@ def main() -> None:
     cache = engine.new_cache()
     with torch.inference_mode():
         state_prefix = engine.prefill_prefix(prefix, adapter, cache)
-        cache.load(state_prefix)
+        cache.begin(state_prefix)
         engine.forward(prompt, args.prefix, cache, adapter)
         position = args.prefix + args.prompt
 
@@ -100,7 +100,7 @@ def main() -> None:
 
         pawfn_ms = _best_ms_per_token(pawfn_step, args.tokens)
         started = time.perf_counter()
-        cache.load(state_prefix)
+        cache.begin(state_prefix)
         engine.forward(prompt, args.prefix, cache, adapter)
         pawfn_prompt_ms = (time.perf_counter() - started) * 1e3
 

@@ -51,7 +51,7 @@ def _pawfn_logits(function: PawFn[InterpreterModel, Torch], text: str) -> npt.ND
     runtime = torch_program(function)
     interpreter = runtime.base.interpreter
     cache = interpreter.new_cache()
-    cache.load(runtime.prefix_state)
+    cache.begin(runtime.prefix_state)
     logits = interpreter.forward(function.prompt_token_ids(text), function.prefix_tokens, cache, runtime.device_adapter)
     return logits.numpy()
 

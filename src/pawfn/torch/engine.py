@@ -105,7 +105,9 @@ class StepRow:
 
 
 class KVCache:
-    """Keys and values of one sequence: per layer `[n_kv_heads, capacity, head_dim]`, grown on demand."""
+    """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]` for
+    positions `prefix.length...`, grown on demand. The prefix's KV is read where it lies (every sequence of a
+    program shares it; nothing is copied per sequence)."""
 
     def __init__(self, architecture: Architecture, device: torch.device, dtype: torch.dtype) -> None:
         self._arch = architecture
@@ -114,9 +116,20 @@ class KVCache:
         self.capacity = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.prefix: PrefixState | None = None
+        """The program's prefix this sequence continues (None: the sequence starts at position 0)."""
+
+    @property
+    def offset(self) -> int:
+        """The first position this cache stores (the prefix's length)."""
+        return 0 if self.prefix is None else self.prefix.length
+
+    def begin(self, prefix: PrefixState | None) -> None:
+        """Start a new sequence after `prefix` (None: from position 0); what was stored is dropped."""
+        self.prefix = prefix
 
     def reserve(self, n_tokens: int) -> None:
-        """Make room for `n_tokens` positions, keeping what is stored."""
+        """Make room for `n_tokens` positions after the prefix, keeping what is stored."""
         if n_tokens <= self.capacity:
             return
         capacity = -(-n_tokens // _CACHE_GRANULE) * _CACHE_GRANULE
@@ -128,13 +141,13 @@ class KVCache:
             values[layer][:, : self.capacity] = self.values[layer]
         self.keys, self.values, self.capacity = keys, values, capacity
 
-    @torch.inference_mode()
-    def load(self, prefix: PrefixState) -> None:
-        """Copy a program's cached prefix into positions `[0, prefix.length)`."""
-        self.reserve(max(prefix.length, 1))
-        for layer in range(self._arch.n_layers):
-            self.keys[layer][:, : prefix.length] = prefix.keys[layer]
-            self.values[layer][:, : prefix.length] = prefix.values[layer]
+    def store(self, layer: int, position: int, keys: torch.Tensor, values: torch.Tensor) -> int:
+        """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at `position...`; returns the stored length."""
+        start = position - self.offset
+        end = start + keys.shape[0]
+        self.keys[layer][:, start:end] = keys.transpose(0, 1)
+        self.values[layer][:, start:end] = values.transpose(0, 1)
+        return end
 
 
 class TorchInterpreter:
@@ -338,6 +351,7 @@ class TorchInterpreter:
         """Evaluate a program's prefix once and keep its KV (the adapter changes K and V, so it is per program)."""
         arch, n = self.architecture, len(token_ids)
         logits: torch.Tensor | None = None
+        cache.begin(None)
         if n:
             logits = self.forward(token_ids, 0, cache, adapter).clone()
             keys = tuple(cache.keys[layer][:, :n].clone() for layer in range(arch.n_layers))
@@ -352,7 +366,7 @@ class TorchInterpreter:
         """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device)
-        cache.reserve(start + len(token_ids))
+        cache.reserve(start - cache.offset + len(token_ids))
         ops = _ForwardPass(self, adapter, cache, start)
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
@@ -368,7 +382,7 @@ class TorchInterpreter:
         ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
         for row in rows:
-            row.cache.reserve(row.position + 1)
+            row.cache.reserve(row.position - row.cache.offset + 1)
         ops = _StepPass(self, rows)
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
@@ -390,8 +404,11 @@ class _Pass:
         """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    _by_rows = False
+    """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
+
     def _product(self, matrix: Matrix, x: torch.Tensor) -> torch.Tensor:
-        return matrix(x)
+        return matrix.rows(x) if self._by_rows else matrix(x)
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         y = self._product(self._matrices[name], x)
@@ -412,7 +429,7 @@ class _Pass:
                 continue
             projected = torch.split(self._product(group.a, x[start:end]), group.ranks, dim=-1)
             for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
-                y[start:end] += self._product(b, p) * scale
+                b.accumulate(y[start:end], p, scale, self._by_rows)
         return outputs
 
     def _add_side_path(
@@ -421,7 +438,7 @@ class _Pass:
         """Add weight `name`'s side path of `adapter`, if adapted, to rows `start:end` of its product `y`."""
         lora = adapter.get(name)
         if lora is not None:
-            y[start:end] += self._product(lora.b, self._product(lora.a, x[start:end])) * lora.scale
+            lora.b.accumulate(y[start:end], self._product(lora.a, x[start:end]), lora.scale, self._by_rows)
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
@@ -464,12 +481,20 @@ class _ForwardPass(_Pass):
         self._mask: torch.Tensor | None = None
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        n_new, start, arch = q.shape[0], self._start, self.architecture
+        n_new, arch, cache = q.shape[0], self.architecture, self._cache
+        end = cache.store(layer, self._start, k, v)
         if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
-            end, group = start + n_new, arch.n_heads // arch.n_kv_heads
-            query_pos = torch.arange(start, end, device=q.device).unsqueeze(1)
-            self._mask = (torch.arange(0, end, device=q.device).unsqueeze(0) <= query_pos).repeat(group, 1)
-        return _attend(arch, q, k, v, self._cache, layer, start, self._mask)
+            group = arch.n_heads // arch.n_kv_heads
+            query_at = torch.arange(end - n_new, end, device=q.device).unsqueeze(1)
+            hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
+            self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
+            self._mask = self._mask.repeat(group, 1)
+        queries = _grouped(arch, q)
+        out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], self._mask)
+        prefix = cache.prefix
+        if prefix is not None and prefix.length:
+            out = merge_attention(*partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None), out, lse)
+        return _ungrouped(arch, out)
 
 
 class _StepPass(_Pass):
@@ -486,8 +511,7 @@ class _StepPass(_Pass):
         super().__init__(interpreter, segments)
         self._rows = rows
 
-    def _product(self, matrix: Matrix, x: torch.Tensor) -> torch.Tensor:
-        return matrix.rows(x)
+    _by_rows = True
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # row by row: a vectorized cos/sin may round a lane differently from a lone value's
@@ -496,27 +520,60 @@ class _StepPass(_Pass):
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        arch = self.architecture
-        return torch.cat([
-            _attend(arch, q[i : i + 1], k[i : i + 1], v[i : i + 1], row.cache, layer, row.position, None)
-            for i, row in enumerate(self._rows)
-        ])
+        """Row by row (the kernels round by shape), over the row's own positions and its program's prefix, which
+        every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
+        arch, outputs = self.architecture, list[torch.Tensor]()
+        for i, row in enumerate(self._rows):
+            cache, queries = row.cache, _grouped(arch, q[i : i + 1])
+            end = cache.store(layer, row.position, k[i : i + 1], v[i : i + 1])
+            out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], None)
+            prefix = cache.prefix
+            if prefix is not None and prefix.length:
+                out = merge_attention(*partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None), out, lse)
+            outputs.append(_ungrouped(arch, out))
+        return torch.cat(outputs)
 
 
-def _attend(
-    arch: Architecture, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, start: int,
-    mask: torch.Tensor | None,
-) -> torch.Tensor:
-    """Store k/v of the new positions `start...` in `cache` and attend q [new, heads, D] over the cache so far."""
-    n_new = q.shape[0]
-    end = start + n_new
-    cache.keys[layer][:, start:end] = k.transpose(0, 1)
-    cache.values[layer][:, start:end] = v.transpose(0, 1)
-    group = arch.n_heads // arch.n_kv_heads
-    # the query heads that share a KV head are rows of one query block, so K and V are never copied per head
-    queries = q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n_new, arch.head_dim)
-    out = F.scaled_dot_product_attention(  # 4-D, so torch may pick its fused CPU kernel
-        queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], attn_mask=mask,
-        scale=1.0 / math.sqrt(arch.head_dim),
-    )
-    return out.view(arch.n_heads, n_new, arch.head_dim).transpose(0, 1).reshape(n_new, arch.n_heads * arch.head_dim)
+def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:
+    """Queries [n, heads, D] as [1, n_kv_heads, group * n, D]: the query heads that share a KV head are rows of
+    one block, so K and V are never copied per head."""
+    n, group = q.shape[0], arch.n_heads // arch.n_kv_heads
+    return q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n, arch.head_dim)
+
+
+def _ungrouped(arch: Architecture, out: torch.Tensor) -> torch.Tensor:
+    """`_grouped`'s inverse for attention outputs: [1, n_kv_heads, group * n, D] as [n, heads * D]."""
+    n = out.shape[2] * arch.n_kv_heads // arch.n_heads
+    return out.reshape(arch.n_heads, n, arch.head_dim).transpose(0, 1).reshape(n, arch.n_heads * arch.head_dim)
+
+
+def partial_attention(
+    arch: Architecture, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `queries` [1, kv_heads, m, D] over some positions (`keys`/`values` [1, kv_heads, L, D],
+    additive `mask` [m, L]): the output [1, kv_heads, m, D] and its log-sum-exp [1, kv_heads, m] for `merge_attention`."""
+    scale = 1.0 / math.sqrt(arch.head_dim)
+    if queries.device.type == "cpu":  # torch's fused CPU kernel (what scaled_dot_product_attention runs), with its lse
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            queries, keys, values, 0.0, False, attn_mask=mask, scale=scale
+        )
+        return out, lse
+    return attention_by_matmul(queries, keys, values, mask, scale)
+
+
+def attention_by_matmul(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`partial_attention` in plain products, in float32 (other devices: torch has no public kernel that gives the
+    log-sum-exp)."""
+    scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values.float()).to(queries.dtype), lse
+
+
+def merge_attention(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint sets of positions, joined into attention over both: the outputs weighted by
+    each set's share of the softmax mass, exp(lse1) / (exp(lse1) + exp(lse2)) for the first."""
+    return torch.lerp(out2, out1, torch.sigmoid(lse1 - lse2).unsqueeze(-1).to(out1.dtype))

@@ -67,6 +67,19 @@ class Matrix:
         y: torch.Tensor = torch.ops.quantized.linear_dynamic(integers, self._packed, _reduce_range())[:-1] * scale
         return y if self.bias is None else y + self.bias
 
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
+        """`y += alpha * self(x)` in place (`self.rows(x)` if `by_rows`); a plain matrix adds inside its product
+        (one pass over `y` instead of three: LoRA side paths are thin products with wide outputs)."""
+        if self.weight is None or self.bias is not None:
+            y += (self.rows(x) if by_rows else self(x)) * alpha
+            return
+        weight = self.weight.t()
+        if not by_rows or x.shape[0] == 1:
+            y.addmm_(x, weight, alpha=alpha)
+            return
+        for i in range(x.shape[0]):  # a row per product, like `rows`
+            y[i : i + 1].addmm_(x[i : i + 1], weight, alpha=alpha)
+
     def _range_row(self, x: torch.Tensor) -> torch.Tensor:
         """A row holding -(top+1) and top: with it, the call's range is [-(top+1), top], so scale 1, zero point top+1."""
         ends = self._ends

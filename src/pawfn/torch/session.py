@@ -13,7 +13,7 @@ __all__ = ["TorchSession"]
 
 
 class TorchSession:
-    """One call on one model copy: the copy's KV cache starts as the program's prefix."""
+    """One call on one model copy: the copy's KV cache continues the program's prefix (shared, not copied)."""
 
     def __init__(
         self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache,
@@ -26,7 +26,7 @@ class TorchSession:
         self._generator = make_generator(options)
         self._position = prefix.length
         self._logits: torch.Tensor | None = prefix.last_logits
-        on_compute_thread(cache.load, prefix)
+        cache.begin(prefix)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         if prompt_ids:
