@@ -1,7 +1,9 @@
 """Calls per second with concurrent callers, pawfn's scheduler beside llama.cpp, on a Qwen3-0.6B-shaped program,
-in one run: llama.cpp runs the calls one after another (the official runtime's way); pawfn takes them from 1, 2,
-4, 8 and 16 threads at once, on one program and on four programs sharing the base. Every configuration runs in
-its own process (load, warm-up, then the timed calls); prints calls/s and the ratio to llama.cpp's.
+in one run: llama.cpp runs the calls one after another (the official runtime's way; measured before and after
+pawfn, the ratios use the mean); pawfn takes them from 1, 2, 4, 8 and 16 threads at once, on one program and on
+four programs sharing the base. Every configuration runs in its own process (load, warm-up, then the timed
+calls); prints calls/s and the ratio to llama.cpp's. Last, pawfn's calls/s when each call only evaluates its
+prompt (max_tokens=1, one caller): prompts are evaluated one by one, so no number of callers exceeds it.
 
     python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--calls 16]
 """
@@ -19,10 +21,11 @@ import json, statistics, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 backend, base, text = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]], sys.argv[2], sys.argv[3]
-concurrency, calls, weight_dtype, bundles = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] or None, sys.argv[7:]
+concurrency, calls, weight_dtype, max_tokens = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7])
+bundles = sys.argv[8:]
 config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1))
 programs = [PawFn[Qwen3_0_6B, backend].from_path(bundle, base=base, config=config) for bundle in bundles]
-options = RuntimeOptions(max_tokens=10)
+options = RuntimeOptions(max_tokens=max_tokens)
 for program in programs:
     program.generate(text, options)
 times = []
@@ -42,10 +45,10 @@ print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(ti
 
 
 def measure(
-    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str
+    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10
 ) -> dict[str, float]:
     """One fresh process: load `bundles`, then `calls` calls from `concurrency` threads; its figures."""
-    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, *map(str, bundles)]
+    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), *map(str, bundles)]
     return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
 
 
@@ -63,17 +66,25 @@ def main() -> None:
         if not copy.exists():
             shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns(".pawfn*"))
         four.append(copy)
-    reference = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
-    print(f"llama.cpp, one call after another: {reference['calls_per_s']:.2f} calls/s "
-          f"(median call {reference['median_ms']:.0f} ms)")
-    print(f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
-          f"{'vs llama.cpp':>12} {'same tokens as alone':>21}")
+    before = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
+    print(f"llama.cpp, one call after another: {before['calls_per_s']:.2f} calls/s (median call {before['median_ms']:.0f} ms)")
+    rows: list[tuple[str, int, dict[str, float]]] = []
     for label, bundles in (("one program", [bundle]), ("four programs", four)):
         for concurrency in args.concurrency:
             calls = max(args.calls, 2 * concurrency)
-            figures = measure("torch", base, bundles, concurrency, calls, args.weight_dtype)
-            print(f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
-                  f"{figures['calls_per_s'] / reference['calls_per_s']:11.2f}x {str(bool(figures['exact'])):>21}")
+            rows.append((label, concurrency, measure("torch", base, bundles, concurrency, calls, args.weight_dtype)))
+            print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
+    prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1)
+    after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
+    print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
+    reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
+    print(f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+          f"{'vs llama.cpp':>12} {'same tokens as alone':>21}")
+    for label, concurrency, figures in rows:
+        print(f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
+              f"{figures['calls_per_s'] / reference:11.2f}x {str(bool(figures['exact'])):>21}")
+    print(f"{'prompts only (1 token)':22} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
+          f"{prompt_only['calls_per_s'] / reference:11.2f}x   (no number of callers exceeds this)")
 
 
 if __name__ == "__main__":
