@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,8 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
         alpha = file.number("adapter.lora.alpha")
     except GGUFFormatError as exc:
         raise AdapterError(path, str(exc)) from exc
+    if alpha is not None and not math.isfinite(alpha):
+        raise AdapterError(path, f"adapter.lora.alpha is {alpha}, not a finite number; the adapter file is damaged")
 
     if architecture != model.gguf_architecture:
         raise AdapterError(
@@ -104,6 +107,11 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
                 path, f"{target}: lora_a {a.shape} and lora_b {b.shape} do not share a rank (want [r, in] and [out, r])"
             )
         rank = a.shape[0]
+        if rank == 0:
+            raise AdapterError(path, f"{target}: lora_a and lora_b have rank 0 (no rows); the adapter file is damaged")
+        for half, values in (("lora_a", a), ("lora_b", b)):
+            if not np.isfinite(values).all():
+                raise AdapterError(path, f"{target}.{half} holds non-finite values (NaN or infinity); the adapter file is damaged")
         scale = alpha / rank if alpha else 1.0
         pairs[target] = LoraPair(a=a, b=b, scale=scale)
     if not pairs:

@@ -37,6 +37,10 @@ MAX_ARCHIVE_MEMBERS = 256
 MAX_EXPANDED_BYTES = 512 * 1024 * 1024
 """Largest total extracted size of a `.paw` archive, in bytes (as the official SDK)."""
 MIN_ADAPTER_BYTES = 1024
+MAX_META_BYTES = 1024 * 1024
+"""Largest meta.json read, in bytes (the hub's are under 2 KB)."""
+MAX_TEMPLATE_BYTES = 1024 * 1024
+"""Largest prompt_template.txt read, in bytes (the hub's are a few KB; a template must fit the context window)."""
 _COPY_CHUNK = 1024 * 1024
 
 
@@ -139,10 +143,15 @@ def _read_folder(folder: Path, source: Path) -> ProgramBundle:
     template_path = _regular_file(folder, "prompt_template.txt", source)
     adapter_path = _regular_file(folder, "adapter.gguf", source)
 
+    for path, limit in ((meta_path, MAX_META_BYTES), (template_path, MAX_TEMPLATE_BYTES)):
+        size = path.stat().st_size
+        if size > limit:
+            raise BundleError(source, f"{path.name} is {size} bytes, more than the {limit} a bundle may hold")
     try:
         raw_meta: object = json.loads(meta_path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(source, f"meta.json is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a number too long to convert, deep nesting
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise BundleError(source, f"meta.json is not valid JSON: {problem}") from exc
     if not isinstance(raw_meta, dict):
         raise BundleError(source, "meta.json must hold a JSON object")
     try:

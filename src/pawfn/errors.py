@@ -23,6 +23,7 @@ __all__ = [
     "BundleError",
     "ContextOverflowError",
     "InterpreterMismatchError",
+    "NonFiniteError",
     "PawError",
     "ProgramClosedError",
     "TokenizerError",
@@ -94,6 +95,14 @@ class InterpreterMismatchError(PawError, TypeError):
             f"program {program} was compiled for interpreter {found!r}, but it is being loaded as "
             f"{model_name} (interpreter {expected!r}); {fix}"
         )
+
+
+class NonFiniteError(PawError, ArithmeticError):
+    """A run's logits became NaN or infinite (the run stops rather than return garbage)."""
+
+    def __init__(self, position: int, cause: str) -> None:
+        self.position = position
+        super().__init__(f"the model's logits became non-finite (NaN or infinity) at position {position}: {cause}")
 
 
 class ContextOverflowError(PawError, ValueError):

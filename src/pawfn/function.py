@@ -353,10 +353,13 @@ class PawFn(Generic[M, B]):
         """Start a call and return a future of its `Generation`. The Torch backend queues it on its base's scheduler
         and returns at once (calls in flight are decoded together, each with the tokens it gets alone);
         llama.cpp runs it before returning. `cancel()` stops a call that is still decoding."""
+        return self._runtime.submit(*self._checked_call(input, options))
+
+    def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
         text, checked = _checked_input(input), _checked_options(options)
         if self._runtime.closed:
             raise ProgramClosedError("this program was closed; load it again to run it")
-        return self._runtime.submit(text, checked)
+        return text, checked
 
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
         """`run` without blocking the event loop; cancelling the task stops the call at its next token (Torch)."""
@@ -365,10 +368,14 @@ class PawFn(Generic[M, B]):
         return generation.text
 
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop: a call llama.cpp runs at once goes to a worker thread."""
-        if self._runtime.queues_calls:  # returns at once: no thread, and nothing runs orphaned if we are cancelled
+        """`submit` for the event loop, returning at once: a backend that runs calls one by one (llama.cpp) runs it
+        on a worker thread, which `cancel()` stops at its next token."""
+        if self._runtime.queues_calls:
             return self.submit(input, options)
-        return await asyncio.to_thread(self.submit, input, options)
+        text, checked = self._checked_call(input, options)
+        pending = PendingGeneration()
+        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, checked)
+        return pending
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
         """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
@@ -397,6 +404,18 @@ class PawFn(Generic[M, B]):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+    async def aclose(self) -> None:
+        """`close` without blocking the event loop (it waits for the program's running calls in a worker thread)."""
+        await asyncio.to_thread(self.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"n_ctx={self.n_ctx}"

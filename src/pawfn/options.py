@@ -31,8 +31,8 @@ class RuntimeOptions(BaseModel):
     """Sampling temperature; 0 is greedy decoding."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus-sampling mass in (0, 1]; used only when temperature > 0."""
-    seed: int | None = None
-    """Seed of the sampler (one generator per call); None draws a fresh one."""
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    """Seed of the sampler (one generator per call), in [0, 2**64); None draws a fresh one."""
     parse_special_in_input: bool = False
     """Parse special-token text (e.g. ``<|im_end|>``) inside the input as control tokens, like the official SDK."""
 

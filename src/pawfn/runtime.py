@@ -12,7 +12,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import CancelledError, Future, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +245,10 @@ class ProgramRuntime(ABC):
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads."""
+        return self._decode(text, options, None)
+
+    def _decode(self, text: str, options: RuntimeOptions, abandoned: threading.Event | None) -> Generation:
+        """The one-call decode loop; once `abandoned` is set the call stops at its next token (`CancelledError`)."""
         decoding = Decoding(self._prompt, text, options)
         with self._running():
             if decoding.budget.limit > 0:
@@ -253,6 +257,8 @@ class ProgramRuntime(ABC):
                     decoding.prefilled()
                     token = session.sample()
                     while decoding.take(token):
+                        if abandoned is not None and abandoned.is_set():
+                            raise CancelledError()
                         session.advance(token)
                         token = session.sample()
         return decoding.result()
@@ -261,12 +267,21 @@ class ProgramRuntime(ABC):
         """Start a call and return at once where the backend batches calls (its errors come with the result);
         here, a backend that runs calls one by one, the call runs before this returns."""
         pending = PendingGeneration()
-        if pending.set_running_or_notify_cancel():
-            try:
-                pending.set_result(self.generate(text, options))
-            except Exception as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
-                pending.set_exception(exc)
+        self.run_pending(pending, text, options)
         return pending
+
+    def run_pending(self, pending: PendingGeneration, text: str, options: RuntimeOptions) -> None:
+        """Run a call on this thread into `pending` (a backend that runs calls one by one); `pending.cancel()` from
+        another thread stops it at its next token."""
+        if not pending.set_running_or_notify_cancel():
+            return
+        try:
+            pending.set_result(self._decode(text, options, pending.abandoned))
+        except Exception as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
+            pending.set_exception(exc)
+        except BaseException as exc:  # KeyboardInterrupt and the like: the waiter learns of it, the thread still ends
+            pending.set_exception(exc)
+            raise
 
     def close(self) -> None:
         """Wait for running calls, then free the program (the shared base goes with its last program)."""

@@ -14,8 +14,10 @@ import threading
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..config import PawConfig
-from ..errors import AdapterError, BaseModelError, PawError
+from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
@@ -65,6 +67,9 @@ class LlamaCppSession:
             self._llm.eval(self._prefix_ids[-1:])
 
     def sample(self) -> int:
+        position = self._llm.n_tokens
+        if not np.isfinite(self._llm.scores[position - 1]).all():  # llama.cpp would pick a token from them anyway
+            raise NonFiniteError(position, "the base or adapter holds extreme or non-finite values; check the program's files")
         options = self._options
         if options.temperature == 0.0:
             return self._llm.sample(temp=0.0)

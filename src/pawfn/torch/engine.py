@@ -443,7 +443,10 @@ class _Pass:
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
         if rows is not None:
-            return rows(ids).to(self._interpreter.dtype)
+            decoded = rows(ids)
+            if not bool(torch.isfinite(decoded).all()):  # rows decoded on demand were not checked at load
+                raise BaseModelError(None, f"base tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+            return decoded.to(self._interpreter.dtype)
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:

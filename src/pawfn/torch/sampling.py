@@ -25,7 +25,10 @@ def pick_token(logits: torch.Tensor, options: RuntimeOptions, generator: torch.G
     """Greedy argmax (first maximum, as llama.cpp) or temperature + top-p sampling."""
     if options.temperature == 0.0 or generator is None:
         return int(torch.argmax(logits).item())
-    probs = torch.softmax(logits.float().cpu() / options.temperature, dim=-1)
+    # float64 and shifted first: any positive temperature (even 1e-300, which is 0 in float32) then gives 0 and -inf
+    # at worst (a near-greedy draw), never 0 / 0 or inf - inf = NaN
+    logits = logits.double().cpu()
+    probs = torch.softmax((logits - logits.max()) / options.temperature, dim=-1)
     if options.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs

@@ -125,13 +125,17 @@ class Scheduler:
             chunk = stepping[start : start + width]
             try:
                 logits = self._interpreter.step([session.step_row(call.token) for call, session in chunk])
-                self.steps += 1
-                self.rows_stepped += len(chunk)
-                for (call, session), row_logits in zip(chunk, logits, strict=True):
-                    session.stepped(row_logits)
-                    call.token = session.sample()
             except Exception as exc:  # noqa: BLE001 - a failed pass fails the calls in it, not the scheduler
                 for call, _ in chunk:
+                    self._end(call, exc)
+                continue
+            self.steps += 1
+            self.rows_stepped += len(chunk)
+            for (call, session), row_logits in zip(chunk, logits, strict=True):
+                try:
+                    session.stepped(row_logits)
+                    call.token = session.sample()
+                except Exception as exc:  # noqa: BLE001 - e.g. non-finite logits: that row's call fails alone
                     self._end(call, exc)
 
     def _start(self, call: ScheduledCall, cache: KVCache) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import NonFiniteError
 from ..options import RuntimeOptions
 from .compute import on_compute_thread
 from .engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
@@ -34,8 +35,16 @@ class TorchSession:
             self._position += len(prompt_ids)
 
     def sample(self) -> int:
-        assert self._logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
-        return on_compute_thread(pick_token, self._logits, self._options, self._generator)
+        """The next token from the last logits; `NonFiniteError` if they hold NaN or infinity."""
+        logits = self._logits
+        assert logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
+        if not bool(torch.isfinite(logits).all()):
+            dtype = str(self.interpreter.dtype).removeprefix("torch.")
+            raise NonFiniteError(
+                self._position, f"the base or adapter holds extreme values, or the {dtype} computation overflowed; "
+                "load the program with dtype='float32' and check its files",
+            )
+        return on_compute_thread(pick_token, logits, self._options, self._generator)
 
     def advance(self, token: int) -> None:
         self._logits = on_compute_thread(self.interpreter.step, [self.step_row(token)])[0]

@@ -18,7 +18,7 @@ from ..models import InterpreterModel
 from ..tokenizer import TextCodec
 from .dequant import RowTable, dequantize
 from .families import Architecture, Family, family_for
-from .families.base import parse_hf_config
+from .families.base import check_architecture, parse_hf_config
 
 __all__ = ["BaseWeights", "read_base_weights"]
 
@@ -44,14 +44,38 @@ def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeight
     """Open a GGUF file or a Hugging Face folder (config.json + safetensors + tokenizer.json) for `model`."""
     family = family_for(model)
     if source.is_dir():
-        return _read_hf_folder(source, model, family)
-    if not source.is_file():
+        weights = _read_hf_folder(source, model, family)
+    elif not source.is_file():
         raise BaseModelError(source, "base weights not found: pass a GGUF file or a Hugging Face model folder")
-    with source.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise BaseModelError(source, "not a GGUF file (bad magic); pass a GGUF file or a Hugging Face model folder")
-    return _read_gguf(source, model, family)
+    else:
+        with source.open("rb") as handle:
+            magic = handle.read(4)
+        if magic != b"GGUF":
+            raise BaseModelError(source, "not a GGUF file (bad magic); pass a GGUF file or a Hugging Face model folder")
+        weights = _read_gguf(source, model, family)
+    check_architecture(weights.architecture, source, len(weights.shapes()))
+    return _finite_tensors(weights)
+
+
+def _finite_tensors(weights: BaseWeights) -> BaseWeights:
+    """`weights` whose `tensors` refuse a tensor holding NaN or infinity, by name (it would make every logit NaN)."""
+    read = weights.tensors
+
+    def tensors() -> Iterator[tuple[str, Array]]:
+        for name, array in read():
+            if not _all_finite(array):
+                raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+            yield name, array
+
+    weights.tensors = tensors
+    return weights
+
+
+def _all_finite(array: Array) -> bool:
+    """No NaN or infinity in `array`, checked 1M values at a time (a whole embedding table's mask took 155 MB)."""
+    flat = array.reshape(-1)
+    step = 1 << 20
+    return all(bool(np.isfinite(flat[start : start + step]).all()) for start in range(0, flat.size, step))
 
 
 def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> BaseWeights:

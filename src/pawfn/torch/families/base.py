@@ -6,6 +6,7 @@ A family module (`qwen3.py`, `gpt2.py`) holds everything about one architecture;
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from ...errors import BaseModelError, describe_validation_error
 from ...ggufio import GGUFFile
 
-__all__ = ["Architecture", "Family", "Ops", "parse_hf_config", "required_int"]
+__all__ = ["Architecture", "Family", "Ops", "check_architecture", "parse_hf_config", "required_int"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,25 @@ class Architecture:
     rope_theta: float
     max_positions: int
     """Positions the checkpoint was trained for (GPT-2 cannot exceed it: learned position table)."""
+
+
+def check_architecture(arch: Architecture, source: Path, n_tensors: int) -> None:
+    """Refuse hyperparameters no checkpoint of `n_tensors` tensors can have, before anything is built per layer or
+    head: sizes must be positive, a layer needs tensors of its own, the epsilon and RoPE base finite and positive."""
+    sizes = {
+        "vocabulary size": arch.vocab_size, "hidden size": arch.hidden_size, "layer count": arch.n_layers,
+        "head count": arch.n_heads, "KV head count": arch.n_kv_heads, "head size": arch.head_dim,
+        "feed-forward size": arch.ffn_size, "context length": arch.max_positions,
+    }
+    for what, value in sizes.items():
+        if value < 1:
+            raise BaseModelError(source, f"the {what} is {value}; the model's metadata is damaged")
+    if arch.n_layers > n_tensors:
+        raise BaseModelError(source, f"the metadata claims {arch.n_layers} layers, but the file holds {n_tensors} tensors")
+    if not (math.isfinite(arch.norm_eps) and arch.norm_eps > 0):
+        raise BaseModelError(source, f"the normalization epsilon is {arch.norm_eps}; it must be a positive finite number")
+    if arch.rope_theta != 0.0 and not (math.isfinite(arch.rope_theta) and arch.rope_theta > 0):  # 0: no RoPE
+        raise BaseModelError(source, f"the RoPE base is {arch.rope_theta}; it must be a positive finite number")
 
 
 class Ops(Protocol):

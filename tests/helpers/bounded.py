@@ -1,0 +1,59 @@
+"""Run the `pawfn` CLI in a child process and measure what it cost: exit status, output, seconds and peak RSS."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+__all__ = ["CliRun", "run_cli"]
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """One finished `pawfn` process."""
+
+    status: int
+    stdout: str
+    stderr: str
+    seconds: float
+    peak_rss_mb: float
+
+    def assert_one_line_error(self, status: int, *fragments: str) -> None:
+        """Exit `status`, nothing on stdout, one `pawfn: error:` line holding every fragment, no traceback."""
+        assert self.status == status, self.stderr
+        assert self.stdout == ""
+        assert self.stderr.count("\n") == 1 and self.stderr.startswith("pawfn: error: "), self.stderr
+        assert "Traceback" not in self.stderr
+        for fragment in fragments:
+            assert fragment in self.stderr, self.stderr
+
+    def assert_within(self, seconds: float, peak_rss_mb: float) -> None:
+        """The process ended within `seconds` and never held more than `peak_rss_mb` of memory."""
+        assert self.seconds < seconds, f"took {self.seconds:.1f} s"
+        assert self.peak_rss_mb < peak_rss_mb, f"peak RSS {self.peak_rss_mb:.0f} MB"
+
+
+def run_cli(*arguments: str, timeout_s: float = 120.0) -> CliRun:
+    """`python -m pawfn ARGUMENTS` to its end (killed past `timeout_s`); `wait4` gives this child's own peak RSS."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        process = subprocess.Popen([sys.executable, "-m", "pawfn", *arguments], stdout=out, stderr=err, text=True)
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - started > timeout_s:
+                process.kill()
+                os.wait4(process.pid, 0)
+                process.returncode = -9
+                raise AssertionError(f"pawfn {' '.join(arguments)} ran past {timeout_s} s")
+            time.sleep(0.05)
+        seconds = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        out.seek(0)
+        err.seek(0)
+        return CliRun(process.returncode, out.read(), err.read(), seconds, usage.ru_maxrss / 1024)

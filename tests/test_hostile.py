@@ -1,0 +1,257 @@
+"""Damaged and hostile files and options: a typed error naming the file and the problem, one line from the CLI,
+in bounded time and memory; non-finite numbers never become a silent empty output; cancelled calls stop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import pawfn
+from pawfn import (
+    AdapterError,
+    BaseModelError,
+    InterpreterModel,
+    LlamaCpp,
+    NonFiniteError,
+    PawConfig,
+    PawFn,
+    RuntimeOptions,
+    Torch,
+)
+from pawfn.backends import Backend
+from tests.helpers.bounded import run_cli
+from tests.helpers.programs import INTERPRETER_IDS, TinyProgram, requires_llama_cpp
+from tests.helpers.tiny_models import (
+    Array, TinyInterpreter, random_lora, write_adapter_gguf, write_base_gguf, write_bundle, zip_bundle,
+)
+
+# a CLI process that imports torch and loads a tiny program stays far below these; the damage this file guards
+# against grew past 2 GB within seconds
+SECONDS, PEAK_RSS_MB = 60.0, 1500.0
+
+
+def _base(
+    interpreter: TinyInterpreter, path: Path, edit: Callable[[dict[str, Array]], None] | None = None,
+    **config: object,
+) -> Path:
+    """The tiny interpreter's GGUF rewritten with its tensors passed through `edit` and `config` overriding its
+    hyperparameters (HF names)."""
+    with safe_open(str(interpreter.hf_dir / "model.safetensors"), framework="pt") as handle:
+        state = {name: handle.get_tensor(name).float().numpy() for name in handle.keys()}
+    if edit is not None:
+        edit(state)
+    write_base_gguf(
+        interpreter.family, interpreter.config() | config, interpreter.tokenizer(), state, path, interpreter.eos_token
+    )
+    return path
+
+
+def _program(program: TinyProgram, folder: Path, pairs: dict[str, tuple[Array, Array]] | None = None, alpha: float = 16.0) -> Path:
+    """A bundle folder for `program`'s interpreter with `pairs` (default: the program's) and `alpha`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    adapter = folder / "adapter-source.gguf"
+    write_adapter_gguf(adapter, program.interpreter.arch, pairs or program.pairs, alpha=alpha)
+    return write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[program.interpreter.family], program.template)
+
+
+def _load(bundle: Path, base: Path, backend: type[Backend] = Torch, **config: object) -> PawFn[InterpreterModel, Backend]:
+    return PawFn.load_any_sync(str(bundle), backend, base=base, config=PawConfig.model_validate(config))
+
+
+def _cli_run(bundle: Path, base: Path, *extra: str) -> list[str]:
+    return ["run", "--program", str(bundle), "--base", str(base), "--input", "hello", "--max-tokens", "4", *extra]
+
+
+def _with_value(pairs: dict[str, tuple[Array, Array]], value: float) -> tuple[dict[str, tuple[Array, Array]], str]:
+    """`pairs` with one entry of one lora_b set to `value`; the tensor's name."""
+    target = sorted(pairs)[0]
+    a, b = pairs[target]
+    b = b.copy()
+    b[0, 0] = value
+    return {**pairs, target: (a, b)}, f"{target}.lora_b"
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_non_finite_adapter_value_is_refused_by_name(qwen3_program: TinyProgram, tmp_path: Path, value: float) -> None:
+    pairs, name = _with_value(qwen3_program.pairs, value)
+    bundle, base = _program(qwen3_program, tmp_path, pairs), qwen3_program.interpreter.gguf_path
+    with pytest.raises(AdapterError, match="non-finite") as caught:
+        _load(bundle, base)
+    assert name in str(caught.value)
+    run = run_cli(*_cli_run(bundle, base))
+    run.assert_one_line_error(1, name, "non-finite")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+def test_a_non_finite_alpha_is_refused(gpt2_program: TinyProgram, tmp_path: Path) -> None:
+    bundle, base = _program(gpt2_program, tmp_path, alpha=math.inf), gpt2_program.interpreter.gguf_path
+    with pytest.raises(AdapterError, match="adapter.lora.alpha is inf"):
+        _load(bundle, base)
+    run_cli(*_cli_run(bundle, base)).assert_one_line_error(1, "adapter.lora.alpha")
+
+
+def test_a_rank_zero_adapter_is_refused(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """It divided alpha by the rank (ZeroDivisionError)."""
+    empty = {target: (a[:0], b[:, :0]) for target, (a, b) in random_lora(qwen3_program.interpreter).items()}
+    bundle, base = _program(qwen3_program, tmp_path, empty), qwen3_program.interpreter.gguf_path
+    with pytest.raises(AdapterError, match="rank 0"):
+        _load(bundle, base)
+    run = run_cli(*_cli_run(bundle, base))
+    run.assert_one_line_error(1, "rank 0")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+@pytest.mark.parametrize("weight_dtype", [None, "int8"])
+def test_a_non_finite_base_tensor_is_refused_by_name(
+    gpt2_program: TinyProgram, tmp_path: Path, weight_dtype: str | None
+) -> None:
+    def poison(state: dict[str, Array]) -> None:
+        state["transformer.h.1.mlp.c_fc.weight"][3, 5] = np.nan
+
+    base = _base(gpt2_program.interpreter, tmp_path / "nan.gguf", poison)
+    with pytest.raises(BaseModelError, match=r"tensor blk\.1\.ffn_up\.weight holds non-finite values"):
+        _load(gpt2_program.folder, base, weight_dtype=weight_dtype)
+    run = run_cli(*_cli_run(gpt2_program.folder, base))
+    run.assert_one_line_error(1, "blk.1.ffn_up.weight", "non-finite")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+@pytest.mark.parametrize("eps", [-1e-6, 0.0, math.nan])
+def test_a_norm_epsilon_that_is_not_positive_is_refused(qwen3_program: TinyProgram, tmp_path: Path, eps: float) -> None:
+    base = _base(qwen3_program.interpreter, tmp_path / "eps.gguf", rms_norm_eps=eps)
+    with pytest.raises(BaseModelError, match="normalization epsilon"):
+        _load(qwen3_program.folder, base)
+
+
+def test_a_base_claiming_a_billion_layers_fails_fast(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """Per-layer expectations were built before any tensor was looked at (2 GB in 17 s)."""
+    base = _base(qwen3_program.interpreter, tmp_path / "layers.gguf", num_hidden_layers=10**9)
+    with pytest.raises(BaseModelError, match="claims 1000000000 layers"):
+        _load(qwen3_program.folder, base)
+    run = run_cli(*_cli_run(qwen3_program.folder, base))
+    run.assert_one_line_error(1, "layers")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+def test_overflowing_logits_stop_the_run_with_a_typed_error(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """Finite weights whose products overflow: the run raises, it does not answer "" (argmax of NaN)."""
+
+    def overflow(state: dict[str, Array]) -> None:
+        state["model.norm.weight"][:] = 3e38
+
+    base = _base(qwen3_program.interpreter, tmp_path / "overflow.gguf", overflow)
+    with _load(qwen3_program.folder, base) as function, pytest.raises(NonFiniteError, match="non-finite"):
+        function.run("hello")
+    run = run_cli(*_cli_run(qwen3_program.folder, base))
+    run.assert_one_line_error(1, "logits became non-finite")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+def test_a_non_finite_row_fails_its_call_only(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """Two programs on one base decoding together: the one whose side paths overflow fails, the other is untouched."""
+    pairs, _ = _with_value(qwen3_program.pairs, 3e38)
+    base = qwen3_program.interpreter.gguf_path
+    options = RuntimeOptions(max_tokens=6)
+    with _load(qwen3_program.folder, base) as good, _load(_program(qwen3_program, tmp_path, pairs), base) as bad:
+        alone = good.generate("hello", options)
+        pending = [good.submit("hello", options), bad.submit("hello", options), good.submit("hello", options)]
+        assert pending[0].result().token_ids == alone.token_ids == pending[2].result().token_ids
+        with pytest.raises(NonFiniteError):
+            pending[1].result()
+        with pytest.raises(NonFiniteError):
+            pawfn.run_many([(good, "hello"), (bad, "hello")], options)
+
+
+def test_an_out_of_range_seed_is_refused(qwen3_program: TinyProgram) -> None:
+    """torch's generator takes seeds in [0, 2**64) only (it raised a RuntimeError mid-run)."""
+    with pytest.raises(ValueError, match="seed"):
+        RuntimeOptions(temperature=0.5, seed=2**64)
+    run = run_cli(*_cli_run(qwen3_program.folder, qwen3_program.interpreter.gguf_path, "--temperature", "0.5", "--seed", str(2**64)))
+    run.assert_one_line_error(2, "--seed")
+
+
+def test_a_tiny_temperature_is_a_near_greedy_draw(qwen3_program: TinyProgram) -> None:
+    """logits / 1e-300 (0 in float32) gave inf - inf = NaN in the softmax, and the sampler raised."""
+    with _load(qwen3_program.folder, qwen3_program.interpreter.gguf_path) as function:
+        greedy = function.generate("hello", RuntimeOptions(max_tokens=5))
+        cold = function.generate("hello", RuntimeOptions(max_tokens=5, temperature=1e-300, seed=1))
+    assert cold.token_ids == greedy.token_ids
+
+
+def test_async_with_closes_without_blocking_the_loop(qwen3_program: TinyProgram) -> None:
+    async def main() -> tuple[str, bool]:
+        async with _load(qwen3_program.folder, qwen3_program.interpreter.gguf_path) as function:
+            text = await function.arun("hello", RuntimeOptions(max_tokens=3))
+        return text, function.closed
+
+    text, closed = asyncio.run(main())
+    assert closed and isinstance(text, str)
+
+
+@requires_llama_cpp
+def test_a_cancelled_arun_on_llamacpp_stops_at_its_next_token(gpt2_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp runs calls one by one on a worker thread; cancelling the task left it decoding to the end."""
+    from pawfn.llamacpp.program import LlamaCppSession
+
+    advance = LlamaCppSession.advance
+    tokens: list[int] = []
+
+    def slow_advance(self: LlamaCppSession, token: int) -> None:  # ~250 tokens to the context's end: 2.5 s
+        tokens.append(token)
+        time.sleep(0.01)
+        advance(self, token)
+
+    monkeypatch.setattr(LlamaCppSession, "advance", slow_advance)
+    function = _load(gpt2_program.folder, gpt2_program.interpreter.gguf_path, LlamaCpp)
+
+    async def main() -> float:
+        task = asyncio.create_task(function.arun("hello", RuntimeOptions(max_tokens=100_000)))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        started = time.perf_counter()
+        await function.aclose()  # waits for the worker's call, which stops at its next token
+        return time.perf_counter() - started
+
+    waited = asyncio.run(main())
+    assert function.closed and waited < 1.0
+    assert 0 < len(tokens) < 100
+
+
+@pytest.mark.parametrize(
+    ("meta", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"interpreter": "Qwen/Qwen3-0.6B", "n": ' + "9" * 100_000 + "}", "not valid JSON"),
+        ('{"interpreter": "Qwen/Qwen3-0.6B", "pad": "' + "x" * (2 << 20) + '"}', "more than the"),
+    ],
+    ids=["nested", "huge-number", "huge-file"],
+)
+def test_a_damaged_meta_json_is_a_bundle_error(qwen3_program: TinyProgram, tmp_path: Path, meta: str, problem: str) -> None:
+    """Deep nesting raised RecursionError and a 100,000-digit number ValueError; a huge file was read whole."""
+    bundle = _program(qwen3_program, tmp_path)
+    (bundle / "meta.json").write_text(meta)
+    with pytest.raises(pawfn.BundleError, match=problem):
+        _load(bundle, qwen3_program.interpreter.gguf_path)
+    run_cli(*_cli_run(bundle, qwen3_program.interpreter.gguf_path)).assert_one_line_error(1, "meta.json")
+
+
+def test_a_huge_template_is_refused_before_it_is_tokenized(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """A 300 KB .paw held a 40 MB template, tokenized whole before the context check (4 GB in 15 s)."""
+    bundle = _program(qwen3_program, tmp_path)
+    (bundle / "prompt_template.txt").write_text("word " * (8 << 20) + "{INPUT_PLACEHOLDER}")
+    archive = zip_bundle(bundle, tmp_path / "huge.paw")
+    assert archive.stat().st_size < 1 << 20
+    with pytest.raises(pawfn.BundleError, match="prompt_template.txt is 41943059 bytes"):
+        _load(archive, qwen3_program.interpreter.gguf_path)
+    run = run_cli(*_cli_run(archive, qwen3_program.interpreter.gguf_path))
+    run.assert_one_line_error(1, "prompt_template.txt")
+    run.assert_within(SECONDS, PEAK_RSS_MB)
