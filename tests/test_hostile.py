@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -255,3 +256,49 @@ def test_a_huge_template_is_refused_before_it_is_tokenized(qwen3_program: TinyPr
     run = run_cli(*_cli_run(archive, qwen3_program.interpreter.gguf_path))
     run.assert_one_line_error(1, "prompt_template.txt")
     run.assert_within(SECONDS, PEAK_RSS_MB)
+
+
+def test_any_str_is_an_input(qwen3_program: TinyProgram) -> None:
+    """Lone surrogates (a tokenizer raised TypeError) read as U+FFFD; a valid pair as its character."""
+    with _load(qwen3_program.folder, qwen3_program.interpreter.gguf_path) as function:
+        options = RuntimeOptions(max_tokens=3)
+        assert function.prompt_token_ids("a\ud800b") == function.prompt_token_ids("a\ufffdb")
+        assert function.prompt_token_ids("\ud83d\ude00") == function.prompt_token_ids("\U0001f600")
+        assert function.generate("a\udcffb", options).token_ids == function.generate("a\ufffdb", options).token_ids
+
+
+def test_a_truncated_safetensors_base_is_a_base_model_error(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    shutil.copytree(qwen3_program.interpreter.hf_dir, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(BaseModelError, match="truncated or damaged"):
+        _load(qwen3_program.folder, folder)
+    run_cli(*_cli_run(qwen3_program.folder, folder)).assert_one_line_error(1, "model.safetensors")
+
+
+def _rewrite_method(archive: bytes, method: int) -> bytes:
+    """`archive` with every member's compression method field set to `method` (headers only)."""
+    data = bytearray(archive)
+    for signature, field in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        at = data.find(signature)
+        while at >= 0:
+            data[at + field : at + field + 2] = method.to_bytes(2, "little")
+            at = data.find(signature, at + 4)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["unknown-method", "bad-deflate"])
+def test_an_undecodable_archive_member_is_a_bundle_error(qwen3_program: TinyProgram, tmp_path: Path, damage: str) -> None:
+    """zipfile raised NotImplementedError (a method it lacks) and zlib.error (damaged data)."""
+    data = qwen3_program.archive.read_bytes()
+    if damage == "unknown-method":
+        data = _rewrite_method(data, 99)
+    else:
+        start = data.find(b"PK\x03\x04") + 60  # inside the first member's deflate stream
+        data = data[:start] + b"\xff" * 20 + data[start + 20 :]
+    archive = tmp_path / "damaged.paw"
+    archive.write_bytes(data)
+    with pytest.raises(pawfn.BundleError, match="cannot extract"):
+        _load(archive, qwen3_program.interpreter.gguf_path)
+    run_cli(*_cli_run(archive, qwen3_program.interpreter.gguf_path)).assert_one_line_error(1, "cannot extract")

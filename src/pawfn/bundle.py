@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import lzma
 import shutil
 import stat
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -226,5 +228,7 @@ def _extract_zip(source: Path, destination: Path) -> None:
                         if written > MAX_EXPANDED_BYTES:
                             raise BundleError(source, f"archive expands past {MAX_EXPANDED_BYTES} bytes")
                         writer.write(chunk)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError) as exc:
+                # damaged data, a compression method zipfile lacks (NotImplementedError), an encrypted member
+                # (RuntimeError): the archive is unusable either way
                 raise BundleError(source, f"cannot extract {member.filename!r}: {exc}") from exc

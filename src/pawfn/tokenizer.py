@@ -63,6 +63,16 @@ def _piece_bytes(token: str) -> bytes:
     return token.encode()
 
 
+def scalar_text(text: str) -> str:
+    """`text` with its surrogate code points read as UTF-16, which tokenizers cannot take: a high-low pair becomes
+    its character, a lone surrogate U+FFFD (e.g. from undecodable bytes under Python's surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
 class TextCodec:
     """Byte-level BPE tokenizer with llama.cpp's special-token rules; encode/decode are thread-safe."""
 
@@ -99,7 +109,7 @@ class TextCodec:
         if not text:
             return []
         encoder = self._special if parse_special else self._plain
-        return list(encoder.encode(text, add_special_tokens=False).ids)
+        return list(encoder.encode(scalar_text(text), add_special_tokens=False).ids)
 
     def split_at_first_control(self, text: str) -> tuple[str, str]:
         """`text` split before its first control-token text: (plain head, rest)."""

@@ -3,14 +3,15 @@ names, `[out, in]`) and tokenizer. What differs per architecture comes from its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from ..errors import BaseModelError
 from ..ggufio import GGUFFile, GGUFFormatError
@@ -55,6 +56,15 @@ def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeight
         weights = _read_gguf(source, model, family)
     check_architecture(weights.architecture, source, len(weights.shapes()))
     return _finite_tensors(weights)
+
+
+@contextlib.contextmanager
+def _readable(file: Path) -> Generator[None, None, None]:
+    """safetensors' errors on a damaged file (truncated, bad header) as `BaseModelError`s naming it."""
+    try:
+        yield
+    except SafetensorError as exc:
+        raise BaseModelError(file, f"cannot read the safetensors file ({exc}); it is truncated or damaged") from exc
 
 
 def _finite_tensors(weights: BaseWeights) -> BaseWeights:
@@ -147,27 +157,29 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
     codec = TextCodec.from_hf_folder(folder, model)
     conv1d = {f"{module}.weight" for module in model.conv1d_modules}
 
-    def entries() -> Iterator[tuple[safe_open, str, str, bool]]:
-        """(open file, HF name, GGUF name, stored `[in, out]` as Conv1D does) for every tensor the engine reads."""
+    def entries() -> Iterator[tuple[safe_open, str, str, bool, Path]]:
+        """(open file, HF name, GGUF name, stored `[in, out]` as Conv1D does, file) for every tensor the engine reads."""
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
+            with _readable(file), safe_open(str(file), framework="pt") as handle:
                 for hf_name in handle.keys():
                     name = family.gguf_name(hf_name)
                     if name is None:
                         continue
                     if not name:
                         raise BaseModelError(file, f"unexpected tensor {hf_name!r} for {model.__name__}")
-                    yield handle, hf_name, name, name.split(".", 2)[-1] in conv1d
+                    yield handle, hf_name, name, name.split(".", 2)[-1] in conv1d, file
 
     def tensors() -> Iterator[tuple[str, Array]]:
-        for handle, hf_name, name, transposed in entries():
-            array = handle.get_tensor(hf_name).float().numpy()
+        for handle, hf_name, name, transposed, file in entries():
+            with _readable(file):
+                array = handle.get_tensor(hf_name).float().numpy()
             yield name, np.ascontiguousarray(array.T) if transposed else array
 
     def shapes() -> dict[str, tuple[int, ...]]:
         found: dict[str, tuple[int, ...]] = {}
-        for handle, hf_name, name, transposed in entries():
-            shape = tuple(handle.get_slice(hf_name).get_shape())
+        for handle, hf_name, name, transposed, file in entries():
+            with _readable(file):
+                shape = tuple(handle.get_slice(hf_name).get_shape())
             found[name] = shape[::-1] if transposed else shape
         return found
 
