@@ -4,6 +4,7 @@ in bounded time and memory; non-finite numbers never become a silent empty outpu
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import shutil
 import time
@@ -302,3 +303,20 @@ def test_an_undecodable_archive_member_is_a_bundle_error(qwen3_program: TinyProg
     with pytest.raises(pawfn.BundleError, match="cannot extract"):
         _load(archive, qwen3_program.interpreter.gguf_path)
     run_cli(*_cli_run(archive, qwen3_program.interpreter.gguf_path)).assert_one_line_error(1, "cannot extract")
+
+
+def test_one_broken_installed_program_leaves_the_cache_listable(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """A program folder with a deeply nested meta.json made `pawfn cache list` fail for every program."""
+    from pawfn.hub.cache import PawCache
+
+    cache = PawCache(tmp_path / "cache")
+    good, broken = "0123456789abcdef0123", "fedcba98765432100123"
+    for program_id in (good, broken):
+        shutil.copytree(qwen3_program.folder, cache.program_dir(program_id))
+        meta = {"interpreter": INTERPRETER_IDS["qwen3"], "program_id": program_id, "spec": program_id}
+        (cache.program_dir(program_id) / "meta.json").write_text(json.dumps(meta))
+    (cache.program_dir(broken) / "meta.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert [program.program_id for program in cache.list_programs()] == [good]
+    run = run_cli("cache", "list", "--json", "--cache-dir", str(cache.root))
+    assert run.status == 0 and run.stderr == "", run.stderr
+    assert [json.loads(line)["program_id"] for line in run.stdout.splitlines()] == [good]
