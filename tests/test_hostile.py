@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from safetensors import safe_open
@@ -320,3 +321,20 @@ def test_one_broken_installed_program_leaves_the_cache_listable(qwen3_program: T
     run = run_cli("cache", "list", "--json", "--cache-dir", str(cache.root))
     assert run.status == 0 and run.stderr == "", run.stderr
     assert [json.loads(line)["program_id"] for line in run.stdout.splitlines()] == [good]
+
+
+def test_a_base_whose_merges_name_unknown_tokens_is_a_tokenizer_error(
+    qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tokenizers raised a plain Exception ("Token `zzq` out of vocabulary"); found by tests/test_fuzz.py."""
+    add_merges = gguf.GGUFWriter.add_token_merges
+
+    def with_unknown(writer: gguf.GGUFWriter, merges: list[str]) -> None:
+        add_merges(writer, [*merges, "zzq qqz"])
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_token_merges", with_unknown)
+    base = _base(qwen3_program.interpreter, tmp_path / "merges.gguf")
+    monkeypatch.undo()
+    with pytest.raises(pawfn.TokenizerError, match="do not form a BPE vocabulary"):
+        _load(qwen3_program.folder, base)
+    run_cli(*_cli_run(qwen3_program.folder, base)).assert_one_line_error(1, "merges")

@@ -166,7 +166,10 @@ class TextCodec:
             if cut < 0:
                 raise TokenizerError(path, f"malformed merge {merge!r} in tokenizer.ggml.merges")
             pairs.append((merge[:cut], merge[cut + 1 :]))
-        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        try:
+            tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+        except Exception as exc:  # tokenizers raises plain Exceptions, e.g. for a merge of tokens not in the vocabulary
+            raise TokenizerError(path, f"tokenizer.ggml.tokens and merges do not form a BPE vocabulary: {exc}") from exc
         tokenizer.pre_tokenizer = pre_tokenizer
         tokenizer.decoder = decoders.ByteLevel()
         kinds = {i: TokenKind(t) if t in TokenKind._value2member_map_ else TokenKind.NORMAL for i, t in enumerate(types or [])}
