@@ -9,6 +9,8 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -466,3 +468,59 @@ def test_a_failed_base_download_suggests_base_and_base_skips_it(
     assert main(["run", "--program", SLUG, "--input", "hello", "--max-tokens", "12", "--json", "--base", str(hub.base), *common]) == 0
     assert tuple(json.loads(capsys.readouterr().out)["tokens"]) == hub.expected("hello")
     assert hub.server.state.count(f"/files/{BASE_FILE}$") == 1  # with --base, no second attempt
+
+
+def _hold_lock(cache_dir: Path, program_id: str, seconds: float) -> subprocess.Popen[str]:
+    """Another process holding `.locks/programs/<id>.lock` for `seconds` (as the official SDK does while it installs)."""
+    script = (
+        "import fcntl, sys, time\n"
+        "from pathlib import Path\n"
+        "lock = Path(sys.argv[1]) / '.locks' / 'programs' / (sys.argv[2] + '.lock')\n"
+        "lock.parent.mkdir(parents=True, exist_ok=True)\n"
+        "with lock.open('a+b') as handle:\n"
+        "    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)\n"
+        "    print('locked', flush=True)\n"
+        "    time.sleep(float(sys.argv[3]))\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(cache_dir), program_id, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytest.LogCaptureFixture) -> None:
+    """The wait was silent and endless; now it is logged and ends in a CacheLockError after lock_timeout_s."""
+    from pawfn import CacheLockError
+
+    holder = _hold_lock(hub.cache_dir, PROGRAM_ID, 30.0)
+    try:
+        started = time.perf_counter()
+        with caplog.at_level("WARNING", logger="pawfn"), pytest.raises(CacheLockError, match=f"programs/{PROGRAM_ID}"):
+            PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
+        assert time.perf_counter() - started < 10
+        assert any(f"waiting for the cache lock on programs/{PROGRAM_ID}" in record.getMessage() for record in caplog.records)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_slug_cache_entries_pawfn_does_not_understand_are_kept(hub: Hub) -> None:
+    """pawfn rewrote slug_cache.json with only the entries it understood, dropping the official SDK's others."""
+    hub.cache_dir.mkdir(parents=True, exist_ok=True)
+    foreign = {"some/other@v2": {"id": "x", "at": 3}, " spaced ": "0123456789abcdef0123"}
+    (hub.cache_dir / "slug_cache.json").write_text(json.dumps(foreign))
+    asyncio.run(PawFn[Qwen3_0_6B, Torch].load_slug(SLUG, config=hub.config())).close()
+    assert json.loads((hub.cache_dir / "slug_cache.json").read_text()) == foreign | {SLUG: PROGRAM_ID}
+
+
+def test_downloads_are_staged_in_the_cache_and_a_killed_runs_leftovers_removed(hub: Hub) -> None:
+    """Downloads were staged in the system temp dir (a kill -9 left pawfn-download-* there for good)."""
+    leftover = hub.cache_dir / ".staging" / f"download-{PROGRAM_ID}"
+    leftover.mkdir(parents=True)
+    (leftover / f"{PROGRAM_ID}.paw").write_bytes(b"half a download")
+    temp_before = set(Path(tempfile.gettempdir()).glob("pawfn-download-*"))
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    assert not leftover.exists()
+    assert set(Path(tempfile.gettempdir()).glob("pawfn-download-*")) == temp_before
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []

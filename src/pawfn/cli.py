@@ -337,7 +337,7 @@ def _info(args: argparse.Namespace) -> int:
         with open_bundle(reference.path) as bundle:
             data = _dump(bundle.meta) | {"source": str(reference.path)}
     elif config.offline:
-        cache = PawCache(config.cache_dir)
+        cache = PawCache(config.cache_dir, config.lock_timeout_s)
         program_id = reference.text if reference.kind == "id" else cache.cached_slug(reference.text)
         bundle_meta = None if program_id is None else cache.read_program(program_id)
         if bundle_meta is None:
@@ -357,7 +357,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _cache(args: argparse.Namespace) -> int:
     config = _config(args)
-    cache = PawCache(config.cache_dir)
+    cache = PawCache(config.cache_dir, config.lock_timeout_s)
     if args.cache_command == "list":
         programs = cache.list_programs()
         if not programs and not args.json:

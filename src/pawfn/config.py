@@ -37,6 +37,10 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "programasweights"
 
 
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+"""`PawConfig.lock_timeout_s`'s default, in seconds."""
+
+
 class PawConfig(BaseModel):
     """Where programs come from and how they run; `PawConfig.from_env()` reads the official variables."""
 
@@ -84,6 +88,9 @@ class PawConfig(BaseModel):
     """Longest total wait for a program that the server is still generating (202), in seconds."""
     progress: bool | None = None
     """Progress bars on downloads: None shows them only on a terminal."""
+    lock_timeout_s: float = Field(default=DEFAULT_LOCK_TIMEOUT_S, gt=0)
+    """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
+    then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
 
     @field_validator("api_url")
     @classmethod

@@ -21,6 +21,7 @@ __all__ = [
     "ServerError",
     "BaseModelError",
     "BundleError",
+    "CacheLockError",
     "ContextOverflowError",
     "InterpreterMismatchError",
     "NonFiniteError",
@@ -124,6 +125,17 @@ class ProgramClosedError(PawError, RuntimeError):
 
 class ConfigError(PawError, ValueError):
     """A configuration value (argument, environment variable or config file) is invalid."""
+
+
+class CacheLockError(PawError, TimeoutError):
+    """Another process (pawfn or the official SDK) held a cache entry's lock longer than `PawConfig.lock_timeout_s`."""
+
+    def __init__(self, what: str, path: Path, timeout_s: float) -> None:
+        self.path = path
+        super().__init__(
+            f"gave up after {timeout_s:g} s waiting for the cache lock on {what} ({path}): another process is "
+            "installing or downloading it; try again later, or raise PawConfig.lock_timeout_s"
+        )
 
 
 class OfflineError(PawError, ConnectionError):

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -28,7 +29,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
-from ..errors import BundleError
+from ..config import DEFAULT_LOCK_TIMEOUT_S
+from ..errors import BundleError, CacheLockError
 from ..files import write_atomically
 from ..hashing import file_sha256
 from ..jsonio import read_json_object
@@ -38,6 +40,8 @@ from .types import BaseModelSource, RuntimeManifest
 __all__ = ["CachedProgram", "PawCache"]
 
 _BUNDLE_FILES = ("meta.json", "prompt_template.txt", "adapter.gguf")
+_LOCK_POLL_S = 0.1
+_LOG = logging.getLogger("pawfn")
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 
@@ -67,8 +71,10 @@ class _VerifiedMarker(BaseModel):
 class PawCache:
     """The cache at `root` (`PawConfig.cache_dir`)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> None:
         self.root = root
+        self.lock_timeout_s = lock_timeout_s
+        """Longest wait for a lock another process holds, in seconds (`PawConfig.lock_timeout_s`)."""
 
     @property
     def programs_dir(self) -> Path:
@@ -92,17 +98,37 @@ class PawCache:
 
     @contextlib.contextmanager
     def lock(self, *parts: str) -> Generator[None, None, None]:
-        """Exclusive lock on `<root>/.locks/<parts>.lock`, across threads and processes."""
+        """Exclusive lock on `<root>/.locks/<parts>.lock`, across threads and processes; a wait says (in the
+        ``pawfn`` log) what it waits for and gives up after `lock_timeout_s` with `CacheLockError`."""
         path = self.root.joinpath(".locks", *parts[:-1], parts[-1] + ".lock")
         path.parent.mkdir(parents=True, exist_ok=True)
+        what, deadline = "/".join(parts), time.monotonic() + self.lock_timeout_s
         with _THREAD_LOCKS_GUARD:
             thread_lock = _THREAD_LOCKS.setdefault(str(path), threading.Lock())
-        with thread_lock, path.open("a+b") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        if not thread_lock.acquire(blocking=False):
+            _LOG.warning("waiting for the cache lock on %s (another thread is installing or downloading it)", what)
+            if not thread_lock.acquire(timeout=self.lock_timeout_s):
+                raise CacheLockError(what, path, self.lock_timeout_s)
+        try:
+            with path.open("a+b") as handle:
+                told = False
+                while True:
+                    try:
+                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if not told:
+                            _LOG.warning("waiting for the cache lock on %s (%s): another process holds it", what, path)
+                            told = True
+                        if time.monotonic() >= deadline:
+                            raise CacheLockError(what, path, self.lock_timeout_s) from None
+                        time.sleep(_LOCK_POLL_S)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        finally:
+            thread_lock.release()
 
     # -- programs ---------------------------------------------------------------------------------------
 
@@ -232,7 +258,7 @@ class PawCache:
     def remember_slug(self, reference: str, program_id: str) -> None:
         """Record `reference` -> `program_id` in `slug_cache.json` (atomic rewrite under the slug lock)."""
         with self.lock("slug_cache"):
-            entries = self.read_slugs()
+            entries = read_json_object(self.slug_cache_path) or {}  # every entry: the official SDK's data too
             entries[reference] = program_id
             _atomic_write_json(self.slug_cache_path, entries)
 
@@ -291,8 +317,8 @@ class PawCache:
         return path
 
     def clear(self) -> None:
-        """Delete every program, base model, runtime manifest, the slug cache and pawfn's derived files."""
-        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir, self.root / ".pawfn-derived"):
+        """Delete every program, base model, runtime manifest, the slug cache, pawfn's derived files and staged downloads."""
+        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir, self.root / ".pawfn-derived", self.root / ".staging"):
             shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.slug_cache_path.unlink()

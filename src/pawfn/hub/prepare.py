@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,7 +71,10 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
         raise OfflineError(f"program {program_id} is not in the cache and offline mode is on; {_offline_hint(reference)}")
     with cache.lock("programs", program_id):  # the official SDK's lock: both SDKs install one at a time
         if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
-            staging = Path(tempfile.mkdtemp(prefix="pawfn-download-"))
+            # inside the cache, one folder per program: what a killed run left there is removed here, under the lock
+            staging = cache.root / ".staging" / f"download-{program_id}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
             try:
                 progress = download_progress(f"program {program_id[:12]}", config.progress)
                 archive = client.download_program(program_id, staging / f"{program_id}.paw", progress)
@@ -148,7 +150,7 @@ def prepare_program(
     """
     config = config or PawConfig.from_env()
     parsed = parse_reference(reference)
-    cache = PawCache(config.cache_dir)
+    cache = PawCache(config.cache_dir, config.lock_timeout_s)
     own_client = client is None
     client = client or PawClient(config)
     try:
