@@ -524,3 +524,31 @@ def test_downloads_are_staged_in_the_cache_and_a_killed_runs_leftovers_removed(h
     assert not leftover.exists()
     assert set(Path(tempfile.gettempdir()).glob("pawfn-download-*")) == temp_before
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+
+
+def test_a_runtime_naming_another_runtimes_base_file_gets_a_file_of_its_own(hub: Hub, tmp_path: Path) -> None:
+    """Two runtimes whose base files share a name: the second download replaced the first runtime's verified
+    file, and the first program then failed offline."""
+    other_program, other_runtime = "b6b454023d41ac9ca846", "tiny-qwen3-other"
+    other_base = hub.base.read_bytes() + bytes(64)  # the same weights, other bytes: another sha256
+    bundle = write_bundle(
+        tmp_path / "other-bundle", hub.program.adapter, "Qwen/Qwen3-0.6B", hub.program.template,
+        {"program_id": other_program, "runtime_id": other_runtime},
+    )
+    state = hub.server.state
+    state.programs[other_program] = zip_bundle(bundle, tmp_path / "other.paw").read_bytes()
+    state.files["other-base.gguf"] = other_base
+    state.runtimes[other_runtime] = {
+        **hub.runtime, "runtime_id": other_runtime,
+        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": {
+            "provider": None, "repo": None, "file": BASE_FILE, "url": f"{hub.server.cdn_url}/files/other-base.gguf",
+            "size_bytes": len(other_base), "sha256": hashlib.sha256(other_base).hexdigest()}},
+    }
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(other_program, config=hub.config()).close()
+    base_models = hub.cache_dir / "base_models"
+    assert (base_models / BASE_FILE).read_bytes() == hub.base.read_bytes()  # the first runtime's file, untouched
+    assert [path.read_bytes() for path in base_models.glob("tiny-qwen3.sha256-*.gguf")] == [other_base]
+    for program_id in (PROGRAM_ID, other_program):  # both load offline
+        with PawFn[Qwen3_0_6B, Torch].load_id_sync(program_id, config=hub.config(offline=True)) as function:
+            assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")

@@ -288,8 +288,29 @@ class PawCache:
     # -- base models ------------------------------------------------------------------------------------
 
     def base_model_path(self, source: BaseModelSource) -> Path:
-        """`<root>/base_models/<file>`."""
-        return self.base_models_dir / source.file
+        """Where `source` is (or will be) cached: `<root>/base_models/<file>`, unless that name holds a file verified
+        with another sha256 (another runtime's base, which a download must never replace); then a file of its own
+        beside it, `<stem>.sha256-<16 hex digits><suffix>`."""
+        plain = self.base_models_dir / source.file
+        if source.sha256 is None:
+            return plain
+        recorded = self._verified_sha256(plain)
+        if recorded is None or recorded == source.sha256:
+            return plain
+        return plain.with_name(f"{plain.stem}.sha256-{source.sha256[:16]}{plain.suffix}")
+
+    @staticmethod
+    def _marker(path: Path) -> Path:
+        return path.with_name(f".{path.name}.pawfn-verified")
+
+    def _verified_sha256(self, path: Path) -> str | None:
+        """The sha256 pawfn verified `path` to have, if its marker still describes the file (size and mtime)."""
+        try:
+            stat = path.stat()
+            recorded = _VerifiedMarker.model_validate_json(self._marker(path).read_bytes())
+        except (OSError, ValidationError):
+            return None
+        return recorded.sha256 if (recorded.size, recorded.mtime_ns) == (stat.st_size, stat.st_mtime_ns) else None
 
     def verified_base_model(self, source: BaseModelSource) -> Path | None:
         """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""
@@ -304,16 +325,12 @@ class PawCache:
                 return None
         if source.sha256 is None:
             return path
-        marker = path.with_name(f".{path.name}.pawfn-verified")
-        try:
-            recorded = _VerifiedMarker.model_validate_json(marker.read_bytes())
-            if (recorded.size, recorded.mtime_ns, recorded.sha256) == (stat.st_size, stat.st_mtime_ns, source.sha256):
-                return path
-        except (OSError, ValidationError):
-            pass
+        if self._verified_sha256(path) == source.sha256:
+            return path
         if file_sha256(path) != source.sha256:
             return None
-        _atomic_write_json(marker, _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=source.sha256).model_dump())
+        marker = _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=source.sha256)
+        _atomic_write_json(self._marker(path), marker.model_dump())
         return path
 
     def clear(self) -> None:
