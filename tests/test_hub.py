@@ -552,3 +552,17 @@ def test_a_runtime_naming_another_runtimes_base_file_gets_a_file_of_its_own(hub:
     for program_id in (PROGRAM_ID, other_program):  # both load offline
         with PawFn[Qwen3_0_6B, Torch].load_id_sync(program_id, config=hub.config(offline=True)) as function:
             assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+
+
+def test_a_damaged_installed_program_is_fetched_again_online_and_named_offline(hub: Hub) -> None:
+    """A cached adapter cut short (its magic intact) failed every run and was never fetched again."""
+    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    adapter = hub.cache_dir / "programs" / PROGRAM_ID / "adapter.gguf"
+    adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
+    with pytest.raises(OfflineError, match=f"the cached program {PROGRAM_ID} is damaged \\(adapter.gguf: .*past the end"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+    downloads = hub.server.state.count("/download$")
+    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    assert hub.server.state.count("/download$") == downloads + 1
+    assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []

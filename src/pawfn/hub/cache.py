@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
 from ..config import DEFAULT_LOCK_TIMEOUT_S
 from ..errors import BundleError, CacheLockError
+from ..ggufio import GGUFFile, GGUFFormatError
 from ..files import write_atomically
 from ..hashing import file_sha256
 from ..jsonio import read_json_object
@@ -139,15 +140,31 @@ class PawCache:
         return self.programs_dir / program_id
 
     def read_program(self, program_id: str) -> ProgramBundle | None:
-        """The installed program if it is complete and valid (its meta.json names this id), else None."""
+        """The installed program if it is complete and valid (its meta.json names this id, its adapter's GGUF
+        header and tensor table are whole), else None."""
+        bundle, _ = self._checked_program(program_id)
+        return bundle
+
+    def program_problem(self, program_id: str) -> str | None:
+        """Why the installed program `program_id` is unusable; None when it is valid or not installed at all."""
+        return self._checked_program(program_id)[1]
+
+    def _checked_program(self, program_id: str) -> tuple[ProgramBundle | None, str | None]:
         folder = self.program_dir(program_id)
-        if folder.is_symlink() or not folder.is_dir():
-            return None
+        if folder.is_symlink():
+            return None, "its folder is a symbolic link"
+        if not folder.is_dir():
+            return None, None
         try:
             bundle = read_bundle_folder(folder, folder)
-        except BundleError:
-            return None
-        return bundle if bundle.meta.program_id == program_id else None
+            GGUFFile(bundle.adapter_path)  # a damaged adapter is found here, not at every later load
+        except BundleError as exc:
+            return None, exc.problem
+        except GGUFFormatError as exc:
+            return None, f"adapter.gguf: {exc}"
+        if bundle.meta.program_id != program_id:
+            return None, f"its meta.json names program {bundle.meta.program_id!r}"
+        return bundle, None
 
     def install_program(
         self, program_id: str, archive: Path, runtime_for: Callable[[ProgramMeta], RuntimeManifest | None]

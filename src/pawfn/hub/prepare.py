@@ -68,8 +68,14 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
     if cache.read_program(program_id) is not None:
         return cache.program_dir(program_id)
     if config.offline:
+        problem = cache.program_problem(program_id)
+        if problem is not None:
+            raise OfflineError(
+                f"the cached program {program_id} is damaged ({problem}) and offline mode is on; run once online to "
+                f"fetch it again, or delete {cache.program_dir(program_id)}"
+            )
         raise OfflineError(f"program {program_id} is not in the cache and offline mode is on; {_offline_hint(reference)}")
-    with cache.lock("programs", program_id):  # the official SDK's lock: both SDKs install one at a time
+    with cache.lock("programs", program_id):  # a damaged install is replaced by a fresh one  # the official SDK's lock: both SDKs install one at a time
         if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
             # inside the cache, one folder per program: what a killed run left there is removed here, under the lock
             staging = cache.root / ".staging" / f"download-{program_id}"
