@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -338,3 +342,31 @@ def test_a_base_whose_merges_name_unknown_tokens_is_a_tokenizer_error(
     with pytest.raises(pawfn.TokenizerError, match="do not form a BPE vocabulary"):
         _load(qwen3_program.folder, base)
     run_cli(*_cli_run(qwen3_program.folder, base)).assert_one_line_error(1, "merges")
+
+
+def test_archives_are_extracted_in_the_cache_and_a_dead_processs_folder_removed(
+    qwen3_program: TinyProgram, tmp_path: Path
+) -> None:
+    """A .paw opened from a path was extracted into the system temp dir, and a kill -9 left it there for good."""
+    cache = tmp_path / "cache"
+    staging = cache / ".staging"
+    abandoned, live = staging / "pawfn-bundle-abandoned", staging / "pawfn-bundle-live"
+    for folder in (abandoned, live):
+        (folder / "bundle").mkdir(parents=True)
+        (folder / ".in-use").touch()
+        os.utime(folder, (time.time() - 3600, time.time() - 3600))
+    holder = subprocess.Popen(  # a live process holding its folder's lock
+        [sys.executable, "-c", "import fcntl, sys, time\nh = open(sys.argv[1], 'a+b')\nfcntl.flock(h, fcntl.LOCK_EX)\n"
+         "print('held', flush=True)\ntime.sleep(60)", str(live / ".in-use")], stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        temp_before = set(Path(tempfile.gettempdir()).glob("pawfn-bundle-*"))
+        config = PawConfig(cache_dir=cache)
+        with PawFn.load_any_sync(str(qwen3_program.archive), Torch, base=qwen3_program.interpreter.gguf_path, config=config):
+            assert len(list(staging.glob("pawfn-bundle-*"))) == 1  # the live one; ours is gone once loaded
+        assert not abandoned.exists() and live.exists()
+        assert set(Path(tempfile.gettempdir()).glob("pawfn-bundle-*")) == temp_before
+    finally:
+        holder.kill()
+        holder.wait()

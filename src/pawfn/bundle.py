@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import lzma
 import shutil
 import stat
 import tempfile
+import time
 import zipfile
 import zlib
 from collections.abc import Generator
@@ -101,8 +103,9 @@ class ProgramBundle:
 
 
 @contextmanager
-def open_bundle(path: Path | str) -> Generator[ProgramBundle, None, None]:
-    """Validate and open a bundle folder or `.paw` zip; a zip is extracted to a temporary folder."""
+def open_bundle(path: Path | str, staging: Path | None = None) -> Generator[ProgramBundle, None, None]:
+    """Validate and open a bundle folder or `.paw` zip; a zip is extracted to a temporary folder in `staging` (the
+    system temp dir when None), removed afterwards, and by a later open if this process dies first."""
     source = Path(path)
     if source.is_symlink():
         raise BundleError(source, "bundles must not be symbolic links; pass the real path")
@@ -111,12 +114,36 @@ def open_bundle(path: Path | str) -> Generator[ProgramBundle, None, None]:
         return
     if not source.exists():
         raise BundleError(source, "no such bundle: pass a .paw file or an extracted bundle folder")
-    staging = Path(tempfile.mkdtemp(prefix="pawfn-bundle-"))
+    if staging is not None:
+        _remove_abandoned(staging)
+    folder = Path(tempfile.mkdtemp(prefix=_STAGED_PREFIX, dir=staging))
     try:
-        _extract_zip(source, staging)
-        yield _read_folder(staging, source)
+        with (folder / _IN_USE).open("a+b") as in_use:
+            fcntl.flock(in_use.fileno(), fcntl.LOCK_EX)  # held while open: a killed process lets go of it
+            extracted = folder / "bundle"
+            extracted.mkdir()
+            _extract_zip(source, extracted)
+            yield _read_folder(extracted, source)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_STAGED_PREFIX = "pawfn-bundle-"
+_IN_USE = ".in-use"
+_ABANDONED_AFTER_S = 60.0
+
+
+def _remove_abandoned(staging: Path) -> None:
+    """Remove the extraction folders in `staging` whose process died (their `.in-use` lock is free)."""
+    for folder in staging.glob(_STAGED_PREFIX + "*"):
+        try:
+            if time.time() - folder.stat().st_mtime < _ABANDONED_AFTER_S:
+                continue  # perhaps still being made: its `.in-use` may not be locked yet
+            with (folder / _IN_USE).open("a+b") as in_use:
+                fcntl.flock(in_use.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a live process (BlockingIOError), or not ours to touch
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _regular_file(folder: Path, name: str, source: Path) -> Path:

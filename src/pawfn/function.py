@@ -170,7 +170,7 @@ class PawFn(Generic[M, B]):
         model = cls.model_type()
         opener = runtime_opener(cls.backend_type())
         started = time.perf_counter()
-        with open_bundle(bundle) as opened:
+        with open_bundle(bundle, PawCache(config.cache_dir).staging_dir()) as opened:
             cls._check_meta(opened.meta, opened.name)
             base = base or find_cached_base(model, opened.meta, PawCache(config.cache_dir))
             if base is None:

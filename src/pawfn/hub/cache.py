@@ -92,6 +92,15 @@ class PawCache:
         """`<root>/runtimes`."""
         return self.root / "runtimes"
 
+    def staging_dir(self) -> Path | None:
+        """`<root>/.staging`, where archives are extracted and downloads staged; None when it cannot be made."""
+        folder = self.root / ".staging"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None  # a read-only cache: the system temp dir serves
+        return folder
+
     @property
     def slug_cache_path(self) -> Path:
         """`<root>/slug_cache.json`."""
