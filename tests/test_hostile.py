@@ -370,3 +370,22 @@ def test_archives_are_extracted_in_the_cache_and_a_dead_processs_folder_removed(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_prefix_that_cannot_fit_is_refused_before_it_is_tokenized(
+    qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the size cap, a prefix longer than n_ctx tokens could hold is refused by its length alone."""
+    from pawfn.tokenizer import TextCodec
+
+    bundle = _program(qwen3_program, tmp_path)
+    (bundle / "prompt_template.txt").write_text("word " * 150_000 + "{INPUT_PLACEHOLDER}")  # 750 KB
+    encode = TextCodec.encode
+
+    def small_texts_only(codec: TextCodec, text: str, *, parse_special: bool) -> list[int]:
+        assert len(text) < 10_000, "the whole prefix was tokenized"
+        return encode(codec, text, parse_special=parse_special)
+
+    monkeypatch.setattr(TextCodec, "encode", small_texts_only)
+    with pytest.raises(pawfn.ContextOverflowError, match="at least"):
+        _load(bundle, qwen3_program.interpreter.gguf_path, n_ctx=256)

@@ -109,12 +109,12 @@ class NonFiniteError(PawError, ArithmeticError):
 class ContextOverflowError(PawError, ValueError):
     """Prefix plus input does not fit the context window (all counts in tokens)."""
 
-    def __init__(self, prefix_tokens: int, prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, prefix_tokens: int, prompt_tokens: int, n_ctx: int, at_least: bool = False) -> None:
         self.prefix_tokens = prefix_tokens
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
         super().__init__(
-            f"context overflow: {prefix_tokens + prompt_tokens} tokens used (prefix={prefix_tokens}, "
+            f"context overflow: {'at least ' if at_least else ''}{prefix_tokens + prompt_tokens} tokens used (prefix={prefix_tokens}, "
             f"input={prompt_tokens}), context window={n_ctx}; shorten the input or raise n_ctx"
         )
 

@@ -79,6 +79,9 @@ class Prompt:
     def __init__(self, codec: TextCodec, template: PromptTemplate, n_ctx: int) -> None:
         self.codec = codec
         self.n_ctx = n_ctx
+        fewest = -(-len(template.prefix.encode("utf-8", "surrogatepass")) // codec.max_token_bytes)
+        if fewest >= n_ctx:  # cannot fit: refused before tokenizing (a 40 MB template took 4 GB to tokenize)
+            raise ContextOverflowError(fewest, 0, n_ctx, at_least=True)
         self.prefix_ids = codec.encode(template.prefix, parse_special=True)
         if len(self.prefix_ids) >= n_ctx:
             raise ContextOverflowError(len(self.prefix_ids), 0, n_ctx)

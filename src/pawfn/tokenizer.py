@@ -103,6 +103,8 @@ class TextCodec:
             reverse=True,
         )
         self._control_pattern = re.compile("|".join(re.escape(t) for t in controls if t)) if controls else None
+        self.max_token_bytes = max([1, *map(len, self._pieces), *(len(t.encode()) for t in controls)])
+        """The most UTF-8 bytes of text one token stands for: a text of B bytes has at least B / this many tokens."""
 
     def encode(self, text: str, *, parse_special: bool) -> list[int]:
         """Token ids of `text` with no BOS; `parse_special` turns control-token text into control tokens."""
