@@ -9,7 +9,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-__all__ = ["CliRun", "run_cli"]
+__all__ = ["PEAK_RSS_MB", "SECONDS", "CliRun", "run_cli"]
+
+# a CLI process that imports torch and loads a tiny program stays far below these; the damage the hostile-file
+# tests guard against grew past 2 GB within seconds
+SECONDS, PEAK_RSS_MB = 60.0, 1500.0
 
 
 @dataclass(frozen=True)
@@ -23,7 +27,9 @@ class CliRun:
     peak_rss_mb: float
 
     def assert_one_line_error(self, status: int, *fragments: str) -> None:
-        """Exit `status`, nothing on stdout, one `pawfn: error:` line holding every fragment, no traceback."""
+        """Exit `status`, nothing on stdout, one `pawfn: error:` line holding every fragment, no traceback, within
+        `SECONDS` and `PEAK_RSS_MB`."""
+        self.assert_within(SECONDS, PEAK_RSS_MB)
         assert self.status == status, self.stderr
         assert self.stdout == ""
         assert self.stderr.count("\n") == 1 and self.stderr.startswith("pawfn: error: "), self.stderr
@@ -37,7 +43,7 @@ class CliRun:
         assert self.peak_rss_mb < peak_rss_mb, f"peak RSS {self.peak_rss_mb:.0f} MB"
 
 
-def run_cli(*arguments: str, timeout_s: float = 120.0) -> CliRun:
+def run_cli(*arguments: str | bytes, timeout_s: float = 120.0) -> CliRun:
     """`python -m pawfn ARGUMENTS` to its end (killed past `timeout_s`); `wait4` gives this child's own peak RSS."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
@@ -50,7 +56,7 @@ def run_cli(*arguments: str, timeout_s: float = 120.0) -> CliRun:
                 process.kill()
                 os.wait4(process.pid, 0)
                 process.returncode = -9
-                raise AssertionError(f"pawfn {' '.join(arguments)} ran past {timeout_s} s")
+                raise AssertionError(f"pawfn {arguments!r} ran past {timeout_s} s")
             time.sleep(0.05)
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
