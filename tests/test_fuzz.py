@@ -69,18 +69,24 @@ def _bounded(read: Callable[[Path], object], data: bytes, suffix: str) -> None:
     assert peak < PEAK_MB, f"allocated {peak:.0f} MB at its peak"
 
 
+def _fuzz_files(files: st.SearchStrategy[bytes], read: Callable[[Path], object], suffix: str) -> None:
+    """The FUZZ budget of `files`, each written to a `suffix` file and given to `read` (see `_bounded`)."""
+
+    @FUZZ
+    @given(files)
+    def check(data: bytes) -> None:
+        _bounded(read, data, suffix)
+
+    check()
+
+
 def _read_archive(path: Path) -> None:
     with open_bundle(path) as bundle:
         bundle.template.prefix.encode()
 
 
 def test_fuzz_archives(qwen3_program: TinyProgram) -> None:
-    @FUZZ
-    @given(_files(qwen3_program.archive.read_bytes()))
-    def check(data: bytes) -> None:
-        _bounded(_read_archive, data, ".paw")
-
-    check()
+    _fuzz_files(_files(qwen3_program.archive.read_bytes()), _read_archive, ".paw")
 
 
 def test_fuzz_meta_json(qwen3_program: TinyProgram) -> None:
@@ -96,12 +102,7 @@ def test_fuzz_meta_json(qwen3_program: TinyProgram) -> None:
             with open_bundle(bundle):
                 pass
 
-    @FUZZ
-    @given(st.one_of(_files(original), st.text(max_size=512).map(str.encode)))
-    def check(data: bytes) -> None:
-        _bounded(read, data, ".json")
-
-    check()
+    _fuzz_files(st.one_of(_files(original), st.text(max_size=512).map(str.encode)), read, ".json")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
@@ -109,12 +110,7 @@ def test_fuzz_adapters(family: str, request: pytest.FixtureRequest) -> None:
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     model = Qwen3_0_6B if family == "qwen3" else GPT2
 
-    @FUZZ
-    @given(_files(program.adapter.read_bytes()))
-    def check(data: bytes) -> None:
-        _bounded(lambda path: read_lora_adapter(path, model), data, ".gguf")
-
-    check()
+    _fuzz_files(_files(program.adapter.read_bytes()), lambda path: read_lora_adapter(path, model), ".gguf")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
@@ -128,12 +124,7 @@ def test_fuzz_base_weights(family: str, request: pytest.FixtureRequest) -> None:
         for _ in weights.tensors():
             pass
 
-    @FUZZ
-    @given(_files(program.interpreter.gguf_path.read_bytes()))
-    def check(data: bytes) -> None:
-        _bounded(read, data, ".gguf")
-
-    check()
+    _fuzz_files(_files(program.interpreter.gguf_path.read_bytes()), read, ".gguf")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
