@@ -130,6 +130,7 @@ def test_a_norm_epsilon_that_is_not_positive_is_refused(qwen3_program: TinyProgr
     base = _base(qwen3_program.interpreter, tmp_path / "eps.gguf", rms_norm_eps=eps)
     with pytest.raises(BaseModelError, match="normalization epsilon"):
         _load(qwen3_program.folder, base)
+    run_cli(*_cli_run(qwen3_program.folder, base)).assert_one_line_error(1, "normalization epsilon")
 
 
 def test_a_base_claiming_a_billion_layers_fails_fast(qwen3_program: TinyProgram, tmp_path: Path) -> None:
@@ -381,6 +382,9 @@ def test_a_prefix_that_cannot_fit_is_refused_before_it_is_tokenized(
     monkeypatch.setattr(TextCodec, "encode", small_texts_only)
     with pytest.raises(pawfn.ContextOverflowError, match="at least"):
         _load(bundle, qwen3_program.interpreter.gguf_path, n_ctx=256)
+    monkeypatch.undo()
+    run = run_cli(*_cli_run(bundle, qwen3_program.interpreter.gguf_path, "--n-ctx", "256"))
+    run.assert_one_line_error(1, "context overflow: at least")
 
 
 def _huge_array_gguf(path: Path, architecture: str, general_type: str) -> Path:
@@ -410,3 +414,17 @@ def test_a_non_utf8_input_on_the_command_line_is_a_usage_error(qwen3_program: Ti
     """argv bytes that are not UTF-8 reach Python as lone surrogates (a tokenizer raised TypeError)."""
     argv = ["run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path)]
     run_cli(*argv, "--input", b"caf\xe9").assert_one_line_error(2, "not valid text")
+
+
+@requires_llama_cpp
+def test_non_finite_logits_on_llamacpp_stop_the_run(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """llama.cpp loads the base itself (pawfn does not read its tensors then) and samples from NaN logits all the
+    same: the run raises instead."""
+
+    def poison(state: dict[str, Array]) -> None:
+        state["model.norm.weight"][0] = np.nan
+
+    base = _base(qwen3_program.interpreter, tmp_path / "nan-norm.gguf", poison)
+    with _load(qwen3_program.folder, base, LlamaCpp) as function, pytest.raises(NonFiniteError, match="non-finite"):
+        function.run("hello")
+    run_cli(*_cli_run(qwen3_program.folder, base, "--backend", "llamacpp")).assert_one_line_error(1, "non-finite")

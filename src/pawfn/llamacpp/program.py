@@ -67,8 +67,11 @@ class LlamaCppSession:
             self._llm.eval(self._prefix_ids[-1:])
 
     def sample(self) -> int:
+        import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
+
         position = self._llm.n_tokens
-        if not np.isfinite(self._llm.scores[position - 1]).all():  # llama.cpp would pick a token from them anyway
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._llm.ctx, -1), shape=(self._llm.n_vocab(),))
+        if not np.isfinite(logits).all():  # llama.cpp's sampler would pick a token from them anyway
             raise NonFiniteError(position, "the base or adapter holds extreme or non-finite values; check the program's files")
         options = self._options
         if options.temperature == 0.0:
