@@ -34,7 +34,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.backends import Backend
-from tests.helpers.bounded import run_cli
+from tests.helpers.bounded import PEAK_RSS_MB, SECONDS, run_cli
 from tests.helpers.programs import INTERPRETER_IDS, TinyProgram, requires_llama_cpp
 from tests.helpers.tiny_models import (
     Array, TinyInterpreter, random_lora, write_adapter_gguf, write_base_gguf, write_bundle, zip_bundle,
@@ -317,6 +317,7 @@ def test_one_broken_installed_program_leaves_the_cache_listable(qwen3_program: T
     assert [program.program_id for program in cache.list_programs()] == [good]
     run = run_cli("cache", "list", "--json", "--cache-dir", str(cache.root))
     assert run.status == 0 and run.stderr == "", run.stderr
+    run.assert_within(SECONDS, PEAK_RSS_MB)
     assert [json.loads(line)["program_id"] for line in run.stdout.splitlines()] == [good]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.programs import TinyProgram
+from tests.helpers.bounded import CliRun, run_cli
 from tests.helpers.hub_server import HubServer
 from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
 from pawfn import (
@@ -500,6 +501,12 @@ def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytes
             PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
         assert time.perf_counter() - started < 10
         assert any(f"waiting for the cache lock on programs/{PROGRAM_ID}" in record.getMessage() for record in caplog.records)
+        run = run_cli("run", "--program", PROGRAM_ID, "--input", "hello", "--api-url", hub.server.api_url,
+                      "--cache-dir", str(hub.cache_dir), environment={"PAW_LOCK_TIMEOUT_S": "1"})
+        assert f"waiting for the cache lock on programs/{PROGRAM_ID}" in run.stderr.splitlines()[0]
+        CliRun(run.status, run.stdout, run.stderr.splitlines()[-1] + "\n", run.seconds, run.peak_rss_mb).assert_one_line_error(
+            1, "gave up after 1 s waiting for the cache lock"
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -561,6 +568,9 @@ def test_a_damaged_installed_program_is_fetched_again_online_and_named_offline(h
     adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
     with pytest.raises(OfflineError, match=f"the cached program {PROGRAM_ID} is damaged \\(adapter.gguf: .*past the end"):
         PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+    run_cli("run", "--program", PROGRAM_ID, "--input", "hello", "--offline", "--cache-dir", str(hub.cache_dir)).assert_one_line_error(
+        1, f"the cached program {PROGRAM_ID} is damaged"
+    )
     downloads = hub.server.state.count("/download$")
     with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")

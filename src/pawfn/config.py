@@ -22,6 +22,7 @@ _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
     "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
+    "lock_timeout_s": "PAW_LOCK_TIMEOUT_S",
 }
 
 
@@ -102,7 +103,8 @@ class PawConfig(BaseModel):
     @classmethod
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
-        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS` and the official config file; keyword arguments win."""
+        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S` and the official config file;
+        keyword arguments win."""
         return cls.from_sources(overrides)
 
     @classmethod

@@ -43,11 +43,15 @@ class CliRun:
         assert self.peak_rss_mb < peak_rss_mb, f"peak RSS {self.peak_rss_mb:.0f} MB"
 
 
-def run_cli(*arguments: str | bytes, timeout_s: float = 120.0) -> CliRun:
-    """`python -m pawfn ARGUMENTS` to its end (killed past `timeout_s`); `wait4` gives this child's own peak RSS."""
+def run_cli(*arguments: str | bytes, timeout_s: float = 120.0, environment: dict[str, str] | None = None) -> CliRun:
+    """`python -m pawfn ARGUMENTS` to its end (killed past `timeout_s`), with `environment` added to this process's;
+    `wait4` gives this child's own peak RSS."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
-        process = subprocess.Popen([sys.executable, "-m", "pawfn", *arguments], stdout=out, stderr=err, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pawfn", *arguments], stdout=out, stderr=err, text=True,
+            env={**os.environ, **(environment or {})},
+        )
         while True:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             if pid:
