@@ -125,7 +125,7 @@ class KVCache:
         return 0 if self.prefix is None else self.prefix.length
 
     def begin(self, prefix: PrefixState | None) -> None:
-        """Start a new sequence after `prefix` (None: from position 0); what was stored is dropped."""
+        """Start a new sequence after `prefix` (None: from position 0); what was stored is written over."""
         self.prefix = prefix
 
     def reserve(self, n_tokens: int) -> None:
@@ -484,20 +484,14 @@ class _ForwardPass(_Pass):
         self._mask: torch.Tensor | None = None
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        n_new, arch, cache = q.shape[0], self.architecture, self._cache
-        end = cache.store(layer, self._start, k, v)
+        n_new, arch = q.shape[0], self.architecture
         if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
-            group = arch.n_heads // arch.n_kv_heads
+            group, end = arch.n_heads // arch.n_kv_heads, self._start - self._cache.offset + n_new
             query_at = torch.arange(end - n_new, end, device=q.device).unsqueeze(1)
             hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
-        queries = _grouped(arch, q)
-        out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], self._mask)
-        prefix = cache.prefix
-        if prefix is not None and prefix.length:
-            out = merge_attention(*partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None), out, lse)
-        return _ungrouped(arch, out)
+        return _attend(arch, self._cache, layer, self._start, q, k, v, self._mask)
 
 
 class _StepPass(_Pass):
@@ -525,16 +519,27 @@ class _StepPass(_Pass):
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """Row by row (the kernels round by shape), over the row's own positions and its program's prefix, which
         every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
-        arch, outputs = self.architecture, list[torch.Tensor]()
-        for i, row in enumerate(self._rows):
-            cache, queries = row.cache, _grouped(arch, q[i : i + 1])
-            end = cache.store(layer, row.position, k[i : i + 1], v[i : i + 1])
-            out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], None)
-            prefix = cache.prefix
-            if prefix is not None and prefix.length:
-                out = merge_attention(*partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None), out, lse)
-            outputs.append(_ungrouped(arch, out))
-        return torch.cat(outputs)
+        arch = self.architecture
+        return torch.cat([
+            _attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
+            for i, row in enumerate(self._rows)
+        ])
+
+
+def _attend(
+    arch: Architecture, cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Store k/v [new, kv_heads, D] at `position...` in `cache`, then attend q [new, heads, D] over the cache's own
+    positions (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
+    end = cache.store(layer, position, k, v)
+    queries = _grouped(arch, q)
+    out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], mask)
+    prefix = cache.prefix
+    if prefix is not None and prefix.length:
+        shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
+        out = merge_attention(*shared, out, lse)
+    return _ungrouped(arch, out)
 
 
 def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:
