@@ -92,9 +92,14 @@ class PawCache:
         """`<root>/runtimes`."""
         return self.root / "runtimes"
 
+    @property
+    def staging_root(self) -> Path:
+        """`<root>/.staging`, where archives are extracted and downloads staged."""
+        return self.root / ".staging"
+
     def staging_dir(self) -> Path | None:
-        """`<root>/.staging`, where archives are extracted and downloads staged; None when it cannot be made."""
-        folder = self.root / ".staging"
+        """`staging_root`, made if missing; None when it cannot be made."""
+        folder = self.staging_root
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
@@ -361,7 +366,7 @@ class PawCache:
 
     def clear(self) -> None:
         """Delete every program, base model, runtime manifest, the slug cache, pawfn's derived files and staged downloads."""
-        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir, self.root / ".pawfn-derived", self.root / ".staging"):
+        for folder in (self.programs_dir, self.base_models_dir, self.runtimes_dir, self.root / ".pawfn-derived", self.staging_root):
             shutil.rmtree(folder, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.slug_cache_path.unlink()

@@ -75,10 +75,11 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
                 f"fetch it again, or delete {cache.program_dir(program_id)}"
             )
         raise OfflineError(f"program {program_id} is not in the cache and offline mode is on; {_offline_hint(reference)}")
-    with cache.lock("programs", program_id):  # a damaged install is replaced by a fresh one  # the official SDK's lock: both SDKs install one at a time
-        if cache.read_program(program_id) is None:  # another thread or process may have installed it meanwhile
+    with cache.lock("programs", program_id):  # the official SDK's lock: both SDKs install one at a time
+        # None: not installed, or damaged (a fresh install replaces it); another process may have installed it meanwhile
+        if cache.read_program(program_id) is None:
             # inside the cache, one folder per program: what a killed run left there is removed here, under the lock
-            staging = cache.root / ".staging" / f"download-{program_id}"
+            staging = cache.staging_root / f"download-{program_id}"
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             try:

@@ -24,6 +24,7 @@ from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families import Architecture
+from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
 from .weights import BaseWeights
 
@@ -192,8 +193,10 @@ class TorchInterpreter:
             self.rope_frequencies = self.rope_frequencies.to(device)
 
     def _check_shapes(self, weights: BaseWeights) -> None:
-        """Every tensor the family needs, with its shape, before anything is converted."""
+        """Every tensor the family needs, with its shape, before anything is converted; hyperparameters no file of
+        this many tensors can have are refused first, before any per-layer expectation is built."""
         arch = self.architecture
+        check_architecture(arch, weights.source, len(self.shapes))
         shapes = self.family.expected_shapes(arch)
         if "output.weight" in self.shapes:
             shapes["output.weight"] = (arch.vocab_size, arch.hidden_size)
