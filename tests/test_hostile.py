@@ -9,8 +9,6 @@ import math
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from pawfn import (
 )
 from pawfn.backends import Backend
 from tests.helpers.bounded import PEAK_RSS_MB, SECONDS, run_cli
+from tests.helpers.locks import lock_held_elsewhere
 from tests.helpers.programs import HAS_LLAMA_CPP, INTERPRETER_IDS, TinyProgram, requires_llama_cpp
 from tests.helpers.tiny_models import (
     Array, TinyInterpreter, random_lora, write_adapter_gguf, write_base_gguf, write_bundle, zip_bundle,
@@ -352,21 +351,13 @@ def test_archives_are_extracted_in_the_cache_and_a_dead_processs_folder_removed(
         (folder / "bundle").mkdir(parents=True)
         (folder / ".in-use").touch()
         os.utime(folder, (time.time() - 3600, time.time() - 3600))
-    holder = subprocess.Popen(  # a live process holding its folder's lock
-        [sys.executable, "-c", "import fcntl, sys, time\nh = open(sys.argv[1], 'a+b')\nfcntl.flock(h, fcntl.LOCK_EX)\n"
-         "print('held', flush=True)\ntime.sleep(60)", str(live / ".in-use")], stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(live / ".in-use"):  # a live process holding its folder's lock
         temp_before = set(Path(tempfile.gettempdir()).glob("pawfn-bundle-*"))
         config = PawConfig(cache_dir=cache)
         with PawFn.load_any_sync(str(qwen3_program.archive), Torch, base=qwen3_program.interpreter.gguf_path, config=config):
             assert len(list(staging.glob("pawfn-bundle-*"))) == 1  # the live one; ours is gone once loaded
         assert not abandoned.exists() and live.exists()
         assert set(Path(tempfile.gettempdir()).glob("pawfn-bundle-*")) == temp_before
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_prefix_that_cannot_fit_is_refused_before_it_is_tokenized(

@@ -20,6 +20,7 @@ import pytest
 from tests.helpers.programs import TinyProgram
 from tests.helpers.bounded import CliRun, run_cli
 from tests.helpers.hub_server import HubServer
+from tests.helpers.locks import lock_held_elsewhere
 from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
 from pawfn import (
     GPT2,
@@ -471,31 +472,11 @@ def test_a_failed_base_download_suggests_base_and_base_skips_it(
     assert hub.server.state.count(f"/files/{BASE_FILE}$") == 1  # with --base, no second attempt
 
 
-def _hold_lock(cache_dir: Path, program_id: str, seconds: float) -> subprocess.Popen[str]:
-    """Another process holding `.locks/programs/<id>.lock` for `seconds` (as the official SDK does while it installs)."""
-    script = (
-        "import fcntl, sys, time\n"
-        "from pathlib import Path\n"
-        "lock = Path(sys.argv[1]) / '.locks' / 'programs' / (sys.argv[2] + '.lock')\n"
-        "lock.parent.mkdir(parents=True, exist_ok=True)\n"
-        "with lock.open('a+b') as handle:\n"
-        "    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)\n"
-        "    print('locked', flush=True)\n"
-        "    time.sleep(float(sys.argv[3]))\n"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", script, str(cache_dir), program_id, str(seconds)], stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-    return holder
-
-
 def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytest.LogCaptureFixture) -> None:
     """The wait was silent and endless; now it is logged and ends in a CacheLockError after lock_timeout_s."""
     from pawfn import CacheLockError
 
-    holder = _hold_lock(hub.cache_dir, PROGRAM_ID, 30.0)
-    try:
+    with lock_held_elsewhere(hub.cache_dir / ".locks" / "programs" / f"{PROGRAM_ID}.lock", 30.0):
         started = time.perf_counter()
         with caplog.at_level("WARNING", logger="pawfn"), pytest.raises(CacheLockError, match=f"programs/{PROGRAM_ID}"):
             PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
@@ -507,9 +488,6 @@ def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytes
         CliRun(run.status, run.stdout, run.stderr.splitlines()[-1] + "\n", run.seconds, run.peak_rss_mb).assert_one_line_error(
             1, "gave up after 1 s waiting for the cache lock"
         )
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_slug_cache_entries_pawfn_does_not_understand_are_kept(hub: Hub) -> None:
