@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
+import os
 import sys
 import time
 import traceback
@@ -31,6 +33,7 @@ from .jsonio import parse_json_object
 from .models import InterpreterModel
 from .options import DType, RuntimeOptions, WeightDType
 from .results import Generation
+from .serve import ServeSettings, serve_programs
 
 __all__ = ["main"]
 
@@ -71,19 +74,9 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def _program_options() -> argparse.ArgumentParser:
-    """What `run` and `bench` share: the program, its inputs, and every option that changes how it runs."""
+def _engine_options() -> argparse.ArgumentParser:
+    """Where and how programs run: what `run`, `bench` and `serve` share."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
-    options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
-    options.add_argument(
-        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
-    )
-    options.add_argument(
-        "--input-format", choices=("lines", "jsonl"),
-        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
-        "default: jsonl for *.jsonl files, else lines",
-    )
     options.add_argument("--backend", choices=sorted(_BACKENDS), default="torch", help="torch (default) or llamacpp")
     options.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
     options.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
@@ -94,6 +87,22 @@ def _program_options() -> argparse.ArgumentParser:
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
+    return options
+
+
+def _program_options() -> argparse.ArgumentParser:
+    """What `run` and `bench` share: the program, its inputs, and every option that changes how it runs."""
+    options = argparse.ArgumentParser(add_help=False, parents=[_engine_options()])
+    options.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
+    options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
+    options.add_argument(
+        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
+    )
+    options.add_argument(
+        "--input-format", choices=("lines", "jsonl"),
+        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
+        "default: jsonl for *.jsonl files, else lines",
+    )
     options.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     options.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
     options.add_argument("--seed", type=int, metavar="S", help="sampling seed")
@@ -157,6 +166,38 @@ def _parser() -> argparse.ArgumentParser:
     prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
     prepare.add_argument("program", metavar="REF", help="program id or slug")
     prepare.add_argument("--json", action="store_true", help="print JSON")
+
+    serve = commands.add_parser(
+        "serve", parents=[common, _engine_options()],
+        help="serve programs over HTTP: the official /api/v1/infer and pawfn's /v1 API (needs pawfn[serve])",
+    )
+    serve.add_argument(
+        "--program", action="append", default=[], metavar="[NAME=]REF",
+        help="program to load at start: id, user/slug, slug@vN, .paw file or folder, also served as NAME (repeatable)",
+    )
+    serve.add_argument(
+        "--allow-load", action="store_true", help="also load hub programs (ids, slugs) on their first request"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve.add_argument(
+        "--api-key-env", metavar="NAME", help="require the key held in environment variable NAME (Bearer or X-API-Key)"
+    )
+    serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
+    serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
+    limits = ServeSettings()
+    serve.add_argument("--max-queue", type=int, default=limits.max_queue, metavar="N",
+                       help=f"calls accepted at once, more get 429 (default: {limits.max_queue})")
+    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes, metavar="N",
+                       help=f"largest request body, more get 413 (default: {limits.max_body_bytes})")
+    serve.add_argument("--max-input-chars", type=int, default=limits.max_input_chars, metavar="N",
+                       help=f"longest input, more get 413 (default: {limits.max_input_chars})")
+    serve.add_argument("--max-tokens-limit", type=int, default=limits.max_tokens, metavar="N",
+                       help=f"most tokens a call may generate, more get 422 (default: {limits.max_tokens})")
+    serve.add_argument("--max-batch-inputs", type=int, default=limits.max_batch_inputs, metavar="N",
+                       help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})")
+    serve.add_argument("--graceful-timeout", type=float, metavar="S",
+                       help="on SIGTERM, longest wait for running requests in seconds (default: no limit)")
 
     login = commands.add_parser("login", parents=[common], help="store an API key in the official config file")
     login.add_argument("key", nargs="?", help="the key (prompted for when omitted)")
@@ -406,11 +447,37 @@ def _login(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    if not args.program and not args.allow_load:
+        raise _CliError("nothing to serve: give --program REF (repeatable) or --allow-load")
+    config = _config(args)
+    key: str | None = None
+    if args.api_key_env is not None:
+        key = os.environ.get(args.api_key_env)
+        if not key:
+            raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
+    try:
+        settings = ServeSettings(
+            api_key=key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
+            max_tokens=args.max_tokens_limit, max_batch_inputs=args.max_batch_inputs,
+        )
+    except ValidationError as exc:
+        labels = {"max_tokens": "--max-tokens-limit"} | {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields}
+        raise _CliError(describe_option_errors(exc, labels)) from exc
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    serve_programs(
+        args.program, _BACKENDS[args.backend], config, settings, host=args.host, port=args.port, allow_load=args.allow_load,
+        base=None if args.base is None else Path(args.base), graceful_timeout_s=args.graceful_timeout,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login}
+    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login,
+                "serve": _serve}
     try:
         return handlers[args.command](args)
     except _CliError as exc:

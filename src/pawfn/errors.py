@@ -18,6 +18,7 @@ __all__ = [
     "NotFoundError",
     "OfflineError",
     "RateLimitError",
+    "RequestError",
     "ServerError",
     "BaseModelError",
     "BundleError",
@@ -180,6 +181,15 @@ class RateLimitError(HubError):
     ) -> None:
         self.retry_after_s = retry_after_s
         super().__init__(message, status=status, server_message=server_message, url=url)
+
+
+class RequestError(HubError, ValueError):
+    """A server refused a request as invalid (HTTP 413/422): too large, bad options, or an input that overflows the
+    program's context; `code` is the server's error code."""
+
+    def __init__(self, message: str, *, code: str, status: int | None = None, url: str | None = None) -> None:
+        self.code = code
+        super().__init__(message, status=status, server_message=message, url=url)
 
 
 class ServerError(HubError):

@@ -25,7 +25,10 @@ from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
 from .results import Generation
-from .runtime import PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, gather_in_order, results_in_order
+from .runtime import (
+    PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, TextStream, TokenListener, gather_in_order,
+    results_in_order,
+)
 from .torch import TorchProgram
 
 __all__ = ["PawFn", "runtime_opener"]
@@ -370,18 +373,31 @@ class PawFn(Generic[M, B]):
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """`submit` for the event loop, returning at once: a backend that runs calls one by one (llama.cpp) runs it
         on a worker thread, which `cancel()` stops at its next token."""
-        if self._runtime.queues_calls:
-            return self.submit(input, options)
+        return self._asubmit(input, options, None)
+
+    def _asubmit(self, input: str, options: RuntimeOptions | None, on_token: TokenListener | None) -> PendingGeneration:  # noqa: A002
         text, checked = self._checked_call(input, options)
+        if self._runtime.queues_calls:
+            return self._runtime.submit(text, checked, on_token)
         pending = PendingGeneration()
-        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, checked)
+        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, checked, on_token)
         return pending
+
+    async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
+        """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then
+        `await stream.generation()`; leaving `async with stream` early cancels the call."""
+        stream = TextStream(self._runtime.decode_tokens)
+        stream.follow(self._asubmit(input, options, stream.on_token))
+        return stream
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
         """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
         Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
         one. If calls fail, the first failing input's error is raised once every call has ended."""
-        return results_in_order([self.submit(text, options) for text in _checked_inputs(inputs)])
+        texts, checked = _checked_inputs(inputs), _checked_options(options)
+        if self._runtime.closed:
+            raise ProgramClosedError("this program was closed; load it again to run it")
+        return results_in_order(self._runtime.submit_batch(texts, checked))
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""

@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import CancelledError, Future, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -30,11 +30,14 @@ __all__ = [
     "Budget",
     "DecodeSession",
     "Decoding",
+    "DecodingRuntime",
     "PendingGeneration",
     "ProgramFiles",
     "ProgramRuntime",
     "Prompt",
     "RuntimeOpener",
+    "TextStream",
+    "TokenListener",
     "context_window",
     "gather_in_order",
     "results_in_order",
@@ -124,11 +127,16 @@ class DecodeSession(Protocol):
         ...
 
 
+TokenListener = Callable[[int], None]
+"""Called with each generated token id as a call takes it (on the thread that decodes; keep it short)."""
+
+
 class Decoding:
     """One call from its input to its `Generation`, token by token: the stopping rules and timings every loop shares."""
 
-    def __init__(self, prompt: Prompt, text: str, options: RuntimeOptions) -> None:
+    def __init__(self, prompt: Prompt, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> None:
         """Encode `text` and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
+        self._on_token = on_token
         self._clock = time.perf_counter
         self._started = self._clock()
         self._prompt = prompt
@@ -151,6 +159,8 @@ class Decoding:
             self.stop = "eos"
             return False
         self.output.append(token)
+        if self._on_token is not None:
+            self._on_token(token)
         return len(self.output) < self.budget.limit
 
     def result(self) -> Generation:
@@ -185,42 +195,61 @@ class PendingGeneration(Future[Generation]):
 
 
 class ProgramRuntime(ABC):
-    """A loaded program on a backend: its adapter, its cached prefix and a handle on the shared base.
+    """A loaded program, wherever it runs: what `PawFn` calls, and the bookkeeping of running and closing.
 
-    Subclasses give `session` and `release`; running, closing and the decode loop are shared.
+    `DecodingRuntime` runs programs in this process (Torch, llama.cpp); `pawfn.remote` runs them on a server.
     """
 
     queues_calls: ClassVar[bool] = False
     """Whether `submit` returns at once (calls queued for batching) rather than after running the call."""
 
-    def __init__(self, prompt: Prompt) -> None:
-        self._prompt = prompt
+    def __init__(self) -> None:
         self._state = threading.Condition()
         self._active_runs = 0
         self._closed = False
 
     @property
+    @abstractmethod
     def n_ctx(self) -> int:
         """Context window in tokens."""
-        return self._prompt.n_ctx
 
     @property
+    @abstractmethod
     def prefix_tokens(self) -> int:
         """Length of the cached prompt prefix in tokens."""
-        return len(self._prompt.prefix_ids)
 
     @property
     def closed(self) -> bool:
         """Whether `close()` was called."""
         return self._closed
 
+    @abstractmethod
     def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""
-        return self._prompt.encode(text, options)
 
     @abstractmethod
-    def session(self, options: RuntimeOptions) -> AbstractContextManager[DecodeSession]:
-        """A decode session for one call, holding whatever the backend needs (a model copy, a lock)."""
+    def decode_tokens(self, token_ids: Sequence[int]) -> str:
+        """Text of generated token ids, unstripped (incomplete UTF-8 as U+FFFD)."""
+
+    @abstractmethod
+    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+        """Start a call and return at once where the backend queues calls (its errors come with the result); a
+        backend that runs calls one by one runs it before returning. `on_token` sees each generated token."""
+
+    def submit_batch(self, texts: Sequence[str], options: RuntimeOptions) -> list[PendingGeneration]:
+        """`submit` for each text (a remote backend sends them as one request)."""
+        return [self.submit(text, options) for text in texts]
+
+    def generate(self, text: str, options: RuntimeOptions) -> Generation:
+        """Run the program on `text`; safe to call from several threads."""
+        return self.submit(text, options).result()
+
+    def run_pending(
+        self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
+    ) -> None:
+        """Run a call on this thread into `pending`, for backends that run calls one by one (`asubmit` runs it on a
+        worker thread); `pending.cancel()` from another thread stops it at its next token."""
+        raise NotImplementedError(f"{type(self).__name__} queues its calls: use submit")
 
     @abstractmethod
     def release(self) -> None:
@@ -246,13 +275,59 @@ class ProgramRuntime(ABC):
         finally:
             self._exit_run()
 
+    def close(self) -> None:
+        """Wait for running calls, then free the program (the shared base goes with its last program)."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active_runs:
+                self._state.wait()
+        self.release()
+
+
+class DecodingRuntime(ProgramRuntime):
+    """A program decoded in this process: its template's `Prompt` on the interpreter's tokenizer, and the one-call
+    decode loop over the backend's `DecodeSession` (a batching backend overrides `submit`).
+
+    Subclasses give `session` and `release`.
+    """
+
+    def __init__(self, prompt: Prompt) -> None:
+        super().__init__()
+        self._prompt = prompt
+
+    @property
+    def n_ctx(self) -> int:
+        """Context window in tokens."""
+        return self._prompt.n_ctx
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Length of the cached prompt prefix in tokens."""
+        return len(self._prompt.prefix_ids)
+
+    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
+        """Token ids of input + suffix, as evaluated after the cached prefix."""
+        return self._prompt.encode(text, options)
+
+    def decode_tokens(self, token_ids: Sequence[int]) -> str:
+        """Text of generated token ids, unstripped (incomplete UTF-8 as U+FFFD)."""
+        return self._prompt.codec.decode(list(token_ids))
+
+    @abstractmethod
+    def session(self, options: RuntimeOptions) -> AbstractContextManager[DecodeSession]:
+        """A decode session for one call, holding whatever the backend needs (a model copy, a lock)."""
+
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads."""
-        return self._decode(text, options, None)
+        return self._decode(text, options, None, None)
 
-    def _decode(self, text: str, options: RuntimeOptions, abandoned: threading.Event | None) -> Generation:
+    def _decode(
+        self, text: str, options: RuntimeOptions, abandoned: threading.Event | None, on_token: TokenListener | None
+    ) -> Generation:
         """The one-call decode loop; once `abandoned` is set the call stops at its next token (`CancelledError`)."""
-        decoding = Decoding(self._prompt, text, options)
+        decoding = Decoding(self._prompt, text, options, on_token)
         with self._running():
             if decoding.budget.limit > 0:
                 with self.session(options) as session:
@@ -266,35 +341,92 @@ class ProgramRuntime(ABC):
                         token = session.sample()
         return decoding.result()
 
-    def submit(self, text: str, options: RuntimeOptions) -> PendingGeneration:
-        """Start a call and return at once where the backend batches calls (its errors come with the result);
-        here, a backend that runs calls one by one, the call runs before this returns."""
+    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+        """Run the call before returning (calls run one by one here); its error comes with the result."""
         pending = PendingGeneration()
-        self.run_pending(pending, text, options)
+        self.run_pending(pending, text, options, on_token)
         return pending
 
-    def run_pending(self, pending: PendingGeneration, text: str, options: RuntimeOptions) -> None:
-        """Run a call on this thread into `pending` (a backend that runs calls one by one); `pending.cancel()` from
-        another thread stops it at its next token."""
+    def run_pending(
+        self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
+    ) -> None:
+        """Run a call on this thread into `pending`; `pending.cancel()` from another thread stops it at its next
+        token."""
         if not pending.set_running_or_notify_cancel():
             return
         try:
-            pending.set_result(self._decode(text, options, pending.abandoned))
+            pending.set_result(self._decode(text, options, pending.abandoned, on_token))
         except Exception as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
             pending.set_exception(exc)
         except BaseException as exc:  # KeyboardInterrupt and the like: the waiter learns of it, the thread still ends
             pending.set_exception(exc)
             raise
 
-    def close(self) -> None:
-        """Wait for running calls, then free the program (the shared base goes with its last program)."""
-        with self._state:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active_runs:
-                self._state.wait()
-        self.release()
+
+class TextStream:
+    """One call's text as it is generated: `async for piece in stream` gives pieces (unstripped; together, the
+    decoded output), then raises the call's error if it failed; `await stream.generation()` gives its `Generation`
+    (with the stripped text). Leaving `async with stream` early cancels the call."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        """Make it on the event loop that will read it, before the call starts."""
+        self._decode = decode
+        self._loop = asyncio.get_running_loop()
+        self._tokens: asyncio.Queue[int] = asyncio.Queue()
+        """Token ids as they are taken; -1 once the call has ended."""
+        self._pending: PendingGeneration | None = None
+
+    def on_token(self, token: int) -> None:
+        """The call's `TokenListener` (any thread); never raises, so a closed loop cannot fail the call."""
+        try:
+            self._loop.call_soon_threadsafe(self._tokens.put_nowait, token)
+        except RuntimeError:  # the loop has closed: nobody is reading
+            pass
+
+    def follow(self, pending: PendingGeneration) -> None:
+        """Read the call `pending` (started with `on_token` as its listener)."""
+        self._pending = pending
+
+        def ended(_: Future[Generation]) -> None:
+            self.on_token(-1)
+
+        pending.add_done_callback(ended)
+
+    @property
+    def pending(self) -> PendingGeneration:
+        if self._pending is None:
+            raise RuntimeError("TextStream.follow was not called")
+        return self._pending
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        output: list[int] = []
+        sent = 0
+        while (token := await self._tokens.get()) >= 0:
+            output.append(token)
+            text = self._decode(output)
+            if text.endswith("\ufffd"):  # maybe a character's first bytes: wait for the rest
+                continue
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+        text = self._decode(output)
+        if len(text) > sent:
+            yield text[sent:]
+        await self.generation()  # the call's error, if it failed
+
+    async def generation(self) -> Generation:
+        """The call's `Generation`, once it has ended."""
+        return await asyncio.wrap_future(self.pending)
+
+    def cancel(self) -> None:
+        """Stop the call at its next token."""
+        self.pending.cancel()
+
+    async def __aenter__(self) -> TextStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
 
 
 def results_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:

@@ -55,6 +55,7 @@ def make_program(
     seed: int = 1,
     template: str | None = None,
     lora_std: float = 0.3,
+    program_id: str | None = None,
 ) -> TinyProgram:
     """Write an adapter and a bundle (folder + .paw) for `interpreter` under `root / name`."""
     folder = root / name
@@ -63,7 +64,8 @@ def make_program(
     adapter = folder / "adapter-source.gguf"
     write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
     template = template or TEMPLATES[interpreter.family]
-    bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template)
+    meta = None if program_id is None else {"program_id": program_id}
+    bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template, meta)
     archive = zip_bundle(bundle, folder / "program.paw")
     return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
 

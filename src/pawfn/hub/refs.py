@@ -9,7 +9,10 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-__all__ = ["PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_program_id", "parse_reference"]
+__all__ = [
+    "PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_hub_reference", "is_program_id",
+    "parse_reference",
+]
 
 PROGRAM_ID = re.compile(r"^[a-f0-9]{16,64}$")
 _PINNED = re.compile(r"@v\d+$")
@@ -21,6 +24,11 @@ ReferenceKind = Literal["id", "slug", "path"]
 def is_program_id(text: str) -> bool:
     """Whether `text` is a program hash id (16-64 lowercase hex digits)."""
     return bool(PROGRAM_ID.match(text))
+
+
+def is_hub_reference(text: str) -> bool:
+    """Whether `text` names a program on the hub (an id or a slug) by its syntax alone, never a local path."""
+    return is_program_id(text) or bool(_SLUG.match(text))
 
 
 def checked_program_id(text: str) -> str:

@@ -21,7 +21,7 @@ from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..runtime import ProgramFiles, ProgramRuntime, Prompt, context_window
+from ..runtime import DecodingRuntime, ProgramFiles, Prompt, context_window
 from ..tokenizer import TextCodec
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class LlamaCppSession:
         self._llm.eval([token])
 
 
-class LlamaCppProgram(ProgramRuntime):
+class LlamaCppProgram(DecodingRuntime):
     """One program on its own llama.cpp context; the base GGUF is memory-mapped, so the OS shares it."""
 
     def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt) -> None:

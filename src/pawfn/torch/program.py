@@ -13,7 +13,9 @@ from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..results import Generation
-from ..runtime import Decoding, PendingGeneration, ProgramFiles, ProgramRuntime, Prompt, context_window
+from ..runtime import (
+    Decoding, DecodingRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
+)
 from .converted import ConvertedStore
 from .compute import on_compute_thread, set_threads, trim_heap
 from .engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
@@ -34,7 +36,7 @@ def _check_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchProgram(ProgramRuntime):
+class TorchProgram(DecodingRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
 
     queues_calls = True
@@ -110,11 +112,11 @@ class TorchProgram(ProgramRuntime):
         """Run the program on `text` through its base's scheduler (batched with concurrent calls, same tokens)."""
         return self.submit(text, options).result()
 
-    def submit(self, text: str, options: RuntimeOptions) -> PendingGeneration:
+    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
         pending = PendingGeneration()
         try:
-            decoding = Decoding(self._prompt, text, options)
+            decoding = Decoding(self._prompt, text, options, on_token)
             self._enter_run()
         except Exception as exc:  # noqa: BLE001 - this call's error, delivered like a running call's
             pending.set_exception(exc)

@@ -1,0 +1,11 @@
+"""Serving programs over HTTP: `pawfn serve` (FastAPI on uvicorn) and a Ray Serve deployment (`pawfn.serve.ray`).
+
+The app and the Ray deployment need the `serve` / `ray` extras and are imported where used; this package itself
+imports neither.
+"""
+
+from .launch import serve_programs
+from .service import LocalPrograms, ProgramService, program_info
+from .settings import ServeSettings
+
+__all__ = ["LocalPrograms", "ProgramService", "ServeSettings", "program_info", "serve_programs"]

@@ -1,0 +1,376 @@
+"""The HTTP API as a FastAPI app over any `ProgramService`: `pawfn serve` runs it on uvicorn with `LocalPrograms`,
+the Ray Serve ingress with its deployment handles. Needs the `serve` extra (fastapi, uvicorn, prometheus-client).
+
+Routes: `POST /api/v1/infer` (the official hosted shape) and `GET /api/v1/programs/resolve/{ref}`;
+`GET /v1/programs`, `GET /v1/programs/{ref}`, `POST /v1/programs/{ref}/run`, `/run_batch`, `/stream` (server-sent
+events), `/tokenize`; `GET /healthz`, `GET /metrics`; the OpenAPI schema at `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, contextmanager
+from importlib import metadata
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..errors import (
+    ConfigError,
+    ContextOverflowError,
+    HubError,
+    InterpreterMismatchError,
+    NotFoundError,
+    OfflineError,
+    PawError,
+    ProgramClosedError,
+)
+from ..options import RuntimeOptions
+from ..protocol import (
+    ErrorBody,
+    Health,
+    InferRequest,
+    InferResponse,
+    ProgramInfo,
+    ProgramList,
+    ResolveResponse,
+    RunBatchRequest,
+    RunBatchResponse,
+    RunRequest,
+    RunResponse,
+    StreamPiece,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from .metrics import ServerMetrics
+from .service import ProgramService
+from .settings import ServeSettings
+
+__all__ = ["ApiError", "create_app"]
+
+
+class ApiError(Exception):
+    """An error response: HTTP status, stable code, message (names the problem and the fix), extra headers."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def api_error(exc: PawError) -> ApiError:
+    """The response a pawfn error becomes."""
+    if isinstance(exc, NotFoundError):
+        return ApiError(404, "program_not_found", str(exc))
+    if isinstance(exc, ContextOverflowError):
+        return ApiError(422, "context_overflow", str(exc))
+    if isinstance(exc, InterpreterMismatchError):
+        return ApiError(422, "interpreter_mismatch", str(exc))
+    if isinstance(exc, ConfigError):
+        return ApiError(422, "invalid_request", str(exc))
+    if isinstance(exc, ProgramClosedError):
+        return ApiError(503, "shutting_down", "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+    if isinstance(exc, (HubError, OfflineError)):
+        return ApiError(502, "load_failed", f"the server could not load the program: {exc}")
+    return ApiError(500, "run_failed", f"{type(exc).__name__}: {exc}")
+
+
+class _BodyLimit:
+    """Pure ASGI: refuse a body over `max_bytes` with 413, from Content-Length or while reading a chunked one."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self._app = app
+        self._max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self._max_bytes):
+            await self._refuse(scope, send)
+            return
+        if declared is not None:
+            await self._app(scope, receive, send)
+            return
+        messages: list[Message] = []  # no length given: read it all here, up to the limit, then replay it
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self._max_bytes:
+                await self._refuse(scope, send)
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self._app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        body = ErrorBody(
+            error="body_too_large",
+            message=f"the request body is over this server's limit of {self._max_bytes} bytes; send less "
+            "(split a batch) or raise --max-body-bytes",
+        )
+        response = JSONResponse(body.model_dump(), status_code=413)
+
+        async def no_body() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, no_body, send)
+
+
+@contextmanager
+def _answered() -> Generator[None, None, None]:
+    """pawfn errors raised inside become their error responses."""
+    try:
+        yield
+    except PawError as exc:
+        raise api_error(exc) from exc
+
+
+class _Admission:
+    """The queue limit: calls accepted and not yet ended, across requests (event-loop only, so no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+
+    @contextmanager
+    def hold(self, calls: int) -> Generator[None, None, None]:
+        if self.queued + calls > self.limit:
+            raise ApiError(
+                429, "queue_full",
+                f"the server holds {self.queued} calls and takes at most {self.limit}; retry after a moment",
+                {"Retry-After": "1"},
+            )
+        self.queued += calls
+        try:
+            yield
+        finally:
+            self.queued -= calls
+
+
+def create_app(service: ProgramService, settings: ServeSettings | None = None) -> FastAPI:
+    """The API over `service`, with `settings`' limits and key; the service is closed when the app shuts down."""
+    settings = settings or ServeSettings()
+    admission = _Admission(settings.max_queue)
+    metrics = ServerMetrics(lambda: admission.queued, service.batch_counters)
+    key = None if settings.api_key is None else settings.api_key.get_secret_value().encode()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncGenerator[None, None]:
+        yield
+        await service.aclose()  # uvicorn has finished the requests it accepted by now
+
+    app = FastAPI(
+        title="pawfn", version=metadata.version("pawfn"), lifespan=lifespan,
+        description="ProgramAsWeights programs over HTTP: the official hosted inference shape and pawfn's typed API.",
+    )
+
+    def authorize(request: Request) -> None:
+        if key is None:
+            return
+        given = request.headers.get("x-api-key")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token:
+            given = token
+        if given is None or not hmac.compare_digest(given.encode(), key):  # constant time
+            raise ApiError(
+                401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
+    def check_input(text: str) -> None:
+        if len(text) > settings.max_input_chars:
+            raise ApiError(
+                413, "input_too_long",
+                f"the input has {len(text)} characters; this server takes at most {settings.max_input_chars}",
+            )
+
+    def checked(text: str, options: RuntimeOptions) -> RuntimeOptions:
+        """`options` with the server's max_tokens cap, after checking the input's length."""
+        check_input(text)
+        if options.max_tokens is None:
+            return options.model_copy(update={"max_tokens": settings.max_tokens})
+        if options.max_tokens > settings.max_tokens:
+            raise ApiError(
+                422, "max_tokens_too_large",
+                f"max_tokens={options.max_tokens} is over this server's limit of {settings.max_tokens}; ask for fewer",
+            )
+        return options
+
+
+    def counted(result: RunResponse) -> RunResponse:
+        metrics.generated_tokens.labels(result.program).inc(len(result.generation.token_ids))
+        metrics.prompt_tokens.labels(result.program).inc(result.generation.prompt_tokens)
+        return result
+
+    api = APIRouter(dependencies=[Depends(authorize)])
+
+    @api.post("/api/v1/infer", response_model=InferResponse, tags=["official"])
+    async def infer(body: InferRequest) -> InferResponse:
+        """The official hosted inference: `program_id` is a program id or slug."""
+        started = time.perf_counter()
+        options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
+        with admission.hold(1), _answered():
+            result = await service.run(body.program_id, body.input, options)
+        counted(result)
+        latency_ms = (time.perf_counter() - started) * 1e3
+        return InferResponse(output=result.generation.text, tokens_generated=len(result.generation.token_ids), latency_ms=latency_ms)
+
+    @api.get("/api/v1/programs/resolve/{reference:path}", response_model=ResolveResponse, tags=["official"])
+    async def resolve(reference: str) -> ResolveResponse:
+        """The program id a slug names, as the official SDK asks before remote inference."""
+        with _answered():
+            info = await service.info(reference)
+        return ResolveResponse(program_id=info.program_id or info.name)
+
+    @api.get("/v1/programs", response_model=ProgramList, tags=["programs"])
+    async def programs() -> ProgramList:
+        """Every program served now."""
+        return ProgramList(programs=await service.programs())
+
+    @api.post("/v1/programs/{reference:path}/run", response_model=RunResponse, tags=["programs"])
+    async def run(reference: str, body: RunRequest) -> RunResponse:
+        """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings."""
+        options = checked(body.input, body.options)
+        with admission.hold(1), _answered():
+            result = await service.run(reference, body.input, options)
+        return counted(result)
+
+    @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
+    async def run_batch(reference: str, body: RunBatchRequest) -> RunBatchResponse:
+        """Inputs decoded together (each with the tokens it gets alone), results in input order."""
+        if len(body.inputs) > settings.max_batch_inputs:
+            raise ApiError(
+                413, "batch_too_large",
+                f"the batch has {len(body.inputs)} inputs; this server takes at most {settings.max_batch_inputs} a request",
+            )
+        for text in body.inputs[1:]:
+            check_input(text)
+        options = checked(body.inputs[0] if body.inputs else "", body.options)
+        metrics.batch_inputs.observe(len(body.inputs))
+        with admission.hold(len(body.inputs)), _answered():
+            result = await service.run_batch(reference, body.inputs, options)
+        for generation in result.generations:
+            counted(RunResponse(program=result.program, generation=generation))
+        return result
+
+    @api.post("/v1/programs/{reference:path}/stream", tags=["programs"], response_class=StreamingResponse)
+    async def stream(reference: str, body: RunRequest) -> StreamingResponse:
+        """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
+        stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
+        options = checked(body.input, body.options)
+        holding: AbstractAsyncContextManager[AsyncGenerator[StreamPiece | RunResponse, None]] = aclosing(
+            service.stream(reference, body.input, options)
+        )
+        hold = admission.hold(1)
+        hold.__enter__()
+        try:
+            items = await holding.__aenter__()
+            first = await anext(items)  # errors before the first piece (unknown program, overflow) keep their status
+        except BaseException as exc:
+            await holding.__aexit__(None, None, None)
+            hold.__exit__(None, None, None)
+            if isinstance(exc, PawError):
+                raise api_error(exc) from exc
+            raise
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                item: StreamPiece | RunResponse | None = first
+                while item is not None:
+                    if isinstance(item, RunResponse):
+                        counted(item)
+                        yield f"event: done\ndata: {item.model_dump_json()}\n\n"
+                        break
+                    yield f"event: token\ndata: {item.model_dump_json()}\n\n"
+                    item = await anext(items, None)
+            except PawError as exc:
+                error = api_error(exc)
+                yield f"event: error\ndata: {ErrorBody(error=error.code, message=error.message).model_dump_json()}\n\n"
+            finally:
+                await holding.__aexit__(None, None, None)
+                hold.__exit__(None, None, None)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @api.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse, tags=["programs"])
+    async def tokenize(reference: str, body: TokenizeRequest) -> TokenizeResponse:
+        """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
+        checked(body.input, body.options)
+        with _answered():
+            ids = await service.tokenize(reference, body.input, body.options)
+        return TokenizeResponse(token_ids=ids)
+
+    @api.get("/v1/programs/{reference:path}", response_model=ProgramInfo, tags=["programs"])
+    async def info(reference: str) -> ProgramInfo:
+        """One program's facts (interpreter, context, prefix): what a `Remote` client checks before its first call."""
+        with _answered():
+            return await service.info(reference)
+
+    @api.get("/metrics", tags=["server"], response_class=Response)
+    async def prometheus() -> Response:
+        """Prometheus metrics: requests, latency, tokens, batch sizes, queue length."""
+        content, media_type = metrics.render()
+        return Response(content, media_type=media_type)
+
+    @app.get("/healthz", response_model=Health, tags=["server"])
+    async def healthz() -> Health:
+        """Liveness, open without the key."""
+        return Health(status="ok", programs=len(await service.programs()), queued=admission.queued)
+
+    app.include_router(api)
+
+    def error_response(request: Request, error: ApiError) -> JSONResponse:
+        request_id = getattr(request.state, "request_id", None)
+        body = ErrorBody(error=error.code, message=error.message, request_id=request_id)
+        return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(request, exc)
+
+    async def on_invalid(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {item['msg']}" for item in exc.errors()
+        )
+        return error_response(request, ApiError(422, "invalid_request", f"invalid request body: {problems}"))
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(request, ApiError(exc.status_code, code, str(exc.detail), dict(exc.headers or {})))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    app.add_exception_handler(HTTPException, on_http)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        metrics.requests.labels(route, str(response.status_code)).inc()
+        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        response.headers["x-request-id"] = request.state.request_id
+        return response
+
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

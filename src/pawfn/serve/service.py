@@ -1,0 +1,174 @@
+"""What the HTTP app asks of the programs it serves (`ProgramService`), and its one-process implementation,
+`LocalPrograms`: programs loaded in this process, each base once, calls batched by the base's scheduler.
+
+The Ray Serve deployment implements the same protocol over deployment handles (`pawfn.serve.ray`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..backends import Backend
+from ..config import PawConfig
+from ..errors import ConfigError, NotFoundError
+from ..function import PawFn
+from ..hub.refs import is_hub_reference
+from ..models import InterpreterModel
+from ..options import RuntimeOptions
+from ..protocol import ProgramInfo, RunBatchResponse, RunResponse, StreamPiece
+from ..torch import TorchProgram
+
+__all__ = ["LocalPrograms", "ProgramService", "program_info"]
+
+AnyPawFn = PawFn[InterpreterModel, Backend]
+
+
+class ProgramService(Protocol):
+    """The programs behind the HTTP API; every method raises `NotFoundError` for a program it does not serve."""
+
+    async def programs(self) -> list[ProgramInfo]:
+        """Every program served now."""
+        ...
+
+    async def info(self, reference: str) -> ProgramInfo:
+        """The program `reference` names (loading it first where the service allows)."""
+        ...
+
+    async def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
+        """One call."""
+        ...
+
+    async def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
+        """Calls decoded together, results in input order."""
+        ...
+
+    def stream(self, reference: str, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+        """One call's text as it is generated, then its `RunResponse`; closing the iterator early cancels the call."""
+        ...
+
+    async def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
+        """Token ids of input + suffix."""
+        ...
+
+    def batch_counters(self) -> tuple[int, int]:
+        """(decode steps, rows stepped) so far, for the batch-size metric; (0, 0) where not known."""
+        ...
+
+    async def aclose(self) -> None:
+        """Finish running calls, then free every program."""
+        ...
+
+
+def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any]) -> ProgramInfo:
+    """What a client learns of a served program."""
+    return ProgramInfo(
+        name=name, program_id=program.program_id, references=sorted(set(references)), interpreter=program.interpreter,
+        model=program.model_type().__name__, backend=program.backend_type().name, n_ctx=program.n_ctx,
+        prefix_tokens=program.prefix_tokens, spec=program.spec,
+    )
+
+
+class LocalPrograms:
+    """Programs loaded in this process by reference; `allow_load` also loads hub ids and slugs on first request
+    (never local paths, which only the operator names at start)."""
+
+    def __init__(self, backend: type[Backend], config: PawConfig, *, allow_load: bool = False) -> None:
+        self._backend = backend
+        self._config = config
+        self._allow_load = allow_load
+        self._by_reference: dict[str, AnyPawFn] = {}
+        self._names: dict[int, str] = {}
+        """id(program) -> the name it is served under."""
+        self._loading: dict[str, asyncio.Lock] = {}
+
+    def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ProgramInfo:
+        """Load `reference` now (at start, before serving), on `base` weights if given, also served as `alias`; a
+        program already served under another reference (same id) is not loaded twice."""
+        if alias is not None and not is_hub_reference(alias):
+            raise ConfigError(f"alias {alias!r} for {reference}: use a slug-like name (lowercase letters, digits, -)")
+        program = PawFn.load_any_sync(reference, self._backend, base=base, config=self._config)
+        return self._add(reference, program, alias)
+
+    def _add(self, reference: str, program: AnyPawFn, alias: str | None = None) -> ProgramInfo:
+        known = self._by_reference.get(program.program_id or "")
+        if known is not None:  # the same program by another name: keep the one loaded first
+            program.close()
+            program = known
+        name = self._names.setdefault(id(program), program.program_id or reference)
+        for key in (reference, name, alias):
+            if key is not None:
+                self._by_reference[key] = program
+        return program_info(name, self._references(program), program)
+
+    def _references(self, program: AnyPawFn) -> list[str]:
+        return [reference for reference, held in self._by_reference.items() if held is program]
+
+    async def _program(self, reference: str) -> AnyPawFn:
+        program = self._by_reference.get(reference)
+        if program is not None:
+            return program
+        if not (self._allow_load and is_hub_reference(reference)):
+            served = ", ".join(sorted(self._names.values())) or "none"
+            hint = "start the server with --allow-load to load hub programs on request" if not self._allow_load else (
+                "only program ids and slugs load on request"
+            )
+            raise NotFoundError(f"program {reference!r} is not served here (served: {served}); {hint}", status=404)
+        lock = self._loading.setdefault(reference, asyncio.Lock())
+        async with lock:  # concurrent first requests load it once
+            program = self._by_reference.get(reference)
+            if program is None:
+                loaded = await PawFn.load_any(reference, self._backend, config=self._config)
+                self._add(reference, loaded)
+                program = self._by_reference[reference]
+        return program
+
+    async def programs(self) -> list[ProgramInfo]:
+        served = {id(program): program for program in self._by_reference.values()}
+        return [program_info(self._names[key], self._references(program), program) for key, program in served.items()]
+
+    async def info(self, reference: str) -> ProgramInfo:
+        program = await self._program(reference)
+        return program_info(self._names[id(program)], self._references(program), program)
+
+    async def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
+        program = await self._program(reference)
+        generation = await asyncio.wrap_future(await program.asubmit(text, options))
+        return RunResponse(program=self._names[id(program)], generation=generation)
+
+    async def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
+        program = await self._program(reference)
+        pendings = [await program.asubmit(text, options) for text in texts]
+        try:
+            generations = [await asyncio.wrap_future(pending) for pending in pendings]
+        finally:
+            for pending in pendings:  # a failed or abandoned batch leaves nothing running
+                pending.cancel()
+        return RunBatchResponse(program=self._names[id(program)], generations=generations)
+
+    async def stream(self, reference: str, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+        program = await self._program(reference)
+        async with await program.astream(text, options) as stream:
+            async for piece in stream:
+                yield StreamPiece(text=piece)
+            yield RunResponse(program=self._names[id(program)], generation=await stream.generation())
+
+    async def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
+        program = await self._program(reference)
+        return program.prompt_token_ids(text, options)
+
+    def batch_counters(self) -> tuple[int, int]:
+        schedulers = {
+            id(runtime.base.scheduler): runtime.base.scheduler
+            for program in self._by_reference.values()
+            if isinstance(runtime := program.runtime, TorchProgram) and not runtime.closed
+        }
+        return sum(s.steps for s in schedulers.values()), sum(s.rows_stepped for s in schedulers.values())
+
+    async def aclose(self) -> None:
+        programs = {id(program): program for program in self._by_reference.values()}
+        self._by_reference.clear()
+        for program in programs.values():
+            await program.aclose()

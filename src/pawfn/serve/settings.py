@@ -1,0 +1,26 @@
+"""`ServeSettings`: the limits and the key of one HTTP server (`pawfn serve` or the Ray Serve ingress)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+__all__ = ["ServeSettings"]
+
+
+class ServeSettings(BaseModel):
+    """What a server accepts; a request past a limit gets a JSON error (413, 422 or 429), never a crash."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_key: SecretStr | None = None
+    """Required on every route but `/healthz` (`Authorization: Bearer KEY` or `X-API-Key: KEY`); None: open."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1)
+    """Largest request body, in bytes (413 past it)."""
+    max_input_chars: int = Field(default=16_384, ge=1)
+    """Longest input, in characters (413 past it)."""
+    max_tokens: int = Field(default=1024, ge=1)
+    """Most tokens a call may ask for (422 past it); a call that names none generates at most this many."""
+    max_queue: int = Field(default=64, ge=1)
+    """Most calls accepted and not yet ended, across requests (429 with Retry-After past it)."""
+    max_batch_inputs: int = Field(default=64, ge=1)
+    """Most inputs in one `run_batch` request (413 past it)."""

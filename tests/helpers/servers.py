@@ -1,0 +1,79 @@
+"""A real `pawfn serve` process on 127.0.0.1 for end-to-end tests, and a reader of its server-sent events."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServeProcess:
+    """`python -m pawfn serve ...` and where it listens; `stop()` sends SIGTERM and returns the exit status (uvicorn
+    re-raises the signal once it has shut down gracefully, so a clean stop is -SIGTERM)."""
+
+    process: subprocess.Popen[str]
+    url: str
+    log: IO[str]
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout_s)
+
+
+def start_server(*arguments: str, environment: dict[str, str] | None = None, timeout_s: float = 90.0) -> ServeProcess:
+    """Start `pawfn serve ARGUMENTS --port P` and wait until `/healthz` answers (its log on failure)."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pawfn", "serve", *arguments, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(environment or {})},
+    )
+    server = ServeProcess(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"pawfn serve exited with {process.returncode}:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1.0).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"pawfn serve did not answer within {timeout_s} s:\n{server.output()}")
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
+    """(event, data) pairs of a text/event-stream body."""
+    event, data = "message", ""
+    for line in lines:
+        if line.startswith("event:"):
+            event = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data += line.removeprefix("data:").strip()
+        elif not line and data:
+            yield event, json.loads(data)
+            event, data = "message", ""

@@ -1,0 +1,273 @@
+"""`pawfn serve` end to end: a real uvicorn process on 127.0.0.1 serving tiny programs, checked against local runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn.protocol import ProgramInfo, ProgramList, RunBatchResponse, RunResponse
+from tests.helpers.programs import TinyProgram, make_program
+from tests.helpers.servers import ServeProcess, sse_events, start_server
+from tests.helpers.tiny_models import TinyInterpreter
+
+pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
+
+KEY = "test-key-0123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+INPUTS = ["Urgent: the server is down!", "hello world", "a b c d e f", "", "numbers 12345 and words"]
+FIRST_ID, SECOND_ID = "a0a0a0a0a0a0a0a0a0a0", "b1b1b1b1b1b1b1b1b1b1"
+
+
+@pytest.fixture(scope="module")
+def programs(qwen3: TinyInterpreter, tiny_root: Path) -> tuple[TinyProgram, TinyProgram]:
+    return (
+        make_program(qwen3, tiny_root, "serve-first", seed=11, program_id=FIRST_ID),
+        make_program(qwen3, tiny_root, "serve-second", seed=12, program_id=SECOND_ID),
+    )
+
+
+@pytest.fixture(scope="module")
+def server(
+    programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    first, second = programs
+    process = start_server(
+        "--program", str(first.archive), "--program", f"tiny-second={second.archive}", "--base", str(qwen3.hf_dir),
+        "--api-key-env", "PAWFN_TEST_KEY", "--max-queue", "16", "--max-body-bytes", "4096", "--max-input-chars", "300",
+        "--max-tokens-limit", "24", "--max-batch-inputs", "8",
+        environment={"PAWFN_TEST_KEY": KEY, "PAW_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))},
+    )
+    yield process
+    assert process.stop() == -signal.SIGTERM, process.output()
+
+
+@pytest.fixture(scope="module")
+def local(programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> Iterator[dict[str, PawFn[Qwen3_0_6B, Torch]]]:
+    loaded = {
+        FIRST_ID: PawFn[Qwen3_0_6B, Torch].from_path(programs[0].archive, base=qwen3.hf_dir),
+        SECOND_ID: PawFn[Qwen3_0_6B, Torch].from_path(programs[1].archive, base=qwen3.hf_dir),
+    }
+    yield loaded
+    for program in loaded.values():
+        program.close()
+
+
+def _post(server: ServeProcess, path: str, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
+
+
+def test_concurrent_requests_for_two_programs_equal_local_runs(
+    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+) -> None:
+    options = RuntimeOptions(max_tokens=12)
+    calls = [(program_id, text) for text in INPUTS for program_id in (FIRST_ID, SECOND_ID)] * 2
+
+    def run(call: tuple[str, str]) -> RunResponse:
+        response = _post(server, f"/v1/programs/{call[0]}/run", {"input": call[1], "options": {"max_tokens": 12}})
+        assert response.status_code == 200, response.text
+        return RunResponse.model_validate_json(response.content)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, calls))
+    for (program_id, text), result in zip(calls, results, strict=True):
+        expected = local[program_id].generate(text, options)
+        assert result.program == program_id
+        assert result.generation.token_ids == expected.token_ids
+        assert result.generation.text == expected.text
+    assert {r.generation.token_ids for r in results[:2]} != {(), None}  # the programs generated something
+
+
+def test_run_batch_and_the_official_infer_shape_equal_local_runs(
+    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+) -> None:
+    response = _post(server, f"/v1/programs/{SECOND_ID}/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 10}})
+    assert response.status_code == 200, response.text
+    batch = RunBatchResponse.model_validate_json(response.content)
+    expected = local[SECOND_ID].generate_batch(INPUTS, RuntimeOptions(max_tokens=10))
+    assert [g.token_ids for g in batch.generations] == [g.token_ids for g in expected]
+
+    infer = _post(server, "/api/v1/infer", {"program_id": FIRST_ID, "input": INPUTS[0], "max_tokens": 10})
+    assert infer.status_code == 200, infer.text
+    body = infer.json()
+    reference = local[FIRST_ID].generate(INPUTS[0], RuntimeOptions(max_tokens=10))
+    assert body["output"] == reference.text
+    assert body["tokens_generated"] == len(reference.token_ids)
+    assert body["latency_ms"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("programasweights") is None, reason="the official SDK is not installed")
+def test_the_official_sdks_remote_function_runs_against_the_server(
+    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]], tmp_path: Path
+) -> None:
+    """The official SDK's own request code (`paw.function(ref, remote=True)`), pointed at the server by PAW_API_URL."""
+    script = (
+        "import json, sys, programasweights as paw\n"
+        "f = paw.function(sys.argv[1], remote=True)\n"
+        "print(json.dumps([f(text, max_tokens=9) for text in json.loads(sys.argv[2])]))\n"
+    )
+    environment = {"PAW_API_URL": server.url, "PAW_API_KEY": KEY, "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for reference in (FIRST_ID, "tiny-second"):  # an id, and a slug the server resolves
+        done = subprocess.run(
+            [sys.executable, "-c", script, reference, json.dumps(INPUTS)], capture_output=True, text=True,
+            env=environment, timeout=120, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        program_id = FIRST_ID if reference == FIRST_ID else SECOND_ID
+        expected = [g.text for g in local[program_id].generate_batch(INPUTS, RuntimeOptions(max_tokens=9))]
+        assert json.loads(done.stdout) == expected
+
+
+def test_streaming_sends_text_as_generated_then_the_generation(
+    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+) -> None:
+    expected = local[FIRST_ID].generate(INPUTS[2], RuntimeOptions(max_tokens=16))
+    with httpx.stream(
+        "POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json={"input": INPUTS[2], "options": {"max_tokens": 16}},
+        headers=AUTH, timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = list(sse_events(response.iter_lines()))
+    pieces = [str(data["text"]) for event, data in events if event == "token"]
+    assert [event for event, _ in events][-1] == "done"
+    done = RunResponse.model_validate(events[-1][1])
+    assert done.generation.token_ids == expected.token_ids
+    assert "".join(pieces) == local[FIRST_ID].runtime.decode_tokens(expected.token_ids)
+    assert len(pieces) > 1
+
+
+def test_program_listing_info_and_openapi(server: ServeProcess, programs: tuple[TinyProgram, TinyProgram]) -> None:
+    listing = ProgramList.model_validate_json(httpx.get(f"{server.url}/v1/programs", headers=AUTH).content)
+    assert sorted(p.name for p in listing.programs) == [FIRST_ID, SECOND_ID]
+    info = ProgramInfo.model_validate_json(httpx.get(f"{server.url}/v1/programs/{SECOND_ID}", headers=AUTH).content)
+    assert (info.model, info.interpreter, info.backend) == ("Qwen3_0_6B", "Qwen/Qwen3-0.6B", "torch")
+    assert {str(programs[1].archive), "tiny-second", SECOND_ID} == set(info.references)
+    resolved = httpx.get(f"{server.url}/api/v1/programs/resolve/tiny-second", headers=AUTH)
+    assert resolved.json() == {"program_id": SECOND_ID}
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/api/v1/infer", "/v1/programs/{reference}/run", "/v1/programs/{reference}/stream", "/metrics"} <= set(schema["paths"])
+
+
+def test_unknown_program_and_bad_key_get_json_errors(server: ServeProcess) -> None:
+    missing = _post(server, "/v1/programs/c2c2c2c2c2c2c2c2c2c2/run", {"input": "x"})
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "program_not_found" and "--allow-load" in missing.json()["message"]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": KEY[:-1]}):
+        refused = _post(server, f"/v1/programs/{FIRST_ID}/run", {"input": "x"}, headers)
+        assert refused.status_code == 401 and refused.json()["error"] == "unauthorized"
+        assert refused.headers["www-authenticate"] == "Bearer"
+    assert _post(server, f"/v1/programs/{FIRST_ID}/run", {"input": "x"}, {"X-API-Key": KEY}).status_code == 200
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    assert httpx.get(f"{server.url}/healthz").status_code == 200  # liveness needs no key
+
+
+def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:
+    path = f"/v1/programs/{FIRST_ID}/run"
+    cases: list[tuple[httpx.Response, int, str]] = [
+        (_post(server, path, {"input": "x" * 5000}), 413, "body_too_large"),
+        (_post(server, path, {"input": "x" * 301}), 413, "input_too_long"),
+        (_post(server, path, {"input": "x", "options": {"max_tokens": 25}}), 422, "max_tokens_too_large"),
+        (_post(server, path, {"input": "x", "options": {"temperature": -1}}), 422, "invalid_request"),
+        (_post(server, path, {"inputs": "x"}), 422, "invalid_request"),
+        (_post(server, f"/v1/programs/{FIRST_ID}/run_batch", {"inputs": ["x"] * 9}), 413, "batch_too_large"),
+        (httpx.post(server.url + path, content=b"{not json", headers=AUTH | {"content-type": "application/json"}), 422,
+         "invalid_request"),
+    ]
+
+    def chunked() -> Iterator[bytes]:
+        yield b'{"input": "'
+        for _ in range(10):
+            yield b"x" * 500
+        yield b'"}'
+
+    cases.append((httpx.post(server.url + path, content=chunked(), headers=AUTH), 413, "body_too_large"))
+    for response, status, code in cases:
+        assert (response.status_code, response.json()["error"]) == (status, code), response.text
+        assert response.json()["message"]
+    assert _post(server, path, {"input": "still fine"}).status_code == 200  # the server took all that in its stride
+
+
+def test_the_queue_limit_counts_calls_across_requests(server: ServeProcess) -> None:
+    """16 calls at most: a batch of 8 fits beside another of 8, a ninth call does not while they run."""
+    answers: list[int] = []
+    barrier = threading.Barrier(3)
+
+    def batch() -> None:
+        barrier.wait()
+        answers.append(_post(server, f"/v1/programs/{FIRST_ID}/run_batch", {"inputs": ["q"] * 8, "options": {"max_tokens": 24}}).status_code)
+
+    threads = [threading.Thread(target=batch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    seen_full = False
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        health = httpx.get(f"{server.url}/healthz").json()
+        if health["queued"] == 16:
+            refused = _post(server, f"/v1/programs/{SECOND_ID}/run", {"input": "x"})
+            if refused.status_code == 429:
+                assert refused.json()["error"] == "queue_full" and refused.headers["retry-after"] == "1"
+                seen_full = True
+                break
+    for thread in threads:
+        thread.join()
+    assert answers == [200, 200]
+    if not seen_full:
+        pytest.skip("the two batches never overlapped on this machine (too fast to observe the full queue)")
+
+
+def test_metrics_count_requests_tokens_and_batches(server: ServeProcess) -> None:
+    assert _post(server, f"/v1/programs/{SECOND_ID}/run_batch", {"inputs": INPUTS[:3], "options": {"max_tokens": 5}}).status_code == 200
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    assert 'pawfn_requests_total{route="/v1/programs/{reference:path}/run_batch",status="200"}' in text
+    assert f'pawfn_generated_tokens_total{{program="{SECOND_ID}"}}' in text
+    assert "pawfn_batch_inputs_bucket" in text and "pawfn_queue_length 0.0" in text
+    steps = next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_steps_total"))
+    rows = next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_rows_total"))
+    assert rows >= steps > 0
+
+
+def test_sigterm_finishes_every_accepted_request(
+    programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local: dict[str, PawFn[Qwen3_0_6B, Torch]],
+    tmp_path: Path,
+) -> None:
+    """One model copy, so 24 accepted calls take a while; SIGTERM while they run loses none of them."""
+    server = start_server(
+        "--program", str(programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
+        "--max-tokens-limit", "64", environment={"PAW_CACHE_DIR": str(tmp_path)},
+    )
+    inputs = [f"input number {n}" for n in range(8)]
+    answers: list[httpx.Response] = []
+
+    def batch() -> None:
+        answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch",
+                                  json={"inputs": inputs, "options": {"max_tokens": 64}}, timeout=120))
+
+    threads = [threading.Thread(target=batch) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    status = server.stop()
+    for thread in threads:
+        thread.join()
+    assert status == -signal.SIGTERM, server.output()
+    expected = [g.token_ids for g in local[FIRST_ID].generate_batch(inputs, RuntimeOptions(max_tokens=64))]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    for answer in answers:
+        assert [g.token_ids for g in RunBatchResponse.model_validate_json(answer.content).generations] == expected
+    assert "Finished server process" in server.output()
