@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from .backends import Backend, LlamaCpp, Torch
 from .bench import run_bench
@@ -458,7 +458,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
         settings = ServeSettings(
-            api_key=key, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
+            api_key=None if key is None else SecretStr(key), max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
             max_tokens=args.max_tokens_limit, max_batch_inputs=args.max_batch_inputs,
         )
     except ValidationError as exc:

@@ -64,7 +64,7 @@ def make_program(
     adapter = folder / "adapter-source.gguf"
     write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
     template = template or TEMPLATES[interpreter.family]
-    meta = None if program_id is None else {"program_id": program_id}
+    meta: dict[str, object] | None = None if program_id is None else {"program_id": program_id}
     bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template, meta)
     archive = zip_bundle(bundle, folder / "program.paw")
     return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
