@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
 import pytest
 
-from pawfn import ModelRegistry
+from pawfn import ModelRegistry, PawFn, Qwen3_0_6B, Torch
 from tests.helpers.programs import TinyProgram, make_program
+from tests.helpers.servers import FIRST_ID, KEY, SECOND_ID, ServeProcess, start_server
 from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
 
 
@@ -77,3 +80,42 @@ def trained_qwen3_program(trained_root: Path) -> TinyProgram:
 def trained_gpt2_program(trained_root: Path) -> TinyProgram:
     """A tiny GPT-2 trained on the corpus (peaked predictions) with a small LoRA: for measuring fidelity."""
     return make_program(build_interpreter("gpt2", trained_root, train_steps=300), trained_root, "gpt2-program", lora_std=0.05)
+
+
+@pytest.fixture(scope="session")
+def served_programs(qwen3: TinyInterpreter, tiny_root: Path) -> tuple[TinyProgram, TinyProgram]:
+    """Two tiny Qwen3 programs with ids of their own (FIRST_ID, SECOND_ID), for the servers' tests."""
+    return (
+        make_program(qwen3, tiny_root, "serve-first", seed=11, program_id=FIRST_ID),
+        make_program(qwen3, tiny_root, "serve-second", seed=12, program_id=SECOND_ID),
+    )
+
+
+@pytest.fixture(scope="session")
+def server(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """One `pawfn serve` process for the session: both programs, a key, small limits."""
+    if importlib.util.find_spec("fastapi") is None:
+        pytest.skip("pawfn serve needs the serve extra")
+    first, second = served_programs
+    process = start_server(
+        "--program", str(first.archive), "--program", f"tiny-second={second.archive}", "--base", str(qwen3.hf_dir),
+        "--api-key-env", "PAWFN_TEST_KEY", "--max-queue", "16", "--max-body-bytes", "4096", "--max-input-chars", "300",
+        "--max-tokens-limit", "24", "--max-batch-inputs", "8",
+        environment={"PAWFN_TEST_KEY": KEY, "PAW_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))},
+    )
+    yield process
+    assert process.stop() == -signal.SIGTERM, process.output()
+
+
+@pytest.fixture(scope="module")
+def local_runs(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> Iterator[dict[str, PawFn[Qwen3_0_6B, Torch]]]:
+    """The served programs loaded in this process: what the servers' answers must equal."""
+    loaded = {
+        FIRST_ID: PawFn[Qwen3_0_6B, Torch].from_path(served_programs[0].archive, base=qwen3.hf_dir),
+        SECOND_ID: PawFn[Qwen3_0_6B, Torch].from_path(served_programs[1].archive, base=qwen3.hf_dir),
+    }
+    yield loaded
+    for program in loaded.values():
+        program.close()

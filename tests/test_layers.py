@@ -23,13 +23,14 @@ LAYERS: tuple[frozenset[str], ...] = (
     }),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
     frozenset({"runtime"}),
-    frozenset({"torch", "llamacpp", "hub", "remote"}),
+    frozenset({"torch", "llamacpp", "hub"}),
+    frozenset({"remote"}),
     frozenset({"function", "batch", "builder", "bench"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),
 )
-SEPARATE = frozenset({"torch", "llamacpp", "hub", "remote"})
+SEPARATE = frozenset({"torch", "llamacpp", "hub"})
 """Units of one layer that must not import each other."""
 OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.ray"})
 """Modules that need an optional extra (fastapi, ray) at import: imported inside the function that uses them, so

@@ -17,59 +17,21 @@ import httpx
 import pytest
 
 from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.protocol import ProgramInfo, ProgramList, RunBatchResponse, RunResponse
-from tests.helpers.programs import TinyProgram, make_program
-from tests.helpers.servers import ServeProcess, sse_events, start_server
+from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
+from tests.helpers.programs import TinyProgram
+from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, sse_events, start_server
 from tests.helpers.tiny_models import TinyInterpreter
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
 
-KEY = "test-key-0123"
-AUTH = {"Authorization": f"Bearer {KEY}"}
-INPUTS = ["Urgent: the server is down!", "hello world", "a b c d e f", "", "numbers 12345 and words"]
-FIRST_ID, SECOND_ID = "a0a0a0a0a0a0a0a0a0a0", "b1b1b1b1b1b1b1b1b1b1"
-
-
-@pytest.fixture(scope="module")
-def programs(qwen3: TinyInterpreter, tiny_root: Path) -> tuple[TinyProgram, TinyProgram]:
-    return (
-        make_program(qwen3, tiny_root, "serve-first", seed=11, program_id=FIRST_ID),
-        make_program(qwen3, tiny_root, "serve-second", seed=12, program_id=SECOND_ID),
-    )
-
-
-@pytest.fixture(scope="module")
-def server(
-    programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServeProcess]:
-    first, second = programs
-    process = start_server(
-        "--program", str(first.archive), "--program", f"tiny-second={second.archive}", "--base", str(qwen3.hf_dir),
-        "--api-key-env", "PAWFN_TEST_KEY", "--max-queue", "16", "--max-body-bytes", "4096", "--max-input-chars", "300",
-        "--max-tokens-limit", "24", "--max-batch-inputs", "8",
-        environment={"PAWFN_TEST_KEY": KEY, "PAW_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))},
-    )
-    yield process
-    assert process.stop() == -signal.SIGTERM, process.output()
-
-
-@pytest.fixture(scope="module")
-def local(programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> Iterator[dict[str, PawFn[Qwen3_0_6B, Torch]]]:
-    loaded = {
-        FIRST_ID: PawFn[Qwen3_0_6B, Torch].from_path(programs[0].archive, base=qwen3.hf_dir),
-        SECOND_ID: PawFn[Qwen3_0_6B, Torch].from_path(programs[1].archive, base=qwen3.hf_dir),
-    }
-    yield loaded
-    for program in loaded.values():
-        program.close()
-
+LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
 
 def _post(server: ServeProcess, path: str, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
 
 
 def test_concurrent_requests_for_two_programs_equal_local_runs(
-    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+    server: ServeProcess, local_runs: LocalRuns
 ) -> None:
     options = RuntimeOptions(max_tokens=12)
     calls = [(program_id, text) for text in INPUTS for program_id in (FIRST_ID, SECOND_ID)] * 2
@@ -82,7 +44,7 @@ def test_concurrent_requests_for_two_programs_equal_local_runs(
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(run, calls))
     for (program_id, text), result in zip(calls, results, strict=True):
-        expected = local[program_id].generate(text, options)
+        expected = local_runs[program_id].generate(text, options)
         assert result.program == program_id
         assert result.generation.token_ids == expected.token_ids
         assert result.generation.text == expected.text
@@ -90,18 +52,18 @@ def test_concurrent_requests_for_two_programs_equal_local_runs(
 
 
 def test_run_batch_and_the_official_infer_shape_equal_local_runs(
-    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+    server: ServeProcess, local_runs: LocalRuns
 ) -> None:
     response = _post(server, f"/v1/programs/{SECOND_ID}/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 10}})
     assert response.status_code == 200, response.text
     batch = RunBatchResponse.model_validate_json(response.content)
-    expected = local[SECOND_ID].generate_batch(INPUTS, RuntimeOptions(max_tokens=10))
+    expected = local_runs[SECOND_ID].generate_batch(INPUTS, RuntimeOptions(max_tokens=10))
     assert [g.token_ids for g in batch.generations] == [g.token_ids for g in expected]
 
     infer = _post(server, "/api/v1/infer", {"program_id": FIRST_ID, "input": INPUTS[0], "max_tokens": 10})
     assert infer.status_code == 200, infer.text
     body = infer.json()
-    reference = local[FIRST_ID].generate(INPUTS[0], RuntimeOptions(max_tokens=10))
+    reference = local_runs[FIRST_ID].generate(INPUTS[0], RuntimeOptions(max_tokens=10))
     assert body["output"] == reference.text
     assert body["tokens_generated"] == len(reference.token_ids)
     assert body["latency_ms"] > 0
@@ -109,7 +71,7 @@ def test_run_batch_and_the_official_infer_shape_equal_local_runs(
 
 @pytest.mark.skipif(importlib.util.find_spec("programasweights") is None, reason="the official SDK is not installed")
 def test_the_official_sdks_remote_function_runs_against_the_server(
-    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]], tmp_path: Path
+    server: ServeProcess, local_runs: LocalRuns, tmp_path: Path
 ) -> None:
     """The official SDK's own request code (`paw.function(ref, remote=True)`), pointed at the server by PAW_API_URL."""
     script = (
@@ -125,14 +87,14 @@ def test_the_official_sdks_remote_function_runs_against_the_server(
         )
         assert done.returncode == 0, done.stderr
         program_id = FIRST_ID if reference == FIRST_ID else SECOND_ID
-        expected = [g.text for g in local[program_id].generate_batch(INPUTS, RuntimeOptions(max_tokens=9))]
+        expected = [g.text for g in local_runs[program_id].generate_batch(INPUTS, RuntimeOptions(max_tokens=9))]
         assert json.loads(done.stdout) == expected
 
 
 def test_streaming_sends_text_as_generated_then_the_generation(
-    server: ServeProcess, local: dict[str, PawFn[Qwen3_0_6B, Torch]]
+    server: ServeProcess, local_runs: LocalRuns
 ) -> None:
-    expected = local[FIRST_ID].generate(INPUTS[2], RuntimeOptions(max_tokens=16))
+    expected = local_runs[FIRST_ID].generate(INPUTS[2], RuntimeOptions(max_tokens=16))
     with httpx.stream(
         "POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json={"input": INPUTS[2], "options": {"max_tokens": 16}},
         headers=AUTH, timeout=60,
@@ -144,16 +106,16 @@ def test_streaming_sends_text_as_generated_then_the_generation(
     assert [event for event, _ in events][-1] == "done"
     done = RunResponse.model_validate(events[-1][1])
     assert done.generation.token_ids == expected.token_ids
-    assert "".join(pieces) == local[FIRST_ID].runtime.decode_tokens(expected.token_ids)
+    assert "".join(pieces) == local_runs[FIRST_ID].runtime.decode_tokens(expected.token_ids)
     assert len(pieces) > 1
 
 
-def test_program_listing_info_and_openapi(server: ServeProcess, programs: tuple[TinyProgram, TinyProgram]) -> None:
-    listing = ProgramList.model_validate_json(httpx.get(f"{server.url}/v1/programs", headers=AUTH).content)
+def test_program_listing_info_and_openapi(server: ServeProcess, served_programs: tuple[TinyProgram, TinyProgram]) -> None:
+    listing = ServedPrograms.model_validate_json(httpx.get(f"{server.url}/v1/programs", headers=AUTH).content)
     assert sorted(p.name for p in listing.programs) == [FIRST_ID, SECOND_ID]
-    info = ProgramInfo.model_validate_json(httpx.get(f"{server.url}/v1/programs/{SECOND_ID}", headers=AUTH).content)
+    info = ServedProgram.model_validate_json(httpx.get(f"{server.url}/v1/programs/{SECOND_ID}", headers=AUTH).content)
     assert (info.model, info.interpreter, info.backend) == ("Qwen3_0_6B", "Qwen/Qwen3-0.6B", "torch")
-    assert {str(programs[1].archive), "tiny-second", SECOND_ID} == set(info.references)
+    assert {str(served_programs[1].archive), "tiny-second", SECOND_ID} == set(info.references)
     resolved = httpx.get(f"{server.url}/api/v1/programs/resolve/tiny-second", headers=AUTH)
     assert resolved.json() == {"program_id": SECOND_ID}
     schema = httpx.get(f"{server.url}/openapi.json").json()
@@ -241,12 +203,12 @@ def test_metrics_count_requests_tokens_and_batches(server: ServeProcess) -> None
 
 
 def test_sigterm_finishes_every_accepted_request(
-    programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local: dict[str, PawFn[Qwen3_0_6B, Torch]],
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local_runs: LocalRuns,
     tmp_path: Path,
 ) -> None:
     """One model copy, so 24 accepted calls take a while; SIGTERM while they run loses none of them."""
     server = start_server(
-        "--program", str(programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
+        "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
         "--max-tokens-limit", "64", environment={"PAW_CACHE_DIR": str(tmp_path)},
     )
     inputs = [f"input number {n}" for n in range(8)]
@@ -266,7 +228,7 @@ def test_sigterm_finishes_every_accepted_request(
     for thread in threads:
         thread.join()
     assert status == -signal.SIGTERM, server.output()
-    expected = [g.token_ids for g in local[FIRST_ID].generate_batch(inputs, RuntimeOptions(max_tokens=64))]
+    expected = [g.token_ids for g in local_runs[FIRST_ID].generate_batch(inputs, RuntimeOptions(max_tokens=64))]
     assert [r.status_code for r in answers] == [200, 200, 200]
     for answer in answers:
         assert [g.token_ids for g in RunBatchResponse.model_validate_json(answer.content).generations] == expected

@@ -1,6 +1,6 @@
 """pawfn: typed Python SDK for ProgramAsWeights neural programs."""
 
-from .backends import Backend, LlamaCpp, Torch
+from .backends import Backend, LlamaCpp, Remote, Torch
 from .batch import arun_many, generate_many, run_many
 from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
 from .bundle import ProgramMeta, PromptTemplate
@@ -23,11 +23,13 @@ from .errors import (
     PawError,
     ProgramClosedError,
     RateLimitError,
+    RequestError,
     ServerError,
     TokenizerError,
 )
 from .function import PawFn
 from .results import Generation, Timings
+from .runtime import TextStream
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
 from .config import PawConfig
 from .options import RuntimeOptions
@@ -72,9 +74,12 @@ __all__ = [
     "PromptTemplate",
     "Qwen3_0_6B",
     "RateLimitError",
+    "Remote",
+    "RequestError",
     "RuntimeOptions",
     "ServerError",
     "SpecCompiler",
+    "TextStream",
     "Timings",
     "TokenizerError",
     "Torch",

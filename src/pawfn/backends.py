@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["Backend", "LlamaCpp", "Torch"]
+__all__ = ["Backend", "LlamaCpp", "Remote", "Torch"]
 
 
 class Backend:
@@ -35,3 +35,11 @@ class LlamaCpp(Backend):
     """
 
     name = "llamacpp"
+
+
+class Remote(Backend):
+    """A `pawfn serve` or Ray Serve server (`PawConfig.server_url`): programs load by reference on the server, and
+    `run`, `arun`, `run_batch` and `generate` send their calls there. The interpreter type is checked against the
+    server's program info when it loads, before any run."""
+
+    name = "remote"

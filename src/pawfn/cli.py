@@ -33,7 +33,7 @@ from .jsonio import parse_json_object
 from .models import InterpreterModel
 from .options import DType, RuntimeOptions, WeightDType
 from .results import Generation
-from .serve import ServeSettings, serve_programs
+from .serve import ServeSettings, serve_on_ray, serve_programs
 
 __all__ = ["main"]
 
@@ -198,6 +198,11 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})")
     serve.add_argument("--graceful-timeout", type=float, metavar="S",
                        help="on SIGTERM, longest wait for running requests in seconds (default: no limit)")
+    serve.add_argument("--ray", action="store_true",
+                       help="serve on Ray Serve (RAY_ADDRESS's cluster, else a local Ray; needs pawfn[ray])")
+    serve.add_argument("--replicas", type=int, default=1, metavar="N", help="Ray: program replicas (default: 1)")
+    serve.add_argument("--max-replicas", type=int, metavar="N",
+                       help="Ray: autoscale up to N replicas on ongoing requests (default: fixed)")
 
     login = commands.add_parser("login", parents=[common], help="store an API key in the official config file")
     login.add_argument("key", nargs="?", help="the key (prompted for when omitted)")
@@ -465,9 +470,16 @@ def _serve(args: argparse.Namespace) -> int:
         labels = {"max_tokens": "--max-tokens-limit"} | {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields}
         raise _CliError(describe_option_errors(exc, labels)) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    base = None if args.base is None else Path(args.base)
+    if args.ray:
+        serve_on_ray(
+            args.program, _BACKENDS[args.backend], config, settings, host=args.host, port=args.port,
+            allow_load=args.allow_load, base=base, replicas=args.replicas, max_replicas=args.max_replicas,
+        )
+        return 0
     serve_programs(
         args.program, _BACKENDS[args.backend], config, settings, host=args.host, port=args.port, allow_load=args.allow_load,
-        base=None if args.base is None else Path(args.base), graceful_timeout_s=args.graceful_timeout,
+        base=base, graceful_timeout_s=args.graceful_timeout,
     )
     return 0
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
 from .errors import ConfigError, describe_option_errors
 from .jsonio import read_json_object
@@ -22,7 +22,7 @@ _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
     "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
-    "lock_timeout_s": "PAW_LOCK_TIMEOUT_S",
+    "lock_timeout_s": "PAW_LOCK_TIMEOUT_S", "server_url": "PAW_SERVER_URL", "server_api_key": "PAW_SERVER_API_KEY",
 }
 
 
@@ -93,18 +93,27 @@ class PawConfig(BaseModel):
     """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
     then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
 
-    @field_validator("api_url")
+    server_url: str | None = None
+    """Root of a `pawfn serve` or Ray Serve server, where the `Remote` backend runs programs."""
+    server_api_key: SecretStr | None = None
+    """The key that server requires (`--api-key-env` there), sent as `X-API-Key` to its origin only."""
+    run_timeout_s: float = Field(default=600.0, gt=0)
+    """Read timeout of one call on a server (`Remote`), in seconds."""
+
+    @field_validator("api_url", "server_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
+    def _http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
         if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("api_url must be an http(s) URL")
+            raise ValueError(f"{info.field_name} must be an http(s) URL")
         return value.rstrip("/")
 
     @classmethod
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
-        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S` and the official config file;
-        keyword arguments win."""
+        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S`, `PAW_SERVER_URL`,
+        `PAW_SERVER_API_KEY` and the official config file; keyword arguments win."""
         return cls.from_sources(overrides)
 
     @classmethod
@@ -149,6 +158,10 @@ class PawConfig(BaseModel):
     def key_value(self) -> str | None:
         """The API key in clear, for the one header that carries it."""
         return None if self.api_key is None else self.api_key.get_secret_value()
+
+    def server_key_value(self) -> str | None:
+        """The server's key in clear, for the one header that carries it."""
+        return None if self.server_api_key is None else self.server_api_key.get_secret_value()
 
 
 class _StoredConfig(BaseModel):

@@ -151,11 +151,14 @@ class HubError(PawError):
     """The PAW API answered with an error; carries the HTTP status and the server's message."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, server_message: str | None = None, url: str | None = None
+        self, message: str, *, status: int | None = None, server_message: str | None = None, url: str | None = None,
+        code: str | None = None,
     ) -> None:
         self.status = status
         self.server_message = server_message
         self.url = url
+        self.code = code
+        """The server's error code (the body's ``error`` field, e.g. ``context_overflow``), if it gave one."""
         super().__init__(message)
 
 
@@ -178,18 +181,15 @@ class RateLimitError(HubError):
         status: int | None = None,
         server_message: str | None = None,
         url: str | None = None,
+        code: str | None = None,
     ) -> None:
         self.retry_after_s = retry_after_s
-        super().__init__(message, status=status, server_message=server_message, url=url)
+        super().__init__(message, status=status, server_message=server_message, url=url, code=code)
 
 
 class RequestError(HubError, ValueError):
-    """A server refused a request as invalid (HTTP 413/422): too large, bad options, or an input that overflows the
-    program's context; `code` is the server's error code."""
-
-    def __init__(self, message: str, *, code: str, status: int | None = None, url: str | None = None) -> None:
-        self.code = code
-        super().__init__(message, status=status, server_message=message, url=url)
+    """A server refused a request as invalid (HTTP 400/413/422): too large, bad options, or an input that overflows
+    the program's context; `code` names which."""
 
 
 class ServerError(HubError):

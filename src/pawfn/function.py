@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from typing_extensions import Self, Unpack
 
-from .backends import Backend, LlamaCpp, Torch
+from .backends import Backend, LlamaCpp, Remote, Torch
 from .bundle import ProgramMeta, open_bundle
 from .config import PawConfig
 from .errors import BaseModelError, ConfigError, InterpreterMismatchError, ProgramClosedError
@@ -22,6 +22,7 @@ from .hub.prepare import compile_program, find_cached_base, prepare_program
 from .hub.refs import checked_program_id, checked_slug
 from .hub.types import CompileSettings, compile_request
 from .llamacpp import LlamaCppProgram
+from .remote import RemoteProgram
 from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
 from .results import Generation
@@ -48,6 +49,11 @@ def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
         opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
         if opener is not None:
             return opener
+    if issubclass(backend, Remote):
+        raise ConfigError(
+            f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, "
+            "load) with PawConfig.server_url set"
+        )
     raise ConfigError(f"backend {backend.__name__} has no implementation; use Torch or LlamaCpp (or a subclass)")
 
 
@@ -78,6 +84,12 @@ def _mismatch(program: str, meta: ProgramMeta, model: type[InterpreterModel]) ->
     return InterpreterMismatchError(
         program, meta.interpreter, model.interpreter_id, model.__name__, None if suggestion is None else suggestion.__name__
     )
+
+
+def _open_on_server(reference: str, base: str | os.PathLike[str] | None, config: PawConfig) -> RemoteProgram:
+    if base is not None:
+        raise ConfigError("base weights are the server's business on Remote: load without base=")
+    return RemoteProgram.open(reference, config)
 
 
 def _known_interpreter(meta: ProgramMeta) -> type[InterpreterModel]:
@@ -213,8 +225,27 @@ class PawFn(Generic[M, B]):
         `base` brings your own base weights (then none are downloaded)."""
         cls.model_type()
         config = config or PawConfig.from_env()
+        if issubclass(cls.backend_type(), Remote):
+            return cls._connect(reference, base, config)
         prepared = prepare_program(reference, config, check=cls._check_meta, base=None if base is None else Path(base))
         return cls._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
+
+    @classmethod
+    def _connect(cls, reference: str, base: str | os.PathLike[str] | None, config: PawConfig) -> Self:
+        """The load path of `Remote`: the server's program info, checked against M before any run."""
+        started = time.perf_counter()
+        return cls._on_server(_open_on_server(reference, base, config), reference, config, started)
+
+    @classmethod
+    def _on_server(cls, runtime: RemoteProgram, reference: str, config: PawConfig, started: float) -> Self:
+        served = runtime.served
+        meta = ProgramMeta(interpreter=served.interpreter, program_id=served.program_id, spec=served.spec)
+        try:
+            cls._check_meta(meta, reference)
+        except BaseException:
+            runtime.close()
+            raise
+        return cls(runtime, meta, Path(reference), config, (time.perf_counter() - started) * 1e3)
 
     @classmethod
     async def load(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
@@ -229,6 +260,18 @@ class PawFn(Generic[M, B]):
         """Load a program with the interpreter model its bundle names (`Qwen3_0_6B`, `GPT2`); narrow the result
         with `PawFn[Model, Backend].narrow(...)` for the precise type."""
         config = config or PawConfig.from_env()
+        on_server = issubclass(backend, Remote)  # a flag, not a narrowing: the result keeps the type OtherB
+        if on_server:
+            started = time.perf_counter()
+            runtime = _open_on_server(reference, base, config)
+            model = model_for_interpreter(runtime.served.interpreter)
+            if model is None:
+                runtime.close()
+                raise ConfigError(
+                    f"the server's program {reference} needs interpreter {runtime.served.interpreter!r}, which pawfn "
+                    "does not know"
+                )
+            return PawFn.specialize(model, backend)._on_server(runtime, reference, config, started)
         prepared = prepare_program(reference, config, check=_known_interpreter, base=None if base is None else Path(base))
         model = _known_interpreter(prepared.meta)
         return PawFn.specialize(model, backend)._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
@@ -280,7 +323,7 @@ class PawFn(Generic[M, B]):
 
     @property
     def source(self) -> Path:
-        """Where the program's bundle was loaded from."""
+        """Where the program's bundle was loaded from (on `Remote`: the reference the server was asked for)."""
         return self._source
 
     @property

@@ -19,8 +19,8 @@ __all__ = [
     "Health",
     "InferRequest",
     "InferResponse",
-    "ProgramInfo",
-    "ProgramList",
+    "ServedProgram",
+    "ServedPrograms",
     "ResolveResponse",
     "RunBatchRequest",
     "RunBatchResponse",
@@ -108,7 +108,7 @@ class TokenizeResponse(BaseModel):
     token_ids: list[int]
 
 
-class ProgramInfo(BaseModel):
+class ServedProgram(BaseModel):
     """A program a server holds (or would load): what a client checks before its first call."""
 
     name: str
@@ -124,12 +124,14 @@ class ProgramInfo(BaseModel):
     n_ctx: int
     prefix_tokens: int
     spec: str | None = None
+    replica: str | None = None
+    """The Ray Serve replica that answered (its actor name), where there are replicas."""
 
 
-class ProgramList(BaseModel):
+class ServedPrograms(BaseModel):
     """`GET /v1/programs`."""
 
-    programs: list[ProgramInfo]
+    programs: list[ServedProgram]
 
 
 class Health(BaseModel):

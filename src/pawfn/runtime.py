@@ -394,6 +394,7 @@ class TextStream:
 
     @property
     def pending(self) -> PendingGeneration:
+        """The call being followed (its future)."""
         if self._pending is None:
             raise RuntimeError("TextStream.follow was not called")
         return self._pending

@@ -17,6 +17,13 @@ from typing import IO
 import httpx
 
 
+KEY = "test-key-0123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+INPUTS = ["Urgent: the server is down!", "hello world", "a b c d e f", "", "numbers 12345 and words"]
+FIRST_ID, SECOND_ID = "a0a0a0a0a0a0a0a0a0a0", "b1b1b1b1b1b1b1b1b1b1"
+"""Ids of the two tiny Qwen3 programs the shared test server holds (the second also as `tiny-second`)."""
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

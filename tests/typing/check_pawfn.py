@@ -6,7 +6,9 @@ from typing import TypeVar
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, Backend, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import (
+    GPT2, Backend, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch,
+)
 from pawfn.builder import ProgramLoader, SpecCompiler
 
 B = TypeVar("B", bound=Backend)
@@ -93,3 +95,16 @@ def narrowing(loaded: PawFn[InterpreterModel, Torch]) -> None:
     assert_type(PawFn.load_any_sync("email-triage", LlamaCpp), PawFn[InterpreterModel, LlamaCpp])
     triage(loaded, "text")  # expect-error: arg-type; reportArgumentType
     PawFn[Qwen3_0_6B, Torch].narrow("a program")  # expect-error: arg-type; reportArgumentType
+
+
+async def on_a_server(local: PawFn[Qwen3_0_6B, Torch]) -> None:
+    """`Remote` is a backend like the others: the same calls, the same interpreter checks."""
+    remote = PawFn[Qwen3_0_6B, Remote].load_sync("user/slug")
+    assert_type(remote, PawFn[Qwen3_0_6B, Remote])
+    assert_type(remote.run("text"), str)
+    assert_type(await remote.arun("text"), str)
+    assert_type(remote.run_batch(["a", "b"]), list[str])
+    assert_type(triage(remote, "text"), str)
+    assert_type(await local.astream("text"), TextStream)
+    local = remote  # expect-error: assignment; reportAssignmentType
+    gpt2_remote: PawFn[GPT2, Remote] = remote  # expect-error: assignment; reportAssignmentType

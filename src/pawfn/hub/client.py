@@ -16,10 +16,12 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Generic, TypedDict, TypeVar
+
+from typing_extensions import Self
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
@@ -30,23 +32,30 @@ from ..config import PawConfig
 from ..errors import (
     AuthenticationError,
     CompileError,
+    ConfigError,
     HubConnectionError,
     HubError,
     IntegrityError,
     NotFoundError,
     OfflineError,
     RateLimitError,
+    RequestError,
     ServerError,
     describe_validation_error,
 )
 from ..hashing import file_sha256
 from ..jsonio import parse_json_object
+from ..options import RuntimeOptions
 from ..progress import DownloadProgress
+from ..protocol import (
+    RunBatchRequest, RunBatchResponse, RunRequest, RunResponse, ServedProgram, ServedPrograms, TokenizeRequest,
+    TokenizeResponse,
+)
 from .refs import is_program_id
 from .types import CompileCancellation, CompileJob, CompilePrecheck, CompileRequest, CompileResult, CompileStatus
 from .types import CompilerInfo, ProgramInfo, ProgramList, ProgramVersions, RuntimeManifest
 
-__all__ = ["AsyncPawClient", "PawClient"]
+__all__ = ["AsyncPawClient", "PawClient", "ServerClient"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 120.0
@@ -90,26 +99,38 @@ def _server_message(response: httpx.Response) -> str | None:
     return None
 
 
+class _ErrorFacts(TypedDict):
+    status: int
+    server_message: str | None
+    url: str
+    code: str | None
+
+
+def _server_code(response: httpx.Response) -> str | None:
+    """The error code of an `{error, message}` body (the documented PAW error shape), if any."""
+    try:
+        body = parse_json_object(response.content) or {}
+    except httpx.ResponseNotRead:
+        return None
+    code, message = body.get("error"), body.get("message")
+    return code if isinstance(code, str) and isinstance(message, str) else None
+
+
 def _error_for(response: httpx.Response, what: str) -> HubError:
     status = response.status_code
     message = _server_message(response)
     suffix = f": {message}" if message else ""
     url = str(response.request.url)
+    facts = _ErrorFacts(status=status, server_message=message, url=url, code=_server_code(response))
     if status == 404:
-        return NotFoundError(f"{what} not found (HTTP 404){suffix}", status=status, server_message=message, url=url)
+        return NotFoundError(f"{what} not found (HTTP 404){suffix}", **facts)
     if status in (401, 403):
-        return AuthenticationError(
-            f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`",
-            status=status, server_message=message, url=url,
-        )
+        return AuthenticationError(f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`", **facts)
     if status == 429:
-        return RateLimitError(
-            f"{what}: rate limited (HTTP 429){suffix}; try again later",
-            retry_after_s=_retry_after(response), status=status, server_message=message, url=url,
-        )
+        return RateLimitError(f"{what}: rate limited (HTTP 429){suffix}; try again later", retry_after_s=_retry_after(response), **facts)
     if status >= 500:
-        return ServerError(f"{what}: server error (HTTP {status}){suffix}", status=status, server_message=message, url=url)
-    return HubError(f"{what}: HTTP {status}{suffix}", status=status, server_message=message, url=url)
+        return ServerError(f"{what}: server error (HTTP {status}){suffix}", **facts)
+    return HubError(f"{what}: HTTP {status}{suffix}", **facts)
 
 
 def _parse(kind: type[_ModelT], response: httpx.Response, what: str) -> _ModelT:
@@ -225,10 +246,16 @@ class _ClientBase:
     def __init__(self, config: PawConfig | None, backoff_s: float) -> None:
         self.config = config or PawConfig.from_env()
         self._backoff_s = backoff_s
+        self._root = self.config.api_url
+        """The server's root URL: requests go under it, and its key only to its origin."""
+        self._key = self.config.key_value()
 
     def api_url(self, *parts: str) -> str:
-        """`{api_url}/api/v1/` plus the URL-encoded path parts."""
-        return f"{self.config.api_url}/api/v1/" + "/".join(quote(part, safe="") for part in parts)
+        """`{root}/api/v1/` plus the URL-encoded path parts."""
+        return self._url("api/v1", *parts)
+
+    def _url(self, prefix: str, *parts: str) -> str:
+        return f"{self._root}/{prefix}/" + "/".join(quote(part, safe="") for part in parts)
 
     def _api(
         self, method: str, what: str, *parts: str, json: object = None, params: Mapping[str, str] | None = None,
@@ -239,9 +266,8 @@ class _ClientBase:
     def _build(self, http: httpx.Client | httpx.AsyncClient, request: _Request, method: str, url: str) -> httpx.Request:
         """One hop; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
         headers = dict(request.headers or {})
-        key = self.config.key_value()
-        if key and _origin(url) == _origin(self.config.api_url):
-            headers["X-API-Key"] = key
+        if self._key and _origin(url) == _origin(self._root):
+            headers["X-API-Key"] = self._key
         return http.build_request(
             method, url, json=request.json if method == request.method else None, params=request.params,
             headers=headers, timeout=httpx.Timeout(request.timeout) if request.timeout else None,
@@ -347,12 +373,10 @@ class _ClientBase:
         )
 
 
-class PawClient(_ClientBase):
-    """Synchronous PAW API client; one connection pool, safe to share between threads."""
+class _SyncClient(_ClientBase):
+    """Carries out `_exchange` plans with blocking I/O on one connection pool, safe to share between threads."""
 
-    def __init__(
-        self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
-    ) -> None:
+    def __init__(self, config: PawConfig | None, transport: httpx.BaseTransport | None, backoff_s: float) -> None:
         super().__init__(config, backoff_s)
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport,
@@ -363,7 +387,7 @@ class PawClient(_ClientBase):
         """Close the connection pool."""
         self._http.close()
 
-    def __enter__(self) -> PawClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -391,6 +415,15 @@ class PawClient(_ClientBase):
 
     def _call(self, endpoint: _Endpoint[_T]) -> _T:
         return endpoint.parse(self._send(endpoint.request))
+
+
+class PawClient(_SyncClient):
+    """Synchronous PAW API client; one connection pool, safe to share between threads."""
+
+    def __init__(
+        self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
+    ) -> None:
+        super().__init__(config, transport, backoff_s)
 
     def compile(self, request: CompileRequest) -> CompileResult:
         """Compile a spec and wait for the program (`POST /api/v1/compile`); failure is a `CompileError`."""
@@ -667,3 +700,69 @@ class AsyncPawClient(_ClientBase):
     async def download_program(self, program_id: str, destination: Path, progress: DownloadProgress | None = None) -> Path:
         """Async `PawClient.download_program` (streams to disk in a worker thread)."""
         return await asyncio.to_thread(self._downloads.download_program, program_id, destination, progress)
+
+
+def _as_server_error(error: HubError) -> HubError:
+    """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting."""
+    facts = _ErrorFacts(status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code)
+    if isinstance(error, AuthenticationError):
+        return AuthenticationError(
+            f"the server refused the request (HTTP {error.status}): {error.server_message or 'no key'}; set "
+            "PawConfig.server_api_key (PAW_SERVER_API_KEY) to the key it was started with", **facts,
+        )
+    if error.status in (400, 413, 422):
+        return RequestError(f"the server refused the request (HTTP {error.status}): {error.server_message}", **facts)
+    return error
+
+
+class ServerClient(_SyncClient):
+    """Client of a `pawfn serve` or Ray Serve server (`PawConfig.server_url`): what the `Remote` backend calls.
+    Same retries as `PawClient`; the server's key goes to its origin only."""
+
+    def __init__(
+        self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
+    ) -> None:
+        super().__init__(config, transport, backoff_s)
+        if self.config.server_url is None:
+            self.close()
+            raise ConfigError(
+                "no server to run on: set PawConfig.server_url (or PAW_SERVER_URL) to the URL of a `pawfn serve` server"
+            )
+        self._root = self.config.server_url
+        self._key = self.config.server_key_value()
+
+    @property
+    def url(self) -> str:
+        """The server's root URL."""
+        return self._root
+
+    def _v1(self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None) -> _Endpoint[_ModelT]:
+        """A `/v1/...` endpoint answered by one model; runs may take long (`run_timeout_s`)."""
+        timeout = self.config.run_timeout_s if method == "POST" else None
+        request = _Request(method, self._url("v1", *parts), what, json=json, timeout=timeout, map_error=_as_server_error)
+        return _Endpoint(request, lambda response: _parse(kind, response, what))
+
+    def program(self, reference: str) -> ServedProgram:
+        """What the server knows of a program (it loads it first where it may): `GET /v1/programs/{ref}`."""
+        return self._call(self._v1(ServedProgram, "GET", f"program {reference}", "programs", reference))
+
+    def programs(self) -> list[ServedProgram]:
+        """Every program the server holds now."""
+        return self._call(self._v1(ServedPrograms, "GET", "programs", "programs")).programs
+
+    def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
+        """One call: `POST /v1/programs/{ref}/run`."""
+        body = RunRequest(input=text, options=options).model_dump(mode="json")
+        return self._call(self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body))
+
+    def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
+        """Calls decoded together on the server, results in input order: `POST /v1/programs/{ref}/run_batch`."""
+        body = RunBatchRequest(inputs=list(texts), options=options).model_dump(mode="json")
+        endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch", json=body)
+        return self._call(endpoint)
+
+    def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
+        """Token ids of input + suffix, as the server's program evaluates them."""
+        body = TokenizeRequest(input=text, options=options).model_dump(mode="json")
+        what = f"tokens of an input to {reference}"
+        return self._call(self._v1(TokenizeResponse, "POST", what, "programs", reference, "tokenize", json=body)).token_ids

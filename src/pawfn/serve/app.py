@@ -12,7 +12,7 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator
-from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager, contextmanager
 from importlib import metadata
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -37,8 +37,8 @@ from ..protocol import (
     Health,
     InferRequest,
     InferResponse,
-    ProgramInfo,
-    ProgramList,
+    ServedProgram,
+    ServedPrograms,
     ResolveResponse,
     RunBatchRequest,
     RunBatchResponse,
@@ -168,7 +168,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     """The API over `service`, with `settings`' limits and key; the service is closed when the app shuts down."""
     settings = settings or ServeSettings()
     admission = _Admission(settings.max_queue)
-    metrics = ServerMetrics(lambda: admission.queued, service.batch_counters)
+    metrics = ServerMetrics(lambda: admission.queued, service.counters)
     key = None if settings.api_key is None else settings.api_key.get_secret_value().encode()
 
     @asynccontextmanager
@@ -239,10 +239,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             info = await service.info(reference)
         return ResolveResponse(program_id=info.program_id or info.name)
 
-    @api.get("/v1/programs", response_model=ProgramList, tags=["programs"])
-    async def programs() -> ProgramList:
+    @api.get("/v1/programs", response_model=ServedPrograms, tags=["programs"])
+    async def programs() -> ServedPrograms:
         """Every program served now."""
-        return ProgramList(programs=await service.programs())
+        return ServedPrograms(programs=await service.programs())
 
     @api.post("/v1/programs/{reference:path}/run", response_model=RunResponse, tags=["programs"])
     async def run(reference: str, body: RunRequest) -> RunResponse:
@@ -275,37 +275,32 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
         options = checked(body.input, body.options)
-        holding: AbstractAsyncContextManager[AsyncGenerator[StreamPiece | RunResponse, None]] = aclosing(
-            service.stream(reference, body.input, options)
-        )
-        hold = admission.hold(1)
-        hold.__enter__()
+        held = AsyncExitStack()  # the queue slot and the call, until the last event is sent (or the client leaves)
+        held.enter_context(admission.hold(1))
+        items = await held.enter_async_context(aclosing(service.stream(reference, body.input, options)))
         try:
-            items = await holding.__aenter__()
             first = await anext(items)  # errors before the first piece (unknown program, overflow) keep their status
         except BaseException as exc:
-            await holding.__aexit__(None, None, None)
-            hold.__exit__(None, None, None)
+            await held.aclose()
             if isinstance(exc, PawError):
                 raise api_error(exc) from exc
             raise
 
         async def events() -> AsyncIterator[str]:
-            try:
-                item: StreamPiece | RunResponse | None = first
-                while item is not None:
-                    if isinstance(item, RunResponse):
-                        counted(item)
-                        yield f"event: done\ndata: {item.model_dump_json()}\n\n"
-                        break
-                    yield f"event: token\ndata: {item.model_dump_json()}\n\n"
-                    item = await anext(items, None)
-            except PawError as exc:
-                error = api_error(exc)
-                yield f"event: error\ndata: {ErrorBody(error=error.code, message=error.message).model_dump_json()}\n\n"
-            finally:
-                await holding.__aexit__(None, None, None)
-                hold.__exit__(None, None, None)
+            async with held:
+                try:
+                    item: StreamPiece | RunResponse | None = first
+                    while item is not None:
+                        if isinstance(item, RunResponse):
+                            counted(item)
+                            yield f"event: done\ndata: {item.model_dump_json()}\n\n"
+                            break
+                        yield f"event: token\ndata: {item.model_dump_json()}\n\n"
+                        item = await anext(items, None)
+                except PawError as exc:
+                    error = api_error(exc)
+                    body = ErrorBody(error=error.code, message=error.message)
+                    yield f"event: error\ndata: {body.model_dump_json()}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -317,8 +312,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             ids = await service.tokenize(reference, body.input, body.options)
         return TokenizeResponse(token_ids=ids)
 
-    @api.get("/v1/programs/{reference:path}", response_model=ProgramInfo, tags=["programs"])
-    async def info(reference: str) -> ProgramInfo:
+    @api.get("/v1/programs/{reference:path}", response_model=ServedProgram, tags=["programs"])
+    async def info(reference: str) -> ServedProgram:
         """One program's facts (interpreter, context, prefix): what a `Remote` client checks before its first call."""
         with _answered():
             return await service.info(reference)

@@ -1,18 +1,20 @@
-"""`serve_programs`: load programs and serve them over HTTP on uvicorn until SIGINT/SIGTERM (`pawfn serve`)."""
+"""`serve_programs`: load programs and serve them over HTTP on uvicorn until SIGINT/SIGTERM (`pawfn serve`);
+`serve_on_ray`: the same API on Ray Serve (`pawfn serve --ray`)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..backends import Backend
 from ..config import PawConfig
 from ..errors import PawError
-from .service import LocalPrograms
+from .service import LocalPrograms, split_alias
 from .settings import ServeSettings
 
-__all__ = ["serve_programs"]
+__all__ = ["serve_on_ray", "serve_programs"]
 
 logger = logging.getLogger("pawfn.serve")
 
@@ -32,10 +34,42 @@ def serve_programs(
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
     service = LocalPrograms(backend, config, allow_load=allow_load)
     for given in references:
-        alias, _, reference = given.rpartition("=") if "=" in given and not Path(given).exists() else ("", "", given)
-        info = service.load(reference, base, alias or None)
+        alias, reference = split_alias(given)
+        info = service.load(reference, base, alias)
         logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
     uvicorn.run(
         create_app(service, settings), host=host, port=port, log_level="info",
         timeout_graceful_shutdown=None if graceful_timeout_s is None else int(graceful_timeout_s),
     )
+
+
+def serve_on_ray(
+    references: Sequence[str], backend: type[Backend], config: PawConfig, settings: ServeSettings, *,
+    host: str = "127.0.0.1", port: int = 8000, allow_load: bool = False, base: Path | None = None, replicas: int = 1,
+    max_replicas: int | None = None, max_programs_per_replica: int = 8,
+) -> None:
+    """Serve the same API on Ray Serve until interrupted: on the cluster `RAY_ADDRESS` names, else on a local Ray
+    instance; `replicas` program replicas (autoscaled up to `max_replicas`)."""
+    try:  # the `ray` extra: imported when a server starts, never with pawfn
+        import ray
+        from ray import serve
+
+        from .ray import RayAppArgs, ray_app
+    except ImportError as exc:
+        raise PawError(f"pawfn serve --ray needs the ray extra ({exc.name} is missing): pip install 'pawfn[ray]'") from exc
+    args = RayAppArgs(
+        programs=list(references), allow_load=allow_load, backend=backend.name, base=None if base is None else str(base),
+        replicas=replicas, max_replicas=max_replicas, max_programs_per_replica=max_programs_per_replica, config=config,
+        settings=settings,
+    )
+    ray.init(ignore_reinit_error=True)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(ray_app(args), name="pawfn", route_prefix="/")
+        logger.info("serving on Ray Serve at http://%s:%d (Ctrl-C stops)", host, port)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -8,30 +8,38 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from .service import ServiceCounters
+
 __all__ = ["ServerMetrics"]
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-class _DecodeSteps(Collector):
-    """The schedulers' own counters, read when scraped: decode steps and the rows they advanced."""
+class _ServiceTotals(Collector):
+    """The service's own running totals, read when scraped."""
 
-    def __init__(self, counters: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, counters: Callable[[], ServiceCounters]) -> None:
         self._counters = counters
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        steps, rows = self._counters()
-        yield CounterMetricFamily("pawfn_decode_steps", "Decode steps (forward passes over one or more rows)", value=steps)
+        totals = self._counters()
         yield CounterMetricFamily(
-            "pawfn_decode_rows", "Rows the decode steps advanced (rows / steps is the mean batch size)", value=rows
+            "pawfn_decode_steps", "Decode steps (forward passes over one or more rows)", value=totals.decode_steps
+        )
+        yield CounterMetricFamily(
+            "pawfn_decode_rows", "Rows the decode steps advanced (rows / steps is the mean batch size)",
+            value=totals.decode_rows,
+        )
+        yield CounterMetricFamily(
+            "pawfn_replica_retries", "Calls sent again because the replica holding them died", value=totals.replica_retries
         )
 
 
 class ServerMetrics:
     """Requests, latency, tokens, batch sizes and queue length of one server."""
 
-    def __init__(self, queued: Callable[[], int], decode_counters: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, queued: Callable[[], int], counters: Callable[[], ServiceCounters]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "pawfn_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
@@ -51,7 +59,7 @@ class ServerMetrics:
         )
         queue = Gauge("pawfn_queue_length", "Calls accepted and not yet ended", registry=self.registry)
         queue.set_function(lambda: float(queued()))
-        self.registry.register(_DecodeSteps(decode_counters))
+        self.registry.register(_ServiceTotals(counters))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

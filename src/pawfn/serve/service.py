@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,10 +19,10 @@ from ..function import PawFn
 from ..hub.refs import is_hub_reference
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..protocol import ProgramInfo, RunBatchResponse, RunResponse, StreamPiece
+from ..protocol import ServedProgram, RunBatchResponse, RunResponse, StreamPiece
 from ..torch import TorchProgram
 
-__all__ = ["LocalPrograms", "ProgramService", "program_info"]
+__all__ = ["LocalPrograms", "ProgramService", "ServiceCounters", "program_info", "split_alias"]
 
 AnyPawFn = PawFn[InterpreterModel, Backend]
 
@@ -29,11 +30,11 @@ AnyPawFn = PawFn[InterpreterModel, Backend]
 class ProgramService(Protocol):
     """The programs behind the HTTP API; every method raises `NotFoundError` for a program it does not serve."""
 
-    async def programs(self) -> list[ProgramInfo]:
+    async def programs(self) -> list[ServedProgram]:
         """Every program served now."""
         ...
 
-    async def info(self, reference: str) -> ProgramInfo:
+    async def info(self, reference: str) -> ServedProgram:
         """The program `reference` names (loading it first where the service allows)."""
         ...
 
@@ -53,8 +54,8 @@ class ProgramService(Protocol):
         """Token ids of input + suffix."""
         ...
 
-    def batch_counters(self) -> tuple[int, int]:
-        """(decode steps, rows stepped) so far, for the batch-size metric; (0, 0) where not known."""
+    def counters(self) -> ServiceCounters:
+        """Running totals for the metrics (zeros where the service cannot know them)."""
         ...
 
     async def aclose(self) -> None:
@@ -62,9 +63,29 @@ class ProgramService(Protocol):
         ...
 
 
-def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any]) -> ProgramInfo:
+@dataclass(frozen=True)
+class ServiceCounters:
+    """Running totals a service keeps for the metrics."""
+
+    decode_steps: int = 0
+    """Decode steps of its bases' schedulers (forward passes over one or more rows)."""
+    decode_rows: int = 0
+    """Rows those steps advanced (rows / steps is the mean batch size)."""
+    replica_retries: int = 0
+    """Calls sent again because the replica holding them died (Ray)."""
+
+
+def split_alias(given: str) -> tuple[str | None, str]:
+    """`NAME=REF` as (NAME, REF); a plain reference (or a path that holds `=`) as (None, REF)."""
+    if "=" not in given or Path(given).exists():
+        return None, given
+    alias, _, reference = given.partition("=")
+    return alias, reference
+
+
+def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any]) -> ServedProgram:
     """What a client learns of a served program."""
-    return ProgramInfo(
+    return ServedProgram(
         name=name, program_id=program.program_id, references=sorted(set(references)), interpreter=program.interpreter,
         model=program.model_type().__name__, backend=program.backend_type().name, n_ctx=program.n_ctx,
         prefix_tokens=program.prefix_tokens, spec=program.spec,
@@ -84,7 +105,7 @@ class LocalPrograms:
         """id(program) -> the name it is served under."""
         self._loading: dict[str, asyncio.Lock] = {}
 
-    def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ProgramInfo:
+    def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ServedProgram:
         """Load `reference` now (at start, before serving), on `base` weights if given, also served as `alias`; a
         program already served under another reference (same id) is not loaded twice."""
         if alias is not None and not is_hub_reference(alias):
@@ -92,7 +113,7 @@ class LocalPrograms:
         program = PawFn.load_any_sync(reference, self._backend, base=base, config=self._config)
         return self._add(reference, program, alias)
 
-    def _add(self, reference: str, program: AnyPawFn, alias: str | None = None) -> ProgramInfo:
+    def _add(self, reference: str, program: AnyPawFn, alias: str | None = None) -> ServedProgram:
         known = self._by_reference.get(program.program_id or "")
         if known is not None:  # the same program by another name: keep the one loaded first
             program.close()
@@ -125,11 +146,11 @@ class LocalPrograms:
                 program = self._by_reference[reference]
         return program
 
-    async def programs(self) -> list[ProgramInfo]:
+    async def programs(self) -> list[ServedProgram]:
         served = {id(program): program for program in self._by_reference.values()}
         return [program_info(self._names[key], self._references(program), program) for key, program in served.items()]
 
-    async def info(self, reference: str) -> ProgramInfo:
+    async def info(self, reference: str) -> ServedProgram:
         program = await self._program(reference)
         return program_info(self._names[id(program)], self._references(program), program)
 
@@ -159,13 +180,15 @@ class LocalPrograms:
         program = await self._program(reference)
         return program.prompt_token_ids(text, options)
 
-    def batch_counters(self) -> tuple[int, int]:
+    def counters(self) -> ServiceCounters:
         schedulers = {
             id(runtime.base.scheduler): runtime.base.scheduler
             for program in self._by_reference.values()
             if isinstance(runtime := program.runtime, TorchProgram) and not runtime.closed
         }
-        return sum(s.steps for s in schedulers.values()), sum(s.rows_stepped for s in schedulers.values())
+        return ServiceCounters(
+            decode_steps=sum(s.steps for s in schedulers.values()), decode_rows=sum(s.rows_stepped for s in schedulers.values())
+        )
 
     async def aclose(self) -> None:
         programs = {id(program): program for program in self._by_reference.values()}

@@ -1,0 +1,106 @@
+"""`RemoteProgram`: a program held by a server (`PawConfig.server_url`), called over HTTP with pawfn's own types.
+
+Calls go out on a pool of `PawConfig.max_model_copies` worker threads (so that many are in flight at once, and the
+server batches them); a batch is one request. The server's program info (interpreter, context, prefix) is read
+once, when the program opens, so a wrong interpreter type fails before any run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from ..config import PawConfig
+from ..errors import ConfigError
+from ..hub.client import ServerClient
+from ..options import RuntimeOptions
+from ..protocol import ServedProgram
+from ..results import Generation
+from ..runtime import PendingGeneration, ProgramRuntime, TokenListener
+
+__all__ = ["RemoteProgram"]
+
+
+class RemoteProgram(ProgramRuntime):
+    """A program on a server; safe to call from many threads and tasks."""
+
+    queues_calls = True
+
+    def __init__(self, client: ServerClient, served: ServedProgram, concurrency: int) -> None:
+        super().__init__()
+        self._client = client
+        self._served = served
+        self._workers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pawfn-remote")
+
+    @classmethod
+    def open(cls, reference: str, config: PawConfig) -> RemoteProgram:
+        """Ask the server for `reference` (it loads it if it may); `NotFoundError` if it does not serve it."""
+        client = ServerClient(config)
+        try:
+            served = client.program(reference)
+        except BaseException:
+            client.close()
+            raise
+        return cls(client, served, config.max_model_copies)
+
+    @property
+    def served(self) -> ServedProgram:
+        """What the server said of the program when it opened."""
+        return self._served
+
+    @property
+    def n_ctx(self) -> int:
+        return self._served.n_ctx
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self._served.prefix_tokens
+
+    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
+        return self._client.tokenize(self._served.name, text, options)
+
+    def decode_tokens(self, token_ids: Sequence[int]) -> str:
+        raise ConfigError("a Remote program has no tokenizer here: its text comes from the server (Generation.text)")
+
+    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+        """Send the call from a worker thread and return at once; `cancel()` stops a call not yet sent."""
+        if on_token is not None:
+            raise ConfigError("a Remote program cannot report tokens as they come; stream from the server's /stream route")
+        pending = PendingGeneration()
+        self._dispatch([pending], lambda: [self._client.run(self._served.name, text, options).generation])
+        return pending
+
+    def submit_batch(self, texts: Sequence[str], options: RuntimeOptions) -> list[PendingGeneration]:
+        """One request for the whole batch (the server decodes it together)."""
+        pendings = [PendingGeneration() for _ in texts]
+        inputs = list(texts)
+        self._dispatch(pendings, lambda: self._client.run_batch(self._served.name, inputs, options).generations)
+        return pendings
+
+    def _dispatch(self, pendings: list[PendingGeneration], request: Callable[[], list[Generation]]) -> None:
+        """Run `request` on a worker and hand its results to `pendings` (cancelled ones are skipped)."""
+        self._enter_run()
+
+        def work() -> None:
+            try:
+                running = [pending.set_running_or_notify_cancel() for pending in pendings]
+                if not any(running):
+                    return
+                try:
+                    generations = request()
+                except BaseException as exc:  # noqa: BLE001 - each waiter gets the error, as from a local backend
+                    for pending, started in zip(pendings, running, strict=True):
+                        if started:
+                            pending.set_exception(exc)
+                    return
+                for pending, started, generation in zip(pendings, running, generations, strict=True):
+                    if started:
+                        pending.set_result(generation)
+            finally:
+                self._exit_run()
+
+        self._workers.submit(work)
+
+    def release(self) -> None:
+        self._workers.shutdown(wait=True)
+        self._client.close()

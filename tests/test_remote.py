@@ -1,0 +1,85 @@
+"""`PawFn[M, Remote]` against a real `pawfn serve` process: the typed API, checked against local runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pawfn import (
+    GPT2,
+    AuthenticationError,
+    ConfigError,
+    InterpreterMismatchError,
+    NotFoundError,
+    PawConfig,
+    PawFn,
+    ProgramClosedError,
+    Qwen3_0_6B,
+    Remote,
+    RequestError,
+    RuntimeOptions,
+    Torch,
+)
+from tests.helpers.servers import FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess
+
+LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
+
+
+def _config(server: ServeProcess, key: str | None = KEY) -> PawConfig:
+    return PawConfig.from_env(server_url=server.url, server_api_key=key, max_retries=0)
+
+
+def test_run_generate_batch_and_arun_equal_local_runs(server: ServeProcess, local_runs: LocalRuns) -> None:
+    options = RuntimeOptions(max_tokens=10)
+    with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server)) as remote:
+        local = local_runs[FIRST_ID]
+        assert remote.program_id == FIRST_ID and remote.interpreter == "Qwen/Qwen3-0.6B"
+        assert (remote.n_ctx, remote.prefix_tokens) == (local.n_ctx, local.prefix_tokens)
+        generation = remote.generate(INPUTS[0], options)
+        assert generation.token_ids == local.generate(INPUTS[0], options).token_ids
+        assert remote.run_with(INPUTS[1], options) == local.run_with(INPUTS[1], options)
+        assert remote.run_batch(INPUTS, options) == local.run_batch(INPUTS, options)
+        assert remote.prompt_token_ids(INPUTS[0]) == local.prompt_token_ids(INPUTS[0])
+
+        async def concurrently() -> list[str]:
+            return list(await asyncio.gather(*(remote.arun(text, options) for text in INPUTS * 2)))
+
+        assert asyncio.run(concurrently()) == [local.run_with(text, options) for text in INPUTS * 2]
+    with pytest.raises(ProgramClosedError):
+        remote.run("x")
+
+
+def test_a_slug_loads_with_the_interpreter_the_server_names(server: ServeProcess, local_runs: LocalRuns) -> None:
+    program = PawFn.load_any_sync("tiny-second", Remote, config=_config(server))
+    try:
+        assert type(program) is PawFn[Qwen3_0_6B, Remote]
+        narrowed = PawFn[Qwen3_0_6B, Remote].narrow(program)
+        options = RuntimeOptions(max_tokens=8)
+        assert narrowed.run_with(INPUTS[2], options) == local_runs[SECOND_ID].run_with(INPUTS[2], options)
+    finally:
+        program.close()
+
+
+def test_a_wrong_interpreter_type_fails_before_any_run(server: ServeProcess) -> None:
+    with pytest.raises(InterpreterMismatchError, match="Qwen3_0_6B"):
+        PawFn[GPT2, Remote].load_sync(FIRST_ID, config=_config(server))
+
+
+def test_server_refusals_are_typed_errors(server: ServeProcess) -> None:
+    with pytest.raises(ConfigError, match="PAW_SERVER_URL"):
+        PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=PawConfig.from_env(max_retries=0))
+    with pytest.raises(AuthenticationError, match="PAW_SERVER_API_KEY"):
+        PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server, key="wrong"))
+    with pytest.raises(NotFoundError, match="not served here"):
+        PawFn[Qwen3_0_6B, Remote].load_sync("c2c2c2c2c2c2c2c2c2c2", config=_config(server))
+    with pytest.raises(ConfigError, match="from files"):
+        PawFn[Qwen3_0_6B, Remote].from_path("anything.paw")
+    with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server)) as remote:
+        with pytest.raises(RequestError, match="max_tokens=99") as refused:
+            remote.run_with("x", RuntimeOptions(max_tokens=99))
+        assert (refused.value.code, refused.value.status) == ("max_tokens_too_large", 422)
+        with pytest.raises(RequestError) as too_long:
+            remote.run("x" * 301)
+        assert too_long.value.code == "input_too_long"
+        assert remote.run_with("still fine", RuntimeOptions(max_tokens=3)) is not None

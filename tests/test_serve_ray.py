@@ -1,0 +1,145 @@
+"""The HTTP API on a local Ray Serve instance: two program replicas, routing by program, a killed replica."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, Remote, RuntimeOptions, Torch
+from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram
+from pawfn.serve import ServeSettings
+from tests.helpers.programs import TinyProgram
+from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, free_port, sse_events
+from tests.helpers.tiny_models import TinyInterpreter
+
+ray = pytest.importorskip("ray", reason="the Ray Serve deployment needs the ray extra")
+serve = pytest.importorskip("ray.serve")
+
+LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
+NAMES = {FIRST_ID: "tiny-first", SECOND_ID: "tiny-second"}
+
+
+@pytest.fixture(scope="module")
+def ray_url(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    from pawfn.serve.ray import RayAppArgs, ray_app
+
+    first, second = served_programs
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=128 * 1024 * 1024, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    args = RayAppArgs(
+        programs=[f"tiny-first={first.archive}", f"tiny-second={second.archive}"], base=str(qwen3.hf_dir), replicas=2,
+        max_programs_per_replica=2, config=PawConfig.from_env(cache_dir=tmp_path_factory.mktemp("ray-cache")),
+        settings=ServeSettings(api_key=SecretStr(KEY), max_tokens=24, max_queue=64),
+    )
+    serve.run(ray_app(args), name="pawfn", route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _post(url: str, path: str, body: object) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=AUTH, timeout=120)
+
+
+def test_concurrent_requests_by_name_and_id_equal_local_runs(ray_url: str, local_runs: LocalRuns) -> None:
+    calls = [(reference, text) for text in INPUTS for reference in (*NAMES.values(), FIRST_ID, SECOND_ID)]
+
+    def run(call: tuple[str, str]) -> RunResponse:
+        response = _post(ray_url, f"/v1/programs/{call[0]}/run", {"input": call[1], "options": {"max_tokens": 10}})
+        assert response.status_code == 200, response.text
+        return RunResponse.model_validate_json(response.content)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, calls))
+    by_name = {name: program_id for program_id, name in NAMES.items()}
+    for (reference, text), result in zip(calls, results, strict=True):
+        program_id = by_name.get(reference, reference)
+        assert result.generation.token_ids == local_runs[program_id].generate(text, RuntimeOptions(max_tokens=10)).token_ids
+
+    batch = _post(ray_url, f"/v1/programs/{FIRST_ID}/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 8}})
+    expected = local_runs[FIRST_ID].generate_batch(INPUTS, RuntimeOptions(max_tokens=8))
+    assert [g.token_ids for g in RunBatchResponse.model_validate_json(batch.content).generations] == [g.token_ids for g in expected]
+    infer = _post(ray_url, "/api/v1/infer", {"program_id": "tiny-second", "input": INPUTS[0], "max_tokens": 8})
+    assert infer.json()["output"] == local_runs[SECOND_ID].run_with(INPUTS[0], RuntimeOptions(max_tokens=8))
+
+
+def test_streaming_and_the_remote_backend_work_on_ray_too(ray_url: str, local_runs: LocalRuns) -> None:
+    options = RuntimeOptions(max_tokens=12)
+    with httpx.stream("POST", f"{ray_url}/v1/programs/tiny-first/stream", json={"input": INPUTS[2], "options": {"max_tokens": 12}},
+                      headers=AUTH, timeout=60) as response:
+        events = list(sse_events(response.iter_lines()))
+    assert events[-1][0] == "done"
+    assert RunResponse.model_validate(events[-1][1]).generation.token_ids == local_runs[FIRST_ID].generate(INPUTS[2], options).token_ids
+    config = PawConfig.from_env(server_url=ray_url, server_api_key=KEY, max_retries=0)
+    with PawFn[Qwen3_0_6B, Remote].load_sync("tiny-second", config=config) as remote:
+        assert remote.run_batch(INPUTS, options) == local_runs[SECOND_ID].run_batch(INPUTS, options)
+
+
+def test_a_programs_requests_go_to_the_replica_that_holds_it(ray_url: str) -> None:
+    for name in NAMES.values():
+        replicas = {
+            ServedProgram.model_validate_json(httpx.get(f"{ray_url}/v1/programs/{name}", headers=AUTH, timeout=60).content).replica
+            for _ in range(8)
+        }
+        assert len(replicas) == 1 and next(iter(replicas)), replicas
+
+
+def test_a_killed_replicas_calls_are_retried_or_fail_clearly(ray_url: str, local_runs: LocalRuns) -> None:
+    holder = ServedProgram.model_validate_json(httpx.get(f"{ray_url}/v1/programs/tiny-first", headers=AUTH).content).replica
+    assert holder is not None
+    expected = [g.token_ids for g in local_runs[FIRST_ID].generate_batch(INPUTS, RuntimeOptions(max_tokens=24))]
+    answers: list[httpx.Response] = []
+    stop = threading.Event()
+
+    def keep_calling() -> None:
+        while not stop.is_set():
+            answers.append(_post(ray_url, "/v1/programs/tiny-first/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 24}}))
+
+    callers = [threading.Thread(target=keep_calling) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    time.sleep(1.0)
+    ray.kill(ray.get_actor(holder, namespace="serve"), no_restart=False)
+    time.sleep(2.0)
+    stop.set()
+    for caller in callers:
+        caller.join()
+    assert answers
+    for answer in answers:
+        if answer.status_code == 200:
+            assert [g.token_ids for g in RunBatchResponse.model_validate_json(answer.content).generations] == expected
+        else:
+            assert (answer.status_code, answer.json()["error"]) == (503, "replica_failed"), answer.text
+            assert "retry" in answer.json()["message"]
+    after = _post(ray_url, "/v1/programs/tiny-first/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 24}})
+    assert after.status_code == 200, after.text
+    metrics = httpx.get(f"{ray_url}/metrics", headers=AUTH).text
+    retries = next(float(line.split()[1]) for line in metrics.splitlines() if line.startswith("pawfn_replica_retries_total"))
+    failed = sum(answer.status_code == 503 for answer in answers)
+    assert retries + failed >= 1, "no call was in flight on the replica when it was killed: the test saw nothing"
+
+
+def test_the_ray_app_refuses_an_unknown_backend(tmp_path: Path) -> None:
+    from pawfn import ConfigError
+    from pawfn.serve.ray import RayAppArgs, ray_app
+
+    with pytest.raises(ConfigError, match="backend 'tpu'"):
+        ray_app(RayAppArgs(programs=["x"], backend="tpu"))
