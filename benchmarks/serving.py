@@ -191,7 +191,10 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        bundle, base = _tiny(Path(scratch)) if args.tiny else prepare(args.workdir)
+        if args.tiny:
+            bundle, base = _tiny(Path(scratch))
+        else:
+            base, bundle = prepare(args.workdir)
         local, tokens = run_local(bundle, base, args.weight_dtype, args.calls, args.concurrency, args.max_tokens)
         print(f"{args.calls} calls of {args.max_tokens} tokens from {args.concurrency} client threads, "
               f"weights {args.weight_dtype or 'float32'}, {os.cpu_count()} cores")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
+from tests.helpers.servers import KEY, SECOND_ID, ServeProcess
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -120,3 +122,21 @@ def test_low_level_example_says_the_hub_is_unreachable(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("low_level: program email-triage: cannot reach http://127.0.0.1:9")
     assert result.stderr.count("\n") == 1
+
+
+def test_remote_client_example(server: ServeProcess, local_runs: dict[str, PawFn[Qwen3_0_6B, Torch]]) -> None:
+    result = _run(
+        "remote_client", "--server", server.url, "--program", "tiny-second", "--key-env", "PAWFN_TEST_KEY",
+        "--input", "hello world", "--input", "Server down!", "--max-tokens", "6", env={**os.environ, "PAWFN_TEST_KEY": KEY},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().split("\n")
+    expected = local_runs[SECOND_ID].run_with("hello world", RuntimeOptions(max_tokens=6))
+    assert lines[0] == f"{SECOND_ID} on {server.url}: Qwen/Qwen3-0.6B, {local_runs[SECOND_ID].prefix_tokens}-token prefix"
+    assert lines[1] == f"'hello world' -> {expected!r}"
+
+
+def test_remote_client_example_without_a_server_says_so() -> None:
+    result = _run("remote_client", "--server", "http://127.0.0.1:9", "--program", "x", "--input", "y",
+                  env=dict(os.environ))
+    assert result.returncode == 1 and result.stderr.startswith("remote_client: ") and "cannot reach" in result.stderr

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.helpers.programs import TinyProgram
 from tests.helpers.bounded import CliRun, run_cli
 from tests.helpers.hub_server import HubServer
 from tests.helpers.locks import lock_held_elsewhere
+from tests.helpers.servers import start_server
 from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
 from pawfn import (
     GPT2,
@@ -554,3 +559,30 @@ def test_a_damaged_installed_program_is_fetched_again_online_and_named_offline(h
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
     assert hub.server.state.count("/download$") == downloads + 1
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
+
+
+def test_pawfn_serve_allow_load_loads_a_hub_program_once_on_its_first_requests(hub: Hub, tmp_path: Path) -> None:
+    """--allow-load: concurrent first requests for a slug load it once (its download too); paths stay refused."""
+    if importlib.util.find_spec("fastapi") is None:
+        pytest.skip("pawfn serve needs the serve extra")
+    server = start_server(
+        "--allow-load", "--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir),
+        environment={"PAW_API_KEY": "secret-key"},
+    )
+    try:
+        def run(text: str) -> httpx.Response:
+            return httpx.post(f"{server.url}/v1/programs/{SLUG}/run", json={"input": text, "options": {"max_tokens": 12}}, timeout=120)
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(run, ["hello", "hello", "Server down!", "hello"]))
+        assert [answer.status_code for answer in answers] == [200] * 4, answers[0].text
+        assert tuple(answers[2].json()["generation"]["token_ids"]) == hub.expected("Server down!")
+        assert answers[0].json()["program"] == PROGRAM_ID
+        assert hub.server.state.count(rf"/programs/{PROGRAM_ID}/download$") == 1
+        by_id = httpx.post(f"{server.url}/v1/programs/{PROGRAM_ID}/run", json={"input": "hello"}, timeout=60)
+        assert by_id.status_code == 200  # the same program, by its id: not loaded again
+        assert hub.server.state.count(rf"/programs/{PROGRAM_ID}/download$") == 1
+        refused = httpx.post(f"{server.url}/v1/programs/{hub.archive}/run", json={"input": "x"}, timeout=60)
+        assert refused.status_code == 404 and "only program ids and slugs" in refused.json()["message"]
+    finally:
+        assert server.stop() == -signal.SIGTERM, server.output()

@@ -18,6 +18,7 @@ import pytest
 
 from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
+from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram
 from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, sse_events, start_server
 from tests.helpers.tiny_models import TinyInterpreter
@@ -233,3 +234,14 @@ def test_sigterm_finishes_every_accepted_request(
     for answer in answers:
         assert [g.token_ids for g in RunBatchResponse.model_validate_json(answer.content).generations] == expected
     assert "Finished server process" in server.output()
+
+
+def test_serve_command_errors_are_one_line(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> None:
+    run_cli("serve").assert_one_line_error(2, "nothing to serve", "--program")
+    run_cli("serve", "--program", str(served_programs[0].archive), "--api-key-env", "PAWFN_UNSET_KEY").assert_one_line_error(
+        2, "PAWFN_UNSET_KEY", "empty or unset"
+    )
+    run_cli("serve", "--program", "missing.paw").assert_one_line_error(1, "missing.paw")
+    run_cli("serve", "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-queue", "0").assert_one_line_error(
+        2, "--max-queue"
+    )

@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -137,9 +136,17 @@ def test_a_killed_replicas_calls_are_retried_or_fail_clearly(ray_url: str, local
     assert retries + failed >= 1, "no call was in flight on the replica when it was killed: the test saw nothing"
 
 
-def test_the_ray_app_refuses_an_unknown_backend(tmp_path: Path) -> None:
+def test_the_ray_app_checks_its_arguments_and_scales_on_ongoing_requests() -> None:
     from pawfn import ConfigError
-    from pawfn.serve.ray import RayAppArgs, ray_app
+    from pawfn.serve.ray import RayAppArgs, app_builder, ray_app, replica_scaling
 
     with pytest.raises(ConfigError, match="backend 'tpu'"):
         ray_app(RayAppArgs(programs=["x"], backend="tpu"))
+    with pytest.raises(ConfigError, match="replicas"):
+        app_builder({"programs": "a", "replicas": 0})
+    parsed = RayAppArgs.model_validate({"programs": "a,b=c.paw", "replicas": "2", "max_replicas": "6"})
+    assert parsed.programs == ["a", "b=c.paw"]
+    assert replica_scaling(parsed) == {
+        "autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 4.0}
+    }
+    assert replica_scaling(RayAppArgs(replicas=3)) == {"num_replicas": 3}

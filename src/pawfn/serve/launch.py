@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,10 @@ def serve_programs(
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_on_ray(
     references: Sequence[str], backend: type[Backend], config: PawConfig, settings: ServeSettings, *,
     host: str = "127.0.0.1", port: int = 8000, allow_load: bool = False, base: Path | None = None, replicas: int = 1,
@@ -63,6 +68,7 @@ def serve_on_ray(
         settings=settings,
     )
     ray.init(ignore_reinit_error=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it like Ctrl-C: Serve drains, then Ray shuts down
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(ray_app(args), name="pawfn", route_prefix="/")

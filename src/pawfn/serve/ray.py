@@ -36,7 +36,7 @@ from .app import ApiError, api_error, create_app
 from .service import ServiceCounters, program_info, split_alias
 from .settings import ServeSettings
 
-__all__ = ["RayAppArgs", "RayPrograms", "app_builder", "ray_app"]
+__all__ = ["RayAppArgs", "RayPrograms", "app_builder", "ray_app", "replica_scaling"]
 
 _T = TypeVar("_T")
 logger = logging.getLogger("pawfn.serve")
@@ -283,6 +283,17 @@ class _Ingress:
         return create_app(self._service, self._settings)
 
 
+def replica_scaling(args: RayAppArgs) -> dict[str, Any]:
+    """The replica deployment's scaling options: a fixed count, or Ray's autoscaling on ongoing requests per replica
+    between `replicas` and `max_replicas`."""
+    if args.max_replicas is None or args.max_replicas <= args.replicas:
+        return {"num_replicas": args.replicas}
+    return {"autoscaling_config": {
+        "min_replicas": args.replicas, "max_replicas": args.max_replicas,
+        "target_ongoing_requests": args.target_ongoing_requests,
+    }}
+
+
 def ray_app(args: RayAppArgs) -> Application:
     """The Serve application: the ingress in front of the program replicas (`serve.run(ray_app(args))`)."""
     if args.backend not in _BACKENDS:
@@ -293,15 +304,9 @@ def ray_app(args: RayAppArgs) -> Application:
         async def program(self, reference: str) -> _HeldProgram:
             return await self._load(reference)
 
-    scaling: dict[str, Any] = {"num_replicas": args.replicas}
-    if args.max_replicas is not None and args.max_replicas > args.replicas:
-        scaling = {"autoscaling_config": {
-            "min_replicas": args.replicas, "max_replicas": args.max_replicas,
-            "target_ongoing_requests": args.target_ongoing_requests,
-        }}
     replicas = serve.deployment(
         name="pawfn-programs", max_ongoing_requests=args.config.max_model_copies * 4,
-        ray_actor_options={"num_cpus": args.replica_cpus}, **scaling,
+        ray_actor_options={"num_cpus": args.replica_cpus}, **replica_scaling(args),
     )(PawfnReplica)
     ingress = serve.deployment(  # it parses HTTP and awaits the replicas: no CPU of its own reserved
         name="pawfn-ingress", max_ongoing_requests=args.settings.max_queue, ray_actor_options={"num_cpus": 0},
