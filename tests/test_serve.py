@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,9 @@ from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram
-from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, sse_events, start_server
+from tests.helpers.servers import (
+    AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server,
+)
 from tests.helpers.tiny_models import TinyInterpreter
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
@@ -36,14 +37,7 @@ def test_concurrent_requests_for_two_programs_equal_local_runs(
 ) -> None:
     options = RuntimeOptions(max_tokens=12)
     calls = [(program_id, text) for text in INPUTS for program_id in (FIRST_ID, SECOND_ID)] * 2
-
-    def run(call: tuple[str, str]) -> RunResponse:
-        response = _post(server, f"/v1/programs/{call[0]}/run", {"input": call[1], "options": {"max_tokens": 12}})
-        assert response.status_code == 200, response.text
-        return RunResponse.model_validate_json(response.content)
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(run, calls))
+    results = run_concurrently(server.url, calls, max_tokens=12)
     for (program_id, text), result in zip(calls, results, strict=True):
         expected = local_runs[program_id].generate(text, options)
         assert result.program == program_id

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -15,7 +14,7 @@ from pawfn import PawConfig, PawFn, Qwen3_0_6B, Remote, RuntimeOptions, Torch
 from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram
 from pawfn.serve import ServeSettings
 from tests.helpers.programs import TinyProgram
-from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, free_port, sse_events
+from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, free_port, run_concurrently, sse_events
 from tests.helpers.tiny_models import TinyInterpreter
 
 ray = pytest.importorskip("ray", reason="the Ray Serve deployment needs the ray extra")
@@ -60,14 +59,7 @@ def _post(url: str, path: str, body: object) -> httpx.Response:
 
 def test_concurrent_requests_by_name_and_id_equal_local_runs(ray_url: str, local_runs: LocalRuns) -> None:
     calls = [(reference, text) for text in INPUTS for reference in (*NAMES.values(), FIRST_ID, SECOND_ID)]
-
-    def run(call: tuple[str, str]) -> RunResponse:
-        response = _post(ray_url, f"/v1/programs/{call[0]}/run", {"input": call[1], "options": {"max_tokens": 10}})
-        assert response.status_code == 200, response.text
-        return RunResponse.model_validate_json(response.content)
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(run, calls))
+    results = run_concurrently(ray_url, calls, max_tokens=10)
     by_name = {name: program_id for program_id, name in NAMES.items()}
     for (reference, text), result in zip(calls, results, strict=True):
         program_id = by_name.get(reference, reference)

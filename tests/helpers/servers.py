@@ -11,10 +11,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO
 
 import httpx
+
+from pawfn.protocol import RunResponse
 
 
 KEY = "test-key-0123"
@@ -71,6 +74,19 @@ def start_server(*arguments: str, environment: dict[str, str] | None = None, tim
         time.sleep(0.1)
     process.kill()
     raise AssertionError(f"pawfn serve did not answer within {timeout_s} s:\n{server.output()}")
+
+
+def run_concurrently(url: str, calls: list[tuple[str, str]], max_tokens: int, threads: int = 8) -> list[RunResponse]:
+    """Each (program reference, input) as its own `POST /v1/programs/{ref}/run`, `threads` at a time; 200s only."""
+
+    def run(call: tuple[str, str]) -> RunResponse:
+        body = {"input": call[1], "options": {"max_tokens": max_tokens}}
+        response = httpx.post(f"{url}/v1/programs/{call[0]}/run", json=body, headers=AUTH, timeout=120)
+        assert response.status_code == 200, response.text
+        return RunResponse.model_validate_json(response.content)
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(run, calls))
 
 
 def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:

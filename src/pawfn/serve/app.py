@@ -213,7 +213,6 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             )
         return options
 
-
     def counted(result: RunResponse) -> RunResponse:
         metrics.generated_tokens.labels(result.program).inc(len(result.generation.token_ids))
         metrics.prompt_tokens.labels(result.program).inc(result.generation.prompt_tokens)

@@ -25,8 +25,9 @@ def serve_programs(
     host: str = "127.0.0.1", port: int = 8000, allow_load: bool = False, base: Path | None = None,
     graceful_timeout_s: float | None = None,
 ) -> None:
-    """Load `references` (each base once; on `base` weights if given; `NAME=REF` also serves REF as NAME), then serve them until a signal; on SIGTERM/SIGINT the server stops
-    accepting, finishes the requests it holds (at most `graceful_timeout_s`, None: no limit), then closes them."""
+    """Load `references` (each base once; on `base` weights if given; `NAME=REF` also serves REF as NAME), then
+    serve them until a signal: on SIGTERM/SIGINT the server stops accepting, finishes the requests it holds (at most
+    `graceful_timeout_s` seconds, None: no limit), then closes the programs."""
     try:  # the `serve` extra: imported when a server starts, never with pawfn
         import uvicorn
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -26,14 +27,13 @@ from ray.serve.handle import DeploymentHandle
 
 from ..backends import Backend, LlamaCpp, Torch
 from ..config import PawConfig
-from ..errors import ConfigError, NotFoundError, PawError, describe_validation_error
+from ..errors import ConfigError, PawError, describe_validation_error
 from ..function import PawFn
-from ..hub.refs import is_hub_reference
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 from .app import ApiError, api_error, create_app
-from .service import ServiceCounters, program_info, split_alias
+from .service import ServiceCounters, check_loadable, program_info, run_call, run_calls, split_alias, stream_call
 from .settings import ServeSettings
 
 __all__ = ["RayAppArgs", "RayPrograms", "app_builder", "ray_app", "replica_scaling"]
@@ -107,11 +107,8 @@ class _ProgramReplica:
 
     async def _load(self, name: str) -> _HeldProgram:
         reference = self._started.get(name, name)
-        if name not in self._started and not (self._args.allow_load and is_hub_reference(reference)):
-            hint = "start the application with allow_load to load hub programs on request" if not self._args.allow_load else (
-                "only program ids and slugs load on request"
-            )
-            raise NotFoundError(f"program {reference!r} is not served here; {hint}", status=404)
+        if name not in self._started:
+            check_loadable(reference, self._args.allow_load, self._started)
         base = None if self._args.base is None else Path(self._args.base)
         program = await PawFn.load_any(reference, self._backend, base=base, config=self._args.config)
         return _HeldProgram(program, program.program_id or reference, name)
@@ -138,23 +135,10 @@ class _ProgramReplica:
         return await self._answer(work)
 
     async def run(self, text: str, options: RuntimeOptions) -> RunResponse | _Refused:
-        async def work(held: _HeldProgram) -> RunResponse:
-            generation = await asyncio.wrap_future(await held.program.asubmit(text, options))
-            return RunResponse(program=held.name, generation=generation)
-
-        return await self._answer(work)
+        return await self._answer(lambda held: run_call(held.program, held.name, text, options))
 
     async def run_batch(self, texts: list[str], options: RuntimeOptions) -> RunBatchResponse | _Refused:
-        async def work(held: _HeldProgram) -> RunBatchResponse:
-            pendings = [await held.program.asubmit(text, options) for text in texts]
-            try:
-                generations = [await asyncio.wrap_future(pending) for pending in pendings]
-            finally:
-                for pending in pendings:
-                    pending.cancel()
-            return RunBatchResponse(program=held.name, generations=generations)
-
-        return await self._answer(work)
+        return await self._answer(lambda held: run_calls(held.program, held.name, texts, options))
 
     async def tokenize(self, text: str, options: RuntimeOptions) -> list[int] | _Refused:
         async def work(held: _HeldProgram) -> list[int]:
@@ -165,10 +149,9 @@ class _ProgramReplica:
     async def stream(self, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse | _Refused, None]:
         try:
             held = await self._program()
-            async with await held.program.astream(text, options) as stream:
-                async for piece in stream:
-                    yield StreamPiece(text=piece)
-                yield RunResponse(program=held.name, generation=await stream.generation())
+            async with aclosing(stream_call(held.program, held.name, text, options)) as items:
+                async for item in items:
+                    yield item
         except PawError as exc:
             refused = api_error(exc)
             yield _Refused(status=refused.status, code=refused.code, message=refused.message)

@@ -7,7 +7,8 @@ The Ray Serve deployment implements the same protocol over deployment handles (`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,10 +20,13 @@ from ..function import PawFn
 from ..hub.refs import is_hub_reference
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..protocol import ServedProgram, RunBatchResponse, RunResponse, StreamPiece
+from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 from ..torch import TorchProgram
 
-__all__ = ["LocalPrograms", "ProgramService", "ServiceCounters", "program_info", "split_alias"]
+__all__ = [
+    "LocalPrograms", "ProgramService", "ServiceCounters", "check_loadable", "program_info", "run_call", "run_calls", "split_alias",
+    "stream_call",
+]
 
 AnyPawFn = PawFn[InterpreterModel, Backend]
 
@@ -83,6 +87,17 @@ def split_alias(given: str) -> tuple[str | None, str]:
     return alias, reference
 
 
+def check_loadable(reference: str, allow_load: bool, served: Iterable[str]) -> None:
+    """`NotFoundError` unless a program not yet served may load on request: `allow_load`, and a hub id or slug."""
+    if allow_load and is_hub_reference(reference):
+        return
+    names = ", ".join(sorted(served)) or "none"
+    hint = "only program ids and slugs load on request" if allow_load else (
+        "start the server with --allow-load (Ray: allow_load) to load hub programs on request"
+    )
+    raise NotFoundError(f"program {reference!r} is not served here (served: {names}); {hint}", status=404)
+
+
 def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any]) -> ServedProgram:
     """What a client learns of a served program."""
     return ServedProgram(
@@ -90,6 +105,34 @@ def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any])
         model=program.model_type().__name__, backend=program.backend_type().name, n_ctx=program.n_ctx,
         prefix_tokens=program.prefix_tokens, spec=program.spec,
     )
+
+
+async def run_call(program: PawFn[Any, Any], name: str, text: str, options: RuntimeOptions) -> RunResponse:
+    """One call on a loaded program, answered under `name`."""
+    generation = await asyncio.wrap_future(await program.asubmit(text, options))
+    return RunResponse(program=name, generation=generation)
+
+
+async def run_calls(program: PawFn[Any, Any], name: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
+    """Calls decoded together on a loaded program, results in input order; a failed or abandoned batch leaves nothing
+    running."""
+    pendings = [await program.asubmit(text, options) for text in texts]
+    try:
+        generations = [await asyncio.wrap_future(pending) for pending in pendings]
+    finally:
+        for pending in pendings:
+            pending.cancel()
+    return RunBatchResponse(program=name, generations=generations)
+
+
+async def stream_call(
+    program: PawFn[Any, Any], name: str, text: str, options: RuntimeOptions
+) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+    """One call's text as generated, then its `RunResponse`; closing the generator early cancels the call."""
+    async with await program.astream(text, options) as stream:
+        async for piece in stream:
+            yield StreamPiece(text=piece)
+        yield RunResponse(program=name, generation=await stream.generation())
 
 
 class LocalPrograms:
@@ -131,12 +174,7 @@ class LocalPrograms:
         program = self._by_reference.get(reference)
         if program is not None:
             return program
-        if not (self._allow_load and is_hub_reference(reference)):
-            served = ", ".join(sorted(self._names.values())) or "none"
-            hint = "start the server with --allow-load to load hub programs on request" if not self._allow_load else (
-                "only program ids and slugs load on request"
-            )
-            raise NotFoundError(f"program {reference!r} is not served here (served: {served}); {hint}", status=404)
+        check_loadable(reference, self._allow_load, self._names.values())
         lock = self._loading.setdefault(reference, asyncio.Lock())
         async with lock:  # concurrent first requests load it once
             program = self._by_reference.get(reference)
@@ -156,25 +194,17 @@ class LocalPrograms:
 
     async def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
         program = await self._program(reference)
-        generation = await asyncio.wrap_future(await program.asubmit(text, options))
-        return RunResponse(program=self._names[id(program)], generation=generation)
+        return await run_call(program, self._names[id(program)], text, options)
 
     async def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
         program = await self._program(reference)
-        pendings = [await program.asubmit(text, options) for text in texts]
-        try:
-            generations = [await asyncio.wrap_future(pending) for pending in pendings]
-        finally:
-            for pending in pendings:  # a failed or abandoned batch leaves nothing running
-                pending.cancel()
-        return RunBatchResponse(program=self._names[id(program)], generations=generations)
+        return await run_calls(program, self._names[id(program)], texts, options)
 
     async def stream(self, reference: str, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
         program = await self._program(reference)
-        async with await program.astream(text, options) as stream:
-            async for piece in stream:
-                yield StreamPiece(text=piece)
-            yield RunResponse(program=self._names[id(program)], generation=await stream.generation())
+        async with aclosing(stream_call(program, self._names[id(program)], text, options)) as items:
+            async for item in items:
+                yield item
 
     async def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
         program = await self._program(reference)
