@@ -13,10 +13,12 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
-from tests.helpers.programs import TinyProgram, torch_program
+from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from pawfn import (
     GPT2,
+    Backend,
     BaseModelError,
+    LlamaCpp,
     ModelRegistry,
     ContextOverflowError,
     InterpreterMismatchError,
@@ -343,3 +345,28 @@ def test_sampling_is_seeded(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert len(runs) > 1
     narrow = RuntimeOptions(max_tokens=16, temperature=1.5, top_p=1e-6, seed=3)
     assert qwen.generate("hello", narrow).token_ids == qwen.generate("hello", RuntimeOptions(max_tokens=16)).token_ids
+
+
+@pytest.mark.parametrize("backend", [Torch, pytest.param(LlamaCpp, marks=requires_llama_cpp)], ids=["torch", "llamacpp"])
+def test_astream_gives_the_text_as_generated_then_the_same_generation(qwen3_program: TinyProgram, backend: type[Backend]) -> None:
+    options = RuntimeOptions(max_tokens=12)
+    with PawFn.specialize(Qwen3_0_6B, backend).from_path(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path) as program:
+        expected = program.generate("hello world", options)
+
+        async def follow() -> tuple[list[str], tuple[int, ...]]:
+            async with await program.astream("hello world", options) as stream:
+                pieces = [piece async for piece in stream]
+                return pieces, (await stream.generation()).token_ids
+
+        async def leave_early() -> None:
+            async with await program.astream("hello world", RuntimeOptions(max_tokens=40)) as stream:
+                async for _ in stream:
+                    break
+            with pytest.raises(asyncio.CancelledError):
+                await stream.generation()
+
+        pieces, token_ids = asyncio.run(follow())
+        assert token_ids == expected.token_ids
+        assert "".join(pieces) == program.runtime.decode_tokens(expected.token_ids) and len(pieces) > 1
+        asyncio.run(leave_early())
+        assert program.generate("hello world", options).token_ids == expected.token_ids  # nothing left behind

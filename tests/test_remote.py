@@ -83,3 +83,18 @@ def test_server_refusals_are_typed_errors(server: ServeProcess) -> None:
             remote.run("x" * 301)
         assert too_long.value.code == "input_too_long"
         assert remote.run_with("still fine", RuntimeOptions(max_tokens=3)) is not None
+
+
+def test_astream_follows_the_servers_stream(server: ServeProcess, local_runs: LocalRuns) -> None:
+    options = RuntimeOptions(max_tokens=16)
+    expected = local_runs[FIRST_ID].generate(INPUTS[2], options)
+
+    async def follow() -> tuple[list[str], tuple[int, ...]]:
+        with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server)) as remote:
+            async with await remote.astream(INPUTS[2], options) as stream:
+                pieces = [piece async for piece in stream]
+                return pieces, (await stream.generation()).token_ids
+
+    pieces, token_ids = asyncio.run(follow())
+    assert token_ids == expected.token_ids
+    assert "".join(pieces) == local_runs[FIRST_ID].runtime.decode_tokens(expected.token_ids) and len(pieces) > 1

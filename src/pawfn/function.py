@@ -416,21 +416,26 @@ class PawFn(Generic[M, B]):
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """`submit` for the event loop, returning at once: a backend that runs calls one by one (llama.cpp) runs it
         on a worker thread, which `cancel()` stops at its next token."""
-        return self._asubmit(input, options, None)
-
-    def _asubmit(self, input: str, options: RuntimeOptions | None, on_token: TokenListener | None) -> PendingGeneration:  # noqa: A002
         text, checked = self._checked_call(input, options)
         if self._runtime.queues_calls:
-            return self._runtime.submit(text, checked, on_token)
+            return self._runtime.submit(text, checked)
+        return self._on_worker(text, checked, None)
+
+    def _on_worker(self, text: str, options: RuntimeOptions, on_token: TokenListener | None) -> PendingGeneration:
+        """A call of a backend that runs calls one by one, on a worker thread of the running loop."""
         pending = PendingGeneration()
-        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, checked, on_token)
+        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, options, on_token)
         return pending
 
     async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
         """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then
         `await stream.generation()`; leaving `async with stream` early cancels the call."""
+        text, checked = self._checked_call(input, options)
         stream = TextStream(self._runtime.decode_tokens)
-        stream.follow(self._asubmit(input, options, stream.on_token))
+        if self._runtime.queues_calls:
+            stream.follow(self._runtime.submit_streaming(text, checked, stream))
+        else:
+            stream.follow(self._on_worker(text, checked, stream.on_token))
         return stream
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:

@@ -236,6 +236,10 @@ class ProgramRuntime(ABC):
         """Start a call and return at once where the backend queues calls (its errors come with the result); a
         backend that runs calls one by one runs it before returning. `on_token` sees each generated token."""
 
+    def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+        """Start a call that `stream` follows: its tokens as they are taken (a remote backend sends text instead)."""
+        return self.submit(text, options, stream.on_token)
+
     def submit_batch(self, texts: Sequence[str], options: RuntimeOptions) -> list[PendingGeneration]:
         """`submit` for each text (a remote backend sends them as one request)."""
         return [self.submit(text, options) for text in texts]
@@ -372,16 +376,23 @@ class TextStream:
         """Make it on the event loop that will read it, before the call starts."""
         self._decode = decode
         self._loop = asyncio.get_running_loop()
-        self._tokens: asyncio.Queue[int] = asyncio.Queue()
-        """Token ids as they are taken; -1 once the call has ended."""
+        self._items: asyncio.Queue[int | str] = asyncio.Queue()
+        """Token ids as they are taken, or text already decoded (a remote call's); -1 once the call has ended."""
         self._pending: PendingGeneration | None = None
+
+    def _put(self, item: int | str) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the loop has closed: nobody is reading
+            pass
 
     def on_token(self, token: int) -> None:
         """The call's `TokenListener` (any thread); never raises, so a closed loop cannot fail the call."""
-        try:
-            self._loop.call_soon_threadsafe(self._tokens.put_nowait, token)
-        except RuntimeError:  # the loop has closed: nobody is reading
-            pass
+        self._put(token)
+
+    def on_text(self, piece: str) -> None:
+        """Text of the call decoded elsewhere (a server's stream), from any thread; never raises."""
+        self._put(piece)
 
     def follow(self, pending: PendingGeneration) -> None:
         """Read the call `pending` (started with `on_token` as its listener)."""
@@ -402,17 +413,21 @@ class TextStream:
     async def __aiter__(self) -> AsyncIterator[str]:
         output: list[int] = []
         sent = 0
-        while (token := await self._tokens.get()) >= 0:
-            output.append(token)
+        while (item := await self._items.get()) != -1:
+            if isinstance(item, str):
+                yield item
+                continue
+            output.append(item)
             text = self._decode(output)
             if text.endswith("\ufffd"):  # maybe a character's first bytes: wait for the rest
                 continue
             if len(text) > sent:
                 yield text[sent:]
                 sent = len(text)
-        text = self._decode(output)
-        if len(text) > sent:
-            yield text[sent:]
+        if output:  # what a held-back character's bytes became
+            text = self._decode(output)
+            if len(text) > sent:
+                yield text[sent:]
         await self.generation()  # the call's error, if it failed
 
     async def generation(self) -> Generation:

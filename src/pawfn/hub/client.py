@@ -16,7 +16,8 @@ import email.utils
 import os
 import random
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypedDict, TypeVar
@@ -48,14 +49,14 @@ from ..jsonio import parse_json_object
 from ..options import RuntimeOptions
 from ..progress import DownloadProgress
 from ..protocol import (
-    RunBatchRequest, RunBatchResponse, RunRequest, RunResponse, ServedProgram, ServedPrograms, TokenizeRequest,
-    TokenizeResponse,
+    ErrorBody, RunBatchRequest, RunBatchResponse, RunRequest, RunResponse, ServedProgram, ServedPrograms, StreamPiece,
+    TokenizeRequest, TokenizeResponse,
 )
 from .refs import is_program_id
 from .types import CompileCancellation, CompileJob, CompilePrecheck, CompileRequest, CompileResult, CompileStatus
 from .types import CompilerInfo, ProgramInfo, ProgramList, ProgramVersions, RuntimeManifest
 
-__all__ = ["AsyncPawClient", "PawClient", "ServerClient"]
+__all__ = ["AsyncPawClient", "PawClient", "ServerClient", "StreamEvent"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _MAX_RETRY_AFTER_S = 120.0
@@ -766,3 +767,44 @@ class ServerClient(_SyncClient):
         body = TokenizeRequest(input=text, options=options).model_dump(mode="json")
         what = f"tokens of an input to {reference}"
         return self._call(self._v1(TokenizeResponse, "POST", what, "programs", reference, "tokenize", json=body)).token_ids
+
+    @contextmanager
+    def stream(self, reference: str, text: str, options: RuntimeOptions) -> Generator[Iterator[StreamEvent], None, None]:
+        """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
+        `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors."""
+        body = RunRequest(input=text, options=options).model_dump(mode="json")
+        url = self._url("v1", "programs", reference, "stream")
+        request = _Request(
+            "POST", url, f"a stream of {reference}", json=body, timeout=self.config.run_timeout_s, stream=True,
+            map_error=_as_server_error,
+        )
+        response = self._send(request)
+        try:
+            yield _stream_events(response.iter_lines(), url)
+        finally:
+            response.close()
+
+
+StreamEvent = StreamPiece | RunResponse
+"""What a server's stream sends: text as generated, then the call's answer."""
+
+
+def _stream_events(lines: Iterator[str], url: str) -> Iterator[StreamEvent]:
+    event, data = "message", ""
+    for line in lines:
+        if line.startswith("event:"):
+            event = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data += line.removeprefix("data:").strip()
+        elif not line and data:
+            if event == "token":
+                yield StreamPiece.model_validate_json(data)
+            elif event == "done":
+                yield RunResponse.model_validate_json(data)
+                return
+            elif event == "error":
+                failure = ErrorBody.model_validate_json(data)
+                raise ServerError(f"the server's call failed: {failure.message}", code=failure.error, url=url,
+                                  server_message=failure.message)
+            event, data = "message", ""
+    raise ServerError("the server's stream ended before the call's answer", url=url)

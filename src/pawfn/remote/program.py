@@ -8,15 +8,15 @@ once, when the program opens, so a wrong interpreter type fails before any run.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 from ..config import PawConfig
 from ..errors import ConfigError
 from ..hub.client import ServerClient
 from ..options import RuntimeOptions
-from ..protocol import ServedProgram
+from ..protocol import RunResponse, ServedProgram
 from ..results import Generation
-from ..runtime import PendingGeneration, ProgramRuntime, TokenListener
+from ..runtime import PendingGeneration, ProgramRuntime, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
 
@@ -65,9 +65,26 @@ class RemoteProgram(ProgramRuntime):
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Send the call from a worker thread and return at once; `cancel()` stops a call not yet sent."""
         if on_token is not None:
-            raise ConfigError("a Remote program cannot report tokens as they come; stream from the server's /stream route")
+            raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
         pending = PendingGeneration()
         self._dispatch([pending], lambda: [self._client.run(self._served.name, text, options).generation])
+        return pending
+
+    def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+        """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
+        pending = PendingGeneration()
+
+        def request() -> list[Generation]:
+            with self._client.stream(self._served.name, text, options) as events:
+                for event in events:
+                    if isinstance(event, RunResponse):
+                        return [event.generation]
+                    if pending.abandoned.is_set():  # cancelled: leaving closes the connection, which stops the call
+                        raise CancelledError()
+                    stream.on_text(event.text)
+            raise AssertionError("a server stream ends with its answer")  # _stream_events raises otherwise
+
+        self._dispatch([pending], request)
         return pending
 
     def submit_batch(self, texts: Sequence[str], options: RuntimeOptions) -> list[PendingGeneration]:
