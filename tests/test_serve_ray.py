@@ -104,7 +104,7 @@ def test_a_killed_replicas_calls_are_retried_or_fail_clearly(ray_url: str, local
         while not stop.is_set():
             answers.append(_post(ray_url, "/v1/programs/tiny-first/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 24}}))
 
-    callers = [threading.Thread(target=keep_calling) for _ in range(3)]
+    callers = [threading.Thread(target=keep_calling) for _ in range(4)]
     for caller in callers:
         caller.start()
     time.sleep(1.0)
