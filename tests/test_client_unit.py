@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pawfn import HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError
+from pawfn import HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError
+from pawfn.hub.client import ServerClient
 
 
 def _config(tmp_path: Path, **changes: object) -> PawConfig:
@@ -57,3 +58,22 @@ def test_offline_client_sends_nothing(tmp_path: Path) -> None:
     client = PawClient(_config(tmp_path, offline=True), transport=httpx.MockTransport(fail))
     with pytest.raises(OfflineError, match="offline mode is on"):
         client.resolve("user/slug")
+
+
+@pytest.mark.parametrize(("status", "sent"), [(500, 1), (503, 3)])
+def test_a_servers_failed_call_is_not_sent_again_but_an_unavailable_server_is_retried(
+    tmp_path: Path, status: int, sent: int
+) -> None:
+    """A pawfn server's 500 is a call that failed (sending it again fails again); 503 and the like are retried."""
+    attempts: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        attempts.append(request.url.raw_path.decode())
+        return httpx.Response(status, json={"error": "run_failed", "message": "NonFiniteError: logits went NaN"})
+
+    config = _config(tmp_path, server_url="http://127.0.0.1:9", max_retries=2)
+    with ServerClient(config, transport=httpx.MockTransport(answer), backoff_s=0.001) as client:
+        with pytest.raises(ServerError, match="logits went NaN") as failed:
+            client.run("a/b", "x", RuntimeOptions())
+    assert failed.value.code == "run_failed"
+    assert attempts == ["/v1/programs/a%2Fb/run"] * sent

@@ -59,6 +59,8 @@ from .types import CompilerInfo, ProgramInfo, ProgramList, ProgramVersions, Runt
 __all__ = ["AsyncPawClient", "PawClient", "ServerClient", "StreamEvent"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_SERVER_RETRY_STATUSES = _RETRY_STATUSES - {500}
+"""A pawfn server's 500 is a call that failed (e.g. non-finite logits): sending it again fails again."""
 _MAX_RETRY_AFTER_S = 120.0
 _MAX_REDIRECTS = 5
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
@@ -150,9 +152,11 @@ def _redirect(response: httpx.Response, current: str, method: str) -> tuple[str,
     return urljoin(current, response.headers.get("location", "")), "GET" if response.status_code == 303 else method
 
 
-def _retry_delay(response: httpx.Response, attempt: int, max_retries: int, backoff_s: float) -> float | None:
+def _retry_delay(
+    response: httpx.Response, attempt: int, max_retries: int, backoff_s: float, statuses: frozenset[int] = _RETRY_STATUSES
+) -> float | None:
     """Seconds to wait before retrying `response`, or None when it is final (success, 4xx, retries spent)."""
-    if response.status_code not in _RETRY_STATUSES or attempt >= max_retries:
+    if response.status_code not in statuses or attempt >= max_retries:
         return None
     delay = _retry_after(response)
     if delay is not None and delay > _MAX_RETRY_AFTER_S:
@@ -216,6 +220,8 @@ class _Request:
     stream: bool = False
     map_error: Callable[[HubError], HubError] = _as_reported
     """How this call names the server's errors (e.g. a refused spec is a `CompileError`)."""
+    retry_statuses: frozenset[int] = _RETRY_STATUSES
+    """Answers worth sending the request again for (with connection errors)."""
 
 
 @dataclass(frozen=True)
@@ -297,7 +303,7 @@ class _ClientBase:
                     raise HubConnectionError(f"{request.what}: cannot reach {url} ({outcome})", url=url) from outcome
                 delay = _backoff(attempt, self._backoff_s)
             else:
-                retry = _retry_delay(outcome, attempt, self.config.max_retries, self._backoff_s)
+                retry = _retry_delay(outcome, attempt, self.config.max_retries, self._backoff_s, request.retry_statuses)
                 if retry is None:
                     if outcome.is_success:
                         return outcome
@@ -740,7 +746,10 @@ class ServerClient(_SyncClient):
     def _v1(self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None) -> _Endpoint[_ModelT]:
         """A `/v1/...` endpoint answered by one model; runs may take long (`run_timeout_s`)."""
         timeout = self.config.run_timeout_s if method == "POST" else None
-        request = _Request(method, self._url("v1", *parts), what, json=json, timeout=timeout, map_error=_as_server_error)
+        request = _Request(
+            method, self._url("v1", *parts), what, json=json, timeout=timeout, map_error=_as_server_error,
+            retry_statuses=_SERVER_RETRY_STATUSES,
+        )
         return _Endpoint(request, lambda response: _parse(kind, response, what))
 
     def program(self, reference: str) -> ServedProgram:
@@ -776,7 +785,7 @@ class ServerClient(_SyncClient):
         url = self._url("v1", "programs", reference, "stream")
         request = _Request(
             "POST", url, f"a stream of {reference}", json=body, timeout=self.config.run_timeout_s, stream=True,
-            map_error=_as_server_error,
+            map_error=_as_server_error, retry_statuses=_SERVER_RETRY_STATUSES,
         )
         response = self._send(request)
         try:
