@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import LlamaCpp, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
-from tests.helpers.programs import TinyProgram
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from tests.helpers.servers import (
     AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server,
 )
@@ -239,3 +239,28 @@ def test_serve_command_errors_are_one_line(served_programs: tuple[TinyProgram, T
     run_cli("serve", "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-queue", "0").assert_one_line_error(
         2, "--max-queue"
     )
+
+
+@requires_llama_cpp
+def test_serving_on_the_llamacpp_backend_gives_its_tokens(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path: Path
+) -> None:
+    """llama.cpp runs a program's calls in turn, on worker threads: runs, batches and streams still answer right."""
+    server = start_server(
+        "--program", f"tiny={served_programs[0].archive}", "--base", str(qwen3.gguf_path), "--backend", "llamacpp",
+        environment={"PAW_CACHE_DIR": str(tmp_path)},
+    )
+    try:
+        options = RuntimeOptions(max_tokens=10)
+        with PawFn[Qwen3_0_6B, LlamaCpp].from_path(served_programs[0].archive, base=qwen3.gguf_path) as local:
+            expected = [local.generate(text, options).token_ids for text in INPUTS]
+            results = run_concurrently(server.url, [("tiny", text) for text in INPUTS], max_tokens=10, threads=4)
+            assert [result.generation.token_ids for result in results] == expected
+            with httpx.stream("POST", f"{server.url}/v1/programs/tiny/stream", json={"input": INPUTS[0], "options": {"max_tokens": 10}},
+                              timeout=60) as response:
+                events = list(sse_events(response.iter_lines()))
+            assert RunResponse.model_validate(events[-1][1]).generation.token_ids == expected[0]
+            pieces = "".join(str(data["text"]) for event, data in events if event == "token")
+            assert pieces == local.runtime.decode_tokens(expected[0])
+    finally:
+        assert server.stop() == -signal.SIGTERM, server.output()

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from hypothesis import strategies as st
+from hypothesis import given
 
 from pawfn import ContextOverflowError, NotFoundError, RuntimeOptions
 from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
@@ -18,6 +20,7 @@ from pawfn.results import Generation, Timings
 from pawfn.serve import ServeSettings
 from pawfn.serve.service import ServiceCounters
 from tests.helpers.servers import free_port
+from tests.test_fuzz import FUZZ
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
 
@@ -169,3 +172,47 @@ def test_a_stream_holds_one_slot_until_its_last_event_and_a_client_that_leaves_f
         while (client.get("/healthz").json()["queued"], service.cancelled) != (0, 1) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert (client.get("/healthz").json()["queued"], service.cancelled) == (0, 1)
+
+
+_FINITE = st.floats(allow_nan=False, allow_infinity=False)
+"""JSON has no NaN or infinity (bodies that spell them are among the raw bytes)."""
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "input": _JSON | st.text(max_size=40), "inputs": _JSON | st.lists(st.text(max_size=10), max_size=70),
+        "options": _JSON | st.fixed_dictionaries({}, optional={
+            "max_tokens": _JSON | st.integers(-5, 2000), "temperature": _JSON | _FINITE, "seed": _JSON | st.integers(),
+            "top_p": _JSON | _FINITE, "parse_special_in_input": _JSON,
+        }),
+        "program_id": _JSON | st.just("p"), "max_tokens": _JSON | st.integers(), "temperature": _JSON | _FINITE,
+    },
+)
+_ROUTES = ("/v1/programs/p/run", "/v1/programs/p/run_batch", "/v1/programs/p/tokenize", "/api/v1/infer",
+           "/v1/programs/q/run", "/v1/programs/p/stream")
+
+
+@FUZZ
+@given(
+    route=st.sampled_from(_ROUTES), body=_FIELDS | _JSON,
+    raw=st.none() | st.binary(max_size=64) | st.sampled_from([b'{"input": NaN}', b'{"input": "x", "options": {"temperature": Infinity}}']),
+)
+def test_any_body_gets_an_answer_or_a_json_error_never_a_crash(route: str, body: object, raw: bytes | None) -> None:
+    async def scenario() -> None:
+        service = ScriptedService()
+        service.release.set()
+        async with _client(service, ServeSettings(max_body_bytes=2048, max_batch_inputs=64)) as client:
+            if raw is None:
+                response = await client.post(route, json=body)
+            else:
+                response = await client.post(route, content=raw, headers={"content-type": "application/json"})
+            assert response.status_code in (200, 400, 404, 413, 422, 429), response.text
+            if response.status_code != 200:
+                error = response.json()
+                assert set(error) == {"error", "message", "request_id"} and error["message"]
+
+    asyncio.run(scenario())

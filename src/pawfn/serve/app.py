@@ -348,7 +348,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(request, ApiError(exc.status_code, code, str(exc.detail), dict(exc.headers or {})))
 
     app.add_exception_handler(ApiError, on_api_error)
