@@ -46,6 +46,7 @@ def test_run_generate_batch_and_arun_equal_local_runs(server: ServeProcess, loca
             return list(await asyncio.gather(*(remote.arun(text, options) for text in INPUTS * 2)))
 
         assert asyncio.run(concurrently()) == [local.run_with(text, options) for text in INPUTS * 2]
+        assert asyncio.run(remote.arun_batch(INPUTS, options)) == local.run_batch(INPUTS, options)  # one request
     with pytest.raises(ProgramClosedError):
         remote.run("x")
 

@@ -442,10 +442,13 @@ class PawFn(Generic[M, B]):
         """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
         Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
         one. If calls fail, the first failing input's error is raised once every call has ended."""
+        return results_in_order(self._runtime.submit_batch(*self._checked_batch(inputs, options)))
+
+    def _checked_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> tuple[list[str], RuntimeOptions]:
         texts, checked = _checked_inputs(inputs), _checked_options(options)
         if self._runtime.closed:
             raise ProgramClosedError("this program was closed; load it again to run it")
-        return results_in_order(self._runtime.submit_batch(texts, checked))
+        return texts, checked
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""
@@ -453,8 +456,12 @@ class PawFn(Generic[M, B]):
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
-        generations = await gather_in_order([await self.asubmit(text, options) for text in _checked_inputs(inputs)])
-        return [generation.text for generation in generations]
+        texts, checked = self._checked_batch(inputs, options)
+        if self._runtime.queues_calls:
+            pendings = self._runtime.submit_batch(texts, checked)
+        else:
+            pendings = [self._on_worker(text, checked, None) for text in texts]
+        return [generation.text for generation in await gather_in_order(pendings)]
 
     def close(self) -> None:
         """Wait for running calls, then free the program's adapter and prefix; the shared base is freed with the
