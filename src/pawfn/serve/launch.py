@@ -34,6 +34,7 @@ def serve_programs(
         from .app import create_app
     except ImportError as exc:
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
+    _warn_if_open(host, settings)
     service = LocalPrograms(backend, config, allow_load=allow_load)
     for given in references:
         alias, reference = split_alias(given)
@@ -43,6 +44,13 @@ def serve_programs(
         create_app(service, settings), host=host, port=port, log_level="info",
         timeout_graceful_shutdown=None if graceful_timeout_s is None else int(graceful_timeout_s),
     )
+
+
+def _warn_if_open(host: str, settings: ServeSettings) -> None:
+    """Anyone who can reach a non-loopback address can run the programs unless a key is required."""
+    if settings.api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s without an API key: anyone who can reach it can run the programs "
+                       "(--api-key-env NAME requires one)", host)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -68,6 +76,7 @@ def serve_on_ray(
         replicas=replicas, max_replicas=max_replicas, max_programs_per_replica=max_programs_per_replica, config=config,
         settings=settings,
     )
+    _warn_if_open(host, settings)
     ray.init(ignore_reinit_error=True)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it like Ctrl-C: Serve drains, then Ray shuts down
     try:
