@@ -21,6 +21,8 @@ from pawfn import (
     RuntimeOptions,
     Torch,
 )
+from pawfn.cli import escape_control
+from tests.helpers.bounded import run_cli
 from tests.helpers.servers import FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess
 
 LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
@@ -99,3 +101,16 @@ def test_astream_follows_the_servers_stream(server: ServeProcess, local_runs: Lo
     pieces, token_ids = asyncio.run(follow())
     assert token_ids == expected.token_ids
     assert "".join(pieces) == local_runs[FIRST_ID].runtime.decode_tokens(expected.token_ids) and len(pieces) > 1
+
+
+def test_the_cli_runs_on_a_server(server: ServeProcess, local_runs: LocalRuns) -> None:
+    expected = local_runs[SECOND_ID].run_with("hello world", RuntimeOptions(max_tokens=6))
+    done = run_cli(
+        "run", "--backend", "remote", "--server-url", server.url, "--program", "tiny-second", "--input", "hello world",
+        "--max-tokens", "6", environment={"PAW_SERVER_API_KEY": KEY},
+    )
+    assert (done.status, done.stdout) == (0, escape_control(expected) + "\n"), done.stderr
+    run_cli("run", "--backend", "remote", "--program", "x", "--input", "y").assert_one_line_error(1, "PAW_SERVER_URL")
+    run_cli("run", "--backend", "remote", "--server-url", server.url, "--program", "tiny-second", "--input", "y",
+            environment={"PAW_SERVER_API_KEY": "wrong"}).assert_one_line_error(1, "PAW_SERVER_API_KEY")
+    run_cli("serve", "--backend", "remote", "--program", "x").assert_one_line_error(2, "--backend remote")

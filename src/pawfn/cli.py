@@ -18,7 +18,7 @@ from typing import get_args
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from .backends import Backend, LlamaCpp, Torch
+from .backends import Backend, LlamaCpp, Remote, Torch
 from .bench import run_bench
 from .bundle import open_bundle
 from .config import PawConfig, save_api_key
@@ -38,11 +38,11 @@ from .serve import ServeSettings, serve_on_ray, serve_programs
 __all__ = ["main"]
 
 
-_BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCpp}
+_BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCpp, Remote.name: Remote}
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
     for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype")
+                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype", "server_url")
 } | {"parse_special_in_input": "--parse-special"}
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -77,7 +77,11 @@ def _common() -> argparse.ArgumentParser:
 def _engine_options() -> argparse.ArgumentParser:
     """Where and how programs run: what `run`, `bench` and `serve` share."""
     options = argparse.ArgumentParser(add_help=False)
-    options.add_argument("--backend", choices=sorted(_BACKENDS), default="torch", help="torch (default) or llamacpp")
+    options.add_argument(
+        "--backend", choices=sorted(_BACKENDS), default="torch",
+        help="torch (default), llamacpp, or remote (a pawfn server: --server-url, key in PAW_SERVER_API_KEY)",
+    )
+    options.add_argument("--server-url", metavar="URL", help="the server of --backend remote (PAW_SERVER_URL)")
     options.add_argument("--base", metavar="PATH", help="base weights: a GGUF file or a Hugging Face model folder")
     options.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
     options.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
@@ -216,7 +220,7 @@ def _version() -> str:
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
     names = ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "n_ctx", "threads", "max_model_copies",
-             "max_batch_rows")
+             "max_batch_rows", "server_url")
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
@@ -453,6 +457,8 @@ def _login(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.backend == Remote.name:
+        raise _CliError("--backend remote: a server runs its programs itself; use torch or llamacpp")
     if not args.program and not args.allow_load:
         raise _CliError("nothing to serve: give --program REF (repeatable) or --allow-load")
     config = _config(args)
