@@ -323,12 +323,8 @@ class DecodingRuntime(ProgramRuntime):
     def session(self, options: RuntimeOptions) -> AbstractContextManager[DecodeSession]:
         """A decode session for one call, holding whatever the backend needs (a model copy, a lock)."""
 
-    def generate(self, text: str, options: RuntimeOptions) -> Generation:
-        """Run the program on `text`; safe to call from several threads."""
-        return self._decode(text, options, None, None)
-
     def _decode(
-        self, text: str, options: RuntimeOptions, abandoned: threading.Event | None, on_token: TokenListener | None
+        self, text: str, options: RuntimeOptions, abandoned: threading.Event, on_token: TokenListener | None
     ) -> Generation:
         """The one-call decode loop; once `abandoned` is set the call stops at its next token (`CancelledError`)."""
         decoding = Decoding(self._prompt, text, options, on_token)
@@ -339,7 +335,7 @@ class DecodingRuntime(ProgramRuntime):
                     decoding.prefilled()
                     token = session.sample()
                     while decoding.take(token):
-                        if abandoned is not None and abandoned.is_set():
+                        if abandoned.is_set():
                             raise CancelledError()
                         session.advance(token)
                         token = session.sample()
@@ -395,7 +391,7 @@ class TextStream:
         self._put(piece)
 
     def follow(self, pending: PendingGeneration) -> None:
-        """Read the call `pending` (started with `on_token` as its listener)."""
+        """Read the call `pending` (started with `on_token` or `on_text` as its listener)."""
         self._pending = pending
 
         def ended(_: Future[Generation]) -> None:

@@ -12,7 +12,6 @@ from ..config import PawConfig
 from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..results import Generation
 from ..runtime import (
     Decoding, DecodingRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
 )
@@ -107,10 +106,6 @@ class TorchProgram(DecodingRuntime):
     def prefix_state(self) -> PrefixState:
         """The cached prefix (evaluated once when the program loaded)."""
         return self._prefix
-
-    def generate(self, text: str, options: RuntimeOptions) -> Generation:
-        """Run the program on `text` through its base's scheduler (batched with concurrent calls, same tokens)."""
-        return self.submit(text, options).result()
 
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
