@@ -21,12 +21,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypedDict, TypeVar
-
-from typing_extensions import Self
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 from pydantic import BaseModel, ValidationError
+from typing_extensions import Self
 
 from ..bundle import MAX_ARCHIVE_BYTES
 from ..config import PawConfig
@@ -90,13 +89,17 @@ def _backoff(attempt: int, base_s: float) -> float:
     return min(base_s * 2.0**attempt, 8.0) * (1.0 - 0.25 * random.random())
 
 
-def _server_message(response: httpx.Response) -> str | None:
+def _error_body(response: httpx.Response) -> dict[str, object]:
+    """An error response's JSON object (empty when there is none, or it was not read)."""
     try:
-        body = parse_json_object(response.content)
+        return parse_json_object(response.content) or {}
     except httpx.ResponseNotRead:
-        return None
+        return {}
+
+
+def _server_message(body: dict[str, object]) -> str | None:
     for key in ("message", "detail", "error"):
-        value = (body or {}).get(key)
+        value = body.get(key)
         if isinstance(value, str):
             return value
     return None
@@ -109,28 +112,29 @@ class _ErrorFacts(TypedDict):
     code: str | None
 
 
-def _server_code(response: httpx.Response) -> str | None:
+def _server_code(body: dict[str, object]) -> str | None:
     """The error code of an `{error, message}` body (the documented PAW error shape), if any."""
-    try:
-        body = parse_json_object(response.content) or {}
-    except httpx.ResponseNotRead:
-        return None
     code, message = body.get("error"), body.get("message")
     return code if isinstance(code, str) and isinstance(message, str) else None
 
 
 def _error_for(response: httpx.Response, what: str) -> HubError:
     status = response.status_code
-    message = _server_message(response)
+    body = _error_body(response)
+    message = _server_message(body)
     suffix = f": {message}" if message else ""
     url = str(response.request.url)
-    facts = _ErrorFacts(status=status, server_message=message, url=url, code=_server_code(response))
+    facts = _ErrorFacts(status=status, server_message=message, url=url, code=_server_code(body))
     if status == 404:
         return NotFoundError(f"{what} not found (HTTP 404){suffix}", **facts)
     if status in (401, 403):
-        return AuthenticationError(f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`", **facts)
+        return AuthenticationError(
+            f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`", **facts
+        )
     if status == 429:
-        return RateLimitError(f"{what}: rate limited (HTTP 429){suffix}; try again later", retry_after_s=_retry_after(response), **facts)
+        return RateLimitError(
+            f"{what}: rate limited (HTTP 429){suffix}; try again later", retry_after_s=_retry_after(response), **facts
+        )
     if status >= 500:
         return ServerError(f"{what}: server error (HTTP {status}){suffix}", **facts)
     return HubError(f"{what}: HTTP {status}{suffix}", **facts)
@@ -153,7 +157,8 @@ def _redirect(response: httpx.Response, current: str, method: str) -> tuple[str,
 
 
 def _retry_delay(
-    response: httpx.Response, attempt: int, max_retries: int, backoff_s: float, statuses: frozenset[int] = _RETRY_STATUSES
+    response: httpx.Response, attempt: int, max_retries: int, backoff_s: float,
+    statuses: frozenset[int] = _RETRY_STATUSES,
 ) -> float | None:
     """Seconds to wait before retrying `response`, or None when it is final (success, 4xx, retries spent)."""
     if response.status_code not in statuses or attempt >= max_retries:
@@ -711,7 +716,9 @@ class AsyncPawClient(_ClientBase):
 
 def _as_server_error(error: HubError) -> HubError:
     """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting."""
-    facts = _ErrorFacts(status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code)
+    facts = _ErrorFacts(
+        status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code
+    )
     if isinstance(error, AuthenticationError):
         return AuthenticationError(
             f"the server refused the request (HTTP {error.status}): {error.server_message or 'no key'}; set "
@@ -743,13 +750,17 @@ class ServerClient(_SyncClient):
         """The server's root URL."""
         return self._root
 
-    def _v1(self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None) -> _Endpoint[_ModelT]:
-        """A `/v1/...` endpoint answered by one model; runs may take long (`run_timeout_s`)."""
+    def _v1_request(self, method: str, what: str, *parts: str, json: object = None, stream: bool = False) -> _Request:
+        """A request to `/v1/...`: the server's errors and retries; calls may take long (`run_timeout_s`)."""
         timeout = self.config.run_timeout_s if method == "POST" else None
-        request = _Request(
-            method, self._url("v1", *parts), what, json=json, timeout=timeout, map_error=_as_server_error,
-            retry_statuses=_SERVER_RETRY_STATUSES,
+        return _Request(
+            method, self._url("v1", *parts), what, json=json, timeout=timeout, stream=stream,
+            map_error=_as_server_error, retry_statuses=_SERVER_RETRY_STATUSES,
         )
+
+    def _v1(self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None) -> _Endpoint[_ModelT]:
+        """A `/v1/...` endpoint answered by one model."""
+        request = self._v1_request(method, what, *parts, json=json)
         return _Endpoint(request, lambda response: _parse(kind, response, what))
 
     def program(self, reference: str) -> ServedProgram:
@@ -782,14 +793,10 @@ class ServerClient(_SyncClient):
         """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
         `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
-        url = self._url("v1", "programs", reference, "stream")
-        request = _Request(
-            "POST", url, f"a stream of {reference}", json=body, timeout=self.config.run_timeout_s, stream=True,
-            map_error=_as_server_error, retry_statuses=_SERVER_RETRY_STATUSES,
-        )
+        request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body, stream=True)
         response = self._send(request)
         try:
-            yield _stream_events(response.iter_lines(), url)
+            yield _stream_events(response.iter_lines(), request.url)
         finally:
             response.close()
 
