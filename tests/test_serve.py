@@ -127,7 +127,8 @@ def test_unknown_program_and_bad_key_get_json_errors(server: ServeProcess) -> No
         assert refused.headers["www-authenticate"] == "Bearer"
     assert _post(server, f"/v1/programs/{FIRST_ID}/run", {"input": "x"}, {"X-API-Key": KEY}).status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 401
-    assert httpx.get(f"{server.url}/healthz").status_code == 200  # liveness needs no key
+    health = httpx.get(f"{server.url}/healthz")  # liveness needs no key
+    assert health.status_code == 200 and health.json()["programs"] == 2  # two programs, one of them under two names
 
 
 def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:

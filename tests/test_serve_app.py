@@ -24,6 +24,8 @@ from tests.test_fuzz import FUZZ
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
 
+from fastapi import FastAPI  # noqa: E402 - after the skip: the extra
+
 from pawfn.serve.app import create_app  # noqa: E402 - after the skip: it needs the extra
 
 
@@ -76,6 +78,9 @@ class ScriptedService:
     def counters(self) -> ServiceCounters:
         return ServiceCounters()
 
+    def served_count(self) -> int:
+        return 1
+
     async def aclose(self) -> None:
         pass
 
@@ -123,12 +128,12 @@ def test_errors_keep_their_status_and_shape() -> None:
 
 
 @contextmanager
-def _uvicorn(app: object) -> Generator[str, None, None]:
+def _uvicorn(app: FastAPI) -> Generator[str, None, None]:
     """`app` on a real uvicorn server in a thread (httpx's ASGI transport buffers whole responses: no streaming)."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -204,6 +204,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     def checked(text: str, options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap, after checking the input's length."""
         check_input(text)
+        return capped(options)
+
+    def capped(options: RuntimeOptions) -> RuntimeOptions:
+        """`options` with the server's max_tokens cap (422 past it)."""
         if options.max_tokens is None:
             return options.model_copy(update={"max_tokens": settings.max_tokens})
         if options.max_tokens > settings.max_tokens:
@@ -259,9 +263,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                 413, "batch_too_large",
                 f"the batch has {len(body.inputs)} inputs; this server takes at most {settings.max_batch_inputs} a request",
             )
-        for text in body.inputs[1:]:
+        for text in body.inputs:
             check_input(text)
-        options = checked(body.inputs[0] if body.inputs else "", body.options)
+        options = capped(body.options)
         metrics.batch_inputs.observe(len(body.inputs))
         with admission.hold(len(body.inputs)), _answered():
             result = await service.run_batch(reference, body.inputs, options)
@@ -278,11 +282,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         held.enter_context(admission.hold(1))
         items = await held.enter_async_context(aclosing(service.stream(reference, body.input, options)))
         try:
-            first = await anext(items)  # errors before the first piece (unknown program, overflow) keep their status
-        except BaseException as exc:
+            with _answered():  # errors before the first piece (unknown program, overflow) keep their status
+                first = await anext(items)
+        except BaseException:
             await held.aclose()
-            if isinstance(exc, PawError):
-                raise api_error(exc) from exc
             raise
 
         async def events() -> AsyncIterator[str]:
@@ -326,7 +329,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     @app.get("/healthz", response_model=Health, tags=["server"])
     async def healthz() -> Health:
         """Liveness, open without the key."""
-        return Health(status="ok", programs=len(await service.programs()), queued=admission.queued)
+        return Health(status="ok", programs=service.served_count(), queued=admission.queued)
 
     app.include_router(api)
 

@@ -62,6 +62,10 @@ class ProgramService(Protocol):
         """Running totals for the metrics (zeros where the service cannot know them)."""
         ...
 
+    def served_count(self) -> int:
+        """How many programs are served now, known without asking anyone (for `/healthz`)."""
+        ...
+
     async def aclose(self) -> None:
         """Finish running calls, then free every program."""
         ...
@@ -183,6 +187,9 @@ class LocalPrograms:
                 self._add(reference, loaded)
                 program = self._by_reference[reference]
         return program
+
+    def served_count(self) -> int:
+        return len({id(program) for program in self._by_reference.values()})
 
     async def programs(self) -> list[ServedProgram]:
         served = {id(program): program for program in self._by_reference.values()}
