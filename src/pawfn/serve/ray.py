@@ -172,7 +172,7 @@ class RayPrograms:
     """`ProgramService` over the replica deployment's handle: each call names its program as the multiplexed
     model id, so it goes to a replica that holds the program when there is one."""
 
-    def __init__(self, replicas: DeploymentHandle[Any], references: Sequence[str]) -> None:
+    def __init__(self, replicas: DeploymentHandle[Any], references: Sequence[str]) -> None:  # Any: Ray's handle type
         self._replicas = replicas
         self._references = list(references)
         self._routes: dict[str, str] | None = None
@@ -190,7 +190,10 @@ class RayPrograms:
         async with self._learning:
             if self._routes is None:
                 infos = [await self._ask(name, "info") for name in self._references]
-                self._routes = {info.program_id: name for name, info in zip(self._references, infos) if info.program_id}
+                self._routes = {}
+                for name, info in zip(self._references, infos):
+                    if info.program_id:  # a program named twice at start answers its id under the first name
+                        self._routes.setdefault(info.program_id, name)
         return self._routes.get(reference, reference)
 
     async def _call(self, reference: str, method: str, *arguments: object) -> Any:  # noqa: ANN401 - Ray's handles are untyped
@@ -245,7 +248,10 @@ class RayPrograms:
 
     async def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
         result = await self._call(reference, "tokenize", text, options)
-        return cast(list[int], result)
+        return cast(list[int], result)  # cast: a replica's tokenize answers list[int] (a refusal was raised above)
+
+    def served_count(self) -> int:
+        return len(self._references)  # the programs named at start (asking the replicas would load them)
 
     def counters(self) -> ServiceCounters:
         # decode steps are each replica's own (Ray's metrics cover the replicas); retries are the ingress's
@@ -258,7 +264,7 @@ class RayPrograms:
 class _Ingress:
     """The HTTP entry: builds the app over the replicas' handle on its replica (Ray calls the builder)."""
 
-    def __init__(self, replicas: DeploymentHandle[Any], args: RayAppArgs) -> None:
+    def __init__(self, replicas: DeploymentHandle[Any], args: RayAppArgs) -> None:  # Any: Ray's handle type
         self._service = RayPrograms(replicas, [_named(given)[0] for given in args.programs])
         self._settings = args.settings
 
@@ -266,7 +272,7 @@ class _Ingress:
         return create_app(self._service, self._settings)
 
 
-def replica_scaling(args: RayAppArgs) -> dict[str, Any]:
+def replica_scaling(args: RayAppArgs) -> dict[str, Any]:  # Any: Ray's deployment options
     """The replica deployment's scaling options: a fixed count, or Ray's autoscaling on ongoing requests per replica
     between `replicas` and `max_replicas`."""
     if args.max_replicas is None or args.max_replicas <= args.replicas:
@@ -297,7 +303,7 @@ def ray_app(args: RayAppArgs) -> Application:
     return ingress.bind(replicas.bind(args), args)
 
 
-def app_builder(args: dict[str, Any]) -> Application:
+def app_builder(args: dict[str, Any]) -> Application:  # Any: Ray hands over the config file's args as parsed
     """Ray Serve's application-builder hook: `serve run pawfn.serve.ray:app_builder programs=a,b replicas=2`, or
     `import_path: pawfn.serve.ray:app_builder` with `args:` in a Serve config file (validated as `RayAppArgs`)."""
     try:
