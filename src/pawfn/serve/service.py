@@ -11,7 +11,7 @@ from contextlib import aclosing
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..backends import Backend
 from ..config import PawConfig
@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 AnyPawFn = PawFn[InterpreterModel, Backend]
+"""A served program: any interpreter, any backend (how `load_any` types what it loads)."""
 
 
 class ProgramService(Protocol):
@@ -102,7 +103,7 @@ def check_loadable(reference: str, allow_load: bool, served: Iterable[str]) -> N
     raise NotFoundError(f"program {reference!r} is not served here (served: {names}); {hint}", status=404)
 
 
-def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any]) -> ServedProgram:
+def program_info(name: str, references: Sequence[str], program: AnyPawFn) -> ServedProgram:
     """What a client learns of a served program."""
     return ServedProgram(
         name=name, program_id=program.program_id, references=sorted(set(references)), interpreter=program.interpreter,
@@ -111,13 +112,13 @@ def program_info(name: str, references: Sequence[str], program: PawFn[Any, Any])
     )
 
 
-async def run_call(program: PawFn[Any, Any], name: str, text: str, options: RuntimeOptions) -> RunResponse:
+async def run_call(program: AnyPawFn, name: str, text: str, options: RuntimeOptions) -> RunResponse:
     """One call on a loaded program, answered under `name`."""
     generation = await asyncio.wrap_future(await program.asubmit(text, options))
     return RunResponse(program=name, generation=generation)
 
 
-async def run_calls(program: PawFn[Any, Any], name: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
+async def run_calls(program: AnyPawFn, name: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
     """Calls decoded together on a loaded program, results in input order; a failed or abandoned batch leaves nothing
     running."""
     pendings = [await program.asubmit(text, options) for text in texts]
@@ -130,7 +131,7 @@ async def run_calls(program: PawFn[Any, Any], name: str, texts: Sequence[str], o
 
 
 async def stream_call(
-    program: PawFn[Any, Any], name: str, text: str, options: RuntimeOptions
+    program: AnyPawFn, name: str, text: str, options: RuntimeOptions
 ) -> AsyncGenerator[StreamPiece | RunResponse, None]:
     """One call's text as generated, then its `RunResponse`; closing the generator early cancels the call."""
     async with await program.astream(text, options) as stream:
