@@ -6,6 +6,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from .llama_cpp import llama_model_default_params as llama_model_default_params
+from .llama_cpp import llama_model_params as llama_model_params
+from .llama_cpp import llama_print_system_info as llama_print_system_info
+
 class llama_adapter_lora(ctypes.Structure): ...
 
 llama_adapter_lora_p = ctypes.c_void_p
@@ -15,6 +19,7 @@ llama_context_p = ctypes.c_void_p
 
 class Llama:
     n_tokens: int
+    model_params: llama_model_params
     scores: npt.NDArray[np.single]
     def __init__(
         self,
