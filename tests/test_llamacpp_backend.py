@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from pawfn import (
+    GPT2, BaseModelError, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawError, PawFn, ProgramClosedError, Qwen3_0_6B,
+    RuntimeOptions, Torch,
+)
+from pawfn.llamacpp import cpu
+from pawfn.llamacpp import program as llamacpp_program
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
-from pawfn import GPT2, BaseModelError, InterpreterModel, LlamaCpp, PawFn, ProgramClosedError, Qwen3_0_6B, RuntimeOptions, Torch
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
 INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345"]
@@ -50,3 +57,89 @@ def test_llama_cpp_runs_are_serialized(qwen3_program: TinyProgram) -> None:
 def test_llama_cpp_needs_a_gguf_base(qwen3_program: TinyProgram) -> None:
     with pytest.raises(BaseModelError, match="needs a GGUF file"):
         PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.hf_dir)
+
+
+AMX_FLAGS = "flags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512cd avx512vl avx512dq avx512bw amx_tile amx_int8\n"
+ZEN4_FLAGS = "flags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512cd avx512vl avx512dq avx512bw avx512_vnni\n"
+AMX_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+PLAIN_BUILD = "CPU : SSE3 = 1 | AVX512 = 1 | REPACK = 1 |"
+
+
+def _fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpuinfo: str, system_info: str) -> None:
+    """The CPU flags and llama.cpp build the backend reads, faked; nothing on the system changes."""
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    monkeypatch.setattr(cpu, "CPUINFO", path)
+    monkeypatch.setattr(llamacpp_program, "_system_info", lambda: system_info)
+
+
+def _extra_bufts(function: PawFn[Qwen3_0_6B, LlamaCpp]) -> bool:
+    runtime = function.runtime
+    assert isinstance(runtime, llamacpp_program.LlamaCppProgram)
+    return bool(runtime.llm.model_params.use_extra_bufts)
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "system_info", "setting", "repack"),
+    [
+        (AMX_FLAGS, AMX_BUILD, None, False),  # the crash's configuration: refused
+        (AMX_FLAGS, PLAIN_BUILD, None, True),  # a build without AMX repacks as usual
+        (ZEN4_FLAGS, AMX_BUILD, None, True),
+        (ZEN4_FLAGS, PLAIN_BUILD, None, True),
+        (AMX_FLAGS, AMX_BUILD, "1", True),  # PAW_LLAMACPP_REPACK overrides either way
+        (ZEN4_FLAGS, PLAIN_BUILD, "0", False),
+        (AMX_FLAGS, AMX_BUILD, "auto", False),
+    ],
+    ids=["amx-cpu-amx-build", "amx-cpu-plain-build", "zen4-amx-build", "zen4-plain-build", "forced-on", "forced-off", "auto"],
+)
+def test_weight_repacking_is_refused_where_amx_would_crash(
+    cpuinfo: str, system_info: str, setting: str | None, repack: bool, qwen3_program: TinyProgram,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    _fake_machine(monkeypatch, tmp_path, cpuinfo, system_info)
+    vars(llamacpp_program)["_log_amx_refusal"].cache_clear()  # logged once per process; this test reads the log
+    caplog.set_level(logging.INFO, logger="pawfn")
+    if setting is not None:
+        monkeypatch.setenv("PAW_LLAMACPP_REPACK", setting)
+    config = PawConfig.from_env()
+    assert llamacpp_program.uses_repack(config) is repack
+    base = qwen3_program.interpreter.gguf_path
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=base, config=config) as function, PawFn[
+        Qwen3_0_6B, Torch
+    ].from_path(qwen3_program.folder, base=base) as torch_fn:
+        assert _extra_bufts(function) is repack
+        assert function.generate(INPUTS[0], OPTIONS).token_ids == torch_fn.generate(INPUTS[0], OPTIONS).token_ids
+    assert (cpu.AMX_ISSUE in caplog.text) == (not repack and setting != "0")
+
+
+def test_the_repack_setting_leaves_other_loads_alone(qwen3_program: TinyProgram) -> None:
+    """The parameters pawfn sets reach its own load only: llama.cpp's defaults are as they were after it."""
+    import llama_cpp
+
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+    config = PawConfig(llamacpp_repack=False)
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
+        assert not _extra_bufts(function)
+    assert llama_cpp.llama_cpp.llama_model_default_params is defaults
+    assert llama_cpp.llama_model_default_params().use_extra_bufts
+
+
+def test_a_llama_cpp_python_without_the_setting_is_refused_where_it_is_needed(qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    import llama_cpp
+
+    class OldParams(ctypes.Structure):
+        _fields_ = [("vocab_only", ctypes.c_bool)]
+
+    monkeypatch.setattr(llama_cpp, "llama_model_params", OldParams)
+    with pytest.raises(PawError, match="cannot load without weight repacking.*20824.*pip install -U llama-cpp-python"):
+        PawFn[Qwen3_0_6B, LlamaCpp].from_path(
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(llamacpp_repack=False)
+        )
+
+
+def test_an_invalid_repack_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAW_LLAMACPP_REPACK", "sometimes")
+    with pytest.raises(ConfigError, match="PAW_LLAMACPP_REPACK='sometimes'.*auto, 1 or 0"):
+        PawConfig.from_env()

@@ -38,6 +38,8 @@ class BenchResult(BaseModel):
     program: str
     interpreter: str
     backend: str
+    engine: str | None
+    """What computed the calls where it matters for the figures (llama.cpp: its build and weight repacking)."""
     device: str
     dtype: str
     weight_dtype: str | None
@@ -98,7 +100,7 @@ def run_bench(
     config = program.config
     result = BenchResult(
         program=program.program_id or reference, interpreter=program.interpreter,
-        backend=type(program).backend_type().name, device=config.device, dtype=config.dtype,
+        backend=type(program).backend_type().name, engine=program.runtime.engine, device=config.device, dtype=config.dtype,
         weight_dtype=config.weight_dtype, threads=config.threads, max_model_copies=config.max_model_copies,
         max_batch_rows=config.max_batch_rows, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
         load_s=load_s, median_ms=statistics.median(times), p90_ms=_percentile(times, 0.9),

@@ -347,6 +347,8 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     print(f"{result.program} ({result.interpreter}) on {result.backend}, {result.device}, {result.dtype}, "
           f"threads {result.threads or 'default'}, {result.concurrency} caller(s), {result.runs} runs")
+    if result.engine is not None:
+        print(f"  {result.engine}")
     rows = [
         ("load (ready to run)", f"{result.load_s:.2f} s"), ("median call", f"{result.median_ms:.1f} ms"),
         ("p90 call", f"{result.p90_ms:.1f} ms"), ("per token", f"{result.ms_per_token:.1f} ms"),

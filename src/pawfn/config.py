@@ -18,11 +18,13 @@ __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_di
 
 DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
+_FALSY = frozenset({"0", "false", "no", "off"})
 _ENV_VARIABLES = {
     "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
     "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
     "lock_timeout_s": "PAW_LOCK_TIMEOUT_S", "server_url": "PAW_SERVER_URL", "server_api_key": "PAW_SERVER_API_KEY",
+    "llamacpp_repack": "PAW_LLAMACPP_REPACK",
 }
 
 
@@ -92,6 +94,10 @@ class PawConfig(BaseModel):
     lock_timeout_s: float = Field(default=DEFAULT_LOCK_TIMEOUT_S, gt=0)
     """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
     then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
+    llamacpp_repack: bool | None = None
+    """LlamaCpp backend: let llama.cpp repack weights into its extra CPU buffer types (its ``--repack``). None
+    (auto) repacks except where both the CPU and the llama.cpp build have AMX, whose kernels segfault on quantized
+    weights (llama.cpp issue #20824)."""
 
     server_url: str | None = None
     """Root of a `pawfn serve` or Ray Serve server, where the `Remote` backend runs programs."""
@@ -113,7 +119,7 @@ class PawConfig(BaseModel):
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
         `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S`, `PAW_SERVER_URL`,
-        `PAW_SERVER_API_KEY` and the official config file; keyword arguments win."""
+        `PAW_SERVER_API_KEY`, `PAW_LLAMACPP_REPACK` and the official config file; keyword arguments win."""
         return cls.from_sources(overrides)
 
     @classmethod
@@ -140,6 +146,8 @@ class PawConfig(BaseModel):
                     raise ConfigError(f"invalid {origins[name]}={raw!r}: not an integer") from exc
         if isinstance(values.get("offline"), str):
             values["offline"] = str(values["offline"]).strip().lower() in _TRUTHY
+        if isinstance(values.get("llamacpp_repack"), str):
+            values["llamacpp_repack"] = _auto_or_bool(str(values["llamacpp_repack"]), origins["llamacpp_repack"])
         values.setdefault("cache_dir", default_cache_dir())
         values.update(overrides)  # pydantic turns str into SecretStr and Path
         origins.update({name: (labels or {}).get(name, name) for name in overrides})
@@ -162,6 +170,17 @@ class PawConfig(BaseModel):
     def server_key_value(self) -> str | None:
         """The server's key in clear, for the one header that carries it."""
         return None if self.server_api_key is None else self.server_api_key.get_secret_value()
+
+
+def _auto_or_bool(raw: str, origin: str) -> bool | None:
+    word = raw.strip().lower()
+    if word == "auto":
+        return None
+    if word in _TRUTHY:
+        return True
+    if word in _FALSY:
+        return False
+    raise ConfigError(f"invalid {origin}={raw!r}: use auto, 1 or 0")
 
 
 class _StoredConfig(BaseModel):

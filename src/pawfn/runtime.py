@@ -223,6 +223,11 @@ class ProgramRuntime(ABC):
         """Whether `close()` was called."""
         return self._closed
 
+    @property
+    def engine(self) -> str | None:
+        """What computes the calls, for reports (a native runtime's build); None where nothing needs saying."""
+        return None
+
     @abstractmethod
     def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""

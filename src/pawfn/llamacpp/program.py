@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import logging
 import os
 import threading
 from collections.abc import Generator
@@ -23,14 +25,65 @@ from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import DecodingRuntime, ProgramFiles, Prompt, context_window
 from ..tokenizer import TextCodec
+from . import cpu
 
 if TYPE_CHECKING:
     import llama_cpp
 
-__all__ = ["LlamaCppProgram", "LlamaCppSession"]
+__all__ = ["LlamaCppProgram", "LlamaCppSession", "uses_repack"]
 
 _KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16
 _NATIVE_STDERR = threading.Lock()
+_LOG = logging.getLogger("pawfn")
+
+
+@functools.cache
+def _system_info() -> str:
+    return cpu.llama_cpp_system_info() or ""
+
+
+def uses_repack(config: PawConfig) -> bool:
+    """Whether a LlamaCpp load lets llama.cpp repack weights (`PawConfig.llamacpp_repack`, None: auto)."""
+    if config.llamacpp_repack is not None:
+        return config.llamacpp_repack
+    if cpu.repack_is_safe(cpu.cpu_flags(), _system_info()):
+        return True
+    _log_amx_refusal()
+    return False
+
+
+@functools.cache  # once per process
+def _log_amx_refusal() -> None:
+    _LOG.info(
+        "llama.cpp's AMX kernels segfault on quantized weights (%s): loading without weight repacking on this AMX "
+        "CPU (PAW_LLAMACPP_REPACK=1 overrides)", cpu.AMX_ISSUE,
+    )
+
+
+def _repacked(llm: llama_cpp.Llama) -> bool:
+    return bool(getattr(llm.model_params, "use_extra_bufts", True))  # a llama-cpp-python too old to have it repacks
+
+
+@contextlib.contextmanager
+def _model_params(use_extra_bufts: bool) -> Generator[None, None, None]:
+    """`Llama()` takes no `use_extra_bufts`: the model parameters it makes on this thread get ours, for as long as
+    this lasts. Only under `_NATIVE_STDERR`, which serializes pawfn's loads."""
+    from llama_cpp import llama_cpp as native
+
+    default_params = native.llama_model_default_params
+    loading_thread = threading.get_ident()
+
+    def with_extra_bufts() -> native.llama_model_params:
+        params = default_params()
+        if threading.get_ident() == loading_thread:
+            params.use_extra_bufts = use_extra_bufts
+        return params
+
+    native.llama_model_default_params = with_extra_bufts
+    try:
+        yield
+    finally:
+        native.llama_model_default_params = default_params
 
 
 @contextlib.contextmanager
@@ -92,6 +145,12 @@ class LlamaCppProgram(DecodingRuntime):
         self._lock = threading.Lock()
 
     @property
+    def engine(self) -> str:
+        """llama.cpp's build (its system info line) and whether it repacked the weights."""
+        repacked = "on" if _repacked(self.llm) else "off"
+        return f"llama.cpp {_system_info()}; weight repacking {repacked}"
+
+    @property
     def prefix_ids(self) -> list[int]:
         """The template prefix's token ids, evaluated once at load."""
         return self._prompt.prefix_ids
@@ -116,13 +175,26 @@ class LlamaCppProgram(DecodingRuntime):
             raise BaseModelError(base, f"GGUF architecture is {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}")
         prompt = Prompt(TextCodec.from_gguf(file), files.bundle.template, context_window(model, config.n_ctx, trained))
         kv_type = _KV_TYPES[config.dtype]
+        repack = uses_repack(config)
+        if not repack and not any(name == "use_extra_bufts" for name, *_ in llama_cpp.llama_model_params._fields_):
+            raise PawError(
+                "this llama-cpp-python cannot load without weight repacking (asked for by PAW_LLAMACPP_REPACK, or "
+                f"needed on this AMX CPU: llama.cpp issue {cpu.AMX_ISSUE}); upgrade it: pip install -U llama-cpp-python"
+            )
         with contextlib.ExitStack() as resources:
             with _quiet_native_stderr():
-                llm = llama_cpp.Llama(
-                    model_path=str(base), n_ctx=prompt.n_ctx, n_gpu_layers=0 if config.device == "cpu" else -1,
-                    type_k=kv_type, type_v=kv_type, n_threads=config.threads, verbose=False,
-                )
+                with _model_params(use_extra_bufts=repack):
+                    llm = llama_cpp.Llama(
+                        model_path=str(base), n_ctx=prompt.n_ctx, n_gpu_layers=0 if config.device == "cpu" else -1,
+                        type_k=kv_type, type_v=kv_type, n_threads=config.threads, verbose=False,
+                    )
                 resources.callback(llm.close)
+                if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere
+                    raise PawError(
+                        f"this llama-cpp-python loaded with use_extra_bufts={not repack}, not {repack} as asked; on an "
+                        "AMX CPU rebuild it without AMX: CMAKE_ARGS=\"$(python -m pawfn.llamacpp cmake-args)\" "
+                        "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python"
+                    )
                 adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
             if adapter is None:
                 raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
