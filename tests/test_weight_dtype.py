@@ -23,6 +23,7 @@ from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
 from pawfn.torch.families import Architecture, Family
 from pawfn.torch.weights import Array, BaseWeights, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram
+from tests.helpers.references import llama_quantize
 
 INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a",
           "what is this?", "numbers 1 2 3"]
@@ -131,18 +132,6 @@ before, with fbgemm's asymmetric per-call quantization; their hidden size is 64,
 scores 0.30 and 0.78 there)."""
 
 
-def _quantized_base(source: Path, destination: Path) -> Path:
-    """`source` as a Q8_0 GGUF made by llama.cpp's own quantizer."""
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-    assert llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)) == 0
-    return destination
-
-
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_int8_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """int8 keeps a stated share of float32's tokens, and loses no more than llama.cpp's own Q8_0 base does."""
@@ -155,7 +144,7 @@ def test_int8_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
         int8_agreement = _agreement(exact, compact, 48)
         assert int8_agreement >= INT8_TRAINED_FLOORS[family]
         if HAS_LLAMA_CPP:
-            q8_0 = _quantized_base(base, tmp_path / "q8_0.gguf")
+            q8_0 = llama_quantize(base, tmp_path / "q8_0.gguf", "Q8_0")
             with PawFn.load_any_sync(str(program.folder), LlamaCpp, base=q8_0) as official_q8_0:
                 assert int8_agreement >= _agreement(exact, official_q8_0, 48) - 0.1
 

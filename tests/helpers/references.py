@@ -1,18 +1,32 @@
-"""Independent references for parity: transformers + peft, and llama.cpp (the official runtime)."""
+"""Independent references for parity: transformers + peft, and llama.cpp (the official runtime).
+
+llama.cpp runs in a child process per call (`tests.helpers.llama_child`): a native crash there (llama.cpp's AMX
+kernels segfault on some CPUs) fails the calling test with the signal named, and the session goes on."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Generator
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, Literal
 
+import numpy as np
+import pytest
 import torch
 from tokenizers import Tokenizer
+
+from pawfn.llamacpp import cpu
 
 from .tiny_models import Array, TinyInterpreter
 
 PLACEHOLDER = "{INPUT_PLACEHOLDER}"
+REPOSITORY = Path(__file__).resolve().parents[2]
+KV = Literal["f32", "f16"]
+"""The KV cache type of a reference run: f32 (exact comparisons) or f16 (llama-cpp-python's default, so the
+official SDK's)."""
 
 
 def official_token_ids(tokenizer: Tokenizer, template: str, text: str) -> tuple[list[int], list[int]]:
@@ -96,90 +110,87 @@ def _weight(module: torch.nn.Module) -> torch.Tensor:
     return weight
 
 
-@contextlib.contextmanager
-def _quiet_stderr() -> Generator[None, None, None]:
-    saved = os.dup(2)
-    with open(os.devnull, "wb") as devnull:
-        os.dup2(devnull.fileno(), 2)
+REFERENCE_TIMEOUT_S = 600.0
+"""Longest one reference run may take, in seconds (a hung llama.cpp fails its test, not the session)."""
+
+
+def llama_reference(request: dict[str, Any]) -> Any:  # noqa: ANN401 - the child's JSON answer
+    """Run one request of `tests.helpers.llama_child` in a process of its own; a native crash there fails the
+    calling test with the signal and, where one is known, the reason (the session goes on)."""
     try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.helpers.llama_child"], input=json.dumps(request), capture_output=True,
+            text=True, cwd=REPOSITORY, timeout=REFERENCE_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"llama.cpp's reference run ({request['op']}) took over {REFERENCE_TIMEOUT_S:.0f} s", pytrace=False)
+    if child.returncode < 0:
+        pytest.fail(crash_report(request["op"], -child.returncode, child.stderr), pytrace=False)
+    if child.returncode != 0:
+        pytest.fail(f"llama.cpp's reference run ({request['op']}) failed:\n{_last_lines(child.stderr)}", pytrace=False)
+    return json.loads(child.stdout)["answer"]
+
+
+def crash_report(operation: str, signal_number: int, stderr: str) -> str:
+    """What a test says when llama.cpp's reference run died of a signal: which, the known reason, the child's stderr."""
+    name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else f"signal {signal_number}"
+    info = cpu.llama_cpp_system_info() or ""
+    if signal_number == signal.SIGSEGV and not cpu.repack_is_safe(cpu.cpu_flags(), info):
+        reason = (
+            f"this llama.cpp has its AMX backend on a CPU with AMX, whose ggml_backend_amx_mul_mat segfaults on "
+            f"quantized weights ({cpu.AMX_ISSUE}); build llama-cpp-python without AMX: bash scripts/install.sh"
+        )
+    else:
+        reason = "a native crash in llama.cpp, no known cause"
+    return (
+        f"llama.cpp's reference run ({operation}) died with {name}: {reason}\n"
+        f"llama.cpp: {info or 'not importable'}\nits stderr:\n{_last_lines(stderr)}"
+    )
+
+
+def _last_lines(text: str, count: int = 20) -> str:
+    return "\n".join(text.strip().splitlines()[-count:])
+
+
+def llama_generate_each(
+    base: Path, adapter: Path | None, template: str, texts: Sequence[str], max_tokens: int, n_ctx: int = 512,
+    kv: KV = "f32",
+) -> list[list[int]]:
+    """llama.cpp's greedy tokens per text, driven the way the official SDK drives it (KV cache in `kv`)."""
+    answer = llama_reference({
+        "op": "generate", "base": str(base), "adapter": None if adapter is None else str(adapter), "template": template,
+        "texts": list(texts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv,
+    })
+    return [[int(token) for token in tokens] for tokens in answer]
 
 
 def llama_generate(
-    base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512
+    base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512, kv: KV = "f32"
 ) -> list[int]:
-    """Greedy tokens of llama.cpp, driven the way the official SDK drives it, with an f32 KV cache."""
-    import llama_cpp
-
-    with _quiet_stderr():
-        llm = llama_cpp.Llama(
-            model_path=str(base),
-            lora_path=None if adapter is None else str(adapter),
-            n_ctx=n_ctx,
-            n_threads=1,
-            type_k=0,  # GGML_TYPE_F32
-            type_v=0,
-            verbose=False,
-        )
-    try:
-        prefix, suffix = template.split(PLACEHOLDER)
-        prefix_ids = llm.tokenize(prefix.encode(), add_bos=False, special=True)
-        llm.eval(prefix_ids)
-        prompt_ids = llm.tokenize((text + suffix).encode(), add_bos=False, special=True)
-        llm.eval(prompt_ids)
-        out: list[int] = []
-        for _ in range(max_tokens):
-            token = llm.sample(temp=0.0)
-            if token == llm.token_eos():
-                break
-            out.append(token)
-            llm.eval([token])
-        return out
-    finally:
-        llm.close()
+    """llama.cpp's greedy tokens for one text (see `llama_generate_each`)."""
+    return llama_generate_each(base, adapter, template, [text], max_tokens, n_ctx, kv)[0]
 
 
-def llama_logits(base: Path, adapter: Path, template: str, text: str, n_ctx: int = 512) -> Array:
-    """llama.cpp's logits after the whole prompt, driven as the official SDK drives it (f32 KV cache)."""
-    import llama_cpp
-    import numpy as np
-
-    with _quiet_stderr():
-        llm = llama_cpp.Llama(
-            model_path=str(base), lora_path=str(adapter), n_ctx=n_ctx, n_threads=1, type_k=0, type_v=0,
-            logits_all=True, verbose=False,
-        )
-    try:
-        prefix, suffix = template.split(PLACEHOLDER)
-        llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
-        llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
-        return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-    finally:
-        llm.close()
+def llama_logits_each(base: Path, adapter: Path, template: str, texts: Sequence[str], n_ctx: int = 512, kv: KV = "f32") -> list[Array]:
+    """llama.cpp's logits after each whole prompt, driven as the official SDK drives it."""
+    answer = llama_reference({
+        "op": "logits", "base": str(base), "adapter": str(adapter), "template": template, "texts": list(texts),
+        "n_ctx": n_ctx, "kv": kv,
+    })
+    return [np.array(row, dtype=np.float32) for row in answer]
 
 
-def llama_tokenize(base: Path, text: str, special: bool) -> list[int]:
-    """llama.cpp's token ids for `text` (vocabulary only)."""
-    import llama_cpp
-
-    with _quiet_stderr():
-        llm = llama_cpp.Llama(model_path=str(base), vocab_only=True, verbose=False)
-    try:
-        return list(llm.tokenize(text.encode(), add_bos=False, special=special))
-    finally:
-        llm.close()
+def llama_vocabulary(base: Path, texts: Sequence[tuple[str, bool]], ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[bytes]]:
+    """llama.cpp's token ids for each (text, special-token text parsed) and its bytes for each id list (special
+    tokens not rendered, as the official SDK)."""
+    answer = llama_reference({
+        "op": "vocabulary", "base": str(base), "texts": [text for text, _ in texts],
+        "special": [special for _, special in texts], "ids": [list(row) for row in ids],
+    })
+    return [[int(t) for t in row] for row in answer["encoded"]], [bytes.fromhex(row) for row in answer["decoded"]]
 
 
-def llama_detokenize(base: Path, ids: list[int]) -> bytes:
-    """llama.cpp's bytes for `ids` (special tokens not rendered, as the official SDK)."""
-    import llama_cpp
-
-    with _quiet_stderr():
-        llm = llama_cpp.Llama(model_path=str(base), vocab_only=True, verbose=False)
-    try:
-        return bytes(llm.detokenize(ids))
-    finally:
-        llm.close()
+def llama_quantize(source: Path, destination: Path, ftype: str) -> Path:
+    """`source` as a GGUF quantized by llama.cpp's own quantizer (`ftype`: Q8_0, Q6_K, Q4_0, ...)."""
+    llama_reference({"op": "quantize", "source": str(source), "destination": str(destination), "ftype": ftype})
+    return destination

@@ -1,0 +1,127 @@
+"""One llama.cpp reference run in a process of its own: a JSON request on stdin, a JSON answer on stdout.
+
+Run as ``python -m tests.helpers.llama_child`` by `tests.helpers.references`, so that a native crash in llama.cpp
+ends this process, not the test session. Imports llama-cpp-python and the standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import json
+import os
+import sys
+from collections.abc import Generator
+from typing import Any
+
+PLACEHOLDER = "{INPUT_PLACEHOLDER}"
+KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Generator[None, None, None]:
+    """llama.cpp may print on fd 1, which carries the answer: point fd 1 at stderr while it runs."""
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _load(request: dict[str, Any], **extra: Any) -> Any:  # noqa: ANN401 - llama_cpp.Llama, untyped here
+    import llama_cpp
+
+    kv = KV_TYPES[request.get("kv", "f32")]
+    return llama_cpp.Llama(
+        model_path=request["base"], lora_path=request.get("adapter"), n_ctx=request.get("n_ctx", 512), n_threads=1,
+        type_k=kv, type_v=kv, verbose=False, **extra,
+    )
+
+
+def _prompt(llm: Any, template: str, text: str) -> None:  # noqa: ANN401
+    prefix, suffix = template.split(PLACEHOLDER)
+    llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
+    llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
+
+
+def _generate(request: dict[str, Any]) -> list[list[int]]:
+    """Greedy tokens per text, each on a fresh context driven the way the official SDK drives it."""
+    out: list[list[int]] = []
+    for text in request["texts"]:
+        llm = _load(request)
+        try:
+            _prompt(llm, request["template"], text)
+            tokens: list[int] = []
+            for _ in range(request["max_tokens"]):
+                token = int(llm.sample(temp=0.0))
+                if token == llm.token_eos():
+                    break
+                tokens.append(token)
+                llm.eval([token])
+            out.append(tokens)
+        finally:
+            llm.close()
+    return out
+
+
+def _logits(request: dict[str, Any]) -> list[list[float]]:
+    """Logits after the whole prompt, per text."""
+    out: list[list[float]] = []
+    for text in request["texts"]:
+        llm = _load(request, logits_all=True)
+        try:
+            _prompt(llm, request["template"], text)
+            out.append([float(x) for x in llm.scores[llm.n_tokens - 1]])
+        finally:
+            llm.close()
+    return out
+
+
+def _vocabulary(request: dict[str, Any]) -> dict[str, list[Any]]:
+    """Token ids of `texts` (special-token text parsed where `special` says) and the bytes of `ids`, as hex."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=request["base"], vocab_only=True, verbose=False)
+    try:
+        encoded = [
+            list(llm.tokenize(text.encode(), add_bos=False, special=special))
+            for text, special in zip(request["texts"], request["special"], strict=True)
+        ]
+        decoded = [bytes(llm.detokenize(ids)).hex() for ids in request["ids"]]
+        return {"encoded": encoded, "decoded": decoded}
+    finally:
+        llm.close()
+
+
+def _quantize(request: dict[str, Any]) -> None:
+    """`source` quantized by llama.cpp's own quantizer to `ftype` (a LLAMA_FTYPE_MOSTLY_* suffix)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{request['ftype']}")
+    if llama_cpp.llama_model_quantize(request["source"].encode(), request["destination"].encode(), ctypes.byref(params)):
+        raise RuntimeError(f"llama.cpp could not quantize {request['source']} to {request['ftype']}")
+
+
+def _segfault(request: dict[str, Any]) -> None:
+    """Dies the way a native crash does (reads address 0): for the tests of the crash handling itself."""
+    ctypes.string_at(0)
+
+
+OPERATIONS = {"generate": _generate, "logits": _logits, "vocabulary": _vocabulary, "quantize": _quantize, "segfault": _segfault}
+
+
+def main() -> None:
+    faulthandler.enable()  # a crash prints where it happened on stderr, which the parent reports
+    request: dict[str, Any] = json.loads(sys.stdin.read())
+    with _stdout_to_stderr():
+        answer = OPERATIONS[request["op"]](request)
+    sys.stdout.write(json.dumps({"answer": answer}))
+
+
+if __name__ == "__main__":
+    main()
