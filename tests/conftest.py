@@ -51,6 +51,18 @@ def gpt2_program_q4(gpt2: TinyInterpreter, tiny_root: Path) -> TinyProgram:
     return make_program(gpt2, tiny_root, "gpt2-program-q4", qtype=gguf.GGMLQuantizationType.Q4_0, seed=2)
 
 
+@pytest.fixture(scope="session")
+def wide_qwen3(tiny_root: Path) -> TinyInterpreter:
+    """A Qwen3 whose rows are whole K-quant blocks (hidden 256), so llama.cpp's quantizer makes real Q6_K."""
+    return build_interpreter("qwen3", tiny_root / "wide", width=256)
+
+
+@pytest.fixture(scope="session")
+def wide_qwen3_program_q4(wide_qwen3: TinyInterpreter, tiny_root: Path) -> TinyProgram:
+    """A Q4_0 adapter on the wide Qwen3, as the hosted compiler ships programs."""
+    return make_program(wide_qwen3, tiny_root / "wide", "program-q4", qtype=gguf.GGMLQuantizationType.Q4_0, seed=3, lora_std=0.05)
+
+
 @pytest.fixture(autouse=True)
 def fresh_registry() -> Iterator[None]:
     """Each test starts with no base loaded, so load counts are the test's own."""

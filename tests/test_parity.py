@@ -10,9 +10,11 @@ import numpy.typing as npt
 import pytest
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
-from pawfn import GPT2, InterpreterModel, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from tests.helpers.references import llama_generate, llama_logits, official_token_ids, peft_generate, peft_logits
-from tests.helpers.tiny_models import dequantized
+from pawfn import GPT2, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from tests.helpers.references import (
+    llama_generate, llama_generate_each, llama_logits_each, llama_quantize, official_token_ids, peft_generate, peft_logits,
+)
+from tests.helpers.tiny_models import TinyInterpreter, dequantized
 
 INPUTS = [
     "Urgent: the server is down!",
@@ -73,9 +75,9 @@ def test_logits_match_peft(family: str, request: pytest.FixtureRequest) -> None:
 def test_logits_match_llama_cpp(family: str, request: pytest.FixtureRequest) -> None:
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     tiny = program.interpreter
+    references = llama_logits_each(tiny.gguf_path, program.adapter, program.template, INPUTS[:3])
     with _load(program, tiny.gguf_path) as function:
-        for text in INPUTS[:3]:
-            expected = llama_logits(tiny.gguf_path, program.adapter, program.template, text)
+        for text, expected in zip(INPUTS[:3], references, strict=True):
             np.testing.assert_allclose(_pawfn_logits(function, text), expected, rtol=0, atol=1e-3 * np.abs(expected).max())
 
 
@@ -106,9 +108,9 @@ def test_q4_0_adapter_matches_peft_on_dequantized_weights(family: str, request: 
 def test_matches_llama_cpp(family: str, request: pytest.FixtureRequest) -> None:
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     tiny = program.interpreter
+    references = llama_generate_each(tiny.gguf_path, program.adapter, program.template, INPUTS, MAX_TOKENS)
     with _load(program, tiny.gguf_path) as function:
-        for text in INPUTS:
-            expected = llama_generate(tiny.gguf_path, program.adapter, program.template, text, MAX_TOKENS)
+        for text, expected in zip(INPUTS, references, strict=True):
             got = function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS))
             assert list(got.token_ids) == expected, text
 
@@ -168,3 +170,58 @@ def _rewrite_with_eos(source: Path, target: Path, eos_id: int) -> None:
     assert check is not None and int(check.contents()) == eos_id
 
 
+
+
+OFFICIAL_BASE_TYPES = ["Q8_0", "Q6_K", "Q4_0"]
+
+
+@pytest.fixture(scope="module")
+def quantized_bases(wide_qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wide Qwen3 quantized by llama.cpp's own quantizer, as the official bases were made."""
+    folder = tmp_path_factory.mktemp("quantized")
+    return {ftype: llama_quantize(wide_qwen3.gguf_path, folder / f"{ftype.lower()}.gguf", ftype) for ftype in OFFICIAL_BASE_TYPES}
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("ftype", OFFICIAL_BASE_TYPES)
+def test_llama_cpp_backend_runs_quantized_bases_like_the_official_runtime(
+    ftype: str, quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram
+) -> None:
+    """Quantized base, Q4_0 adapter, f16 KV (the official files and settings): the LlamaCpp backend gives the
+    reference run's tokens. On an AMX build this is where llama.cpp's own defaults crash (issue #20824)."""
+    program, base = wide_qwen3_program_q4, quantized_bases[ftype]
+    assert _matrix_types(base) == {ftype}, "llama.cpp's quantizer fell back to another type"
+    expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")
+    config = PawConfig(dtype="float16")  # the LlamaCpp backend's KV cache in f16, as llama-cpp-python's default
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(program.folder, base=base, config=config) as official:
+        for text, tokens in zip(INPUTS, expected, strict=True):
+            assert list(official.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) == tokens, text
+
+
+QUANTIZED_LOGIT_TOLERANCE = 0.04
+"""Largest logit difference between pawfn (float32 on the dequantized weights) and llama.cpp on a quantized base,
+as a share of the largest logit: llama.cpp also quantizes activations (Q8_K for K-quants, Q8_0 otherwise), pawfn
+does not. Measured on the wide Qwen3 (Intel Xeon, AVX-512 build): 0.018-0.021 (Q8_0), 0.025-0.033 (Q6_K),
+0.020-0.028 (Q4_0); pawfn on the F32 base instead gives 0.03, 0.08 and 0.27 against the same references."""
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("ftype", OFFICIAL_BASE_TYPES)
+def test_logits_follow_llama_cpp_on_quantized_bases(ftype: str, quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram) -> None:
+    """pawfn reads the quantized bases as llama.cpp does: logits within rounding of activations, the same best token."""
+    program, base = wide_qwen3_program_q4, quantized_bases[ftype]
+    references = llama_logits_each(base, program.adapter, program.template, INPUTS[:3])
+    with _load(program, base) as function:
+        for text, expected in zip(INPUTS[:3], references, strict=True):
+            found = _pawfn_logits(function, text)
+            error = float(np.abs(found - expected).max() / np.abs(expected).max())
+            assert error <= QUANTIZED_LOGIT_TOLERANCE, f"{text!r}: largest logit difference {error:.4f} of the largest logit"
+            assert int(found.argmax()) == int(expected.argmax()), text
+
+
+def _matrix_types(base: Path) -> set[str]:
+    """The tensor types of a GGUF's 2-D block matrices."""
+    reader = gguf.GGUFReader(base)
+    return {tensor.tensor_type.name for tensor in reader.tensors if tensor.name.startswith("blk.") and len(tensor.shape) == 2}

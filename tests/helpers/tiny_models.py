@@ -162,8 +162,9 @@ def _train(model: torch.nn.Module, tokenizer: Tokenizer, steps: int, seed: int) 
     model.eval()
 
 
-def build_interpreter(family: Family, root: Path, seed: int = 0, train_steps: int = 0) -> TinyInterpreter:
-    """Write a tiny HF checkpoint and its F32 GGUF twin under `root` (trained on the corpus when `train_steps`)."""
+def build_interpreter(family: Family, root: Path, seed: int = 0, train_steps: int = 0, width: int = 64) -> TinyInterpreter:
+    """Write a tiny HF checkpoint and its F32 GGUF twin under `root` (trained on the corpus when `train_steps`).
+    `width` is Qwen3's hidden size (feed-forward and attention 2x): 256 makes every row a whole K-quant block."""
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = train_tokenizer(family)
@@ -176,12 +177,12 @@ def build_interpreter(family: Family, root: Path, seed: int = 0, train_steps: in
         eos = "<|im_end|>"
         qwen_config = Qwen3Config(
             vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
+            hidden_size=width,
+            intermediate_size=2 * width,
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
-            head_dim=32,  # deliberately not hidden/heads: GGUF's attention.key_length must be honoured
+            head_dim=width // 2,  # deliberately not hidden/heads: GGUF's attention.key_length must be honoured
             max_position_embeddings=512,
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
