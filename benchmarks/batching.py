@@ -14,7 +14,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from load_cost import INPUT, prepare, run_script
+from load_cost import INPUT, llama_cpp_build, prepare, run_script
 
 _MEASURE = """
 import json, statistics, sys, time
@@ -66,6 +66,7 @@ def main() -> None:
         if not copy.exists():
             shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns(".pawfn*"))
         four.append(copy)
+    print(llama_cpp_build())
     before = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
     print(f"llama.cpp, one call after another: {before['calls_per_s']:.2f} calls/s (median call {before['median_ms']:.0f} ms)")
     rows: list[tuple[str, int, dict[str, float]]] = []

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from load_cost import INPUT, prepare
+from load_cost import INPUT, llama_cpp_build, prepare
 
 MODES: dict[str, list[str]] = {
     "llama.cpp": ["--backend", "llamacpp"],
@@ -52,6 +52,7 @@ def main() -> None:
     def value(figures: dict[str, object], key: str) -> float:
         return float(str(figures[key]))
 
+    print(llama_cpp_build())
     print(f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   "
           "ratios to llama.cpp (call, load, RSS), median of the rounds' ratios")
     for mode in MODES:

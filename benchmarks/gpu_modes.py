@@ -13,7 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from cpu_modes import bench
-from load_cost import prepare
+from load_cost import llama_cpp_build, prepare
 
 
 def main() -> None:
@@ -27,6 +27,7 @@ def main() -> None:
     modes = {f"torch {dtype}": ["--device", args.device, "--dtype", dtype] for dtype in ("bfloat16", "float16", "float32")}
     if importlib.util.find_spec("llama_cpp") is not None:
         modes["llama.cpp"] = ["--backend", "llamacpp"]
+        print(llama_cpp_build())
     print(f"{'mode':18} {'callers':>7} {'median call':>12} {'ms/token':>9} {'calls/s':>8} {'load':>8} {'peak RSS':>9}")
     reference: float | None = None
     for mode, flags in modes.items():

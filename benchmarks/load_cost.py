@@ -173,6 +173,18 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
     return base, bundle
 
 
+def llama_cpp_build() -> str:
+    """Which llama.cpp the benchmark's processes load: its system info line and whether pawfn repacks weights on it."""
+    from pawfn import PawConfig
+    from pawfn.llamacpp.cpu import llama_cpp_system_info
+    from pawfn.llamacpp.program import uses_repack
+
+    info = llama_cpp_system_info()
+    if info is None:
+        return "llama.cpp: not installed"
+    return f"llama.cpp build: {info}; weight repacking {'on' if uses_repack(PawConfig()) else 'off'}"
+
+
 MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch float16": ("torch", "float16"),
          "torch int8": ("torch", "int8")}
 
@@ -202,6 +214,7 @@ def main() -> None:
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     print(f"base {base.name}: {base.stat().st_size / 1e6:.0f} MB; adapter {(bundle / 'adapter.gguf').stat().st_size / 1e6:.1f} MB")
+    print(llama_cpp_build())
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="pawfn-load-cost-") as cache:  # a fresh cache: the first process is first
         for mode in MODES:
