@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cmake_args="$(python src/pawfn/llamacpp/cpu.py cmake-args)"  # a standard-library script: pawfn is not installed yet
-echo "llama-cpp-python CMAKE_ARGS: ${cmake_args:-none (llama.cpp's native build)}"
+echo "llama-cpp-python CMAKE_ARGS: ${cmake_args:-none, the native build}"
 CMAKE_ARGS="$cmake_args" python -m pip install -c constraints.txt -e ".[dev,llamacpp]"
 
 # pip reuses a wheel it built earlier, whatever its CMAKE_ARGS were: when that one would crash here, drop it from
