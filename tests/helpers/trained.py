@@ -1,0 +1,78 @@
+"""The committed trained fixtures (`tests/fixtures/trained`, made by `scripts/make_trained_fixtures.py`): a small
+Qwen3 and GPT-2 trained until peaked, each with a rank-32 program, in the files the official runtime reads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "trained"
+BaseType = Literal["f32", "q8_0", "q6_k"]
+
+
+@dataclass(frozen=True)
+class TrainedProgram:
+    """One family's files: bases by type, the program (Q4_0 adapter), its F32 adapter, and the fidelity inputs."""
+
+    family: Literal["qwen3", "gpt2"]
+    folder: Path
+    inputs: tuple[str, ...]
+    template: str
+
+    def base(self, kind: BaseType) -> Path:
+        """The base GGUF in `kind` (llama.cpp's converter, then its quantizer)."""
+        return self.folder / f"base-{kind}.gguf"
+
+    @property
+    def program(self) -> Path:
+        """The bundle folder, its adapter in Q4_0 as PAW ships programs."""
+        return self.folder / "program"
+
+    @property
+    def adapter_q4_0(self) -> Path:
+        return self.program / "adapter.gguf"
+
+    @property
+    def adapter_f32(self) -> Path:
+        return self.folder / "adapter-f32.gguf"
+
+    def program_with_f32_adapter(self, root: Path) -> Path:
+        """A copy of the bundle under `root` whose adapter is the F32 one (for comparisons on exact arithmetic)."""
+        folder = root / f"{self.family}-program-f32"
+        if not folder.exists():
+            shutil.copytree(self.program, folder)
+            shutil.copyfile(self.adapter_f32, folder / "adapter.gguf")
+        return folder
+
+
+def load_trained(family: Literal["qwen3", "gpt2"]) -> TrainedProgram:
+    """A family's fixtures, every file checked against the manifest's sha256 (a damaged or LFS-pointer file fails)."""
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())
+    for name, digest in manifest["sha256"].items():
+        if name.startswith(f"{family}/"):
+            found = hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest()
+            assert found == digest, f"{FIXTURES / name} is not the file the manifest describes"
+    facts = manifest["families"][family]
+    return TrainedProgram(family=family, folder=FIXTURES / family, inputs=tuple(facts["inputs"]), template=facts["template"])
+
+
+def first_difference(expected: list[int], found: list[int]) -> int | None:
+    """The first step where two token sequences differ (a missing token counts), or None when equal."""
+    for step, (a, b) in enumerate(zip(expected, found)):
+        if a != b:
+            return step
+    return None if len(expected) == len(found) else min(len(expected), len(found))
+
+
+def differences(inputs: tuple[str, ...], expected: list[list[int]], found: list[list[int]]) -> list[str]:
+    """One line per input whose tokens differ: the input and the step of the first difference."""
+    lines: list[str] = []
+    for text, a, b in zip(inputs, expected, found, strict=True):
+        step = first_difference(a, b)
+        if step is not None:
+            lines.append(f"{text[:40]!r}...: differs at step {step}")
+    return lines
