@@ -7,7 +7,6 @@ converted to GGUF with the `gguf` package under llama.cpp's tensor names (an ind
 from __future__ import annotations
 
 import json
-import random
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,28 +141,8 @@ def train_tokenizer(family: Family) -> Tokenizer:
     return tokenizer
 
 
-def _train(model: torch.nn.Module, tokenizer: Tokenizer, steps: int, seed: int) -> None:
-    """Fit `model` to the corpus for `steps` AdamW steps, so its next-token predictions are peaked like a real
-    model's (random weights give nearly flat ones, which cannot tell a good approximation from a bad one)."""
-    ids = tokenizer.encode("\n".join(CORPUS * 4)).ids
-    data = torch.tensor(ids, dtype=torch.long)
-    window, batch = 48, 8
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(steps):
-        starts = [rng.randrange(0, len(ids) - window - 1) for _ in range(batch)]
-        inputs = torch.stack([data[start : start + window] for start in starts])
-        logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), inputs[:, 1:].reshape(-1))
-        optimizer.zero_grad()
-        torch.autograd.backward(loss)
-        optimizer.step()  # pyright: ignore[reportUnknownMemberType]  # torch leaves the closure argument unannotated
-    model.eval()
-
-
-def build_interpreter(family: Family, root: Path, seed: int = 0, train_steps: int = 0, width: int = 64) -> TinyInterpreter:
-    """Write a tiny HF checkpoint and its F32 GGUF twin under `root` (trained on the corpus when `train_steps`).
+def build_interpreter(family: Family, root: Path, seed: int = 0, width: int = 64) -> TinyInterpreter:
+    """Write a tiny random HF checkpoint and its F32 GGUF twin under `root` (trained models: `tests.helpers.trained`).
     `width` is Qwen3's hidden size (feed-forward and attention 2x): 256 makes every row a whole K-quant block."""
     from transformers import GPT2Config, GPT2LMHeadModel, Qwen3Config, Qwen3ForCausalLM
 
@@ -206,8 +185,6 @@ def build_interpreter(family: Family, root: Path, seed: int = 0, train_steps: in
         )
         model = GPT2LMHeadModel(gpt2_config)
         config_dict = gpt2_config.to_dict()
-    if train_steps:
-        _train(model, tokenizer, train_steps, seed)
     model.save_pretrained(str(hf_dir))  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
     tokenizer.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}))
