@@ -37,11 +37,11 @@ import gguf
 import numpy as np
 import torch
 from pydoc_data.topics import topics
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
-from tests.helpers.tiny_models import QWEN_SPLIT, write_bundle  # noqa: E402  (after the path is set)
+from tests.helpers.tiny_models import train_tokenizer, write_bundle  # noqa: E402  (after the path is set)
 
 VOCAB_SIZE = 1536
 WINDOW, BATCH = 128, 16
@@ -64,28 +64,6 @@ def corpus() -> tuple[list[str], list[str]]:
     names = sorted(topics)
     held_out = set(names[3::13])
     return [topics[n] for n in names if n not in held_out], [topics[n] for n in names if n in held_out]
-
-
-def train_tokenizer(family: str, texts: list[str]) -> Tokenizer:
-    """Byte-level BPE of VOCAB_SIZE on `texts`, with the family's split rule and special tokens."""
-    tokenizer = Tokenizer(models.BPE())
-    if family == "qwen3":
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    else:
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        specials = ["<|endoftext|>"]
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - (2 if family == "qwen3" else 0), special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer)
-    if family == "qwen3":  # as in Qwen3's own tokenizer: added tokens that are not special
-        tokenizer.add_tokens([AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)])
-    return tokenizer
 
 
 def new_model(family: str, tokenizer: Tokenizer) -> torch.nn.Module:
@@ -318,7 +296,7 @@ def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int
     started = time.perf_counter()
     train_texts, held_out = corpus()
     torch.manual_seed(seed)
-    tokenizer = train_tokenizer(family, train_texts)
+    tokenizer = train_tokenizer(family, train_texts, VOCAB_SIZE - (2 if family == "qwen3" else 0))  # + 2 think tags
     ids = tokenizer.encode("\n\n".join(train_texts)).ids  # held-out topics stay unseen: inputs are new text
     model = new_model(family, tokenizer)
     parameters = sum(p.numel() for p in model.parameters())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -112,8 +113,9 @@ class TinyInterpreter:
         return f"transformer.h.{layer}.{GPT2_LORA_MODULES[module]}"
 
 
-def train_tokenizer(family: Family) -> Tokenizer:
-    """A byte-level BPE tokenizer trained on a small corpus, with the family's special tokens."""
+def train_tokenizer(family: Family, texts: Sequence[str] = CORPUS * 20, vocab_size: int = 360) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on `texts` (default: a small corpus), with the family's split rule and
+    special tokens; Qwen3 gets its two think tags on top of `vocab_size`."""
     tokenizer = Tokenizer(models.BPE())
     if family == "qwen3":
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -128,12 +130,12 @@ def train_tokenizer(family: Family) -> Tokenizer:
         specials = ["<|endoftext|>"]
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=360,
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS * 20, trainer)
+    tokenizer.train_from_iterator(texts, trainer)
     if family == "qwen3":
         # Like Qwen3's own tokenizer: the think tags are added tokens that are not special.
         think = [AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)]
