@@ -1,6 +1,8 @@
 # The parts of ray that pawfn uses (ray's own annotations are partial): the `ray` extra.
 from typing import Any
 
+from . import util as util
+
 def init(
     *, num_cpus: int | None = ..., include_dashboard: bool | None = ..., object_store_memory: int | None = ...,
     ignore_reinit_error: bool = ..., log_to_driver: bool = ..., runtime_env: dict[str, Any] | None = ...,
