@@ -6,7 +6,7 @@ graph's tensors per layer (``attn_norm-0``, ``Qcur-0``, ``kq-0``, ``kq_soft_max-
 ``result_output`` ...); each evaluation of the graph (0: the prefix, 1: the input) adds its own copies under
 ``<eval>/<order> <name>``, in the order computed. Only float32 tensors are kept (the f16 caches and quantized weights are inputs, not results).
 
-    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32]
+    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32] [--no-repack]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _read(tensor: GgmlTensor) -> npt.NDArray[np.float32]:
     return np.array(view, dtype=np.float32)
 
 
-def trace(program: Path, base: Path, text: str, kv: str) -> dict[str, npt.NDArray[np.float32]]:
+def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True) -> dict[str, npt.NDArray[np.float32]]:
     import llama_cpp
     from llama_cpp import llama_cpp as native
 
@@ -76,13 +76,22 @@ def trace(program: Path, base: Path, text: str, kv: str) -> dict[str, npt.NDArra
         params.cb_eval = observe
         return params
 
+    model_defaults = native.llama_model_default_params
+
+    def with_repack() -> native.llama_model_params:
+        params = model_defaults()
+        params.use_extra_bufts = repack  # repacked weights run other kernels (other summation orders)
+        return params
+
     native.llama_context_default_params = with_callback
+    native.llama_model_default_params = with_repack
     try:
         kv_type = {"f16": 1, "f32": 0}[kv]
         llm = llama_cpp.Llama(model_path=str(base), lora_path=str(program / "adapter.gguf"), n_ctx=2048, n_threads=1,
                               type_k=kv_type, type_v=kv_type, verbose=False)
     finally:
         native.llama_context_default_params = defaults
+        native.llama_model_default_params = model_defaults
     template = (program / "prompt_template.txt").read_text(encoding="utf-8")
     prefix, suffix = template.split(PLACEHOLDER)
     llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
@@ -99,8 +108,9 @@ def main() -> None:
     parser.add_argument("--input", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default: f16, the official)")
+    parser.add_argument("--no-repack", action="store_true", help="load without llama.cpp's extra buffer types (--no-repack)")
     args = parser.parse_args()
-    captured = trace(args.program, args.base, args.input, args.kv)
+    captured = trace(args.program, args.base, args.input, args.kv, repack=not args.no_repack)
     np.savez(args.out, **captured)
     print(f"{len(captured)} tensors -> {args.out}", file=sys.stderr)
 
