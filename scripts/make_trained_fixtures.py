@@ -19,7 +19,6 @@ unless --llama-cpp-source names its vendor/llama.cpp folder). Another --seed mak
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import importlib.metadata
 import json
@@ -41,7 +40,9 @@ from tokenizers import Tokenizer
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))
-from tests.helpers.tiny_models import train_tokenizer, write_bundle  # noqa: E402  (after the path is set)
+from pawfn.llamacpp.cpu import llama_cpp_system_info  # noqa: E402  (after the path is set)
+from tests.helpers.references import llama_generate_each, llama_quantize  # noqa: E402
+from tests.helpers.tiny_models import train_tokenizer, write_bundle  # noqa: E402
 
 VOCAB_SIZE = 1536
 WINDOW, BATCH = 128, 16
@@ -196,28 +197,6 @@ def greedy(program: torch.nn.Module, tokenizer: Tokenizer, family: str, inputs: 
     return sequences, round(float(np.mean(tops)), 4)
 
 
-def llama_greedy(base: Path, adapter: Path, family: str, inputs: list[str]) -> list[list[int]]:
-    """llama.cpp's 32 greedy tokens per input, driven as the official SDK drives it but with an f32 KV cache."""
-    import llama_cpp
-
-    sequences: list[list[int]] = []
-    prefix, suffix = TEMPLATES[family].split("{INPUT_PLACEHOLDER}")
-    for text in inputs:
-        llm = llama_cpp.Llama(model_path=str(base), lora_path=str(adapter), n_ctx=512, n_threads=1, type_k=0, type_v=0, verbose=False)
-        llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
-        llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
-        sequence: list[int] = []
-        for _ in range(32):
-            token = llm.sample(temp=0.0)
-            if token == llm.token_eos():
-                break
-            sequence.append(token)
-            llm.eval([token])
-        llm.close()
-        sequences.append(sequence)
-    return sequences
-
-
 def llama_cpp_source(given: Path | None, workdir: Path) -> Path:
     """llama.cpp's sources (for its converters): `given`, else the installed llama-cpp-python's sdist from PyPI."""
     if given is not None:
@@ -260,15 +239,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def convert(source: Path, family: str, script: str, arguments: list[str]) -> None:
     subprocess.run([sys.executable, "-c", _CONVERT, str(source), PRE_TOKENIZERS[family], str(source / script), *arguments], check=True)
-
-
-def quantize(source: Path, destination: Path, ftype: str) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)):
-        raise SystemExit(f"llama.cpp could not quantize {source} to {ftype}")
 
 
 def requantize_adapter(source: Path, destination: Path, qtype: gguf.GGMLQuantizationType) -> None:
@@ -317,12 +287,12 @@ def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int
     folder.mkdir(parents=True, exist_ok=True)
     convert(source, family, "convert_hf_to_gguf.py", [str(hf_dir), "--outfile", str(folder / "base-f32.gguf"), "--outtype", "f32"])
     for ftype in ("Q8_0", "Q6_K"):
-        quantize(folder / "base-f32.gguf", folder / f"base-{ftype.lower()}.gguf", ftype)
+        llama_quantize(folder / "base-f32.gguf", folder / f"base-{ftype.lower()}.gguf", ftype)
     convert(source, family, "convert_lora_to_gguf.py", ["--base", str(hf_dir), "--outfile", str(folder / "adapter-f32.gguf"), "--outtype", "f32", str(lora_dir)])
     adapter_q4 = work / f"{family}-adapter-q4_0.gguf"
     requantize_adapter(folder / "adapter-f32.gguf", adapter_q4, gguf.GGMLQuantizationType.Q4_0)
     # The converted files hold the trained model: llama.cpp on them gives transformers + peft's tokens.
-    converted = llama_greedy(folder / "base-f32.gguf", folder / "adapter-f32.gguf", family, inputs)
+    converted = llama_generate_each(folder / "base-f32.gguf", folder / "adapter-f32.gguf", TEMPLATES[family], inputs, 32, kv="f32")
     agreeing = sum(a == b for a, b in zip(converted, reference, strict=True))
     print(f"  llama.cpp on the F32 files: {agreeing}/{len(inputs)} sequences equal to transformers + peft", flush=True)
     write_bundle(folder / "program", adapter_q4, INTERPRETERS[family], TEMPLATES[family],
@@ -351,15 +321,13 @@ def main() -> None:
         work = Path(temporary)
         source = llama_cpp_source(args.llama_cpp_source, work)
         families = {family: make_family(family, args.out, source, args.seed, args.base_steps, args.program_steps, work) for family in args.families}
-    import llama_cpp
-
     files = sorted(path for path in args.out.rglob("*") if path.is_file() and path.name != "manifest.json")
     manifest = {
         "made_by": f"python scripts/make_trained_fixtures.py --seed {args.seed} --base-steps {args.base_steps} --program-steps {args.program_steps}",
         "seed": args.seed,
         "text": "pydoc_data.topics (Python's documentation topics); the fidelity inputs come from topics held out of all training",
         "versions": {name: importlib.metadata.version(name) for name in ("torch", "transformers", "peft", "tokenizers", "gguf", "llama-cpp-python")},
-        "llama_cpp": llama_cpp.llama_print_system_info().decode().strip(),
+        "llama_cpp": llama_cpp_system_info(),
         "families": families,
         "sha256": {str(path.relative_to(args.out)): hashlib.sha256(path.read_bytes()).hexdigest() for path in files},
     }

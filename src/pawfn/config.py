@@ -65,8 +65,8 @@ class PawConfig(BaseModel):
     """Keep the base's matrices (projections, output) compact on the Torch backend's CPU (with dtype float32):
     ``float16`` runs fbgemm's fp16 kernel with float32 activations (near-exact); ``int8`` runs fbgemm's int8
     kernel, per-row weights and activations quantized per row (fastest, lossy: on peaked models less faithful
-    than a Q8_0 base on llama.cpp, see the README). Converted once, then read from the shared cache; LoRA, norms and KV stay float32.
-    None (the default) keeps `dtype`, the exact mode. See the README's figures."""
+    than a Q8_0 base on llama.cpp, see the README). Converted once, then read from the shared cache; LoRA, norms
+    and KV stay float32. None (the default) keeps `dtype`, the exact mode. See the README's figures."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)

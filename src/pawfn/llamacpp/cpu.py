@@ -20,6 +20,7 @@ from pathlib import Path
 __all__ = [
     "AMX_ISSUE",
     "CPUINFO",
+    "REBUILD_WITHOUT_AMX",
     "build_has_amx",
     "cmake_args_without_amx",
     "cpu_flags",
@@ -31,6 +32,11 @@ __all__ = [
 CPUINFO = Path("/proc/cpuinfo")
 AMX_ISSUE = "https://github.com/ggml-org/llama.cpp/issues/20824"
 """The upstream report of the crash (`ggml_backend_amx_mul_mat` segfaults on quantized weights)."""
+REBUILD_WITHOUT_AMX = (
+    'CMAKE_ARGS="$(python -m pawfn.llamacpp cmake-args)" pip install --force-reinstall --no-deps --no-cache-dir '
+    "llama-cpp-python"
+)
+"""The command that replaces an installed llama-cpp-python with one built for this CPU without AMX."""
 
 # cpuinfo flags that ggml's CMake options need, in the order ggml lists them. GGML_AVX512 compiles with
 # -mavx512f/cd/vl/dq/bw, so it needs all five; every other option is one flag.
@@ -119,8 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"llama.cpp here was built with its AMX backend on a CPU with AMX: llama.cpp itself segfaults on quantized "
             f"weights ({AMX_ISSUE}); pawfn's LlamaCpp backend loads without repacking, but rebuild for everything else: "
-            f"CMAKE_ARGS=\"$(python -m pawfn.llamacpp cmake-args)\" pip install --force-reinstall --no-deps "
-            f"--no-cache-dir llama-cpp-python",
+            f"{REBUILD_WITHOUT_AMX}",
             file=sys.stderr,
         )
         return 1

@@ -192,8 +192,7 @@ class LlamaCppProgram(DecodingRuntime):
                 if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere
                     raise PawError(
                         f"this llama-cpp-python loaded with use_extra_bufts={not repack}, not {repack} as asked; on an "
-                        "AMX CPU rebuild it without AMX: CMAKE_ARGS=\"$(python -m pawfn.llamacpp cmake-args)\" "
-                        "pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python"
+                        f"AMX CPU rebuild it without AMX: {cpu.REBUILD_WITHOUT_AMX}"
                     )
                 adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
             if adapter is None:
