@@ -42,7 +42,7 @@ def _load(request: dict[str, Any], **extra: Any) -> Any:  # noqa: ANN401 - llama
     )
 
 
-def _prompt(llm: Any, template: str, text: str) -> None:  # noqa: ANN401
+def _prompt(llm: Any, template: str, text: str) -> None:  # noqa: ANN401 - llama_cpp.Llama, untyped here
     prefix, suffix = template.split(PLACEHOLDER)
     llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
     llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
