@@ -1,0 +1,226 @@
+"""llama.cpp's CPU arithmetic on GGUF block weights, in torch: the `numerics="llamacpp"` mode.
+
+Read from ggml's CPU sources (llama-cpp-python 0.3.36's vendored llama.cpp, x86 with AVX2 or AVX-512):
+
+- A product with quantized weights first quantizes the activations to the weight type's partner: Q8_K blocks
+  of 256 for K-quants (`quantize_row_q8_K_ref`: the first value of largest magnitude maps to -127, scale
+  `1/iscale` in float32), Q8_0 blocks of 32 for Q4_0/Q8_0 (`quantize_row_q8_0`: scale `amax/127` stored as f16,
+  values `round(x * (127/amax))`). Integer products are exact; only the float steps after them round.
+- Q4_0 and Q8_0 weights (`ggml_vec_dot_q*_0_q8_0` for one row, llamafile's `tinyBLAS_Q0_AVX` for more, the
+  same arithmetic): per block of 32, eight int32 lanes each sum 4 consecutive products; each lane accumulates
+  `fma(d_w * d_x, lane, acc)` over the blocks in order; the 8 lanes are then summed pairwise
+  (`(l0+l4, l1+l5, l2+l6, l3+l7)`, then `(a0+a2, a1+a3)`, then their sum).
+- Q6_K weights, fewer than 8 rows (`ggml_vec_dot_q6_K_q8_K`, decode steps and short prompts): per block of
+  256, lane L sums `code * scale * x` over the elements at offsets 4L..4L+3 of every 32 with the codes unsigned
+  (0..63), less `32 * (bsum[2L] * scale[2L] + bsum[2L+1] * scale[2L+1])`; then as above with `d_x * d_w`.
+- Q6_K weights, 8 rows or more (ggml's tiled K-quant kernel, on by default): per block the exact integer sum
+  `s`, then `acc += (float(s) * d_w) * d_x` over the blocks in order (multiply, multiply, add with AVX-512
+  VNNI; the last two fused in one FMA with AVX2 only).
+
+Every float step is emulated in float32, or in float64 rounded once to float32 where the CPU fuses a
+multiply-add (the product of two float32 values is exact in float64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+import torch
+
+__all__ = ["BlockMatrix", "TiledEpilogue", "block_matrix", "quantize_q8_0", "quantize_q8_k", "tiled_epilogue"]
+
+TiledEpilogue = Literal["mul_add", "fma"]
+"""How the tiled Q6_K kernel adds a block's product: two multiplies and an add (AVX-512 VNNI), or FMA (AVX2)."""
+
+_TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
+_Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
+_LANES = 8
+
+
+def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` [n, k] as Q8_0: codes [n, k/32, 32] (float32 integers) and scales [n, k/32] (f16 values, as float32)."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(dim=-1)
+    scale = torch.div(amax, torch.full_like(amax, 127.0)).half().float()
+    inverse = torch.where(amax != 0, torch.div(torch.full_like(amax, 127.0), amax), torch.zeros_like(amax))
+    codes = torch.round(blocks * inverse.unsqueeze(-1))
+    return codes, scale
+
+
+def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`x` [n, k] as Q8_K: codes [n, k/256, 256], scales [n, k/256] (float32) and code sums per 16 [n, k/256, 16]."""
+    blocks = x.reshape(x.shape[0], -1, 256)
+    first_largest = blocks.abs().argmax(dim=-1, keepdim=True)  # argmax keeps the first, like the strict `>` scan
+    signed_max = torch.gather(blocks, -1, first_largest).squeeze(-1)
+    zero = signed_max == 0
+    iscale = torch.div(torch.full_like(signed_max, -127.0), torch.where(zero, torch.ones_like(signed_max), signed_max))
+    codes = torch.round(blocks * iscale.unsqueeze(-1)).clamp_(max=127.0)
+    codes = torch.where(zero.unsqueeze(-1), torch.zeros_like(codes), codes)
+    scale = torch.where(zero, torch.zeros_like(iscale), torch.div(torch.ones_like(iscale), iscale))
+    sums = codes.reshape(codes.shape[0], codes.shape[1], 16, 16).sum(dim=-1)
+    return codes, scale, sums
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 `a * b + c` rounded once (the product of two float32 values is exact in float64)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _lane_sum(lanes: torch.Tensor) -> torch.Tensor:
+    """hsum_float_8 over the last axis (8 float32 lanes): (l0+l4 .. l3+l7), then (a0+a2, a1+a3), then a0+a1."""
+    quad = lanes[..., 4:] + lanes[..., :4]
+    pair = quad[..., :2] + quad[..., 2:]
+    return pair[..., 0] + pair[..., 1]
+
+
+@dataclass
+class BlockMatrix:
+    """A quantized `[out, in]` GGUF matrix kept as its codes, multiplied as llama.cpp's CPU backend does."""
+
+    kind: Literal["q4_0", "q8_0", "q6_k"]
+    lane_weights: torch.Tensor
+    """Codes grouped by lane: [in/4 lane groups of 4 (Q*_0) or in/32 groups of 32 (Q6_K), group size, out],
+    float32 integers (Q6_K: signed code times its sub-block scale)."""
+    scale: torch.Tensor
+    """Per block f16 scale as float32, [out, blocks]."""
+    sub_scales: torch.Tensor | None
+    """Q6_K: the int8 sub-block scales as float32, [blocks, 16, out]."""
+    epilogue: TiledEpilogue = "mul_add"
+
+    @property
+    def out_features(self) -> int:
+        """Output width."""
+        return int(self.lane_weights.shape[-1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
+        if self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS:
+            return self._q6_k_tiled(x)
+        return self.rows(x)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
+        if self.kind == "q6_k":
+            return self._q6_k_rows(x)
+        return self._q0_rows(x)
+
+    def _q0_rows(self, x: torch.Tensor) -> torch.Tensor:
+        n, out = x.shape[0], self.out_features
+        codes, x_scale = quantize_q8_0(x.float())
+        blocks = codes.shape[1]
+        groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
+        lanes = torch.bmm(groups, self.lane_weights)  # exact: 4 products of |code| <= 127
+        lanes = lanes.reshape(blocks, _LANES, n, out).permute(2, 3, 0, 1)  # [n, out, blocks, 8]
+        d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)  # [n, out, blocks], one float32 rounding
+        acc = torch.zeros((n, out, _LANES), dtype=torch.float32, device=x.device)
+        for block in range(blocks):
+            acc = _fma(d[:, :, block : block + 1], lanes[:, :, block], acc)
+        return _lane_sum(acc)
+
+    def _q6_k_products(self, codes: torch.Tensor) -> torch.Tensor:
+        """Per block and lane, the sum of signed code * scale * activation code: [n, out, blocks, 8] (exact)."""
+        n, blocks = codes.shape[0], codes.shape[1]
+        # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32
+        grouped = codes.reshape(n, blocks, 8, _LANES, 4).permute(1, 3, 0, 2, 4).reshape(blocks * _LANES, n, 32)
+        lanes = torch.bmm(grouped, self.lane_weights)  # exact: |sum| <= 32 * 32*128 * 127 < 2**24
+        return lanes.reshape(blocks, _LANES, n, -1).permute(2, 3, 0, 1)
+
+    def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sub_scales is None:
+            raise ValueError("a Q6_K matrix needs its sub-block scales")
+        n, out = x.shape[0], self.out_features
+        codes, x_scale, sums = quantize_q8_k(x.float())
+        blocks = codes.shape[1]
+        signed = self._q6_k_products(codes)
+        # unsigned codes (signed + 32) add 32 * scale * x per element; the kernel then takes away
+        # 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]); both per lane, in sub-block scales
+        runs = codes.reshape(n, blocks, 8, _LANES, 4).sum(dim=-1)  # [n, blocks, run, lane]
+        weights = torch.zeros((n, blocks, _LANES, 16), dtype=torch.float32, device=x.device)
+        for lane in range(_LANES):
+            half = 1 if lane >= 4 else 0
+            weights[:, :, lane, half::2] = runs[:, :, :, lane]  # sub-block 2*run + half holds this lane's run
+            weights[:, :, lane, 2 * lane] -= sums[:, :, 2 * lane]
+            weights[:, :, lane, 2 * lane + 1] -= sums[:, :, 2 * lane + 1]
+        correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)
+        correction = correction.reshape(blocks, n, _LANES, out).permute(1, 3, 0, 2)  # [n, out, blocks, 8]
+        lanes = (signed.double() + 32.0 * correction.double()).float()  # int32 lanes, then cvtepi32_ps
+        d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)
+        acc = torch.zeros((n, out, _LANES), dtype=torch.float32, device=x.device)
+        for block in range(blocks):
+            acc = _fma(d[:, :, block : block + 1], lanes[:, :, block], acc)
+        return _lane_sum(acc)
+
+    def _q6_k_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        codes, x_scale, _ = quantize_q8_k(x.float())
+        exact = self._q6_k_products(codes).double().sum(dim=-1).float()  # [n, out, blocks]: int32, then to float
+        acc = torch.zeros(exact.shape[:2], dtype=torch.float32, device=x.device)
+        for block in range(exact.shape[2]):
+            weighted = exact[:, :, block] * self.scale[:, block].unsqueeze(0)
+            if self.epilogue == "fma":
+                acc = _fma(weighted, x_scale[:, block : block + 1], acc)
+            else:
+                acc = acc + weighted * x_scale[:, block : block + 1]
+        return acc
+
+    @staticmethod
+    def concat(parts: list[BlockMatrix]) -> BlockMatrix:
+        """Matrices of one kind joined by rows (fused q/k/v, gate/up): each output's arithmetic is unchanged."""
+        first = parts[0]
+        if any(part.kind != first.kind for part in parts):
+            raise ValueError("only matrices of one block type can be joined")
+        sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None], dim=-1)
+        return BlockMatrix(
+            kind=first.kind, lane_weights=torch.cat([p.lane_weights for p in parts], dim=-1),
+            scale=torch.cat([p.scale for p in parts]), sub_scales=sub, epilogue=first.epilogue,
+        )
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    return raw.contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def block_matrix(
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, epilogue: TiledEpilogue = "mul_add"
+) -> BlockMatrix | None:
+    """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here."""
+    data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
+        codes = blocks[:, :, 2:].contiguous().view(torch.int8).float()
+        return BlockMatrix("q8_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, epilogue)
+    if qtype == gguf.GGMLQuantizationType.Q4_0:
+        blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
+        packed = blocks[:, :, 2:]
+        codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8).float() - 8.0  # low nibbles first
+        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, epilogue)
+    if qtype == gguf.GGMLQuantizationType.Q6_K:
+        blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
+        n_blocks = blocks.shape[1]
+        flat = blocks.reshape(-1, _Q6_K_BYTES)
+        low, high = flat[:, :128], flat[:, 128:192]
+        low = low.reshape(-1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
+        low = (low & 0x0F).reshape(-1, 8, 32)
+        high = high.reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+        high = (high & 0x03).reshape(-1, 8, 32)
+        signed = ((low | (high << 4)).to(torch.int8) - 32).reshape(out_features, n_blocks, 16, 16).float()
+        sub = flat[:, 192:208].contiguous().view(torch.int8).float().reshape(out_features, n_blocks, 16)
+        weighted = (signed * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 8, _LANES, 4)
+        lanes = weighted.permute(1, 3, 2, 4, 0).reshape(n_blocks * _LANES, 32, out_features).contiguous()
+        scale = _f16(flat[:, 208:210]).reshape(out_features, n_blocks)
+        return BlockMatrix("q6_k", lanes, scale, sub.permute(1, 2, 0).contiguous(), epilogue)
+    return None
+
+
+def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
+    """[out, blocks, 32] codes as [blocks * 8 lanes, 4, out]."""
+    out, blocks = codes.shape[0], codes.shape[1]
+    return codes.reshape(out, blocks * _LANES, 4).permute(1, 2, 0).contiguous()
+
+
+def tiled_epilogue(flags: frozenset[str]) -> TiledEpilogue:
+    """The tiled kernel's epilogue a native llama.cpp build uses on a CPU with `flags` (/proc/cpuinfo)."""
+    return "mul_add" if {"avx512_vnni", "avx512vl", "avx512dq"} <= flags else "fma"
