@@ -30,6 +30,7 @@ MODES: dict[str, PawConfig] = {
     "pawfn float32 (exact)": PawConfig(),
     "pawfn --weight-dtype float16": PawConfig(weight_dtype="float16"),
     "pawfn --weight-dtype int8": PawConfig(weight_dtype="int8"),
+    "pawfn --numerics llamacpp": PawConfig(numerics="llamacpp"),
 }
 
 

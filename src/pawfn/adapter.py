@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 import numpy.typing as npt
 
@@ -16,6 +17,9 @@ from .models import InterpreterModel
 
 __all__ = ["LoraAdapter", "LoraPair", "read_lora_adapter"]
 
+RawTensor = tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType]
+"""A tensor's stored bytes and its GGML type."""
+_FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16})
 _LORA_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
 
 
@@ -26,6 +30,8 @@ class LoraPair:
     a: npt.NDArray[np.float32]
     b: npt.NDArray[np.float32]
     scale: float
+    blocks: tuple[RawTensor, RawTensor] | None = None
+    """`a` and `b` as stored (bytes and GGML type) when quantized: what llama.cpp's arithmetic multiplies."""
 
     @property
     def rank(self) -> int:
@@ -98,6 +104,7 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
         try:
             a = file.read_f32(names["a"])
             b = file.read_f32(names["b"])
+            raw_a, raw_b = file.raw(names["a"]), file.raw(names["b"])
         except GGUFFormatError as exc:
             raise AdapterError(path, str(exc)) from exc
         types.add(file.tensor_type_name(names["a"]))
@@ -113,7 +120,10 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
             if not np.isfinite(values).all():
                 raise AdapterError(path, f"{target}.{half} holds non-finite values (NaN or infinity); the adapter file is damaged")
         scale = alpha / rank if alpha else 1.0
-        pairs[target] = LoraPair(a=a, b=b, scale=scale)
+        blocks = None
+        if raw_a[1] not in _FLOAT_TYPES or raw_b[1] not in _FLOAT_TYPES:  # copies: the file's map is closed with it
+            blocks = ((np.array(raw_a[0]), raw_a[1]), (np.array(raw_b[0]), raw_b[1]))
+        pairs[target] = LoraPair(a=a, b=b, scale=scale, blocks=blocks)
     if not pairs:
         raise AdapterError(path, "adapter holds no LoRA tensors")
     return LoraAdapter(path=path, alpha=alpha, pairs=pairs, tensor_types=frozenset(types))

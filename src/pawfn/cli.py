@@ -31,7 +31,7 @@ from .hub.refs import parse_reference
 from .hub.types import compile_request
 from .jsonio import parse_json_object
 from .models import InterpreterModel
-from .options import DType, RuntimeOptions, WeightDType
+from .options import DType, Numerics, RuntimeOptions, WeightDType
 from .results import Generation
 from .serve import ServeSettings, serve_on_ray, serve_programs
 
@@ -42,7 +42,7 @@ _BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCp
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
     for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype", "server_url")
+                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype", "numerics", "server_url")
 } | {"parse_special_in_input": "--parse-special"}
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -88,6 +88,11 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--weight-dtype", choices=get_args(WeightDType),
         help="compact base matrices on the CPU (Torch): float16 (near-exact) or int8 (fastest, lossy)",
+    )
+    options.add_argument(
+        "--numerics", choices=get_args(Numerics),
+        help="Torch: native (default, torch's arithmetic) or llamacpp (llama.cpp's own arithmetic on the GGUF blocks: "
+             "the official runtime's tokens, slower)",
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
@@ -219,7 +224,7 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    names = ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "n_ctx", "threads", "max_model_copies",
+    names = ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "numerics", "n_ctx", "threads", "max_model_copies",
              "max_batch_rows", "server_url")
     for name in names:
         value = getattr(args, name, None)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, V
 
 from .errors import ConfigError, describe_option_errors
 from .jsonio import read_json_object
-from .options import Device, DType, WeightDType
+from .options import Device, DType, Numerics, WeightDType
 
 __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
 
@@ -24,7 +24,7 @@ _ENV_VARIABLES = {
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
     "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
     "lock_timeout_s": "PAW_LOCK_TIMEOUT_S", "server_url": "PAW_SERVER_URL", "server_api_key": "PAW_SERVER_API_KEY",
-    "llamacpp_repack": "PAW_LLAMACPP_REPACK",
+    "llamacpp_repack": "PAW_LLAMACPP_REPACK", "numerics": "PAW_NUMERICS",
 }
 
 
@@ -67,6 +67,12 @@ class PawConfig(BaseModel):
     kernel, per-row weights and activations quantized per row (fastest, lossy: on peaked models less faithful
     than a Q8_0 base on llama.cpp, see the README). Converted once, then read from the shared cache; LoRA, norms
     and KV stay float32. None (the default) keeps `dtype`, the exact mode. See the README's figures."""
+    numerics: Numerics = "native"
+    """Torch backend: ``native`` runs torch's arithmetic on the base's weights dequantized to `dtype` (exact
+    float32 math; llama.cpp's own tokens on F32 bases); ``llamacpp`` runs the arithmetic of llama.cpp's CPU
+    backend as the official SDK configures it on the GGUF's blocks (activations quantized per block like its dot
+    products, f16 KV cache, its rounding order): the official runtime's tokens on quantized bases, slower. CPU,
+    dtype float32, no `weight_dtype`. See the README's fidelity table."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)

@@ -7,12 +7,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["DType", "Device", "RuntimeOptions", "WeightDType"]
+__all__ = ["DType", "Device", "Numerics", "RuntimeOptions", "WeightDType"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
 WeightDType = Literal["float16", "int8"]
 """Compact CPU storage of the base's matrices (`PawConfig.weight_dtype`): near-exact float16 or lossy int8."""
+Numerics = Literal["native", "llamacpp"]
+"""Whose arithmetic the Torch backend runs (`PawConfig.numerics`): torch's own on dequantized weights, or llama.cpp's
+CPU backend's on the GGUF blocks (the official runtime's tokens)."""
 Device = Literal[
     "cpu", "mps", "cuda", "cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4", "cuda:5", "cuda:6", "cuda:7",
     "cuda:8", "cuda:9", "cuda:10", "cuda:11", "cuda:12", "cuda:13", "cuda:14", "cuda:15",

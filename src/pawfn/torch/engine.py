@@ -17,12 +17,17 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from ..adapter import LoraAdapter
-from ..errors import AdapterError, BaseModelError
-from ..options import WeightDType
+from ..adapter import LoraAdapter, RawTensor
+from ..errors import AdapterError, BaseModelError, ConfigError
+from ..llamacpp.cpu import cpu_flags
+from ..options import Numerics, WeightDType
 from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
+from .ggml import (
+    BlockMatrix, TiledEpilogue, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope_table, ggml_silu_mul,
+    tiled_epilogue,
+)
 from .families import Architecture
 from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
@@ -36,6 +41,19 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
 _CACHE_GRANULE = 256  # tokens; the KV buffer grows in steps of this size
 
+Product = Matrix | BlockMatrix
+"""A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
+
+
+def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> None:
+    """Refuse `numerics="llamacpp"` where it cannot run, naming the fix."""
+    if device.type != "cpu" or dtype != torch.float32 or weight_dtype is not None:
+        raise ConfigError(
+            f"numerics='llamacpp' runs on the CPU with dtype='float32' and no weight_dtype (it emulates llama.cpp's CPU "
+            f"arithmetic), not on {device.type} with {str(dtype).removeprefix('torch.')}"
+            f"{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}; drop those options or use numerics='native'"
+        )
+
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype for a `PawConfig.dtype` name."""
@@ -47,8 +65,8 @@ class LoraWeights:
     """One LoRA side path on the device: y += scale * b(a(x)), `a` `[rank, in]` and `b` `[out, rank]` as matrices
     (`TorchInterpreter.attach` says which are packed)."""
 
-    a: Matrix
-    b: Matrix
+    a: Product
+    b: Product
     scale: float
 
 
@@ -156,17 +174,19 @@ class TorchInterpreter:
 
     def __init__(
         self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False,
-        weight_dtype: WeightDType | None = None, store: ConvertedStore | None = None,
+        weight_dtype: WeightDType | None = None, store: ConvertedStore | None = None, numerics: Numerics = "native",
     ) -> None:
         """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load);
         `weight_dtype` keeps the matrices compact on fbgemm's kernels (CPU; see `PawConfig.weight_dtype`), their
-        converted form read from and written to `store` when given."""
+        converted form read from and written to `store` when given; `numerics="llamacpp"` keeps GGUF block
+        matrices as their codes, multiplied as llama.cpp does (`PawConfig.numerics`)."""
         self.architecture = weights.architecture
         self.family = weights.family
         self.codec = weights.codec
         self.device = device
         self.dtype = dtype
         self.weight_dtype = weight_dtype
+        self.numerics: Numerics = numerics
         self.shapes = weights.shapes()
         self._check_shapes(weights)
         self.tied = "output.weight" not in self.shapes
@@ -177,13 +197,22 @@ class TorchInterpreter:
         """Vectors (norms, biases) and, where not decoded on demand, embedding tables, by GGUF name."""
         self.rows: dict[str, RowTable] = {}
         """Embedding tables decoded row by row from the base file (compact modes)."""
-        self.matrices: dict[str, Matrix] = {}
+        self.matrices: dict[str, Product] = {}
         """Every matrix a linear layer multiplies, by GGUF name; a fused group under its first member's name."""
         matrix_names = sorted(name for name, shape in self.shapes.items() if len(shape) == 2 and name not in _EMBEDDINGS)
         fused = [group for group in self.family.fused_groups(self.architecture) if all(n in self.shapes for n in group)]
+        if numerics == "llamacpp":
+            fused = []  # llama.cpp multiplies each weight on its own
         self.groups = {group: [self.shapes[name][0] for name in group] for group in fused}
         """Fused groups (names) and the output width of each member."""
-        if weight_dtype is None:
+        flags = cpu_flags()
+        self._epilogue: TiledEpilogue = tiled_epilogue(flags)
+        self.simd_width = 16 if "avx512f" in flags else 8
+        """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
+        if numerics == "llamacpp":
+            check_llamacpp_numerics(device, dtype, weight_dtype)
+            self._load_llamacpp(weights, matrix_names, progress)
+        elif weight_dtype is None:
             self._load_plain(weights, matrix_names, fused, progress)
         else:
             check_kernel(weight_dtype, device, dtype)
@@ -212,6 +241,10 @@ class TorchInterpreter:
     def _bias(self, matrix: str) -> torch.Tensor | None:
         return self.tensors.get(matrix.removesuffix(".weight") + ".bias")
 
+    def bias(self, matrix: str) -> torch.Tensor | None:
+        """The bias added after matrix `name`'s product, where kept apart from it (`numerics="llamacpp"`)."""
+        return self._bias(matrix) if self.numerics == "llamacpp" else None
+
     def _load_plain(
         self, weights: BaseWeights, matrix_names: list[str], fused: list[tuple[str, ...]], progress: bool | None
     ) -> None:
@@ -237,6 +270,26 @@ class TorchInterpreter:
         for name in matrix_names:
             if name in loaded:
                 self.matrices[name] = plain(loaded[name], self._bias(name))
+
+    def _load_llamacpp(self, weights: BaseWeights, matrix_names: list[str], progress: bool | None) -> None:
+        """Vectors and embeddings in float32; each matrix as its GGUF blocks where llama.cpp's arithmetic on them is
+        emulated (Q4_0, Q8_0, Q6_K), else in float32 (F32/F16 files: llama.cpp's float products, which torch's
+        float32 products already match); biases stay vectors, added after the side paths as llama.cpp does."""
+        matrices = set(matrix_names)
+        for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
+            tensor = torch.as_tensor(array).to(device=self.device, dtype=self.dtype)
+            del array
+            if name == "token_embd.weight" and self.tied:
+                self.matrices["output.weight"] = self._llamacpp_matrix(weights, name, tensor)
+            if name in matrices:
+                self.matrices[name] = self._llamacpp_matrix(weights, name, tensor)
+            else:
+                self.tensors[name] = tensor
+
+    def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
+        stored = weights.raw(name)
+        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], self._epilogue)
+        return plain(tensor, None) if blocks is None else blocks
 
     def _load_compact(
         self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], fused: list[tuple[str, ...]],
@@ -328,11 +381,18 @@ class TorchInterpreter:
                 )
         grouped = {name for group in groups for name in group}
         for name, pair in adapter.pairs.items():
-            if name not in grouped:
+            if self.numerics == "llamacpp":
+                pairs[name] = LoraWeights(a=self._llamacpp_lora(pair.a, pair.blocks, 0), b=self._llamacpp_lora(pair.b, pair.blocks, 1), scale=pair.scale)
+            elif name not in grouped:
                 pairs[name] = LoraWeights(
                     a=self._lora_a(torch.as_tensor(pair.a)), b=plain(self._on_device(pair.b), None), scale=pair.scale
                 )
         return DeviceAdapter(pairs, groups)
+
+    def _llamacpp_lora(self, values: npt.NDArray[np.float32], blocks: tuple[RawTensor, RawTensor] | None, half: int) -> Product:
+        """One half of a side path for `numerics="llamacpp"`: its blocks where quantized, else float32."""
+        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0], self._epilogue)
+        return plain(self._on_device(values), None) if matrix is None else matrix
 
     def _on_device(self, array: npt.NDArray[np.float32] | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(array).to(device=self.device, dtype=self.dtype)
@@ -346,8 +406,8 @@ class TorchInterpreter:
         return pack("lora_a", {"lora_a": weight.to(torch.float16)}, "float16", None)
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache for this interpreter."""
-        return KVCache(self.architecture, self.device, self.dtype)
+        """An empty KV cache for this interpreter (f16 with `numerics="llamacpp"`, like the official runtime's)."""
+        return KVCache(self.architecture, self.device, torch.float16 if self.numerics == "llamacpp" else self.dtype)
 
     @torch.inference_mode()
     def prefill_prefix(self, token_ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
@@ -406,18 +466,37 @@ class _Pass:
         self._segments = segments
         """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._llamacpp = interpreter.numerics == "llamacpp"
 
     _by_rows = False
     """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
 
-    def _product(self, matrix: Matrix, x: torch.Tensor) -> torch.Tensor:
+    def _product(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
         return matrix.rows(x) if self._by_rows else matrix(x)
 
+    def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """`x` [T, ...] kept to the rows whose outputs the pass returns, from the last layer's attention output on
+        (llama.cpp drops the other rows there, so the feed-forward's kernels see one row; `numerics="llamacpp"`)."""
+        return x
+
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if self._llamacpp:
+            return self._llamacpp_linear(x, name)
         y = self._product(self._matrices[name], x)
         for start, end, adapter in self._segments:
             self._add_side_path(y, x, start, end, adapter, name)
         return y
+
+    def _llamacpp_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """llama.cpp's graph: the base product, each side path as b(a(x)) scaled then added, then the bias."""
+        y = self._product(self._matrices[name], x)
+        for start, end, adapter in self._segments:
+            lora = adapter.get(name)
+            if lora is not None:
+                side = self._product(lora.b, self._product(lora.a, x[start:end]))
+                y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
+        bias = self._interpreter.bias(name)
+        return y if bias is None else y + bias
 
     def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
         widths = self._groups.get(names)
@@ -452,12 +531,22 @@ class _Pass:
             return decoded.to(self._interpreter.dtype)
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return ggml_silu_mul(gate, up) if self._llamacpp else F.silu(gate) * up
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")
+
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
+        if self._llamacpp:
+            return ggml_rms_norm(x, self._tensors[weight], self.architecture.norm_eps)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
 
     def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         weight, bias = self._tensors[prefix + ".weight"], self._tensors[prefix + ".bias"]
+        if self._llamacpp:
+            return ggml_layer_norm(x, weight, bias, self.architecture.norm_eps, self._interpreter.simd_width)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, self.architecture.norm_eps)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -473,6 +562,8 @@ class _Pass:
         frequencies = self._interpreter.rope_frequencies
         if frequencies is None:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
+        if self._llamacpp:
+            return ggml_rope_table(positions, self.architecture.head_dim, self.architecture.rope_theta)
         angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
         return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
 
@@ -494,7 +585,12 @@ class _ForwardPass(_Pass):
             hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
+        if self._llamacpp:
+            return _attend_llamacpp(self._cache, layer, self._start, q, k, v, self._interpreter.simd_width)
         return _attend(arch, self._cache, layer, self._start, q, k, v, self._mask)
+
+    def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return x[-1:] if self._llamacpp and layer == self.architecture.n_layers - 1 else x
 
 
 class _StepPass(_Pass):
@@ -523,6 +619,11 @@ class _StepPass(_Pass):
         """Row by row (the kernels round by shape), over the row's own positions and its program's prefix, which
         every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
         arch = self.architecture
+        if self._llamacpp:
+            return torch.cat([
+                _attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter.simd_width)
+                for i, row in enumerate(self._rows)
+            ])
         return torch.cat([
             _attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
             for i, row in enumerate(self._rows)
@@ -543,6 +644,19 @@ def _attend(
         shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
         out = merge_attention(*shared, out, lse)
     return _ungrouped(arch, out)
+
+
+def _attend_llamacpp(
+    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int
+) -> torch.Tensor:
+    """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
+    end = cache.store(layer, position, k, v)
+    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
+    prefix = cache.prefix
+    if prefix is not None and prefix.length:
+        keys = torch.cat([prefix.keys[layer], keys], dim=1)
+        values = torch.cat([prefix.values[layer], values], dim=1)
+    return ggml_attention(q, keys, values, width)
 
 
 def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ multiply-add (the product of two float32 values is exact in float64).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,7 +32,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["BlockMatrix", "TiledEpilogue", "block_matrix", "quantize_q8_0", "quantize_q8_k", "tiled_epilogue"]
+__all__ = [
+    "BlockMatrix", "TiledEpilogue", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope_table",
+    "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k", "tiled_epilogue",
+]
 
 TiledEpilogue = Literal["mul_add", "fma"]
 """How the tiled Q6_K kernel adds a block's product: two multiplies and an add (AVX-512 VNNI), or FMA (AVX2)."""
@@ -166,6 +170,10 @@ class BlockMatrix:
                 acc = acc + weighted * x_scale[:, block : block + 1]
         return acc
 
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
+        """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
+        y += (self.rows(x) if by_rows else self(x)) * alpha
+
     @staticmethod
     def concat(parts: list[BlockMatrix]) -> BlockMatrix:
         """Matrices of one kind joined by rows (fused q/k/v, gate/up): each output's arithmetic is unchanged."""
@@ -224,3 +232,152 @@ def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
 def tiled_epilogue(flags: frozenset[str]) -> TiledEpilogue:
     """The tiled kernel's epilogue a native llama.cpp build uses on a CPU with `flags` (/proc/cpuinfo)."""
     return "mul_add" if {"avx512_vnni", "avx512vl", "avx512dq"} <= flags else "fma"
+
+
+def _f32(value: float) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def ggml_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`ggml_rms_norm` then `ggml_mul`: squares summed in double, `1/sqrtf(mean + eps)` in float32, `x*scale*w`."""
+    mean = ((x * x).double().sum(dim=-1, keepdim=True) / x.shape[-1]).float()
+    scale = torch.div(_f32(1.0), torch.sqrt(mean + _f32(eps)))
+    return x * scale * weight
+
+
+def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, lanes: int = 16) -> torch.Tensor:
+    """`ggml_norm` then `ggml_mul` and `ggml_add`: the mean from a double sum; the variance from float32 sums of
+    `lanes` squares (AVX-512: 16, AVX2: 8, each reduced by halves), added in double."""
+    n = x.shape[-1]
+    mean = torch.div(x.double().sum(dim=-1, keepdim=True).float(), _f32(float(n)))
+    centered = x - mean
+    squares = centered * centered
+    whole = n - n % lanes
+    chunks = squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes)
+    while chunks.shape[-1] > 1:
+        half = chunks.shape[-1] // 2
+        chunks = chunks[..., :half] + chunks[..., half:]
+    total = chunks.squeeze(-1).double().sum(dim=-1, keepdim=True) + squares[..., whole:].double().sum(dim=-1, keepdim=True)
+    variance = (total / n).float()
+    scale = torch.div(_f32(1.0), torch.sqrt(variance + _f32(eps)))
+    return centered * scale * weight + bias
+
+
+def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
+    `s = powf(base, -2/D)`, then `cosf`/`sinf` (correctly rounded from float64)."""
+    step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
+    theta = positions.to(torch.float32).unsqueeze(1)
+    angles = [theta]
+    for _ in range(head_dim // 2 - 1):
+        theta = theta * step
+        angles.append(theta)
+    table = torch.cat(angles, dim=1).double()
+    return torch.cos(table).float().unsqueeze(1), torch.sin(table).float().unsqueeze(1)
+
+
+def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: int = 16) -> torch.Tensor:
+    """llama.cpp's attention without flash attention on an f16 cache: q [n, H, D] (the last n of the cache's L
+    positions, causal) over keys/values [KV, L, D] float16. Q is rounded to f16 for the K product; the scores are
+    scaled, masked and softmaxed in float32 (`ggml_v_expf`, sums of `width` lanes added in double); the
+    probabilities are rounded to f16 for the V product; both products sum as `ggml_dot_f16`. Returns [n, H * D]."""
+    n, heads, dim = q.shape
+    group = heads // keys.shape[0]
+    length = keys.shape[1]
+    padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; masked positions weigh 0
+    scale = torch.div(_f32(1.0), torch.sqrt(_f32(float(dim))))
+    queries = q.half().transpose(0, 1)  # [H, n, D]
+    hidden = torch.arange(padded).unsqueeze(0) > torch.arange(length - n, length).unsqueeze(1)  # [n, padded]
+    out = torch.empty((heads, n, dim), dtype=torch.float32)
+    for head in range(heads):
+        k = keys[head // group]  # [L, D]
+        v = torch.zeros((padded, dim), dtype=torch.float16)
+        v[:length] = values[head // group]
+        scores = torch.full((n, padded), -torch.inf, dtype=torch.float32)
+        scores[:, :length] = ggml_dot_f16(queries[head].unsqueeze(1), k.unsqueeze(0), one_row=n == 1, width=width)
+        scores = (scores * scale).masked_fill(hidden, -torch.inf)
+        top = scores.amax(dim=-1, keepdim=True)
+        weights = ggml_expf(scores - top)
+        chunk_sums = _halves(weights.reshape(n, padded // width, width))
+        inverse = torch.div(torch.ones((), dtype=torch.float64), chunk_sums.double().sum(dim=-1, keepdim=True)).float()
+        probabilities = (weights * inverse).half()  # [n, padded]
+        out[head] = ggml_dot_f16(probabilities.unsqueeze(1), v.t().unsqueeze(0), one_row=n == 1, width=width)
+    return out.transpose(0, 1).reshape(n, heads * dim)
+
+
+def _h(literal: str) -> float:
+    """A C hexadecimal float literal (ggml's constants)."""
+    return float.fromhex(literal)
+
+
+def _fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
+    """float32 fused multiply-add of float32 operands, rounded once."""
+    def wide(v: torch.Tensor | float) -> torch.Tensor:
+        return v.double() if isinstance(v, torch.Tensor) else torch.tensor(np.float32(v).item(), dtype=torch.float64)
+    return (wide(a) * wide(b) + wide(c)).float()
+
+
+def ggml_expf(x: torch.Tensor) -> torch.Tensor:
+    """`ggml_v_expf` (AVX-512): exp by a range reduction and a degree-5 polynomial in float32 FMAs."""
+    shifter = _h("0x1.8p23")
+    z = _fma32(x, _h("0x1.715476p+0"), shifter)
+    n = z - torch.tensor(shifter, dtype=torch.float32)
+    b = _fma32(-n, _h("0x1.7f7d1cp-20"), _fma32(-n, _h("0x1.62e4p-1"), x))
+    u = b * b
+    j = _fma32(
+        _fma32(_fma32(_h("0x1.0e4020p-7"), b, _h("0x1.573e2ep-5")), u, _fma32(_h("0x1.555e66p-3"), b, _h("0x1.fffdb6p-2"))), u,
+        _fma32(_h("0x1.ffffecp-1"), b, 1.0),
+    )
+    result = torch.ldexp(j.double(), n.double()).float()
+    special = n.abs() > 192
+    return torch.where(special, torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf)), result)
+
+
+def _halves(lanes: torch.Tensor) -> torch.Tensor:
+    """A SIMD register's horizontal sum (last axis): halves added until one lane is left."""
+    while lanes.shape[-1] > 1:
+        half = lanes.shape[-1] // 2
+        lanes = lanes[..., half:] + lanes[..., :half]
+    return lanes.squeeze(-1)
+
+
+def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 16) -> torch.Tensor:
+    """Dot products over the last axis of f16 values `a` [..., K] and `b` [..., K] (broadcast), as llama.cpp sums
+    them in float32: llamafile's tinyBLAS for products of 2 rows or more (`width` lanes each summing one element of
+    every `width` in order, then the lanes), `ggml_vec_dot_f16` for one row (4 accumulators of `width` lanes, added
+    (0+2)+(1+3), then the lanes). K must be a multiple of 4 * width (pad with zeros)."""
+    products = a.float() * b.float()  # f16 x f16 is exact in float32
+    k = products.shape[-1]
+    if one_row:
+        steps = products.reshape(*products.shape[:-1], k // (4 * width), 4, width)
+        acc = steps[..., 0, :, :]
+        for step in range(1, steps.shape[-3]):
+            acc = acc + steps[..., step, :, :]
+        lanes = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        return _halves(lanes).double().float()
+    chunks = products.reshape(*products.shape[:-1], k // width, width)
+    acc = chunks[..., 0, :]
+    for chunk in range(1, chunks.shape[-2]):
+        acc = acc + chunks[..., chunk, :]
+    return _halves(acc)
+
+
+def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`ggml_swiglu`: `gate / (1 + expf(-gate)) * up` with `ggml_v_expf`."""
+    return torch.div(gate, 1.0 + ggml_expf(-gate)) * up
+
+
+@functools.cache
+def _gelu_table() -> torch.Tensor:
+    """`ggml_table_gelu_f16`: the tanh GELU of every f16 value (float32 steps, `tanhf` from float64), as f16."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    c, a = _f32(0.79788456080286535587989211986876), _f32(0.044715)
+    inner = c * values * (1.0 + a * values * values)
+    return (0.5 * values * (1.0 + torch.tanh(inner.double()).float())).half().float()
+
+
+def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+    """`ggml_gelu` (GGML_GELU_FP16): 0 at or below -10, x at or above 10, else the table's value at x's f16."""
+    index = x.half().view(torch.int16).to(torch.int64) & 0xFFFF
+    looked_up = _gelu_table()[index]
+    return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, looked_up))

@@ -56,7 +56,7 @@ class TorchProgram(DecodingRuntime):
             set_threads(config.threads)  # process-wide: only when the caller asked for it
         key = BaseKey(
             model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype,
-            weight_dtype=config.weight_dtype,
+            weight_dtype=config.weight_dtype, numerics=config.numerics,
         )
 
         def load() -> TorchInterpreter:
@@ -65,7 +65,8 @@ class TorchProgram(DecodingRuntime):
             if config.weight_dtype is not None and files.base_derived_dir is not None:
                 store = ConvertedStore.for_base(files.base_derived_dir, files.base, config.weight_dtype)
             return on_compute_thread(
-                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store
+                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store,
+                config.numerics,
             )
 
         with contextlib.ExitStack() as on_error:
@@ -79,6 +80,7 @@ class TorchProgram(DecodingRuntime):
             store = None
             if files.derived_dir is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
+                mode += "+llamacpp-numerics" if config.numerics == "llamacpp" else ""
                 store = PrefixStore.in_folder(files.derived_dir, files.base, bundle.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
             if prefix is None:

@@ -25,6 +25,7 @@ class BaseKey:
     device: str
     dtype: str
     weight_dtype: str | None = None
+    numerics: str = "native"
 
 
 class ModelCopy:

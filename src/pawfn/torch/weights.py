@@ -8,6 +8,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
@@ -29,8 +30,8 @@ Array = npt.NDArray[np.float32]
 @dataclass
 class BaseWeights:
     """Everything the engine needs to build the interpreter; `tensors` yields (GGUF name, float32 `[out, in]`),
-    `shapes` reads every tensor's shape without its values, and `rows` gives an on-demand row decoder of a matrix
-    kept in the file (GGUF only, else None)."""
+    `shapes` reads every tensor's shape without its values, `rows` gives an on-demand row decoder of a matrix
+    kept in the file and `raw` a tensor's stored bytes and GGML type (GGUF only, else None)."""
 
     source: Path
     architecture: Architecture
@@ -39,6 +40,7 @@ class BaseWeights:
     tensors: Callable[[], Iterator[tuple[str, Array]]]
     shapes: Callable[[], dict[str, tuple[int, ...]]]
     rows: Callable[[str], RowTable | None] = lambda name: None
+    raw: Callable[[str], tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType] | None] = lambda name: None
 
 
 def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeights:
@@ -123,8 +125,15 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
         raw, qtype = file.raw(name)
         return RowTable.of(raw, qtype, file.tensor_shape(name))
 
+    def raw(name: str) -> tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType]:
+        try:
+            return file.raw(name)
+        except GGUFFormatError as exc:
+            raise BaseModelError(path, str(exc)) from exc
+
     return BaseWeights(
-        source=path, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes, rows=rows
+        source=path, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes, rows=rows,
+        raw=raw,
     )
 
 

@@ -81,6 +81,19 @@ class Ops(Protocol):
         """Causal attention over the KV cache; q: [T, H, D], k, v: [T, KV, D]; returns [T, H * D]."""
         ...
 
+    def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """`x` [T, ...] kept to the rows whose outputs the pass needs from `layer`'s attention output on (llama.cpp
+        keeps only the last row in the last layer; all rows otherwise)."""
+        ...
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """`silu(gate) * up`."""
+        ...
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU, tanh approximation."""
+        ...
+
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
         """RMS normalization with base tensor `weight`."""
         ...

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ...errors import BaseModelError
@@ -143,9 +142,10 @@ class GPT2Family(Family):
         qkv = ops.linear(ops.layer_norm(hidden, names.attn_norm), names.attn_qkv)
         q, k, v = (part.view(n, arch.n_heads, arch.head_dim) for part in qkv.chunk(3, dim=-1))
         attended = ops.attention(q, k, v, layer)
-        hidden = hidden + ops.linear(attended, names.attn_output)
+        projected = ops.linear(attended, names.attn_output)
+        hidden = ops.output_rows(layer, hidden) + ops.output_rows(layer, projected)
         normed = ops.layer_norm(hidden, names.ffn_norm)
-        up = F.gelu(ops.linear(normed, names.ffn_up), approximate="tanh")
+        up = ops.gelu(ops.linear(normed, names.ffn_up))
         return hidden + ops.linear(up, names.ffn_down)
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from ...errors import BaseModelError
@@ -162,9 +161,10 @@ class Qwen3Family(Family):
         q = ops.rope(ops.rms_norm(q.view(n, arch.n_heads, arch.head_dim), names.q_norm), positions)
         k = ops.rope(ops.rms_norm(k.view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
         v = v.view(n, arch.n_kv_heads, arch.head_dim)
-        hidden = hidden + ops.linear(ops.attention(q, k, v, layer), names.attn_output)
+        attended = ops.linear(ops.attention(q, k, v, layer), names.attn_output)
+        hidden = ops.output_rows(layer, hidden) + ops.output_rows(layer, attended)
         gate, up = ops.linears(ops.rms_norm(hidden, names.ffn_norm), names.gate_up)
-        return hidden + ops.linear(F.silu(gate) * up, names.ffn_down)
+        return hidden + ops.linear(ops.swiglu(gate, up), names.ffn_down)
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(hidden, "output_norm.weight")
