@@ -11,25 +11,32 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["RowTable", "dequantize"]
+__all__ = ["RowTable", "dequantize", "q6_k_parts"]
 
 _Q6_K_BYTES, _Q8_0_BYTES = 210, 34
 _CHUNK_VALUES = 1 << 20  # values decoded at a time, so the temporaries stay small (~4 MB each)
 
 
-def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    """256 values a block: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, one f16 scale."""
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q6_K tensor's `[n, 210]` blocks as signed codes `[n, 16, 16]` (int8, -32..31), sub-block scales `[n, 16]`
+    (int8) and block scales `[n]` (float32): 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 scales, one f16."""
     n = blocks.shape[0]
     low, high = blocks[:, :128], blocks[:, 128:192]
-    scales = blocks[:, 192:208].view(torch.int8).to(torch.float32)
-    d = blocks[:, 208:210].contiguous().view(torch.float16).to(torch.float32)
-    d = (d * scales).reshape(n, 16, 1)
     low = low.reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
     low = (low & 0x0F).reshape(n, 8, 32)
     high = high.reshape(n, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
     high = (high & 0x03).reshape(n, 8, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16).to(torch.float32)
-    return (d * q).reshape(n, 256)
+    codes = ((low | (high << 4)).to(torch.int8) - 32).reshape(n, 16, 16)
+    scales = blocks[:, 192:208].contiguous().view(torch.int8)
+    d = blocks[:, 208:210].contiguous().view(torch.float16).to(torch.float32).reshape(n)
+    return codes, scales, d
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """256 values a block: `d * scale` per sub-block of 16, times its codes."""
+    codes, scales, d = q6_k_parts(blocks)
+    scaled = (d.unsqueeze(1) * scales.to(torch.float32)).unsqueeze(-1)
+    return (scaled * codes.to(torch.float32)).reshape(blocks.shape[0], 256)
 
 
 def _q8_0(blocks: torch.Tensor) -> torch.Tensor:

@@ -238,12 +238,10 @@ class TorchInterpreter:
             if found != shape:
                 raise BaseModelError(weights.source, f"tensor {name} has shape {found}, expected {shape}")
 
-    def _bias(self, matrix: str) -> torch.Tensor | None:
-        return self.tensors.get(matrix.removesuffix(".weight") + ".bias")
-
     def bias(self, matrix: str) -> torch.Tensor | None:
-        """The bias added after matrix `name`'s product, where kept apart from it (`numerics="llamacpp"`)."""
-        return self._bias(matrix) if self.numerics == "llamacpp" else None
+        """Matrix `matrix`'s bias vector, if the base has one (inside the matrix's product except with
+        `numerics="llamacpp"`, which adds it after the side paths)."""
+        return self.tensors.get(matrix.removesuffix(".weight") + ".bias")
 
     def _load_plain(
         self, weights: BaseWeights, matrix_names: list[str], fused: list[tuple[str, ...]], progress: bool | None
@@ -269,7 +267,7 @@ class TorchInterpreter:
         loaded.setdefault("output.weight", loaded["token_embd.weight"])
         for name in matrix_names:
             if name in loaded:
-                self.matrices[name] = plain(loaded[name], self._bias(name))
+                self.matrices[name] = plain(loaded[name], self.bias(name))
 
     def _load_llamacpp(self, weights: BaseWeights, matrix_names: list[str], progress: bool | None) -> None:
         """Vectors and embeddings in float32; each matrix as its GGUF blocks where llama.cpp's arithmetic on them is
@@ -348,7 +346,7 @@ class TorchInterpreter:
             first = group[0]
             parts = [{name: read(name) for name in stored_names(member, weight_dtype)} for member in group]
             if len(parts) == 1:
-                return pack(first, parts[0], weight_dtype, self._bias(first))
+                return pack(first, parts[0], weight_dtype, self.bias(first))
             return pack(first, concat_stored(parts, group, weight_dtype), weight_dtype, None)
 
         # fbgemm's packing is single-threaded and releases the GIL: pack on every thread torch may use

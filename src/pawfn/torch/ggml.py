@@ -32,6 +32,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from .dequant import q6_k_parts
+
 __all__ = [
     "BlockMatrix", "TiledEpilogue", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope_table",
     "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k", "tiled_epilogue",
@@ -67,18 +69,6 @@ def quantize_q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     scale = torch.where(zero, torch.zeros_like(iscale), torch.div(torch.ones_like(iscale), iscale))
     sums = codes.reshape(codes.shape[0], codes.shape[1], 16, 16).sum(dim=-1)
     return codes, scale, sums
-
-
-def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """float32 `a * b + c` rounded once (the product of two float32 values is exact in float64)."""
-    return (a.double() * b.double() + c.double()).float()
-
-
-def _lane_sum(lanes: torch.Tensor) -> torch.Tensor:
-    """hsum_float_8 over the last axis (8 float32 lanes): (l0+l4 .. l3+l7), then (a0+a2, a1+a3), then a0+a1."""
-    quad = lanes[..., 4:] + lanes[..., :4]
-    pair = quad[..., :2] + quad[..., 2:]
-    return pair[..., 0] + pair[..., 1]
 
 
 @dataclass
@@ -119,11 +109,16 @@ class BlockMatrix:
         groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
         lanes = torch.bmm(groups, self.lane_weights)  # exact: 4 products of |code| <= 127
         lanes = lanes.reshape(blocks, _LANES, n, out).permute(2, 3, 0, 1)  # [n, out, blocks, 8]
+        return self._sum_lanes(x_scale, lanes)
+
+    def _sum_lanes(self, x_scale: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+        """The one-row kernels' float steps: each of the 8 lanes [n, out, blocks, 8] accumulates
+        `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
         d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)  # [n, out, blocks], one float32 rounding
-        acc = torch.zeros((n, out, _LANES), dtype=torch.float32, device=x.device)
-        for block in range(blocks):
-            acc = _fma(d[:, :, block : block + 1], lanes[:, :, block], acc)
-        return _lane_sum(acc)
+        acc = torch.zeros((*lanes.shape[:2], _LANES), dtype=torch.float32, device=lanes.device)
+        for block in range(lanes.shape[2]):
+            acc = _fma32(d[:, :, block : block + 1], lanes[:, :, block], acc)
+        return _halves(acc)
 
     def _q6_k_products(self, codes: torch.Tensor) -> torch.Tensor:
         """Per block and lane, the sum of signed code * scale * activation code: [n, out, blocks, 8] (exact)."""
@@ -152,11 +147,7 @@ class BlockMatrix:
         correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)
         correction = correction.reshape(blocks, n, _LANES, out).permute(1, 3, 0, 2)  # [n, out, blocks, 8]
         lanes = (signed.double() + 32.0 * correction.double()).float()  # int32 lanes, then cvtepi32_ps
-        d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)
-        acc = torch.zeros((n, out, _LANES), dtype=torch.float32, device=x.device)
-        for block in range(blocks):
-            acc = _fma(d[:, :, block : block + 1], lanes[:, :, block], acc)
-        return _lane_sum(acc)
+        return self._sum_lanes(x_scale, lanes)
 
     def _q6_k_tiled(self, x: torch.Tensor) -> torch.Tensor:
         codes, x_scale, _ = quantize_q8_k(x.float())
@@ -165,7 +156,7 @@ class BlockMatrix:
         for block in range(exact.shape[2]):
             weighted = exact[:, :, block] * self.scale[:, block].unsqueeze(0)
             if self.epilogue == "fma":
-                acc = _fma(weighted, x_scale[:, block : block + 1], acc)
+                acc = _fma32(weighted, x_scale[:, block : block + 1], acc)
             else:
                 acc = acc + weighted * x_scale[:, block : block + 1]
         return acc
@@ -173,18 +164,6 @@ class BlockMatrix:
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
         """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
         y += (self.rows(x) if by_rows else self(x)) * alpha
-
-    @staticmethod
-    def concat(parts: list[BlockMatrix]) -> BlockMatrix:
-        """Matrices of one kind joined by rows (fused q/k/v, gate/up): each output's arithmetic is unchanged."""
-        first = parts[0]
-        if any(part.kind != first.kind for part in parts):
-            raise ValueError("only matrices of one block type can be joined")
-        sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None], dim=-1)
-        return BlockMatrix(
-            kind=first.kind, lane_weights=torch.cat([p.lane_weights for p in parts], dim=-1),
-            scale=torch.cat([p.scale for p in parts]), sub_scales=sub, epilogue=first.epilogue,
-        )
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
@@ -208,17 +187,12 @@ def block_matrix(
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
         n_blocks = blocks.shape[1]
-        flat = blocks.reshape(-1, _Q6_K_BYTES)
-        low, high = flat[:, :128], flat[:, 128:192]
-        low = low.reshape(-1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 1, 2, 1)
-        low = (low & 0x0F).reshape(-1, 8, 32)
-        high = high.reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
-        high = (high & 0x03).reshape(-1, 8, 32)
-        signed = ((low | (high << 4)).to(torch.int8) - 32).reshape(out_features, n_blocks, 16, 16).float()
-        sub = flat[:, 192:208].contiguous().view(torch.int8).float().reshape(out_features, n_blocks, 16)
+        codes, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
+        signed = codes.to(torch.float32).reshape(out_features, n_blocks, 16, 16)
+        sub = sub_scales.to(torch.float32).reshape(out_features, n_blocks, 16)
         weighted = (signed * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 8, _LANES, 4)
         lanes = weighted.permute(1, 3, 2, 4, 0).reshape(n_blocks * _LANES, 32, out_features).contiguous()
-        scale = _f16(flat[:, 208:210]).reshape(out_features, n_blocks)
+        scale = d.reshape(out_features, n_blocks)
         return BlockMatrix("q6_k", lanes, scale, sub.permute(1, 2, 0).contiguous(), epilogue)
     return None
 
@@ -253,11 +227,8 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     centered = x - mean
     squares = centered * centered
     whole = n - n % lanes
-    chunks = squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes)
-    while chunks.shape[-1] > 1:
-        half = chunks.shape[-1] // 2
-        chunks = chunks[..., :half] + chunks[..., half:]
-    total = chunks.squeeze(-1).double().sum(dim=-1, keepdim=True) + squares[..., whole:].double().sum(dim=-1, keepdim=True)
+    chunks = _halves(squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes))
+    total = chunks.double().sum(dim=-1, keepdim=True) + squares[..., whole:].double().sum(dim=-1, keepdim=True)
     variance = (total / n).float()
     scale = torch.div(_f32(1.0), torch.sqrt(variance + _f32(eps)))
     return centered * scale * weight + bias
