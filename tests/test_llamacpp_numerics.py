@@ -16,8 +16,8 @@ import torch
 
 from pawfn import PawConfig
 from pawfn.errors import ConfigError
-from pawfn.llamacpp.cpu import cpu_flags
 from pawfn.torch.ggml import BlockMatrix, block_matrix, ggml_attention, ggml_rms_norm, tiled_epilogue
+from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import requires_llama_cpp
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
 

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from ..adapter import LoraAdapter, RawTensor
 from ..errors import AdapterError, BaseModelError, ConfigError
-from ..llamacpp.cpu import cpu_flags
 from ..options import Numerics, WeightDType
 from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
@@ -30,7 +29,7 @@ from .ggml import (
 )
 from .families import Architecture
 from .families.base import check_architecture
-from .kernels import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
+from .kernels import Matrix, check_kernel, compress, cpu_flags, concat_stored, pack, plain, stored_names
 from .weights import BaseWeights
 
 __all__ = [

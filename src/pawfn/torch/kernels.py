@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..options import WeightDType
 
-__all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "pack", "plain", "stored_names"]
+__all__ = ["Matrix", "check_kernel", "cpu_flags", "compress", "concat_stored", "pack", "plain", "stored_names"]
 
 _INT8_LIMIT = 127.0
 _TINY = torch.finfo(torch.float32).tiny
@@ -100,14 +100,25 @@ class Matrix:
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags of the first CPU in /proc/cpuinfo; empty where there are none (the backends stay
+    independent: `pawfn.llamacpp.cpu` reads them on its own, with the standard library only)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+@functools.cache
 def _reduce_range() -> bool:
     """fbgemm's int8 kernel sums pairs of u8*s8 products in int16 on CPUs without VNNI, which can saturate;
     7-bit activations avoid that there (a little less precise). With VNNI the sums are int32."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return True
-    return not any(flag in flags for flag in (" avx512_vnni", " avx_vnni", " amx_int8"))
+    return not cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 def check_kernel(weight_dtype: WeightDType, device: torch.device, dtype: torch.dtype) -> None:
