@@ -6,7 +6,7 @@ graph's tensors per layer (``attn_norm-0``, ``Qcur-0``, ``kq-0``, ``kq_soft_max-
 ``result_output`` ...); each evaluation of the graph (0: the prefix, 1: the input) adds its own copies under
 ``<eval>/<order> <name>``, in the order computed. Only float32 tensors are kept (the f16 caches and quantized weights are inputs, not results).
 
-    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32] [--no-repack]
+    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32] [--no-repack] [--steps N]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _read(tensor: GgmlTensor) -> npt.NDArray[np.float32]:
     return np.array(view, dtype=np.float32)
 
 
-def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True) -> dict[str, npt.NDArray[np.float32]]:
+def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True, steps: int = 0) -> dict[str, npt.NDArray[np.float32]]:
     import llama_cpp
     from llama_cpp import llama_cpp as native
 
@@ -97,6 +97,10 @@ def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True) ->
     llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
     evaluation[0] = 1
     llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
+    for step in range(steps):  # greedy decode steps, each its own evaluation (2, 3 ...)
+        logits = next(v for k, v in reversed(captured.items()) if k.endswith(" result_output"))
+        evaluation[0] = 2 + step
+        llm.eval([int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))])
     llm.close()
     return captured
 
@@ -108,9 +112,10 @@ def main() -> None:
     parser.add_argument("--input", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default: f16, the official)")
+    parser.add_argument("--steps", type=int, default=0, help="greedy decode steps to trace after the input (evaluations 2, 3 ...)")
     parser.add_argument("--no-repack", action="store_true", help="load without llama.cpp's extra buffer types (--no-repack)")
     args = parser.parse_args()
-    captured = trace(args.program, args.base, args.input, args.kv, repack=not args.no_repack)
+    captured = trace(args.program, args.base, args.input, args.kv, repack=not args.no_repack, steps=args.steps)
     np.savez(args.out, **captured)
     print(f"{len(captured)} tensors -> {args.out}", file=sys.stderr)
 

@@ -64,3 +64,17 @@ def test_cache_clear_removes_derived_files(qwen3_program: TinyProgram, tmp_path:
     assert (tmp_path / "cache" / ".pawfn-derived").is_dir()
     PawCache(tmp_path / "cache").clear()
     assert not (tmp_path / "cache" / ".pawfn-derived").exists()
+
+
+def test_other_code_misses_the_stored_prefix(
+    qwen3_program: TinyProgram, tmp_path: Path, prefills: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix stored by other arithmetic (another pawfn version, a changed kernel) is evaluated again, not reused."""
+    from pawfn.torch import prefix_store
+
+    config = PawConfig(cache_dir=tmp_path / "cache")
+    base = qwen3_program.interpreter.gguf_path
+    PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config).close()
+    monkeypatch.setattr(prefix_store, "_code_digest", lambda: "other code")
+    PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config).close()
+    assert len(prefills) == 2

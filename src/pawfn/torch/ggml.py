@@ -212,10 +212,15 @@ def _f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32)
 
 
+def _sqrtf(x: torch.Tensor) -> torch.Tensor:
+    """`sqrtf`, correctly rounded: torch's float32 sqrt is not always (1 ulp off on this Xeon); from float64 it is."""
+    return torch.sqrt(x.double()).float()
+
+
 def ggml_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`ggml_rms_norm` then `ggml_mul`: squares summed in double, `1/sqrtf(mean + eps)` in float32, `x*scale*w`."""
     mean = ((x * x).double().sum(dim=-1, keepdim=True) / x.shape[-1]).float()
-    scale = torch.div(_f32(1.0), torch.sqrt(mean + _f32(eps)))
+    scale = torch.div(_f32(1.0), _sqrtf(mean + _f32(eps)))
     return x * scale * weight
 
 
@@ -230,7 +235,7 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     chunks = _halves(squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes))
     total = chunks.double().sum(dim=-1, keepdim=True) + squares[..., whole:].double().sum(dim=-1, keepdim=True)
     variance = (total / n).float()
-    scale = torch.div(_f32(1.0), torch.sqrt(variance + _f32(eps)))
+    scale = torch.div(_f32(1.0), _sqrtf(variance + _f32(eps)))
     return centered * scale * weight + bias
 
 
@@ -256,7 +261,7 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
     group = heads // keys.shape[0]
     length = keys.shape[1]
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; masked positions weigh 0
-    scale = torch.div(_f32(1.0), torch.sqrt(_f32(float(dim))))
+    scale = torch.div(_f32(1.0), _sqrtf(_f32(float(dim))))
     queries = q.half().transpose(0, 1)  # [H, n, D]
     hidden = torch.arange(padded).unsqueeze(0) > torch.arange(length - n, length).unsqueeze(1)  # [n, padded]
     out = torch.empty((heads, n, dim), dtype=torch.float32)
@@ -340,10 +345,11 @@ def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def _gelu_table() -> torch.Tensor:
-    """`ggml_table_gelu_f16`: the tanh GELU of every f16 value (float32 steps, `tanhf` from float64), as f16."""
+    """`ggml_table_gelu_f16`: the tanh GELU of every f16 value (float32 steps, `tanhf` from float64), as f16. GCC
+    contracts `1 + a*x*x` into one FMA (its default for C): one entry of the 65536 depends on it."""
     values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
     c, a = _f32(0.79788456080286535587989211986876), _f32(0.044715)
-    inner = c * values * (1.0 + a * values * values)
+    inner = c * values * _fma32(a * values, values, 1.0)
     return (0.5 * values * (1.0 + torch.tanh(inner.double()).float())).half().float()
 
 

@@ -2,12 +2,15 @@
 name the official SDK ignores.
 
 A program's prefix is evaluated once per load; with this store, once per (program, base weights, dtype, device).
-The file name carries a hash of everything the KV depends on, so a changed base, adapter or template misses.
+The file name carries a hash of everything the KV depends on, so a changed base, adapter or template misses, and
+so does another version of the code that computes it (a stored prefix from older arithmetic would silently change
+tokens).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -22,6 +25,17 @@ from .families import Architecture
 __all__ = ["PrefixStore"]
 
 _FORMAT = 2  # 2: the adapter is keyed by its content
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A hash of the Torch backend's sources (this package): whatever computes a prefix's KV."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for source in sorted(package.rglob("*.py")):
+        digest.update(source.relative_to(package).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()
 
 
 def _identity(path: Path) -> dict[str, object]:
@@ -46,7 +60,7 @@ class PrefixStore:
     ) -> PrefixStore:
         """The store in `folder` for this base, adapter, prefix, dtype and device."""
         identity = {
-            "format": _FORMAT, "base": _identity(base), "adapter": _content(adapter), "dtype": dtype,
+            "format": _FORMAT, "code": _code_digest(), "base": _identity(base), "adapter": _content(adapter), "dtype": dtype,
             "device": torch.device(device).type, "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
