@@ -16,7 +16,7 @@ import torch
 
 from pawfn import PawConfig
 from pawfn.errors import ConfigError
-from pawfn.torch.ggml import BlockMatrix, block_matrix, ggml_attention, ggml_rms_norm, tiled_epilogue
+from pawfn.torch.ggml import BlockMatrix, block_matrix, ggml_attention, ggml_rms_norm
 from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import requires_llama_cpp
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
@@ -48,12 +48,11 @@ class Trace:
 
 
 def _matrices(path: Path) -> dict[str, BlockMatrix]:
-    epilogue = tiled_epilogue(cpu_flags())
     found: dict[str, BlockMatrix] = {}
     for tensor in gguf.GGUFReader(path).tensors:
         if len(tensor.shape) == 2:
             raw: npt.NDArray[np.uint8] = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]), epilogue)
+            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]))
             if matrix is not None:
                 found[tensor.name] = matrix
     return found

@@ -24,8 +24,7 @@ from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .ggml import (
-    BlockMatrix, TiledEpilogue, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope_table, ggml_silu_mul,
-    tiled_epilogue,
+    BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul,
 )
 from .families import Architecture
 from .families.base import check_architecture
@@ -205,7 +204,6 @@ class TorchInterpreter:
         self.groups = {group: [self.shapes[name][0] for name in group] for group in fused}
         """Fused groups (names) and the output width of each member."""
         flags = cpu_flags()
-        self._epilogue: TiledEpilogue = tiled_epilogue(flags)
         self.simd_width = 16 if "avx512f" in flags else 8
         """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
         if numerics == "llamacpp":
@@ -285,7 +283,7 @@ class TorchInterpreter:
 
     def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
         stored = weights.raw(name)
-        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], self._epilogue)
+        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0])
         return plain(tensor, None) if blocks is None else blocks
 
     def _load_compact(
@@ -388,7 +386,7 @@ class TorchInterpreter:
 
     def _llamacpp_lora(self, values: npt.NDArray[np.float32], blocks: tuple[RawTensor, RawTensor] | None, half: int) -> Product:
         """One half of a side path for `numerics="llamacpp"`: its blocks where quantized, else float32."""
-        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0], self._epilogue)
+        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0])
         return plain(self._on_device(values), None) if matrix is None else matrix
 
     def _on_device(self, array: npt.NDArray[np.float32] | torch.Tensor) -> torch.Tensor:
@@ -550,6 +548,8 @@ class _Pass:
         if self._rotation is None:  # one table per pass: every layer rotates the same positions
             self._rotation = self._rotation_table(positions, x.dtype)
         cos, sin = self._rotation
+        if self._llamacpp:
+            return ggml_rope(x, cos, sin)
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

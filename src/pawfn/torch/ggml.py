@@ -14,8 +14,8 @@ Read from ggml's CPU sources (llama-cpp-python 0.3.36's vendored llama.cpp, x86 
   256, lane L sums `code * scale * x` over the elements at offsets 4L..4L+3 of every 32 with the codes unsigned
   (0..63), less `32 * (bsum[2L] * scale[2L] + bsum[2L+1] * scale[2L+1])`; then as above with `d_x * d_w`.
 - Q6_K weights, 8 rows or more (ggml's tiled K-quant kernel, on by default): per block the exact integer sum
-  `s`, then `acc += (float(s) * d_w) * d_x` over the blocks in order (multiply, multiply, add with AVX-512
-  VNNI; the last two fused in one FMA with AVX2 only).
+  `s`, then `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order (the AVX2 path writes the FMA; the
+  AVX-512 VNNI path writes a multiply and an add, which GCC contracts into one).
 
 Every float step is emulated in float32, or in float64 rounded once to float32 where the CPU fuses a
 multiply-add (the product of two float32 values is exact in float64).
@@ -23,9 +23,11 @@ multiply-add (the product of two float32 values is exact in float64).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, cast
 
 import gguf
 import numpy as np
@@ -35,12 +37,9 @@ import torch
 from .dequant import q6_k_parts
 
 __all__ = [
-    "BlockMatrix", "TiledEpilogue", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope_table",
-    "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k", "tiled_epilogue",
+    "BlockMatrix", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope", "ggml_rope_table",
+    "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k",
 ]
-
-TiledEpilogue = Literal["mul_add", "fma"]
-"""How the tiled Q6_K kernel adds a block's product: two multiplies and an add (AVX-512 VNNI), or FMA (AVX2)."""
 
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 _Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
@@ -83,7 +82,6 @@ class BlockMatrix:
     """Per block f16 scale as float32, [out, blocks]."""
     sub_scales: torch.Tensor | None
     """Q6_K: the int8 sub-block scales as float32, [blocks, 16, out]."""
-    epilogue: TiledEpilogue = "mul_add"
 
     @property
     def out_features(self) -> int:
@@ -155,10 +153,7 @@ class BlockMatrix:
         acc = torch.zeros(exact.shape[:2], dtype=torch.float32, device=x.device)
         for block in range(exact.shape[2]):
             weighted = exact[:, :, block] * self.scale[:, block].unsqueeze(0)
-            if self.epilogue == "fma":
-                acc = _fma32(weighted, x_scale[:, block : block + 1], acc)
-            else:
-                acc = acc + weighted * x_scale[:, block : block + 1]
+            acc = _fma32(weighted, x_scale[:, block : block + 1], acc)
         return acc
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
@@ -171,19 +166,19 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
 
 
 def block_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, epilogue: TiledEpilogue = "mul_add"
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int
 ) -> BlockMatrix | None:
     """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here."""
     data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
         codes = blocks[:, :, 2:].contiguous().view(torch.int8).float()
-        return BlockMatrix("q8_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, epilogue)
+        return BlockMatrix("q8_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None)
     if qtype == gguf.GGMLQuantizationType.Q4_0:
         blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
         packed = blocks[:, :, 2:]
         codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8).float() - 8.0  # low nibbles first
-        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, epilogue)
+        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
         n_blocks = blocks.shape[1]
@@ -193,7 +188,7 @@ def block_matrix(
         weighted = (signed * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 8, _LANES, 4)
         lanes = weighted.permute(1, 3, 2, 4, 0).reshape(n_blocks * _LANES, 32, out_features).contiguous()
         scale = d.reshape(out_features, n_blocks)
-        return BlockMatrix("q6_k", lanes, scale, sub.permute(1, 2, 0).contiguous(), epilogue)
+        return BlockMatrix("q6_k", lanes, scale, sub.permute(1, 2, 0).contiguous())
     return None
 
 
@@ -201,11 +196,6 @@ def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
     """[out, blocks, 32] codes as [blocks * 8 lanes, 4, out]."""
     out, blocks = codes.shape[0], codes.shape[1]
     return codes.reshape(out, blocks * _LANES, 4).permute(1, 2, 0).contiguous()
-
-
-def tiled_epilogue(flags: frozenset[str]) -> TiledEpilogue:
-    """The tiled kernel's epilogue a native llama.cpp build uses on a CPU with `flags` (/proc/cpuinfo)."""
-    return "mul_add" if {"avx512_vnni", "avx512vl", "avx512dq"} <= flags else "fma"
 
 
 def _f32(value: float) -> torch.Tensor:
@@ -241,15 +231,55 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
 
 def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
-    `s = powf(base, -2/D)`, then `cosf`/`sinf` (correctly rounded from float64)."""
-    step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
+    `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
+    correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded."""
+    libm = _libm()
+    if libm is None:
+        step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
+    else:
+        step = _f32(libm.powf(base, -2.0 / head_dim))
     theta = positions.to(torch.float32).unsqueeze(1)
     angles = [theta]
     for _ in range(head_dim // 2 - 1):
         theta = theta * step
         angles.append(theta)
-    table = torch.cat(angles, dim=1).double()
-    return torch.cos(table).float().unsqueeze(1), torch.sin(table).float().unsqueeze(1)
+    table = torch.cat(angles, dim=1)
+    if libm is None:
+        return torch.cos(table.double()).float().unsqueeze(1), torch.sin(table.double()).float().unsqueeze(1)
+    values = table.cpu().flatten().tolist()
+    cos = torch.tensor([libm.cosf(v) for v in values], dtype=torch.float32).reshape(table.shape)
+    sin = torch.tensor([libm.sinf(v) for v in values], dtype=torch.float32).reshape(table.shape)
+    return cos.to(table.device).unsqueeze(1), sin.to(table.device).unsqueeze(1)
+
+
+def ggml_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`rotate_pairs` (NeoX halves): `x0*cos - x1*sin` and `x0*sin + x1*cos`, the first product of each fused by
+    GCC into an FMA with the rounded second."""
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((_fma32(x0, cos, -(x1 * sin)), _fma32(x0, sin, x1 * cos)), dim=-1)
+
+
+class _Libm(Protocol):
+    def cosf(self, x: float, /) -> float: ...
+    def sinf(self, x: float, /) -> float: ...
+    def powf(self, x: float, y: float, /) -> float: ...
+
+
+@functools.cache
+def _libm() -> _Libm | None:
+    """The C library's float32 `cosf`, `sinf` and `powf` (what llama.cpp links), or None where none is found."""
+    name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        library = ctypes.CDLL(name)
+        for function, arguments in (("cosf", 1), ("sinf", 1), ("powf", 2)):
+            getattr(library, function).restype = ctypes.c_float
+            getattr(library, function).argtypes = [ctypes.c_float] * arguments
+    except (OSError, AttributeError):
+        return None
+    return cast(_Libm, library)
 
 
 def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: int = 16) -> torch.Tensor:
