@@ -64,6 +64,15 @@ def wide_qwen3_program_q4(wide_qwen3: TinyInterpreter, tiny_root: Path) -> TinyP
     return make_program(wide_qwen3, tiny_root / "wide", "program-q4", qtype=gguf.GGMLQuantizationType.Q4_0, seed=3, lora_std=0.05)
 
 
+@pytest.fixture(scope="session")
+def quantized_bases(wide_qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wide Qwen3 quantized by llama.cpp's own quantizer, as the official bases were made."""
+    from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_quantize
+
+    folder = tmp_path_factory.mktemp("quantized")
+    return {ftype: llama_quantize(wide_qwen3.gguf_path, folder / f"{ftype.lower()}.gguf", ftype) for ftype in OFFICIAL_BASE_TYPES}
+
+
 @pytest.fixture(autouse=True)
 def fresh_registry() -> Iterator[None]:
     """Each test starts with no base loaded, so load counts are the test's own."""

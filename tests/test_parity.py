@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from pawfn import GPT2, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from tests.helpers.references import (
-    llama_generate, llama_generate_each, llama_logits_each, llama_quantize, official_token_ids, peft_generate, peft_logits,
+    llama_generate, llama_generate_each, llama_logits_each, OFFICIAL_BASE_TYPES, official_token_ids, peft_generate, peft_logits,
 )
 from tests.helpers.tiny_models import TinyInterpreter, dequantized
 
@@ -168,18 +168,6 @@ def _rewrite_with_eos(source: Path, target: Path, eos_id: int) -> None:
     target.write_bytes(bytes(data))
     check = gguf.GGUFReader(target).get_field("tokenizer.ggml.eos_token_id")
     assert check is not None and int(check.contents()) == eos_id
-
-
-
-
-OFFICIAL_BASE_TYPES = ["Q8_0", "Q6_K", "Q4_0"]
-
-
-@pytest.fixture(scope="module")
-def quantized_bases(wide_qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The wide Qwen3 quantized by llama.cpp's own quantizer, as the official bases were made."""
-    folder = tmp_path_factory.mktemp("quantized")
-    return {ftype: llama_quantize(wide_qwen3.gguf_path, folder / f"{ftype.lower()}.gguf", ftype) for ftype in OFFICIAL_BASE_TYPES}
 
 
 @requires_llama_cpp

@@ -190,6 +190,10 @@ def llama_vocabulary(base: Path, texts: Sequence[tuple[str, bool]], ids: Sequenc
     return [[int(t) for t in row] for row in answer["encoded"]], [bytes.fromhex(row) for row in answer["decoded"]]
 
 
+OFFICIAL_BASE_TYPES = ["Q8_0", "Q6_K", "Q4_0"]
+"""Base types the tests quantize to with llama.cpp's quantizer (the official bases: Qwen3 Q6_K, GPT-2 Q8_0)."""
+
+
 def llama_quantize(source: Path, destination: Path, ftype: str) -> Path:
     """`source` as a GGUF quantized by llama.cpp's own quantizer (`ftype`: Q8_0, Q6_K, Q4_0, ...)."""
     llama_reference({"op": "quantize", "source": str(source), "destination": str(destination), "ftype": ftype})

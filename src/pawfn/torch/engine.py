@@ -283,7 +283,7 @@ class TorchInterpreter:
 
     def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
         stored = weights.raw(name)
-        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0])
+        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], name.startswith("blk."))
         return plain(tensor, None) if blocks is None else blocks
 
     def _load_compact(
@@ -527,7 +527,7 @@ class _Pass:
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return ggml_silu_mul(gate, up) if self._llamacpp else F.silu(gate) * up
+        return ggml_silu_mul(gate, up, self._interpreter.simd_width) if self._llamacpp else F.silu(gate) * up
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")

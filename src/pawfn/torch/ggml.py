@@ -10,6 +10,9 @@ Read from ggml's CPU sources (llama-cpp-python 0.3.36's vendored llama.cpp, x86 
   same arithmetic): per block of 32, eight int32 lanes each sum 4 consecutive products; each lane accumulates
   `fma(d_w * d_x, lane, acc)` over the blocks in order; the 8 lanes are then summed pairwise
   (`(l0+l4, l1+l5, l2+l6, l3+l7)`, then `(a0+a2, a1+a3)`, then their sum).
+- Q4_0 base weights with out features a multiple of 8 are repacked at load (`block_q4_0x8`, the default extra
+  buffer type) and multiplied by `ggml_gemm/gemv_q4_0_8x8_q8_0`: per block the exact integer sum `s`, then
+  `acc = fma(float(s), d_w * d_x, acc)` over the blocks in order. Adapters' Q4_0 halves are not repacked.
 - Q6_K weights, fewer than 8 rows (`ggml_vec_dot_q6_K_q8_K`, decode steps and short prompts): per block of
   256, lane L sums `code * scale * x` over the elements at offsets 4L..4L+3 of every 32 with the codes unsigned
   (0..63), less `32 * (bsum[2L] * scale[2L] + bsum[2L+1] * scale[2L+1])`; then as above with `d_x * d_w`.
@@ -18,7 +21,8 @@ Read from ggml's CPU sources (llama-cpp-python 0.3.36's vendored llama.cpp, x86 
   AVX-512 VNNI path writes a multiply and an add, which GCC contracts into one).
 
 Every float step is emulated in float32, or in float64 rounded once to float32 where the CPU fuses a
-multiply-add (the product of two float32 values is exact in float64).
+multiply-add (the product of two float32 values is exact in float64). Elementwise steps follow GCC's code for
+them (it contracts `a*b + c` into FMA), and `cosf`, `sinf` and `powf` are the C library's own.
 """
 
 from __future__ import annotations
@@ -82,6 +86,9 @@ class BlockMatrix:
     """Per block f16 scale as float32, [out, blocks]."""
     sub_scales: torch.Tensor | None
     """Q6_K: the int8 sub-block scales as float32, [blocks, 16, out]."""
+    repacked: bool = False
+    """Q4_0 base weights that llama.cpp repacks for its x86 kernels (`block_q4_0x8`, out features a multiple of 8):
+    whole-block integer sums, each added by `fma(float(sum), d_w * d_x, acc)`."""
 
     @property
     def out_features(self) -> int:
@@ -92,13 +99,28 @@ class BlockMatrix:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
         if self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS:
             return self._q6_k_tiled(x)
-        return self.rows(x)
+        return self.rows(x)  # the repacked Q4_0 kernels (gemm for rows by 4, gemv for the rest) round alike
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
         if self.kind == "q6_k":
             return self._q6_k_rows(x)
+        if self.repacked:
+            return self._q4_0_repacked(x)
         return self._q0_rows(x)
+
+    def _q4_0_repacked(self, x: torch.Tensor) -> torch.Tensor:
+        n, out = x.shape[0], self.out_features
+        codes, x_scale = quantize_q8_0(x.float())
+        blocks = codes.shape[1]
+        groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
+        lanes = torch.bmm(groups, self.lane_weights).reshape(blocks, _LANES, n, out)
+        sums = lanes.sum(dim=1)  # [blocks, n, out], exact: |sum| <= 32 * 8 * 127
+        d = x_scale.t().unsqueeze(-1) * self.scale.t().unsqueeze(1)  # [blocks, n, out], one float32 rounding
+        acc = torch.zeros((n, out), dtype=torch.float32, device=x.device)
+        for block in range(blocks):
+            acc = _fma32(sums[block], d[block], acc)
+        return acc
 
     def _q0_rows(self, x: torch.Tensor) -> torch.Tensor:
         n, out = x.shape[0], self.out_features
@@ -166,9 +188,11 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
 
 
 def block_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False
 ) -> BlockMatrix | None:
-    """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here."""
+    """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here.
+    `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the embeddings' it
+    does not)."""
     data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
@@ -178,7 +202,8 @@ def block_matrix(
         blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
         packed = blocks[:, :, 2:]
         codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8).float() - 8.0  # low nibbles first
-        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None)
+        repacked = base_layer and out_features % 8 == 0
+        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, repacked)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
         n_blocks = blocks.shape[1]
@@ -303,7 +328,7 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
         scores[:, :length] = ggml_dot_f16(queries[head].unsqueeze(1), k.unsqueeze(0), one_row=n == 1, width=width)
         scores = (scores * scale).masked_fill(hidden, -torch.inf)
         top = scores.amax(dim=-1, keepdim=True)
-        weights = ggml_expf(scores - top)
+        weights = ggml_expf(scores - top, width)
         chunk_sums = _halves(weights.reshape(n, padded // width, width))
         inverse = torch.div(torch.ones((), dtype=torch.float64), chunk_sums.double().sum(dim=-1, keepdim=True)).float()
         probabilities = (weights * inverse).half()  # [n, padded]
@@ -323,20 +348,29 @@ def _fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | f
     return (wide(a) * wide(b) + wide(c)).float()
 
 
-def ggml_expf(x: torch.Tensor) -> torch.Tensor:
-    """`ggml_v_expf` (AVX-512): exp by a range reduction and a degree-5 polynomial in float32 FMAs."""
+def ggml_expf(x: torch.Tensor, width: int = 16) -> torch.Tensor:
+    """`ggml_v_expf`: exp by a range reduction and a degree-5 polynomial in float32 FMAs. Its AVX-512 form
+    (`width` 16) scales `1 + p(b)` by `2**n`; its AVX2 form (`width` 8) adds the 1 in the last FMA instead,
+    `fma(p(b), 2**n, 2**n)`, and scales the far ranges in two steps: the results round differently."""
     shifter = _h("0x1.8p23")
     z = _fma32(x, _h("0x1.715476p+0"), shifter)
     n = z - torch.tensor(shifter, dtype=torch.float32)
     b = _fma32(-n, _h("0x1.7f7d1cp-20"), _fma32(-n, _h("0x1.62e4p-1"), x))
     u = b * b
-    j = _fma32(
-        _fma32(_fma32(_h("0x1.0e4020p-7"), b, _h("0x1.573e2ep-5")), u, _fma32(_h("0x1.555e66p-3"), b, _h("0x1.fffdb6p-2"))), u,
-        _fma32(_h("0x1.ffffecp-1"), b, 1.0),
-    )
-    result = torch.ldexp(j.double(), n.double()).float()
-    special = n.abs() > 192
-    return torch.where(special, torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf)), result)
+    high = _fma32(_fma32(_h("0x1.0e4020p-7"), b, _h("0x1.573e2ep-5")), u, _fma32(_h("0x1.555e66p-3"), b, _h("0x1.fffdb6p-2")))
+    if width == 16:
+        j = _fma32(high, u, _fma32(_h("0x1.ffffecp-1"), b, 1.0))
+        result = torch.ldexp(j.double(), n.double()).float()
+        special = n.abs() > 192
+        return torch.where(special, torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf)), result)
+    j = _fma32(high, u, _h("0x1.ffffecp-1") * b)
+    near = _fma32(j, torch.ldexp(torch.ones_like(n), n), torch.ldexp(torch.ones_like(n), n))  # 2**n exact for |n| <= 126
+    # |n| > 126: (2**(n - e) * (1 + j), rounded) * 2**e with e = -125 (n <= 0) or 127, rounded again
+    shift = torch.where(n <= 0, torch.full_like(n, -125.0), torch.full_like(n, 127.0))
+    scaled = torch.ldexp(torch.ones_like(n), n - shift)
+    far = (_fma32(scaled, j, scaled).double() * torch.ldexp(torch.ones_like(n, dtype=torch.float64), shift.double())).float()
+    beyond = torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf))
+    return torch.where(n.abs() > 192, beyond, torch.where(n.abs() > 126, far, near))
 
 
 def _halves(lanes: torch.Tensor) -> torch.Tensor:
@@ -351,7 +385,8 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
     """Dot products over the last axis of f16 values `a` [..., K] and `b` [..., K] (broadcast), as llama.cpp sums
     them in float32: llamafile's tinyBLAS for products of 2 rows or more (`width` lanes each summing one element of
     every `width` in order, then the lanes), `ggml_vec_dot_f16` for one row (4 accumulators of `width` lanes, added
-    (0+2)+(1+3), then the lanes). K must be a multiple of 4 * width (pad with zeros)."""
+    (0+2)+(1+3), then the lanes: by halves with AVX-512, by `hadd` with AVX2). K must be a multiple of 4 * width
+    (pad with zeros)."""
     products = a.float() * b.float()  # f16 x f16 is exact in float32
     k = products.shape[-1]
     if one_row:
@@ -360,7 +395,10 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
         for step in range(1, steps.shape[-3]):
             acc = acc + steps[..., step, :, :]
         lanes = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        return _halves(lanes).double().float()
+        if width == 16:
+            return _halves(lanes)
+        quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
+        return (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
     chunks = products.reshape(*products.shape[:-1], k // width, width)
     acc = chunks[..., 0, :]
     for chunk in range(1, chunks.shape[-2]):
@@ -368,9 +406,9 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
     return _halves(acc)
 
 
-def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """`ggml_swiglu`: `gate / (1 + expf(-gate)) * up` with `ggml_v_expf`."""
-    return torch.div(gate, 1.0 + ggml_expf(-gate)) * up
+def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor, width: int = 16) -> torch.Tensor:
+    """`ggml_swiglu`: `gate / (1 + expf(-gate)) * up` with `ggml_v_expf` (`width` float32 lanes)."""
+    return torch.div(gate, 1.0 + ggml_expf(-gate, width)) * up
 
 
 @functools.cache

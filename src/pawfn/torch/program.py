@@ -80,7 +80,8 @@ class TorchProgram(DecodingRuntime):
             store = None
             if files.derived_dir is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
-                mode += "+llamacpp-numerics" if config.numerics == "llamacpp" else ""
+                if config.numerics == "llamacpp":  # its arithmetic follows the CPU's vector width: a shared cache may span CPUs
+                    mode += f"+llamacpp-numerics-{interpreter.simd_width}-lanes"
                 store = PrefixStore.in_folder(files.derived_dir, files.base, bundle.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
             if prefix is None:
