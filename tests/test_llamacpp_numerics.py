@@ -1,6 +1,6 @@
 """`numerics="llamacpp"` against llama.cpp itself: each emulated rule on the tensors llama.cpp computes for one call
 (traced with `scripts/llamacpp_trace.py`: its inputs into pawfn's op, its outputs compared bit for bit), then the
-mode's tokens on the trained fixtures in the official configuration."""
+mode's tokens on the trained fixtures and on the tiny quantized bases in the official configuration."""
 
 from __future__ import annotations
 
@@ -14,21 +14,29 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from pawfn import PawConfig
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.errors import ConfigError
-from pawfn.torch.ggml import BlockMatrix, block_matrix, ggml_attention, ggml_rms_norm
+from pawfn.torch.ggml import (
+    BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table,
+    ggml_silu_mul,
+)
 from pawfn.torch.kernels import cpu_flags
-from tests.helpers.programs import requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
+from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-FLOORS: dict[str, int] = {"qwen3": 15, "gpt2": 13}
-"""Least sequences (of 16) equal to the official runtime's: measured 15 (qwen3) and 13 (gpt2) on an Intel Xeon
-with llama.cpp's AVX-512 build (`benchmarks/fidelity.py`); issue 19 asks 95% of sequences."""
+WIDTH = 16 if "avx512f" in cpu_flags() else 8
+"""float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
+STEPS = 3
+"""Decode steps traced after the input (evaluations 2, 3, 4: one row each)."""
+TINY_INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab",
+               "I love this product, it works great."]
 
 
 class Trace:
-    """The float32 tensors llama.cpp computed for one call, by evaluation (0: the prefix, 1: the input) and name."""
+    """The float32 tensors llama.cpp computed for one call, by evaluation (0: the prefix, 1: the input, 2...: decode
+    steps) and name."""
 
     def __init__(self, path: Path) -> None:
         self._arrays = np.load(path)
@@ -47,27 +55,40 @@ class Trace:
         return values.reshape(-1, width or values.shape[-1])
 
 
-def _matrices(path: Path) -> dict[str, BlockMatrix]:
+def _trace(program: Path, base: Path, text: str, out: Path) -> Trace:
+    subprocess.run(
+        [sys.executable, str(REPOSITORY / "scripts" / "llamacpp_trace.py"), "--program", str(program), "--base", str(base),
+         "--input", text, "--out", str(out), "--steps", str(STEPS)],
+        check=True, capture_output=True,
+    )
+    return Trace(out)
+
+
+def _matrices(path: Path, base: bool) -> dict[str, BlockMatrix]:
     found: dict[str, BlockMatrix] = {}
     for tensor in gguf.GGUFReader(path).tensors:
         if len(tensor.shape) == 2:
             raw: npt.NDArray[np.uint8] = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]))
+            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."))
             if matrix is not None:
                 found[tensor.name] = matrix
     return found
 
 
+def _vectors(path: Path) -> dict[str, torch.Tensor]:
+    return {t.name: torch.tensor(np.asarray(t.data)) for t in gguf.GGUFReader(path).tensors if len(t.shape) == 1}
+
+
 @pytest.fixture(scope="module")
 def qwen3_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainedProgram, Trace]:
     fixture = load_trained("qwen3")
-    out = tmp_path_factory.mktemp("trace") / "qwen3.npz"
-    subprocess.run(
-        [sys.executable, str(REPOSITORY / "scripts" / "llamacpp_trace.py"), "--program", str(fixture.program),
-         "--base", str(fixture.base("q6_k")), "--input", fixture.inputs[0], "--out", str(out)],
-        check=True, capture_output=True,
-    )
-    return fixture, Trace(out)
+    return fixture, _trace(fixture.program, fixture.base("q6_k"), fixture.inputs[0], tmp_path_factory.mktemp("trace") / "q.npz")
+
+
+@pytest.fixture(scope="module")
+def gpt2_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainedProgram, Trace]:
+    fixture = load_trained("gpt2")
+    return fixture, _trace(fixture.program, fixture.base("q8_0"), fixture.inputs[0], tmp_path_factory.mktemp("trace") / "g.npz")
 
 
 def _bit_exact(found: torch.Tensor, expected: torch.Tensor) -> None:
@@ -78,12 +99,13 @@ def _bit_exact(found: torch.Tensor, expected: torch.Tensor) -> None:
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("evaluation", [0, 1], ids=["prefix", "input"])
+@pytest.mark.parametrize("evaluation", [0, 1, 2], ids=["prefix", "input", "decode"])
 @pytest.mark.parametrize("layer", [0, 3])
 def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, layer: int) -> None:
-    """The q projection (Q6_K, tiled kernel: 25 and 48 rows) and its Q4_0 side path (a, then b on a's output)."""
+    """The q projection (Q6_K: the tiled kernel for 25 and 48 rows, the one-row kernel for a decode step) and its
+    Q4_0 side path (a, then b on a's output)."""
     fixture, trace = qwen3_trace
-    base, adapter = _matrices(fixture.base("q6_k")), _matrices(fixture.program / "adapter.gguf")
+    base, adapter = _matrices(fixture.base("q6_k"), base=True), _matrices(fixture.program / "adapter.gguf", base=False)
     start = trace.find(evaluation, f"attn_norm-{layer}")
     x = trace.at(start)
     name = f"blk.{layer}.attn_q.weight"
@@ -94,11 +116,22 @@ def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(qwen3_trace: tuple[Trained
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
+@pytest.mark.parametrize("evaluation", [1, 2], ids=["input", "decode"])
+def test_q6_k_products_over_several_blocks_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+    """ffn_down (3 blocks of 256 per row): the tiled kernel adds each block by FMA, the one-row kernel by lanes."""
+    fixture, trace = qwen3_trace
+    base = _matrices(fixture.base("q6_k"), base=True)
+    start = trace.find(evaluation, "ffn_swiglu-0")
+    _bit_exact(base["blk.0.ffn_down.weight"](trace.at(start)), trace.at(start + 1))
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
 def test_one_row_q6_k_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
     """llama.cpp keeps only the output row from the last layer's attention on: its feed-forward and output products
     run the one-row kernel (`ggml_vec_dot_q6_K_q8_K`)."""
     fixture, trace = qwen3_trace
-    base = _matrices(fixture.base("q6_k"))
+    base = _matrices(fixture.base("q6_k"), base=True)
     start = trace.find(1, "ffn_norm-3")
     x = trace.at(start)
     assert x.shape[0] == 1
@@ -111,7 +144,7 @@ def test_one_row_q6_k_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgra
 @pytest.mark.llamacpp
 def test_rms_norm_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
     fixture, trace = qwen3_trace
-    weights = {t.name: torch.tensor(np.asarray(t.data)) for t in gguf.GGUFReader(fixture.base("q6_k")).tensors if len(t.shape) == 1}
+    weights = _vectors(fixture.base("q6_k"))
     start = trace.find(1, "attn_norm-0")
     x = trace.at(start - 2)  # the layer's input (the embeddings), before norm-0
     _bit_exact(ggml_rms_norm(x, weights["blk.0.attn_norm.weight"], 1e-6), trace.at(start))
@@ -119,34 +152,113 @@ def test_rms_norm_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
-    """The input's 48 queries over the prefix's and its own keys and values, stored f16: kq, softmax, kqv."""
+def test_rope_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+    """Every head of q and k at every position of the call: angles by repeated float32 products, the C library's
+    cosf/sinf, GCC's FMA in the rotation."""
     _, trace = qwen3_trace
-    width = 16 if "avx512f" in cpu_flags() else 8
-    def roped(evaluation: int, name: str) -> torch.Tensor:  # rope follows the head norm
-        return trace.at(trace.find(evaluation, f"{name}_normed-0") + 1, 64)
+    start = 0
+    for evaluation in range(2 + STEPS):
+        n = trace.at(trace.find(evaluation, "embd")).shape[0]
+        cos, sin = ggml_rope_table(torch.arange(start, start + n), 64, 1e6)
+        for name in ("Qcur", "Kcur"):
+            normed = trace.find(evaluation, f"{name}_normed-1")
+            x = trace.at(normed, 64).reshape(n, -1, 64)
+            _bit_exact(ggml_rope(x, cos, sin).reshape(-1, 64), trace.at(normed + 1, 64))
+        start += n
 
-    def values_of(evaluation: int) -> torch.Tensor:  # the second tensor named Vcur-0 is the reshaped one
-        return trace.at(trace.find(evaluation, "Vcur-0", after=trace.find(evaluation, "Vcur-0") + 1), 64)
 
-    queries, prefix_keys, keys = roped(1, "Qcur"), roped(0, "Kcur"), roped(1, "Kcur")
-    prefix_values, values = values_of(0), values_of(1)
-    n, heads, kv_heads = 48, queries.shape[0] // 48, keys.shape[0] // 48
-    all_keys = torch.cat([prefix_keys.reshape(-1, kv_heads, 64), keys.reshape(n, kv_heads, 64)]).transpose(0, 1).half()
-    all_values = torch.cat([prefix_values.reshape(-1, kv_heads, 64), values.reshape(n, kv_heads, 64)]).transpose(0, 1).half()
-    found = ggml_attention(queries.reshape(n, heads, 64), all_keys, all_values, width)
-    _bit_exact(found, trace.at(trace.find(1, "kqv_out-0")))
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+    """Queries over the prefix's, the input's and the decoded tokens' keys and values, stored f16: kq, softmax, kqv
+    (tinyBLAS for the input's 48 rows, `ggml_vec_dot_f16` for each decode step's one)."""
+    _, trace = qwen3_trace
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    for evaluation in range(2 + STEPS):
+        queries = trace.at(trace.find(evaluation, "Qcur_normed-0") + 1, 64)
+        keys.append(trace.at(trace.find(evaluation, "Kcur_normed-0") + 1, 64).reshape(-1, 2, 64))
+        first = trace.find(evaluation, "Vcur-0")  # the second tensor named Vcur-0 is the reshaped one
+        values.append(trace.at(trace.find(evaluation, "Vcur-0", after=first + 1), 64).reshape(-1, 2, 64))
+        n = keys[-1].shape[0]
+        all_keys = torch.cat(keys).transpose(0, 1).half()
+        all_values = torch.cat(values).transpose(0, 1).half()
+        found = ggml_attention(queries.reshape(n, 4, 64), all_keys, all_values, WIDTH)
+        expected = trace.at(trace.find(evaluation, "kqv_out-0"))
+        _bit_exact(found, expected)
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("evaluation", [1, 2], ids=["input", "decode"])
+def test_swiglu_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+    _, trace = qwen3_trace
+    gate, up = trace.at(trace.find(evaluation, "ffn_gate-1")), trace.at(trace.find(evaluation, "ffn_up-1"))
+    _bit_exact(ggml_silu_mul(gate, up, WIDTH), trace.at(trace.find(evaluation, "ffn_swiglu-1")))
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("evaluation", [0, 1, 2], ids=["prefix", "input", "decode"])
+def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(gpt2_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+    """GPT-2's own ops: layer norm (variance by `WIDTH` lanes, a correctly rounded sqrtf), the f16 GELU table (its
+    `1 + a*x*x` fused), Q8_0 products and the Q4_0 side path, layer by layer."""
+    fixture, trace = gpt2_trace
+    base, adapter = _matrices(fixture.base("q8_0"), base=True), _matrices(fixture.program / "adapter.gguf", base=False)
+    ones, zeros = torch.ones(256), torch.zeros(256)
+    for layer in range(4):
+        norm = trace.find(evaluation, f"norm-{layer}")
+        _bit_exact(ggml_layer_norm(trace.at(norm - 1), ones, zeros, 1e-5, WIDTH), trace.at(norm))
+        x = trace.at(norm + 2)  # attn_norm: weighted and biased
+        name = f"blk.{layer}.attn_qkv.weight"
+        _bit_exact(base[name](x), trace.at(norm + 3))
+        _bit_exact(adapter[name + ".lora_a"](x), trace.at(norm + 4))
+        _bit_exact(adapter[name + ".lora_b"](trace.at(norm + 4)), trace.at(norm + 5))
+        gelu = trace.find(evaluation, f"ffn_gelu-{layer}")
+        _bit_exact(ggml_gelu(trace.at(gelu - 1)), trace.at(gelu))
+        _bit_exact(base[f"blk.{layer}.ffn_down.weight"](trace.at(gelu)), trace.at(gelu + 1))
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_repacked_q4_0_base_products_equal_llama_cpps(
+    quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram, tmp_path: Path
+) -> None:
+    """A Q4_0 base is repacked at load (block_q4_0x8) and multiplied by other kernels than a Q4_0 adapter is."""
+    program, base_path = wide_qwen3_program_q4, quantized_bases["Q4_0"]
+    trace = _trace(program.folder, base_path, TINY_INPUTS[4], tmp_path / "trace.npz")
+    base = _matrices(base_path, base=True)
+    assert base["blk.0.attn_q.weight"].repacked
+    for evaluation in (0, 1, 2):
+        start = trace.find(evaluation, "attn_norm-0")
+        _bit_exact(base["blk.0.attn_q.weight"](trace.at(start)), trace.at(start + 1))
 
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_llamacpp_numerics_give_the_official_runtimes_tokens(family: Family) -> None:
+    """Issue 19 asks 95% of sequences; measured: 16 of 16 for both families, with llama.cpp's AVX-512 build and
+    with an AVX2-only one (`benchmarks/fidelity.py`)."""
     fixture = load_trained(family)
     expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
     found = pawfn_tokens(fixture, fixture.program, OFFICIAL_BASE[family], PawConfig(numerics="llamacpp"))
     differ = differences(fixture.inputs, expected, found)
-    assert len(fixture.inputs) - len(differ) >= FLOORS[family], f"sequences that differ: {differ}"
+    assert not differ, f"sequences that differ: {differ}"
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("ftype", OFFICIAL_BASE_TYPES)
+def test_llamacpp_numerics_on_quantized_tiny_bases(ftype: str, quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram) -> None:
+    """Random weights (flat: any rounding flips a token) quantized by llama.cpp, a Q4_0 adapter, an f16 KV: every
+    token equal to llama.cpp's."""
+    program, base = wide_qwen3_program_q4, quantized_bases[ftype]
+    expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS, 24, n_ctx=2048, kv="f16")
+    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
+        found = [list(function.generate(text, RuntimeOptions(max_tokens=24)).token_ids) for text in TINY_INPUTS]
+    differ = differences(tuple(TINY_INPUTS), expected, found)
+    assert not differ, f"sequences that differ: {differ}"
 
 
 def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Path) -> None:
