@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
+_ATTENTION_VALUES = 1 << 24  # float32 values of elementwise products per attention pass (64 MB)
 _Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
 _LANES = 8
 
@@ -80,8 +81,8 @@ class BlockMatrix:
 
     kind: Literal["q4_0", "q8_0", "q6_k"]
     lane_weights: torch.Tensor
-    """Codes grouped by lane: [in/4 lane groups of 4 (Q*_0) or in/32 groups of 32 (Q6_K), group size, out],
-    float32 integers (Q6_K: signed code times its sub-block scale)."""
+    """Q4_0/Q8_0: codes grouped by lane, [in/4 lane groups, 4, out] float32 integers. Q6_K: each signed code times
+    its sub-block scale (-4096..4032) split as `64 * high + low` into int8 [2, out, in], for `torch._int_mm`."""
     scale: torch.Tensor
     """Per block f16 scale as float32, [out, blocks]."""
     sub_scales: torch.Tensor | None
@@ -93,7 +94,7 @@ class BlockMatrix:
     @property
     def out_features(self) -> int:
         """Output width."""
-        return int(self.lane_weights.shape[-1])
+        return int(self.lane_weights.shape[1] if self.kind == "q6_k" else self.lane_weights.shape[-1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
@@ -140,13 +141,13 @@ class BlockMatrix:
             acc = _fma32(d[:, :, block : block + 1], lanes[:, :, block], acc)
         return _halves(acc)
 
-    def _q6_k_products(self, codes: torch.Tensor) -> torch.Tensor:
-        """Per block and lane, the sum of signed code * scale * activation code: [n, out, blocks, 8] (exact)."""
-        n, blocks = codes.shape[0], codes.shape[1]
-        # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32
-        grouped = codes.reshape(n, blocks, 8, _LANES, 4).permute(1, 3, 0, 2, 4).reshape(blocks * _LANES, n, 32)
-        lanes = torch.bmm(grouped, self.lane_weights)  # exact: |sum| <= 32 * 32*128 * 127 < 2**24
-        return lanes.reshape(blocks, _LANES, n, -1).permute(2, 3, 0, 1)
+    def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
+        """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
+        int32 by `torch._int_mm`, the split weight's two halves joined in int32)."""
+        columns = slice(block * 256, (block + 1) * 256)
+        high = torch._int_mm(codes, self.lane_weights[0, :, columns].t())
+        low = torch._int_mm(codes, self.lane_weights[1, :, columns].t())
+        return high * 64 + low
 
     def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
         if self.sub_scales is None:
@@ -154,7 +155,12 @@ class BlockMatrix:
         n, out = x.shape[0], self.out_features
         codes, x_scale, sums = quantize_q8_k(x.float())
         blocks = codes.shape[1]
-        signed = self._q6_k_products(codes)
+        # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32: one row per lane, zeros elsewhere
+        spread = (codes.to(torch.int8).unsqueeze(2) * _lane_mask(x.device)).reshape(n, blocks, _LANES * 256)
+        signed = torch.stack([
+            self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out)
+            for block in range(blocks)
+        ], dim=2).permute(0, 3, 2, 1)  # [n, out, blocks, 8]
         # unsigned codes (signed + 32) add 32 * scale * x per element; the kernel then takes away
         # 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]); both per lane, in sub-block scales
         runs = codes.reshape(n, blocks, 8, _LANES, 4).sum(dim=-1)  # [n, blocks, run, lane]
@@ -164,17 +170,17 @@ class BlockMatrix:
             weights[:, :, lane, half::2] = runs[:, :, :, lane]  # sub-block 2*run + half holds this lane's run
             weights[:, :, lane, 2 * lane] -= sums[:, :, 2 * lane]
             weights[:, :, lane, 2 * lane + 1] -= sums[:, :, 2 * lane + 1]
-        correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)
-        correction = correction.reshape(blocks, n, _LANES, out).permute(1, 3, 0, 2)  # [n, out, blocks, 8]
-        lanes = (signed.double() + 32.0 * correction.double()).float()  # int32 lanes, then cvtepi32_ps
+        correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)  # exact
+        correction = correction.reshape(blocks, n, _LANES, out).permute(1, 3, 0, 2).to(torch.int32)
+        lanes = (signed + 32 * correction).float()  # int32 lanes, then cvtepi32_ps
         return self._sum_lanes(x_scale, lanes)
 
     def _q6_k_tiled(self, x: torch.Tensor) -> torch.Tensor:
         codes, x_scale, _ = quantize_q8_k(x.float())
-        exact = self._q6_k_products(codes).double().sum(dim=-1).float()  # [n, out, blocks]: int32, then to float
-        acc = torch.zeros(exact.shape[:2], dtype=torch.float32, device=x.device)
-        for block in range(exact.shape[2]):
-            weighted = exact[:, :, block] * self.scale[:, block].unsqueeze(0)
+        codes = codes.to(torch.int8)
+        acc = torch.zeros((x.shape[0], self.out_features), dtype=torch.float32, device=x.device)
+        for block in range(codes.shape[1]):
+            weighted = self._block_sums(block, codes[:, block]).float() * self.scale[:, block].unsqueeze(0)
             acc = _fma32(weighted, x_scale[:, block : block + 1], acc)
         return acc
 
@@ -208,13 +214,25 @@ def block_matrix(
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
         n_blocks = blocks.shape[1]
         codes, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
-        signed = codes.to(torch.float32).reshape(out_features, n_blocks, 16, 16)
-        sub = sub_scales.to(torch.float32).reshape(out_features, n_blocks, 16)
-        weighted = (signed * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 8, _LANES, 4)
-        lanes = weighted.permute(1, 3, 2, 4, 0).reshape(n_blocks * _LANES, 32, out_features).contiguous()
+        sub = sub_scales.to(torch.int16).reshape(out_features, n_blocks, 16)
+        weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.unsqueeze(-1)).reshape(out_features, -1)
+        high = torch.div(weighted, 64, rounding_mode="floor")
+        split = torch.stack([high, weighted - 64 * high]).to(torch.int8)  # high -64..63, low 0..63
         scale = d.reshape(out_features, n_blocks)
-        return BlockMatrix("q6_k", lanes, scale, sub.permute(1, 2, 0).contiguous())
+        return BlockMatrix("q6_k", split, scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
+
+
+@functools.cache
+def _lane_mask_cpu() -> torch.Tensor:
+    """[8, 256] int8: 1 where an element of a Q6_K block belongs to the one-row kernel's lane (offsets 4L..4L+3 of
+    each run of 32)."""
+    offsets = torch.arange(256) % 32
+    return (offsets.unsqueeze(0) // 4 == torch.arange(_LANES).unsqueeze(1)).to(torch.int8)
+
+
+def _lane_mask(device: torch.device) -> torch.Tensor:
+    return _lane_mask_cpu().to(device)
 
 
 def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
@@ -318,21 +336,24 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; masked positions weigh 0
     scale = torch.div(_f32(1.0), _sqrtf(_f32(float(dim))))
     queries = q.half().transpose(0, 1)  # [H, n, D]
-    hidden = torch.arange(padded).unsqueeze(0) > torch.arange(length - n, length).unsqueeze(1)  # [n, padded]
-    out = torch.empty((heads, n, dim), dtype=torch.float32)
-    for head in range(heads):
-        k = keys[head // group]  # [L, D]
-        v = torch.zeros((padded, dim), dtype=torch.float16)
-        v[:length] = values[head // group]
-        scores = torch.full((n, padded), -torch.inf, dtype=torch.float32)
-        scores[:, :length] = ggml_dot_f16(queries[head].unsqueeze(1), k.unsqueeze(0), one_row=n == 1, width=width)
+    hidden = torch.arange(padded, device=q.device).unsqueeze(0) > torch.arange(length - n, length, device=q.device).unsqueeze(1)
+    # heads a pass at a time: the elementwise products of the f16 dots take heads * n * L * D floats
+    per_pass = max(1, _ATTENTION_VALUES // max(1, n * padded * dim))
+    out = torch.empty((heads, n, dim), dtype=torch.float32, device=q.device)
+    for first in range(0, heads, per_pass):
+        last = min(heads, first + per_pass)
+        k = keys[first // group : (last - 1) // group + 1].repeat_interleave(group, dim=0)[first % group :][: last - first]
+        v = torch.zeros((last - first, padded, dim), dtype=torch.float16, device=q.device)
+        v[:, :length] = values[first // group : (last - 1) // group + 1].repeat_interleave(group, dim=0)[first % group :][: last - first]
+        scores = torch.full((last - first, n, padded), -torch.inf, dtype=torch.float32, device=q.device)
+        scores[..., :length] = ggml_dot_f16(queries[first:last].unsqueeze(2), k.unsqueeze(1), one_row=n == 1, width=width)
         scores = (scores * scale).masked_fill(hidden, -torch.inf)
         top = scores.amax(dim=-1, keepdim=True)
         weights = ggml_expf(scores - top, width)
-        chunk_sums = _halves(weights.reshape(n, padded // width, width))
+        chunk_sums = _halves(weights.reshape(last - first, n, padded // width, width))
         inverse = torch.div(torch.ones((), dtype=torch.float64), chunk_sums.double().sum(dim=-1, keepdim=True)).float()
-        probabilities = (weights * inverse).half()  # [n, padded]
-        out[head] = ggml_dot_f16(probabilities.unsqueeze(1), v.t().unsqueeze(0), one_row=n == 1, width=width)
+        probabilities = (weights * inverse).half()  # [heads, n, padded]
+        out[first:last] = ggml_dot_f16(probabilities.unsqueeze(2), v.transpose(1, 2).unsqueeze(1), one_row=n == 1, width=width)
     return out.transpose(0, 1).reshape(n, heads * dim)
 
 
