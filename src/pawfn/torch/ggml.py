@@ -82,7 +82,8 @@ class BlockMatrix:
     kind: Literal["q4_0", "q8_0", "q6_k"]
     lane_weights: torch.Tensor
     """Q4_0/Q8_0: codes grouped by lane, [in/4 lane groups, 4, out] float32 integers. Q6_K: each signed code times
-    its sub-block scale (-4096..4032) split as `64 * high + low` into int8 [2, out, in], for `torch._int_mm`."""
+    its sub-block scale (-4096..4032) split as `64 * high + low` into int8 [2, blocks, out, 256], each block's
+    [out, 256] contiguous for `torch._int_mm`."""
     scale: torch.Tensor
     """Per block f16 scale as float32, [out, blocks]."""
     sub_scales: torch.Tensor | None
@@ -94,7 +95,7 @@ class BlockMatrix:
     @property
     def out_features(self) -> int:
         """Output width."""
-        return int(self.lane_weights.shape[1] if self.kind == "q6_k" else self.lane_weights.shape[-1])
+        return int(self.lane_weights.shape[2] if self.kind == "q6_k" else self.lane_weights.shape[-1])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
@@ -136,17 +137,17 @@ class BlockMatrix:
         """The one-row kernels' float steps: each of the 8 lanes [n, out, blocks, 8] accumulates
         `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
         d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)  # [n, out, blocks], one float32 rounding
-        acc = torch.zeros((*lanes.shape[:2], _LANES), dtype=torch.float32, device=lanes.device)
-        for block in range(lanes.shape[2]):
-            acc = _fma32(d[:, :, block : block + 1], lanes[:, :, block], acc)
-        return _halves(acc)
+        products = d.double().unsqueeze(-1) * lanes.double()  # exact: float32 x float32 fits float64
+        acc = torch.zeros((*lanes.shape[:2], _LANES), dtype=torch.float64, device=lanes.device)
+        for block in range(lanes.shape[2]):  # each step an FMA: the sum rounded to float32
+            acc = (products[:, :, block] + acc).float().double()
+        return _halves(acc.float())
 
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
         int32 by `torch._int_mm`, the split weight's two halves joined in int32)."""
-        columns = slice(block * 256, (block + 1) * 256)
-        high = torch._int_mm(codes, self.lane_weights[0, :, columns].t())
-        low = torch._int_mm(codes, self.lane_weights[1, :, columns].t())
+        high = torch._int_mm(codes, self.lane_weights[0, block].t())
+        low = torch._int_mm(codes, self.lane_weights[1, block].t())
         return high * 64 + low
 
     def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,9 +216,9 @@ def block_matrix(
         n_blocks = blocks.shape[1]
         codes, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
         sub = sub_scales.to(torch.int16).reshape(out_features, n_blocks, 16)
-        weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.unsqueeze(-1)).reshape(out_features, -1)
+        weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 256)
         high = torch.div(weighted, 64, rounding_mode="floor")
-        split = torch.stack([high, weighted - 64 * high]).to(torch.int8)  # high -64..63, low 0..63
+        split = torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()  # high -64..63, low 0..63
         scale = d.reshape(out_features, n_blocks)
         return BlockMatrix("q6_k", split, scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
@@ -363,7 +364,9 @@ def _h(literal: str) -> float:
 
 
 def _fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
-    """float32 fused multiply-add of float32 operands, rounded once."""
+    """float32 fused multiply-add of float32 operands: the exact product plus `c` in float64, then float32 (that
+    double rounding differs from one rounding only where the float64 sum lands exactly halfway between two float32
+    values, about 2**-29 of sums)."""
     def wide(v: torch.Tensor | float) -> torch.Tensor:
         return v.double() if isinstance(v, torch.Tensor) else torch.tensor(np.float32(v).item(), dtype=torch.float64)
     return (wide(a) * wide(b) + wide(c)).float()
