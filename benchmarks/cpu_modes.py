@@ -3,7 +3,7 @@
 run every configuration in turn (after one process each that stores the prefix and converted weights). Prints
 the median figures and the median of each round's ratios to llama.cpp.
 
-    python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--rounds 3] [--threads N]
+    python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--rounds 3] [--threads N] [--modes ...]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ MODES: dict[str, list[str]] = {
     "torch float32": [],
     "torch float16 weights": ["--weight-dtype", "float16"],
     "torch int8 weights": ["--weight-dtype", "int8"],
+    "torch llamacpp numerics": ["--numerics", "llamacpp"],
 }
 
 
@@ -41,13 +42,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed calls per process, after a warm-up call")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every mode once, in turn")
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="modes to run (llama.cpp always)")
     args = parser.parse_args()
+    modes = {name: flags for name, flags in MODES.items() if name == "llama.cpp" or name in args.modes}
     base, bundle = prepare(args.workdir)
-    for flags in MODES.values():  # a first process stores what later ones read (prefix, converted weights)
+    for flags in modes.values():  # a first process stores what later ones read (prefix, converted weights)
         bench(base, bundle, flags, 1, args.threads)
     rounds: list[dict[str, dict[str, object]]] = []
     for _ in range(args.rounds):  # modes alternate, so the machine's drift reaches every mode alike
-        rounds.append({mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in MODES.items()})
+        rounds.append({mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in modes.items()})
 
     def value(figures: dict[str, object], key: str) -> float:
         return float(str(figures[key]))
@@ -55,15 +58,17 @@ def main() -> None:
     print(llama_cpp_build())
     print(f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   "
           "ratios to llama.cpp (call, load, RSS), median of the rounds' ratios")
-    for mode in MODES:
+    for mode in modes:
         figures = {key: statistics.median(value(r[mode], key) for r in rounds)
                    for key in ("median_ms", "ms_per_token", "load_s", "peak_rss_mb")}
         ratios = [statistics.median(value(r[mode], key) / value(r["llama.cpp"], key) for r in rounds)
                   for key in ("median_ms", "load_s", "peak_rss_mb")]
         print(f"{mode:24} {figures['median_ms']:9.0f} ms {figures['ms_per_token']:9.1f} {figures['load_s']:6.2f} s "
               f"{figures['peak_rss_mb']:6.0f} MiB   " + ", ".join(f"{ratio:.2f}x" for ratio in ratios))
-    calls = ", ".join(f"{value(r['torch int8 weights'], 'median_ms') / value(r['llama.cpp'], 'median_ms'):.2f}x" for r in rounds)
-    print(f"int8 call / llama.cpp call per round: {calls}")
+    for mode in modes:
+        if mode != "llama.cpp":
+            calls = ", ".join(f"{value(r[mode], 'median_ms') / value(r['llama.cpp'], 'median_ms'):.2f}x" for r in rounds)
+            print(f"{mode} call / llama.cpp call per round: {calls}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pawfn import GPT2, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B
 from tests.helpers.references import (
     llama_generate, llama_generate_each, llama_logits_each, OFFICIAL_BASE_TYPES, official_token_ids, peft_generate, peft_logits,
 )
-from tests.helpers.tiny_models import TinyInterpreter, dequantized
+from tests.helpers.tiny_models import dequantized
 
 INPUTS = [
     "Urgent: the server is down!",

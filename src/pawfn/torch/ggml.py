@@ -146,8 +146,8 @@ class BlockMatrix:
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
         int32 by `torch._int_mm`, the split weight's two halves joined in int32)."""
-        high = torch._int_mm(codes, self.lane_weights[0, block].t())
-        low = torch._int_mm(codes, self.lane_weights[1, block].t())
+        high = _int_mm(codes, self.lane_weights[0, block].t())
+        low = _int_mm(codes, self.lane_weights[1, block].t())
         return high * 64 + low
 
     def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -224,6 +224,12 @@ def block_matrix(
     return None
 
 
+def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [m, k] times int8 [k, n], summed exactly in int32 (torch's oneDNN int8 GEMM; private but stable API)."""
+    product: torch.Tensor = torch._int_mm(a, b)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
+    return product
+
+
 @functools.cache
 def _lane_mask_cpu() -> torch.Tensor:
     """[8, 256] int8: 1 where an element of a Q6_K block belongs to the one-row kernel's lane (offsets 4L..4L+3 of
@@ -290,7 +296,7 @@ def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tupl
     table = torch.cat(angles, dim=1)
     if libm is None:
         return torch.cos(table.double()).float().unsqueeze(1), torch.sin(table.double()).float().unsqueeze(1)
-    values = table.cpu().flatten().tolist()
+    values = [float(v) for v in table.cpu().flatten().numpy()]
     cos = torch.tensor([libm.cosf(v) for v in values], dtype=torch.float32).reshape(table.shape)
     sin = torch.tensor([libm.sinf(v) for v in values], dtype=torch.float32).reshape(table.shape)
     return cos.to(table.device).unsqueeze(1), sin.to(table.device).unsqueeze(1)
