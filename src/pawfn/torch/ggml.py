@@ -137,11 +137,13 @@ class BlockMatrix:
         """The one-row kernels' float steps: each of the 8 lanes [n, out, blocks, 8] accumulates
         `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
         d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)  # [n, out, blocks], one float32 rounding
-        products = d.double().unsqueeze(-1) * lanes.double()  # exact: float32 x float32 fits float64
-        acc = torch.zeros((*lanes.shape[:2], _LANES), dtype=torch.float64, device=lanes.device)
-        for block in range(lanes.shape[2]):  # each step an FMA: the sum rounded to float32
-            acc = (products[:, :, block] + acc).float().double()
-        return _halves(acc.float())
+        # exact float32 x float32 products in float64; numpy for the sequential steps (the mode runs on the CPU,
+        # and numpy's per-call cost is a fraction of torch's on these small arrays)
+        products = np.ascontiguousarray((d.double().unsqueeze(-1) * lanes.double()).permute(2, 0, 1, 3).numpy())
+        acc = np.zeros(products.shape[1:], dtype=np.float64)
+        for block in range(products.shape[0]):  # each step an FMA: the sum rounded to float32
+            acc = (products[block] + acc).astype(np.float32).astype(np.float64)
+        return _halves(torch.from_numpy(acc.astype(np.float32)))
 
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
