@@ -130,17 +130,20 @@ class BlockMatrix:
         blocks = codes.shape[1]
         groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
         lanes = torch.bmm(groups, self.lane_weights)  # exact: 4 products of |code| <= 127
-        lanes = lanes.reshape(blocks, _LANES, n, out).permute(2, 3, 0, 1)  # [n, out, blocks, 8]
+        lanes = lanes.reshape(blocks, _LANES, n, out).permute(0, 2, 3, 1)  # [blocks, n, out, 8]
         return self._sum_lanes(x_scale, lanes)
 
     def _sum_lanes(self, x_scale: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
-        """The one-row kernels' float steps: each of the 8 lanes [n, out, blocks, 8] accumulates
+        """The one-row kernels' float steps: each of the 8 lanes [blocks, n, out, 8] accumulates
         `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
-        d = x_scale.unsqueeze(1) * self.scale.unsqueeze(0)  # [n, out, blocks], one float32 rounding
+        d = x_scale.t().unsqueeze(-1) * self.scale.t().unsqueeze(1)  # [blocks, n, out], one float32 rounding
         # exact float32 x float32 products in float64; numpy for the sequential steps (the mode runs on the CPU,
         # and numpy's per-call cost is a fraction of torch's on these small arrays)
-        products = np.ascontiguousarray((d.double().unsqueeze(-1) * lanes.double()).permute(2, 0, 1, 3).numpy())
-        acc = np.zeros(products.shape[1:], dtype=np.float64)
+        first = d[0].unsqueeze(-1) * lanes[0]  # fma(d, lane, 0): the product rounded once
+        if lanes.shape[0] == 1:
+            return _halves(first)
+        products = (d[1:].double().unsqueeze(-1) * lanes[1:].double()).contiguous().numpy()
+        acc = first.double().numpy()
         for block in range(products.shape[0]):  # each step an FMA: the sum rounded to float32
             acc = (products[block] + acc).astype(np.float32).astype(np.float64)
         return _halves(torch.from_numpy(acc.astype(np.float32)))
@@ -163,7 +166,7 @@ class BlockMatrix:
         signed = torch.stack([
             self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out)
             for block in range(blocks)
-        ], dim=2).permute(0, 3, 2, 1)  # [n, out, blocks, 8]
+        ]).transpose(2, 3)  # [blocks, n, out, 8]
         # unsigned codes (signed + 32) add 32 * scale * x per element; the kernel then takes away
         # 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]); both per lane, in sub-block scales
         runs = codes.reshape(n, blocks, 8, _LANES, 4).sum(dim=-1)  # [n, blocks, run, lane]
@@ -174,7 +177,7 @@ class BlockMatrix:
             weights[:, :, lane, 2 * lane] -= sums[:, :, 2 * lane]
             weights[:, :, lane, 2 * lane + 1] -= sums[:, :, 2 * lane + 1]
         correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)  # exact
-        correction = correction.reshape(blocks, n, _LANES, out).permute(1, 3, 0, 2).to(torch.int32)
+        correction = correction.reshape(blocks, n, _LANES, out).transpose(2, 3).to(torch.int32)
         lanes = (signed + 32 * correction).float()  # int32 lanes, then cvtepi32_ps
         return self._sum_lanes(x_scale, lanes)
 
@@ -419,22 +422,22 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
     every `width` in order, then the lanes), `ggml_vec_dot_f16` for one row (4 accumulators of `width` lanes, added
     (0+2)+(1+3), then the lanes: by halves with AVX-512, by `hadd` with AVX2). K must be a multiple of 4 * width
     (pad with zeros)."""
-    products = a.float() * b.float()  # f16 x f16 is exact in float32
-    k = products.shape[-1]
+    a, b = a.float(), b.float()  # f16 x f16 is exact in float32: each step adds an exact product, rounded once
+    k = a.shape[-1]
     if one_row:
-        steps = products.reshape(*products.shape[:-1], k // (4 * width), 4, width)
-        acc = steps[..., 0, :, :]
-        for step in range(1, steps.shape[-3]):
-            acc = acc + steps[..., step, :, :]
-        lanes = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        step = 4 * width
+        acc = a[..., :step] * b[..., :step]
+        for start in range(step, k, step):
+            acc = torch.addcmul(acc, a[..., start : start + step], b[..., start : start + step])
+        parts = acc.unflatten(-1, (4, width))
+        lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
         if width == 16:
             return _halves(lanes)
         quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
         return (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
-    chunks = products.reshape(*products.shape[:-1], k // width, width)
-    acc = chunks[..., 0, :]
-    for chunk in range(1, chunks.shape[-2]):
-        acc = acc + chunks[..., chunk, :]
+    acc = a[..., :width] * b[..., :width]
+    for start in range(width, k, width):
+        acc = torch.addcmul(acc, a[..., start : start + width], b[..., start : start + width])
     return _halves(acc)
 
 
