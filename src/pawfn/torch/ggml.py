@@ -146,7 +146,7 @@ class BlockMatrix:
         acc = first.double().numpy()
         for block in range(products.shape[0]):  # each step an FMA: the sum rounded to float32
             acc = (products[block] + acc).astype(np.float32).astype(np.float64)
-        return _halves(torch.from_numpy(acc.astype(np.float32)))
+        return _halves(torch.as_tensor(acc.astype(np.float32)))
 
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
@@ -429,7 +429,7 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
         acc = a[..., :step] * b[..., :step]
         for start in range(step, k, step):
             acc = torch.addcmul(acc, a[..., start : start + step], b[..., start : start + step])
-        parts = acc.unflatten(-1, (4, width))
+        parts = acc.reshape(*acc.shape[:-1], 4, width)
         lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
         if width == 16:
             return _halves(lanes)
