@@ -271,6 +271,14 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
         check_llamacpp_numerics(torch.device("cpu"), torch.bfloat16, None)
 
 
+def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pawfn.torch import engine
+
+    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
+    with pytest.raises(ConfigError, match="x86 CPU kernels"):
+        engine.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
+
+
 def test_numerics_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_NUMERICS", "llamacpp")
     assert PawConfig.from_env().numerics == "llamacpp"

@@ -51,6 +51,11 @@ def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dty
             f"arithmetic), not on {device.type} with {str(dtype).removeprefix('torch.')}"
             f"{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}; drop those options or use numerics='native'"
         )
+    if not {"avx2", "fma"} <= cpu_flags():
+        raise ConfigError(
+            "numerics='llamacpp' reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and this CPU has "
+            "neither (another architecture's llama.cpp rounds differently); use numerics='native'"
+        )
 
 
 def torch_dtype(name: str) -> torch.dtype:
