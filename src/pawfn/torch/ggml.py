@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
+_PAIR_MASK = (torch.arange(16).unsqueeze(0) // 2 == torch.arange(8).unsqueeze(1)).float()
+"""[lane, sub-block]: the one-row Q6_K kernel corrects lane L with sub-blocks 2L and 2L+1."""
 _ATTENTION_VALUES = 1 << 24  # float32 values of elementwise products per attention pass (64 MB)
 _Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
 _LANES = 8
@@ -81,8 +83,8 @@ class BlockMatrix:
 
     kind: Literal["q4_0", "q8_0", "q6_k"]
     lane_weights: torch.Tensor
-    """Q4_0/Q8_0: codes grouped by lane, [in/4 lane groups, 4, out] float32 integers. Q6_K: each signed code times
-    its sub-block scale (-4096..4032) split as `64 * high + low` into int8 [2, blocks, out, 256], each block's
+    """Q4_0/Q8_0: codes grouped by lane, [in/4 lane groups, 4, out] float32 integers. Q6_K: each unsigned code
+    (0..63) times its sub-block scale, split as `64 * high + low` into int8 [2, blocks, out, 256], each block's
     [out, 256] contiguous for `torch._int_mm`."""
     scale: torch.Tensor
     """Per block f16 scale as float32, [out, blocks]."""
@@ -156,38 +158,36 @@ class BlockMatrix:
         return high * 64 + low
 
     def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sub_scales is None:
-            raise ValueError("a Q6_K matrix needs its sub-block scales")
         n, out = x.shape[0], self.out_features
         codes, x_scale, sums = quantize_q8_k(x.float())
         blocks = codes.shape[1]
         # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32: one row per lane, zeros elsewhere
         spread = (codes.to(torch.int8).unsqueeze(2) * _lane_mask(x.device)).reshape(n, blocks, _LANES * 256)
-        signed = torch.stack([
+        unsigned = torch.stack([
             self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out)
             for block in range(blocks)
-        ]).transpose(2, 3)  # [blocks, n, out, 8]
-        # unsigned codes (signed + 32) add 32 * scale * x per element; the kernel then takes away
-        # 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]); both per lane, in sub-block scales
-        runs = codes.reshape(n, blocks, 8, _LANES, 4).sum(dim=-1)  # [n, blocks, run, lane]
-        weights = torch.zeros((n, blocks, _LANES, 16), dtype=torch.float32, device=x.device)
-        for lane in range(_LANES):
-            half = 1 if lane >= 4 else 0
-            weights[:, :, lane, half::2] = runs[:, :, :, lane]  # sub-block 2*run + half holds this lane's run
-            weights[:, :, lane, 2 * lane] -= sums[:, :, 2 * lane]
-            weights[:, :, lane, 2 * lane + 1] -= sums[:, :, 2 * lane + 1]
-        correction = torch.bmm(weights.transpose(0, 1).reshape(blocks, n * _LANES, 16), self.sub_scales)  # exact
-        correction = correction.reshape(blocks, n, _LANES, out).transpose(2, 3).to(torch.int32)
-        lanes = (signed + 32 * correction).float()  # int32 lanes, then cvtepi32_ps
-        return self._sum_lanes(x_scale, lanes)
+        ])  # [blocks, n, 8, out]: each lane's sum of unsigned code * scale * x
+        # the kernel then takes 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]) from lane L
+        pairs = sums.transpose(0, 1).unsqueeze(2) * _PAIR_MASK.to(x.device)  # [blocks, n, 8, 16]
+        terms = self._times_sub_scales(pairs.reshape(blocks, n * _LANES, 16)).reshape(blocks, n, _LANES, out)
+        lanes = unsigned - 32 * terms.to(torch.int32)
+        return self._sum_lanes(x_scale, lanes.transpose(2, 3).float())  # int32 lanes, then cvtepi32_ps
+
+    def _times_sub_scales(self, weights: torch.Tensor) -> torch.Tensor:
+        """[blocks, m, 16] integers times each block's sub-block scales: [blocks, m, out], exact (below 2**23)."""
+        if self.sub_scales is None:
+            raise ValueError("a Q6_K matrix needs its sub-block scales")
+        return torch.bmm(weights, self.sub_scales)
 
     def _q6_k_tiled(self, x: torch.Tensor) -> torch.Tensor:
-        codes, x_scale, _ = quantize_q8_k(x.float())
+        codes, x_scale, sums = quantize_q8_k(x.float())
         codes = codes.to(torch.int8)
+        # the exact block sums of signed codes: the unsigned ones less 32 * sum over sub-blocks of bsum * scale
+        offsets = 32 * self._times_sub_scales(sums.transpose(0, 1).contiguous()).to(torch.int32)  # [blocks, n, out]
         acc = torch.zeros((x.shape[0], self.out_features), dtype=torch.float32, device=x.device)
         for block in range(codes.shape[1]):
-            weighted = self._block_sums(block, codes[:, block]).float() * self.scale[:, block].unsqueeze(0)
-            acc = _fma32(weighted, x_scale[:, block : block + 1], acc)
+            exact = self._block_sums(block, codes[:, block]) - offsets[block]
+            acc = _fma32(exact.float() * self.scale[:, block].unsqueeze(0), x_scale[:, block : block + 1], acc)
         return acc
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
@@ -221,9 +221,10 @@ def block_matrix(
         n_blocks = blocks.shape[1]
         codes, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
         sub = sub_scales.to(torch.int16).reshape(out_features, n_blocks, 16)
-        weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 256)
+        unsigned = codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) + 32  # 0..63, as the kernels read them
+        weighted = (unsigned * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 256)  # -8064..8001
         high = torch.div(weighted, 64, rounding_mode="floor")
-        split = torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()  # high -64..63, low 0..63
+        split = torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()  # high -126..125, low 0..63
         scale = d.reshape(out_features, n_blocks)
         return BlockMatrix("q6_k", split, scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
