@@ -53,8 +53,9 @@ def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dty
         )
     if not {"avx2", "fma"} <= cpu_flags():
         raise ConfigError(
-            "numerics='llamacpp' reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and this CPU has "
-            "neither (another architecture's llama.cpp rounds differently); use numerics='native'"
+            "numerics='llamacpp' reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and /proc/cpuinfo "
+            "lists neither here (an ARM CPU's llama.cpp rounds differently; other systems are not read); use "
+            "numerics='native'"
         )
 
 
