@@ -48,6 +48,8 @@ __all__ = [
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 _PAIR_MASK = (torch.arange(16).unsqueeze(0) // 2 == torch.arange(8).unsqueeze(1)).float()
 """[lane, sub-block]: the one-row Q6_K kernel corrects lane L with sub-blocks 2L and 2L+1."""
+_LANE_MASK = (torch.arange(256).unsqueeze(0) % 32 // 4 == torch.arange(8).unsqueeze(1)).to(torch.int8)
+"""[lane, element]: a Q6_K block's elements the one-row kernel's lane L sums (offsets 4L..4L+3 of each run of 32)."""
 _ATTENTION_VALUES = 1 << 24  # float32 values of elementwise products per attention pass (64 MB)
 _Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
 _LANES = 8
@@ -113,42 +115,32 @@ class BlockMatrix:
             return self._q4_0_repacked(x)
         return self._q0_rows(x)
 
-    def _q4_0_repacked(self, x: torch.Tensor) -> torch.Tensor:
+    def _q0_lanes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x` as Q8_0 times the Q4_0/Q8_0 codes: the activation scales [n, blocks] and every block's 8 lane sums of
+        4 products, [blocks, 8, n, out] (exact: 4 products of |code| <= 127)."""
         n, out = x.shape[0], self.out_features
         codes, x_scale = quantize_q8_0(x.float())
         blocks = codes.shape[1]
         groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
-        lanes = torch.bmm(groups, self.lane_weights).reshape(blocks, _LANES, n, out)
+        return x_scale, torch.bmm(groups, self.lane_weights).reshape(blocks, _LANES, n, out)
+
+    def _block_scales(self, x_scale: torch.Tensor) -> torch.Tensor:
+        """`d_x * d_w` per block, input row and output, [blocks, n, out]: one float32 rounding."""
+        return x_scale.t().unsqueeze(-1) * self.scale.t().unsqueeze(1)
+
+    def _q4_0_repacked(self, x: torch.Tensor) -> torch.Tensor:
+        x_scale, lanes = self._q0_lanes(x)
         sums = lanes.sum(dim=1)  # [blocks, n, out], exact: |sum| <= 32 * 8 * 127
-        d = x_scale.t().unsqueeze(-1) * self.scale.t().unsqueeze(1)  # [blocks, n, out], one float32 rounding
-        acc = torch.zeros((n, out), dtype=torch.float32, device=x.device)
-        for block in range(blocks):
-            acc = _fma32(sums[block], d[block], acc)
-        return acc
+        return _fma_chain(sums, self._block_scales(x_scale))
 
     def _q0_rows(self, x: torch.Tensor) -> torch.Tensor:
-        n, out = x.shape[0], self.out_features
-        codes, x_scale = quantize_q8_0(x.float())
-        blocks = codes.shape[1]
-        groups = codes.reshape(n, blocks * _LANES, 4).transpose(0, 1)  # [lanes, n, 4]
-        lanes = torch.bmm(groups, self.lane_weights)  # exact: 4 products of |code| <= 127
-        lanes = lanes.reshape(blocks, _LANES, n, out).permute(0, 2, 3, 1)  # [blocks, n, out, 8]
-        return self._sum_lanes(x_scale, lanes)
+        x_scale, lanes = self._q0_lanes(x)
+        return self._sum_lanes(x_scale, lanes.permute(0, 2, 3, 1))  # [blocks, n, out, 8]
 
     def _sum_lanes(self, x_scale: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """The one-row kernels' float steps: each of the 8 lanes [blocks, n, out, 8] accumulates
         `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
-        d = x_scale.t().unsqueeze(-1) * self.scale.t().unsqueeze(1)  # [blocks, n, out], one float32 rounding
-        # exact float32 x float32 products in float64; numpy for the sequential steps (the mode runs on the CPU,
-        # and numpy's per-call cost is a fraction of torch's on these small arrays)
-        first = d[0].unsqueeze(-1) * lanes[0]  # fma(d, lane, 0): the product rounded once
-        if lanes.shape[0] == 1:
-            return _halves(first)
-        products = (d[1:].double().unsqueeze(-1) * lanes[1:].double()).contiguous().numpy()
-        acc = first.double().numpy()
-        for block in range(products.shape[0]):  # each step an FMA: the sum rounded to float32
-            acc = (products[block] + acc).astype(np.float32).astype(np.float64)
-        return _halves(torch.as_tensor(acc.astype(np.float32)))
+        return _halves(_fma_chain(self._block_scales(x_scale).unsqueeze(-1), lanes))
 
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
@@ -162,7 +154,7 @@ class BlockMatrix:
         codes, x_scale, sums = quantize_q8_k(x.float())
         blocks = codes.shape[1]
         # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32: one row per lane, zeros elsewhere
-        spread = (codes.to(torch.int8).unsqueeze(2) * _lane_mask(x.device)).reshape(n, blocks, _LANES * 256)
+        spread = (codes.to(torch.int8).unsqueeze(2) * _LANE_MASK.to(x.device)).reshape(n, blocks, _LANES * 256)
         unsigned = torch.stack([
             self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out)
             for block in range(blocks)
@@ -230,22 +222,24 @@ def block_matrix(
     return None
 
 
+def _fma_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`acc = fma(a[i], b[i], acc)` over the first axis from `acc = 0` (broadcast otherwise), rounded to float32 at
+    each step as the kernels' FMA: the products exact in float64, the sequential sums in numpy (the mode runs on
+    the CPU, and numpy's per-call cost is a fraction of torch's on these small arrays)."""
+    first = a[0] * b[0]  # fma(a, b, 0): the product rounded once
+    if a.shape[0] == 1:
+        return first
+    products = (a[1:].double() * b[1:].double()).contiguous().numpy()
+    acc = first.double().numpy()
+    for step in products:
+        acc = (step + acc).astype(np.float32).astype(np.float64)
+    return torch.as_tensor(acc.astype(np.float32))
+
+
 def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """int8 [m, k] times int8 [k, n], summed exactly in int32 (torch's oneDNN int8 GEMM; private but stable API)."""
     product: torch.Tensor = torch._int_mm(a, b)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
     return product
-
-
-@functools.cache
-def _lane_mask_cpu() -> torch.Tensor:
-    """[8, 256] int8: 1 where an element of a Q6_K block belongs to the one-row kernel's lane (offsets 4L..4L+3 of
-    each run of 32)."""
-    offsets = torch.arange(256) % 32
-    return (offsets.unsqueeze(0) // 4 == torch.arange(_LANES).unsqueeze(1)).to(torch.int8)
-
-
-def _lane_mask(device: torch.device) -> torch.Tensor:
-    return _lane_mask_cpu().to(device)
 
 
 def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
@@ -355,9 +349,10 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
     out = torch.empty((heads, n, dim), dtype=torch.float32, device=q.device)
     for first in range(0, heads, per_pass):
         last = min(heads, first + per_pass)
-        k = keys[first // group : (last - 1) // group + 1].repeat_interleave(group, dim=0)[first % group :][: last - first]
+        shared = torch.arange(first, last, device=q.device) // group  # the KV head of each query head
+        k = keys[shared]
         v = torch.zeros((last - first, padded, dim), dtype=torch.float16, device=q.device)
-        v[:, :length] = values[first // group : (last - 1) // group + 1].repeat_interleave(group, dim=0)[first % group :][: last - first]
+        v[:, :length] = values[shared]
         scores = torch.full((last - first, n, padded), -torch.inf, dtype=torch.float32, device=q.device)
         scores[..., :length] = ggml_dot_f16(queries[first:last].unsqueeze(2), k.unsqueeze(1), one_row=n == 1, width=width)
         scores = (scores * scale).masked_fill(hidden, -torch.inf)
@@ -400,7 +395,8 @@ def ggml_expf(x: torch.Tensor, width: int = 16) -> torch.Tensor:
         special = n.abs() > 192
         return torch.where(special, torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf)), result)
     j = _fma32(high, u, _h("0x1.ffffecp-1") * b)
-    near = _fma32(j, torch.ldexp(torch.ones_like(n), n), torch.ldexp(torch.ones_like(n), n))  # 2**n exact for |n| <= 126
+    power = torch.ldexp(torch.ones_like(n), n)  # 2**n, exact for |n| <= 126
+    near = _fma32(j, power, power)
     # |n| > 126: (2**(n - e) * (1 + j), rounded) * 2**e with e = -125 (n <= 0) or 127, rounded again
     shift = torch.where(n <= 0, torch.full_like(n, -125.0), torch.full_like(n, 127.0))
     scaled = torch.ldexp(torch.ones_like(n), n - shift)
