@@ -262,7 +262,7 @@ def requantize_adapter(source: Path, destination: Path, qtype: gguf.GGMLQuantiza
     writer.close()
 
 
-def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int, program_steps: int, work: Path) -> dict[str, Any]:
+def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int, program_steps: int, work: Path) -> dict[str, Any]:  # Any: the manifest's JSON facts (numbers, lists, strings)
     started = time.perf_counter()
     train_texts, held_out = corpus()
     torch.manual_seed(seed)

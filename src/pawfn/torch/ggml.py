@@ -329,7 +329,7 @@ def _libm() -> _Libm | None:
             getattr(library, function).argtypes = [ctypes.c_float] * arguments
     except (OSError, AttributeError):
         return None
-    return cast(_Libm, library)
+    return cast(_Libm, library)  # ctypes resolves the functions by name at run time: the Protocol names them
 
 
 def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: int = 16) -> torch.Tensor:
