@@ -26,6 +26,7 @@ from .dequant import RowTable
 from .ggml import (
     BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul,
 )
+from .ggml_native import NativeBlockMatrix, native_attention, native_expf, native_kernels
 from .families import Architecture
 from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, cpu_flags, concat_stored, pack, plain, stored_names
@@ -39,7 +40,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
 _CACHE_GRANULE = 256  # tokens; the KV buffer grows in steps of this size
 
-Product = Matrix | BlockMatrix
+Product = Matrix | BlockMatrix | NativeBlockMatrix
 """A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
@@ -212,8 +213,11 @@ class TorchInterpreter:
         flags = cpu_flags()
         self.simd_width = 16 if "avx512f" in flags else 8
         """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
+        self.ggml_kernels = None
+        """llama.cpp's products, attention and exp in C (`numerics="llamacpp"`; None: the torch emulation)."""
         if numerics == "llamacpp":
             check_llamacpp_numerics(device, dtype, weight_dtype)
+            self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
         elif weight_dtype is None:
             self._load_plain(weights, matrix_names, fused, progress)
@@ -289,7 +293,7 @@ class TorchInterpreter:
 
     def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
         stored = weights.raw(name)
-        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], name.startswith("blk."))
+        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], name.startswith("blk."), self.ggml_kernels is not None)
         return plain(tensor, None) if blocks is None else blocks
 
     def _load_compact(
@@ -392,7 +396,7 @@ class TorchInterpreter:
 
     def _llamacpp_lora(self, values: npt.NDArray[np.float32], blocks: tuple[RawTensor, RawTensor] | None, half: int) -> Product:
         """One half of a side path for `numerics="llamacpp"`: its blocks where quantized, else float32."""
-        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0])
+        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0], native=self.ggml_kernels is not None)
         return plain(self._on_device(values), None) if matrix is None else matrix
 
     def _on_device(self, array: npt.NDArray[np.float32] | torch.Tensor) -> torch.Tensor:
@@ -533,7 +537,12 @@ class _Pass:
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return ggml_silu_mul(gate, up, self._interpreter.simd_width) if self._llamacpp else F.silu(gate) * up
+        if not self._llamacpp:
+            return F.silu(gate) * up
+        kernels = self._interpreter.ggml_kernels
+        if kernels is None:
+            return ggml_silu_mul(gate, up, self._interpreter.simd_width)
+        return torch.div(gate, 1.0 + native_expf(kernels, -gate, self._interpreter.simd_width)) * up
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")
@@ -589,7 +598,7 @@ class _ForwardPass(_Pass):
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
         if self._llamacpp:
-            return _attend_llamacpp(self._cache, layer, self._start, q, k, v, self._interpreter.simd_width)
+            return _attend_llamacpp(self._cache, layer, self._start, q, k, v, self._interpreter)
         return _attend(arch, self._cache, layer, self._start, q, k, v, self._mask)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -624,7 +633,7 @@ class _StepPass(_Pass):
         arch = self.architecture
         if self._llamacpp:
             return torch.cat([
-                _attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter.simd_width)
+                _attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
                 for i, row in enumerate(self._rows)
             ])
         return torch.cat([
@@ -650,16 +659,19 @@ def _attend(
 
 
 def _attend_llamacpp(
-    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int
+    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    interpreter: TorchInterpreter,
 ) -> torch.Tensor:
     """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
     end = cache.store(layer, position, k, v)
     keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
     prefix = cache.prefix
-    if prefix is not None and prefix.length:
-        keys = torch.cat([prefix.keys[layer], keys], dim=1)
-        values = torch.cat([prefix.values[layer], values], dim=1)
-    return ggml_attention(q, keys, values, width)
+    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+    if interpreter.ggml_kernels is not None:
+        return native_attention(interpreter.ggml_kernels, q, shared, keys, values, interpreter.simd_width)
+    if shared is not None:
+        keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
+    return ggml_attention(q, keys, values, interpreter.simd_width)
 
 
 def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
+from .ggml_native import NativeBlockMatrix, native_kernels
 
 __all__ = [
     "BlockMatrix", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope", "ggml_rope_table",
@@ -188,38 +189,54 @@ class BlockMatrix:
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
-    return raw.contiguous().view(torch.float16).float().squeeze(-1)
+    return raw.contiguous().view(torch.float16).float().squeeze(-1).contiguous()
 
 
 def block_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False
-) -> BlockMatrix | None:
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False,
+    native: bool = True,
+) -> BlockMatrix | NativeBlockMatrix | None:
     """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here.
     `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the embeddings' it
-    does not)."""
+    does not). `native`: on the C kernels where they build (`ggml_native`), else the torch emulation."""
+    kernels = native_kernels() if native else None
     data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
-    if qtype == gguf.GGMLQuantizationType.Q8_0:
-        blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
-        codes = blocks[:, :, 2:].contiguous().view(torch.int8).float()
-        return BlockMatrix("q8_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None)
-    if qtype == gguf.GGMLQuantizationType.Q4_0:
-        blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
-        packed = blocks[:, :, 2:]
-        codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8).float() - 8.0  # low nibbles first
-        repacked = base_layer and out_features % 8 == 0
-        return BlockMatrix("q4_0", _q0_lanes(codes), _f16(blocks[:, :, :2]), None, repacked)
+    if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
+        if qtype == gguf.GGMLQuantizationType.Q8_0:
+            blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
+            codes = blocks[:, :, 2:].contiguous().view(torch.int8)
+            kind: Literal["q4_0", "q8_0"] = "q8_0"
+        else:
+            blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
+            packed = blocks[:, :, 2:]
+            codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8) - 8  # low nibbles first
+            kind = "q4_0"
+        repacked = kind == "q4_0" and base_layer and out_features % 8 == 0
+        if kernels is not None:
+            return NativeBlockMatrix(kind, codes.contiguous(), _f16(blocks[:, :, :2]), None, repacked, kernels)
+        return BlockMatrix(kind, _q0_lanes(codes.float()), _f16(blocks[:, :, :2]), None, repacked)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
         n_blocks = blocks.shape[1]
-        codes, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
-        sub = sub_scales.to(torch.int16).reshape(out_features, n_blocks, 16)
-        unsigned = codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) + 32  # 0..63, as the kernels read them
-        weighted = (unsigned * sub.unsqueeze(-1)).reshape(out_features, n_blocks, 256)  # -8064..8001
-        high = torch.div(weighted, 64, rounding_mode="floor")
-        split = torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()  # high -126..125, low 0..63
+        signed, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
         scale = d.reshape(out_features, n_blocks)
-        return BlockMatrix("q6_k", split, scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
+        unsigned = signed.to(torch.int16).reshape(out_features, n_blocks, 256) + 32  # 0..63, as the kernels read them
+        sub = sub_scales.reshape(out_features, n_blocks, 16)
+        if kernels is not None:
+            split = _split_weighted(unsigned, sub) if base_layer else None  # others multiply one row at a time
+            return NativeBlockMatrix("q6_k", unsigned.to(torch.uint8), scale, sub.contiguous(), False, kernels, split)
+        return BlockMatrix("q6_k", _split_weighted(unsigned, sub), scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
+
+
+def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """Unsigned Q6_K codes [out, blocks, 256] times their sub-block scales [out, blocks, 16] as `64 * high + low`:
+    int8 [2, blocks, out, 256] (high -126..125, low 0..63), each block's [out, 256] contiguous for `torch._int_mm`."""
+    out_features, n_blocks = unsigned.shape[0], unsigned.shape[1]
+    weighted = (unsigned.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
+        out_features, n_blocks, 256)  # -8064..8001
+    high = torch.div(weighted, 64, rounding_mode="floor")
+    return torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()
 
 
 def _fma_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

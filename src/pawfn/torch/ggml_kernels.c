@@ -1,0 +1,325 @@
+/* llama.cpp's CPU products on GGUF block weights, for pawfn's numerics="llamacpp" mode (x86 with AVX2 and FMA).
+
+   The same arithmetic as ggml.py's torch emulation (which documents each rule and where it comes from): integer
+   block products are exact, so any order gives them; every float step is written out as an explicit float32 FMA,
+   multiply or add in the order ggml's kernels take it. Built with -ffp-contract=off so the compiler fuses nothing
+   on its own. Each product function covers output features [first, last), so callers can split work across
+   threads (ctypes releases the GIL). */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Q8_K: blocks of 256; the first value of largest magnitude maps to -127; scale 1/iscale; code sums per 16. */
+void paw_quantize_q8_k(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scales, int16_t *sums) {
+    int64_t blocks = k / 256;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float *v = x + r * k + b * 256;
+            int8_t *q = codes + r * k + b * 256;
+            int16_t *s = sums + (r * blocks + b) * 16;
+            float largest = 0.0f, signed_max = 0.0f;
+            for (int j = 0; j < 256; ++j) {
+                float a = fabsf(v[j]);
+                if (a > largest) { largest = a; signed_max = v[j]; }
+            }
+            if (signed_max == 0.0f) {
+                memset(q, 0, 256);
+                memset(s, 0, 16 * sizeof(int16_t));
+                scales[r * blocks + b] = 0.0f;
+                continue;
+            }
+            float iscale = -127.0f / signed_max;
+            for (int j = 0; j < 256; ++j) {
+                float c = nearbyintf(iscale * v[j]);
+                q[j] = (int8_t)(c > 127.0f ? 127.0f : c);
+            }
+            for (int g = 0; g < 16; ++g) {
+                int total = 0;
+                for (int j = 0; j < 16; ++j) total += q[g * 16 + j];
+                s[g] = (int16_t)total;
+            }
+            scales[r * blocks + b] = 1.0f / iscale;
+        }
+    }
+}
+
+static inline float f16_round(float value) { return _cvtsh_ss(_cvtss_sh(value, 0)); }
+
+/* Q8_0: blocks of 32; scale amax/127 stored as f16; codes round(x * (127/amax)). */
+void paw_quantize_q8_0(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scales) {
+    int64_t blocks = k / 32;
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float *v = x + r * k + b * 32;
+            int8_t *q = codes + r * k + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+            scales[r * blocks + b] = f16_round(amax / 127.0f);
+            float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
+            for (int j = 0; j < 32; ++j) q[j] = (int8_t)nearbyintf(v[j] * inverse);
+        }
+    }
+}
+
+/* A SIMD register's horizontal sum by halves: (l0+l4, .., l3+l7), then (a0+a2, a1+a3), then their sum. */
+static inline float sum_halves(__m256 lanes) {
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
+
+static inline int32_t sum_ints(__m256i lanes) {
+    __m128i four = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+    __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
+    return _mm_cvtsi128_si32(_mm_add_epi32(two, _mm_shuffle_epi32(two, 1)));
+}
+
+/* One Q6_K block (unsigned codes 0..63 `w`, sub-block scales `sub`) times one Q8_K block (`x`, code sums `sums`):
+   the 8 int32 lanes of the one-row kernel, lane L holding offsets 4L..4L+3 of each run of 32, less
+   32 * (sums[2L] * sub[2L] + sums[2L+1] * sub[2L+1]). */
+static inline __m256i q6_k_lanes(const uint8_t *w, const int8_t *sub, const int8_t *x, const int16_t *sums) {
+    __m256i lanes = _mm256_setzero_si256();
+    for (int run = 0; run < 8; ++run) {
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(w + run * 32)),
+                                             _mm256_loadu_si256((const __m256i *)(x + run * 32)));
+        __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sub[2 * run + 1]), _mm_set1_epi16(sub[2 * run]));
+        lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(pairs, scale));
+    }
+    __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sub));
+    __m256i offsets = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)sums), sub16);
+    return _mm256_sub_epi32(lanes, _mm256_slli_epi32(offsets, 5));
+}
+
+/* `ggml_vec_dot_q6_K_q8_K` for every input row and outputs [first, last): per lane `fma(d_x * d_w, lane, acc)`
+   over the blocks, then the lanes by halves. y is [rows, out]. */
+void paw_q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
+                   const int16_t *sums, float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r = 0; r < rows; ++r) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m256i lanes = q6_k_lanes(w + (o * blocks + b) * 256, sub + (o * blocks + b) * 16,
+                                           x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16);
+                __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+            }
+            y[r * out + o] = sum_halves(acc);
+        }
+    }
+}
+
+/* ggml's tiled K-quant kernel (8 rows or more): per block the exact integer sum s, then
+   `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
+void paw_q6_k_tiled(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
+                    const int16_t *sums, float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r = 0; r < rows; ++r) y[r * out + o] = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t *wb = w + (o * blocks + b) * 256;
+            const int8_t *sb = sub + (o * blocks + b) * 16;
+            float dw = w_scale[o * blocks + b];
+            for (int64_t r = 0; r < rows; ++r) {
+                int32_t s = sum_ints(q6_k_lanes(wb, sb, x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16));
+                y[r * out + o] = fmaf((float)s * dw, x_scale[r * blocks + b], y[r * out + o]);
+            }
+        }
+    }
+}
+
+/* One Q4_0/Q8_0 block (32 int8 codes) times one Q8_0 block: 8 int32 lanes of 4 consecutive products. */
+static inline __m256i q0_lanes(const int8_t *w, const int8_t *x) {
+    __m256i wv = _mm256_loadu_si256((const __m256i *)w), xv = _mm256_loadu_si256((const __m256i *)x);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+/* `ggml_vec_dot_q4_0_q8_0` / `_q8_0_q8_0` (and tinyBLAS, the same steps): per lane `fma(d_x * d_w, lane, acc)`,
+   then the lanes by halves. */
+void paw_q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, float *y,
+                 int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r = 0; r < rows; ++r) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m256i lanes = q0_lanes(w + (o * blocks + b) * 32, x + (r * blocks + b) * 32);
+                __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+            }
+            y[r * out + o] = sum_halves(acc);
+        }
+    }
+}
+
+/* A repacked Q4_0 base weight (`block_q4_0x8`): per block the exact integer sum s, then
+   `acc = fma(float(s), d_x * d_w, acc)`. */
+void paw_q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, float *y,
+                       int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r = 0; r < rows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < blocks; ++b) {
+                int32_t s = sum_ints(q0_lanes(w + (o * blocks + b) * 32, x + (r * blocks + b) * 32));
+                acc = fmaf((float)s, x_scale[r * blocks + b] * w_scale[o * blocks + b], acc);
+            }
+            y[r * out + o] = acc;
+        }
+    }
+}
+
+/* The tiled kernel's float steps from exact block sums `s` [blocks, rows, out] (int32):
+   `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
+void paw_q6_k_tiled_sums(const int32_t *s, const float *w_scale, const float *x_scale, float *y,
+                         int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t o = first; o < last; ++o) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < blocks; ++b)
+                acc = fmaf((float)s[(b * rows + r) * out + o] * w_scale[o * blocks + b], x_scale[r * blocks + b], acc);
+            y[r * out + o] = acc;
+        }
+    }
+}
+
+/* ---- attention on an f16 KV cache (no flash attention), for SIMD widths W of 8 (AVX2) or 16 (AVX-512) ---- */
+
+/* A W-lane register summed by halves: lanes [W/2, W) added to [0, W/2), until one is left. */
+static inline float halves(float *lanes, int W) {
+    for (int half = W / 2; half >= 1; half /= 2)
+        for (int l = 0; l < half; ++l) lanes[l] = lanes[half + l] + lanes[l];
+    return lanes[0];
+}
+
+/* `ggml_v_expf`: AVX-512 form (W 16) scales 1 + p(b) by 2**n; AVX2 form (W 8) folds the 1 into the last FMA and
+   scales the far ranges in two steps. */
+static inline float expf_ggml(float x, int W) {
+    const float shifter = 0x1.8p23f;
+    float z = fmaf(x, 0x1.715476p+0f, shifter);
+    float n = z - shifter;
+    float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    float u = b * b;
+    float high = fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f));
+    if (n != n) return n;
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    if (W == 16) {
+        float j = fmaf(high, u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+        return (float)ldexp((double)j, (int)n);
+    }
+    float j = fmaf(high, u, 0x1.ffffecp-1f * b);
+    if (fabsf(n) <= 126.0f) {
+        float power = ldexpf(1.0f, (int)n);
+        return fmaf(j, power, power);
+    }
+    int shift = n <= 0.0f ? -125 : 127;
+    float scaled = ldexpf(1.0f, (int)n - shift);
+    return (float)((double)fmaf(scaled, j, scaled) * ldexp(1.0, shift));
+}
+
+void paw_expf(const float *x, float *y, int64_t count, int64_t width) {
+    for (int64_t i = 0; i < count; ++i) y[i] = expf_ggml(x[i], (int)width);
+}
+
+static inline __m256 load_f16(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+
+/* GGML_F32x8_REDUCE's last steps (AVX2 one-row dots): halves to 4 lanes, then (a0+a1)+(a2+a3). */
+static inline float reduce_hadd(__m256 lanes) {
+    __m128 four = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+    __m128 pairs = _mm_hadd_ps(four, four);
+    return _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs));
+}
+
+/* q (float32 of f16 values) . k (f16), `dim` a multiple of 4W. tinyBLAS (2 rows or more): W lanes, lane l summing
+   element l of every W in order, then the lanes by halves. `ggml_vec_dot_f16` (one row): 4 accumulators of W lanes
+   over steps of 4W, added (0+2)+(1+3), then the lanes by halves (AVX-512) or GGML_F32x8_REDUCE (AVX2). f16 x f16
+   products are exact in float32, so each FMA rounds once, as the kernels' do. */
+static inline float dot_f16(const float *q, const uint16_t *k, int64_t dim, int W, int one_row) {
+    int registers = (one_row ? 4 * W : W) / 8;  /* 8-lane registers a step: 1, 2, 4 or 8 */
+    __m256 acc[8];
+    for (int j = 0; j < registers; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < dim; s += 8 * registers)
+        for (int j = 0; j < registers; ++j)
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + s + 8 * j), load_f16(k + s + 8 * j), acc[j]);
+    if (!one_row) return sum_halves(W == 16 ? _mm256_add_ps(acc[1], acc[0]) : acc[0]);
+    int per = W / 8;  /* registers per accumulator */
+    __m256 lanes[2];
+    for (int j = 0; j < per; ++j)
+        lanes[j] = _mm256_add_ps(_mm256_add_ps(acc[j], acc[2 * per + j]), _mm256_add_ps(acc[per + j], acc[3 * per + j]));
+    return W == 16 ? sum_halves(_mm256_add_ps(lanes[1], lanes[0])) : reduce_hadd(lanes[0]);
+}
+
+/* llama.cpp's attention for query heads [first, last): q [n, H, D] float32 (the last n of the cached positions,
+   causal) over a program's prefix (f16 [KV, *, D], `prefix_stride` values between heads) then the sequence's own
+   positions (`kv_stride`), as one cache; out [n, H * D]. Scores: f16(q) . k (tinyBLAS for n > 1, one-row for
+   n == 1), times `scale`, masked; softmax with ggml_v_expf and a double sum of W-lane chunk sums; probabilities
+   rounded to f16; then probabilities . v over the positions padded to `padded` (hidden positions weigh 0, and
+   their products add nothing), computed for all D outputs at once: lane l of output d accumulates the positions
+   that lane takes in the dot's order. `scratch` holds (padded + D + 64 * D) floats for one thread. */
+void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length,
+                   int64_t prefix_stride, const uint16_t *keys, const uint16_t *values, int64_t own_length,
+                   int64_t kv_stride, float *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t dim,
+                   int64_t padded, float scale, int64_t width, float *scratch, int64_t first, int64_t last) {
+    int64_t length = prefix_length + own_length;
+    int W = (int)width;
+    int one_row = n == 1;
+    int64_t group = heads / kv_heads;
+    int accumulators = one_row ? 4 * W : W;
+    float *row = scratch;             /* [padded] scores, then probabilities */
+    float *query = row + padded;      /* [D] */
+    float *acc = query + dim;         /* [accumulators, D]: the value product's lanes for every output */
+    for (int64_t h = first; h < last; ++h) {
+        int64_t kv = h / group;
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[(i * heads + h) * dim + d]);
+            int64_t visible = length - n + i + 1;
+            float top = -INFINITY;
+            for (int64_t p = 0; p < padded; ++p) {
+                float s = -INFINITY;
+                if (p < visible) {
+                    const uint16_t *k = p < prefix_length ? prefix_keys + kv * prefix_stride + p * dim
+                                                          : keys + kv * kv_stride + (p - prefix_length) * dim;
+                    s = dot_f16(query, k, dim, W, one_row) * scale;
+                }
+                row[p] = s;
+                top = fmaxf(top, s);
+            }
+            double total = 0.0;
+            for (int64_t c = 0; c < padded; c += W) {
+                float lanes[16];
+                for (int l = 0; l < W; ++l) {
+                    row[c + l] = expf_ggml(row[c + l] - top, W);
+                    lanes[l] = row[c + l];
+                }
+                total += (double)halves(lanes, W);
+            }
+            float inverse = (float)(1.0 / total);
+            for (int64_t p = 0; p < padded; ++p) row[p] = f16_round(row[p] * inverse);
+            memset(acc, 0, (size_t)(accumulators * dim) * sizeof(float));
+            for (int64_t p = 0; p < visible; ++p) {
+                const uint16_t *v = p < prefix_length ? prefix_values + kv * prefix_stride + p * dim
+                                                      : values + kv * kv_stride + (p - prefix_length) * dim;
+                float *lane = acc + (p % accumulators) * dim;
+                __m256 weight = _mm256_set1_ps(row[p]);
+                for (int64_t d = 0; d < dim; d += 8)
+                    _mm256_storeu_ps(lane + d, _mm256_fmadd_ps(weight, load_f16(v + d), _mm256_loadu_ps(lane + d)));
+            }
+            float *result = out + i * heads * dim + h * dim;
+            for (int64_t d = 0; d < dim; ++d) {
+                float lanes[64];
+                for (int l = 0; l < accumulators; ++l) lanes[l] = acc[l * dim + d];
+                if (!one_row) {
+                    result[d] = halves(lanes, W);
+                    continue;
+                }
+                for (int l = 0; l < W; ++l) lanes[l] = (lanes[l] + lanes[2 * W + l]) + (lanes[W + l] + lanes[3 * W + l]);
+                if (W == 16) {
+                    result[d] = halves(lanes, 16);
+                } else {
+                    float quarter[4];
+                    for (int l = 0; l < 4; ++l) quarter[l] = lanes[l] + lanes[4 + l];
+                    result[d] = (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+                }
+            }
+        }
+    }
+}
