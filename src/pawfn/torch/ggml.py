@@ -223,20 +223,33 @@ def block_matrix(
         unsigned = signed.to(torch.int16).reshape(out_features, n_blocks, 256) + 32  # 0..63, as the kernels read them
         sub = sub_scales.reshape(out_features, n_blocks, 16)
         if kernels is not None:
-            split = _split_weighted(unsigned, sub) if base_layer else None  # others multiply one row at a time
+            split = _split_signed(unsigned - 32, sub) if base_layer else None  # others multiply one row at a time
             return NativeBlockMatrix("q6_k", unsigned.to(torch.uint8), scale, sub.contiguous(), False, kernels, split)
         return BlockMatrix("q6_k", _split_weighted(unsigned, sub), scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
 
 
-def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
-    """Unsigned Q6_K codes [out, blocks, 256] times their sub-block scales [out, blocks, 16] as `64 * high + low`:
-    int8 [2, blocks, out, 256] (high -126..125, low 0..63), each block's [out, 256] contiguous for `torch._int_mm`."""
-    out_features, n_blocks = unsigned.shape[0], unsigned.shape[1]
-    weighted = (unsigned.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
-        out_features, n_blocks, 256)  # -8064..8001
+def _weighted(codes: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """Q6_K codes [out, blocks, 256] times their sub-block scales [out, blocks, 16] as `64 * high + low`: the highs
+    and the lows (0..63), int16 [2, out, blocks, 256]."""
+    out_features, n_blocks = codes.shape[0], codes.shape[1]
+    weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
+        out_features, n_blocks, 256)
     high = torch.div(weighted, 64, rounding_mode="floor")
-    return torch.stack([high, weighted - 64 * high]).to(torch.int8).transpose(1, 2).contiguous()
+    return torch.stack([high, weighted - 64 * high])
+
+
+def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """Unsigned codes (0..63; -8064..8001 weighted, high -126..125) as int8 [2, blocks, out, 256], each block's
+    [out, 256] contiguous for `torch._int_mm`."""
+    return _weighted(unsigned, sub).to(torch.int8).transpose(1, 2).contiguous()
+
+
+def _split_signed(signed: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """Signed codes (-32..31; -4064..4096 weighted, high -64..64) as int8 [blocks, 2 * out, 256]: a block's highs then
+    its lows, one GEMM operand."""
+    parts = _weighted(signed, sub).to(torch.int8)  # [2, out, blocks, 256]
+    return parts.permute(2, 0, 1, 3).reshape(parts.shape[2], 2 * parts.shape[1], 256).contiguous()
 
 
 def _fma_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

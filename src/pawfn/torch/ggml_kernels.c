@@ -8,7 +8,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Q8_K: blocks of 256; the first value of largest magnitude maps to -127; scale 1/iscale; code sums per 16. */
@@ -81,13 +83,16 @@ static inline int32_t sum_ints(__m256i lanes) {
    32 * (sums[2L] * sub[2L] + sums[2L+1] * sub[2L+1]). */
 static inline __m256i q6_k_lanes(const uint8_t *w, const int8_t *sub, const int8_t *x, const int16_t *sums) {
     __m256i lanes = _mm256_setzero_si256();
+    __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sub));  /* int32 r = (sub[2r], sub[2r+1]) */
+    /* int16 sub[2r] in the low 128 bits, sub[2r+1] in the high: the run's two sub-blocks of 16 */
+    const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                            2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
     for (int run = 0; run < 8; ++run) {
         __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(w + run * 32)),
                                              _mm256_loadu_si256((const __m256i *)(x + run * 32)));
-        __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sub[2 * run + 1]), _mm_set1_epi16(sub[2 * run]));
+        __m256i scale = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sub16, _mm256_set1_epi32(run)), spread);
         lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(pairs, scale));
     }
-    __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sub));
     __m256i offsets = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)sums), sub16);
     return _mm256_sub_epi32(lanes, _mm256_slli_epi32(offsets, 5));
 }
@@ -168,16 +173,27 @@ void paw_q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, c
     }
 }
 
-/* The tiled kernel's float steps from exact block sums `s` [blocks, rows, out] (int32):
-   `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
-void paw_q6_k_tiled_sums(const int32_t *s, const float *w_scale, const float *x_scale, float *y,
-                         int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+/* The tiled kernel's float steps from exact block sums given in two parts, `parts` [blocks, rows, 2 * out] (int32):
+   s = 64 * parts[.., o] + parts[.., out + o], then `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order.
+   `w_scale_t` is [blocks, out]; eight outputs at a time (each output's steps are its own). */
+void paw_q6_k_tiled_parts(const int32_t *parts, const float *w_scale_t, const float *x_scale, float *y,
+                          int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
     for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t o = first; o < last; ++o) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < blocks; ++b)
-                acc = fmaf((float)s[(b * rows + r) * out + o] * w_scale[o * blocks + b], x_scale[r * blocks + b], acc);
-            y[r * out + o] = acc;
+        float *acc = y + r * out;
+        for (int64_t o = first; o < last; ++o) acc[o] = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int32_t *high = parts + (b * rows + r) * 2 * out, *low = high + out;
+            const float *dw = w_scale_t + b * out;
+            float dx = x_scale[r * blocks + b];
+            __m256 dx8 = _mm256_set1_ps(dx);
+            int64_t o = first;
+            for (; o + 8 <= last; o += 8) {
+                __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(high + o)), 6),
+                                               _mm256_loadu_si256((const __m256i *)(low + o)));
+                __m256 product = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_loadu_ps(dw + o));
+                _mm256_storeu_ps(acc + o, _mm256_fmadd_ps(product, dx8, _mm256_loadu_ps(acc + o)));
+            }
+            for (; o < last; ++o) acc[o] = fmaf((float)(64 * high[o] + low[o]) * dw[o], dx, acc[o]);
         }
     }
 }
@@ -220,6 +236,8 @@ void paw_expf(const float *x, float *y, int64_t count, int64_t width) {
     for (int64_t i = 0; i < count; ++i) y[i] = expf_ggml(x[i], (int)width);
 }
 
+static inline float f16_value(uint16_t bits) { return _cvtsh_ss(bits); }
+
 static inline __m256 load_f16(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
 
 /* GGML_F32x8_REDUCE's last steps (AVX2 one-row dots): halves to 4 lanes, then (a0+a1)+(a2+a3). */
@@ -248,18 +266,107 @@ static inline float dot_f16(const float *q, const uint16_t *k, int64_t dim, int 
     return W == 16 ? sum_halves(_mm256_add_ps(lanes[1], lanes[0])) : reduce_hadd(lanes[0]);
 }
 
+/* Four tinyBLAS dots at once, a . b[j] for j < 4 over k values (a multiple of W): each W lanes, lane l summing
+   element l of every W in order, then the lanes by halves. Four at once keep 4-8 FMA chains in flight. */
+static inline void dot4_tiled(const float *a, const float *const b[4], int64_t k, int W, float result[4]) {
+    __m256 acc[4][2];
+    for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < k; s += W) {
+        __m256 low = _mm256_loadu_ps(a + s);
+        for (int j = 0; j < 4; ++j) acc[j][0] = _mm256_fmadd_ps(low, _mm256_loadu_ps(b[j] + s), acc[j][0]);
+        if (W == 16) {
+            __m256 high = _mm256_loadu_ps(a + s + 8);
+            for (int j = 0; j < 4; ++j) acc[j][1] = _mm256_fmadd_ps(high, _mm256_loadu_ps(b[j] + s + 8), acc[j][1]);
+        }
+    }
+    for (int j = 0; j < 4; ++j) result[j] = sum_halves(W == 16 ? _mm256_add_ps(acc[j][1], acc[j][0]) : acc[j][0]);
+}
+
+/* The softmax of one row of scores in place: ggml_v_expf of (score - top), a double sum of W-lane chunk sums,
+   then each probability `p * (1/sum)` rounded to f16 (the value product reads them as f16). */
+static inline void softmax_f16(float *row, int64_t padded, float top, int W) {
+    double total = 0.0;
+    for (int64_t c = 0; c < padded; c += W) {
+        float lanes[16];
+        for (int l = 0; l < W; ++l) {
+            row[c + l] = expf_ggml(row[c + l] - top, W);
+            lanes[l] = row[c + l];
+        }
+        total += (double)halves(lanes, W);
+    }
+    float inverse = (float)(1.0 / total);
+    for (int64_t p = 0; p < padded; ++p) row[p] = f16_round(row[p] * inverse);
+}
+
+/* Attention for n > 1 rows (tinyBLAS products): each KV head's keys [length, D] and values transposed [D, padded]
+   converted to float32 once, then dots four at a time. */
+static void attention_rows(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values,
+                           int64_t prefix_length, int64_t prefix_stride, const uint16_t *keys, const uint16_t *values,
+                           int64_t kv_stride, float *out, int64_t n, int64_t heads, int64_t group, int64_t dim,
+                           int64_t length, int64_t padded, float scale, int W, int64_t first, int64_t last) {
+    float *key_f = malloc((size_t)(length * dim + dim * padded + padded + dim) * sizeof(float));
+    if (key_f == NULL) return;
+    float *value_t = key_f + length * dim, *row = value_t + dim * padded, *query = row + padded;
+    for (int64_t h = first; h < last; ++h) {
+        int64_t kv = h / group;
+        if (h == first || kv != (h - 1) / group) {
+            for (int64_t p = 0; p < length; ++p) {
+                const uint16_t *k = p < prefix_length ? prefix_keys + kv * prefix_stride + p * dim
+                                                      : keys + kv * kv_stride + (p - prefix_length) * dim;
+                const uint16_t *v = p < prefix_length ? prefix_values + kv * prefix_stride + p * dim
+                                                      : values + kv * kv_stride + (p - prefix_length) * dim;
+                for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(key_f + p * dim + d, load_f16(k + d));
+                for (int64_t d = 0; d < dim; ++d) value_t[d * padded + p] = f16_value(v[d]);
+            }
+            for (int64_t d = 0; d < dim; ++d)
+                for (int64_t p = length; p < padded; ++p) value_t[d * padded + p] = 0.0f;
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[(i * heads + h) * dim + d]);
+            int64_t visible = length - n + i + 1;
+            for (int64_t p = 0; p < visible; p += 4) {
+                const float *b[4];
+                for (int j = 0; j < 4; ++j) b[j] = key_f + (p + j < visible ? p + j : p) * dim;
+                float dots[4];
+                dot4_tiled(query, b, dim, W, dots);
+                for (int j = 0; j < 4 && p + j < visible; ++j) row[p + j] = dots[j] * scale;
+            }
+            float top = -INFINITY;
+            for (int64_t p = 0; p < visible; ++p) top = fmaxf(top, row[p]);
+            for (int64_t p = visible; p < padded; ++p) row[p] = -INFINITY;
+            softmax_f16(row, padded, top, W);
+            /* positions from `visible` on weigh 0: their products add nothing to any lane */
+            int64_t span = (visible + W - 1) / W * W;
+            float *result = out + i * heads * dim + h * dim;
+            for (int64_t d = 0; d < dim; d += 4) {
+                const float *b[4] = {value_t + d * padded, value_t + (d + 1) * padded, value_t + (d + 2) * padded,
+                                     value_t + (d + 3) * padded};
+                dot4_tiled(row, b, span, W, result + d);
+            }
+        }
+    }
+    free(key_f);
+}
+
 /* llama.cpp's attention for query heads [first, last): q [n, H, D] float32 (the last n of the cached positions,
    causal) over a program's prefix (f16 [KV, *, D], `prefix_stride` values between heads) then the sequence's own
    positions (`kv_stride`), as one cache; out [n, H * D]. Scores: f16(q) . k (tinyBLAS for n > 1, one-row for
    n == 1), times `scale`, masked; softmax with ggml_v_expf and a double sum of W-lane chunk sums; probabilities
    rounded to f16; then probabilities . v over the positions padded to `padded` (hidden positions weigh 0, and
    their products add nothing), computed for all D outputs at once: lane l of output d accumulates the positions
-   that lane takes in the dot's order. `scratch` holds (padded + D + 64 * D) floats for one thread. */
+   that lane takes in the dot's order. */
 void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length,
                    int64_t prefix_stride, const uint16_t *keys, const uint16_t *values, int64_t own_length,
                    int64_t kv_stride, float *out, int64_t n, int64_t heads, int64_t kv_heads, int64_t dim,
-                   int64_t padded, float scale, int64_t width, float *scratch, int64_t first, int64_t last) {
+                   int64_t padded, float scale, int64_t width, int64_t first, int64_t last) {
     int64_t length = prefix_length + own_length;
+    if (n > 1) {
+        attention_rows(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out, n,
+                       heads, heads / kv_heads, dim, length, padded, scale, (int)width, first, last);
+        return;
+    }
+    float *scratch = malloc((size_t)(padded + dim + 64 * dim) * sizeof(float));
+    if (scratch == NULL) return;
     int W = (int)width;
     int one_row = n == 1;
     int64_t group = heads / kv_heads;
@@ -322,4 +429,53 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
             }
         }
     }
+    free(scratch);
+}
+
+/* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
+
+typedef struct {
+    const void *p[10];
+    int64_t i[10];
+    float f;
+} paw_args;
+
+enum { KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_Q6_K_PARTS, KERNEL_ATTENTION };
+
+static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
+    switch (kernel) {
+    case KERNEL_Q6_K_ROWS:
+    case KERNEL_Q6_K_TILED:
+        (kernel == KERNEL_Q6_K_ROWS ? paw_q6_k_rows : paw_q6_k_tiled)(
+            a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_Q0_ROWS:
+    case KERNEL_Q4_0_REPACKED:
+        (kernel == KERNEL_Q0_ROWS ? paw_q0_rows : paw_q4_0_repacked)(
+            a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_Q6_K_PARTS:
+        paw_q6_k_tiled_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_ATTENTION:
+        paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],
+                      a->i[4], a->i[5], a->i[6], a->i[7], a->i[8], a->f, a->i[9], first, last);
+        break;
+    }
+}
+
+/* Run `kernel` over [0, count) in `threads` parts on OpenMP's team. Linked against `libgomp.so.1`, which the
+   dynamic loader resolves to the copy torch has already loaded: torch's threads run these parts too, so the two
+   never compete for the cores (a pool of our own spun against torch's after every torch operation). */
+int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
+    if (threads <= 1) {
+        run_range(kernel, args, 0, count);
+        return 0;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+        run_range(kernel, args, count * part / parts, count * (part + 1) / parts);
+    }
+    return 0;
 }

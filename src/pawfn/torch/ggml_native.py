@@ -3,8 +3,10 @@
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
 `<cache>/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
-mode falls back to the torch emulation (the same tokens, several times slower) with one warning. Products split
-their output features across `torch.get_num_threads()` threads (ctypes releases the GIL during a call).
+mode falls back to the torch emulation (the same tokens, several times slower) with one warning. Large products
+and attention split their outputs across `torch.get_num_threads()` threads with OpenMP, on torch's own OpenMP
+runtime where torch ships one (the library links `libgomp.so.1`, which the loader resolves to the copy torch loaded
+first): a pool of our own spun against torch's threads on every core.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import shutil
 import subprocess
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,11 +31,21 @@ from ..files import write_atomically
 __all__ = ["NativeBlockMatrix", "native_attention", "native_expf", "native_kernels"]
 
 _SOURCE = Path(__file__).with_name("ggml_kernels.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fopenmp", "-fPIC", "-shared"]
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
+
+
+class _Args(ctypes.Structure):
+    """`paw_args`: a kernel's pointers, integers and one float, in its argument order."""
+
+    _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
+
+
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION = range(6)
+"""`paw_run`'s kernels."""
 
 
 class _Kernels:
@@ -43,16 +54,17 @@ class _Kernels:
     def __init__(self, library: ctypes.CDLL) -> None:
         self.quantize_q8_k = self._declare(library.paw_quantize_q8_k, [_PTR, _I64, _I64, _PTR, _PTR, _PTR])
         self.quantize_q8_0 = self._declare(library.paw_quantize_q8_0, [_PTR, _I64, _I64, _PTR, _PTR])
-        product = [_PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64]
-        self.q6_k_rows = self._declare(library.paw_q6_k_rows, product)
-        self.q6_k_tiled = self._declare(library.paw_q6_k_tiled, product)
-        self.q6_k_tiled_sums = self._declare(library.paw_q6_k_tiled_sums, product[3:])
-        self.q0_rows = self._declare(library.paw_q0_rows, product[2:])
-        self.q4_0_repacked = self._declare(library.paw_q4_0_repacked, product[2:])
-        self.attention = self._declare(library.paw_attention, [
-            _PTR, _PTR, _PTR, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, _I64, _I64, ctypes.c_float,
-            _I64, _PTR, _I64, _I64])
+        self._run = library.paw_run
+        self._run.argtypes = [ctypes.c_int, ctypes.POINTER(_Args), _I64, _I64]
+        self._run.restype = ctypes.c_int
         self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
+
+    def run(self, kernel: int, pointers: list[int], integers: list[int], count: int, work: int, value: float = 0.0) -> None:
+        """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8
+        or float products) is large enough to pay for the hand-off."""
+        args = _Args((_PTR * 10)(*pointers), (_I64 * 10)(*integers), value)
+        threads = min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
+        self._run(kernel, ctypes.byref(args), count, threads)
 
     @staticmethod
     def _declare(function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]) -> Callable[..., None]:
@@ -113,28 +125,10 @@ def native_kernels() -> _Kernels | None:
     return None
 
 
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pawfn-ggml")
-
-
-def _split(run: Callable[[int, int], None], out: int, work: int) -> None:
-    """`run(first, last)` over output features [0, out), in one chunk per torch thread when the call is large."""
-    threads = min(torch.get_num_threads(), out)
-    if threads <= 1 or work < _SPLIT_MIN_WORK:
-        run(0, out)
-        return
-    bounds = [out * i // threads for i in range(threads + 1)]
-    futures = [_pool(threads - 1).submit(run, bounds[i], bounds[i + 1]) for i in range(1, threads)]
-    run(bounds[0], bounds[1])
-    for future in futures:
-        future.result()
-
-
-def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """int8 [m, k] times int8 [k, n], summed exactly in int32 (torch's oneDNN int8 GEMM; private but stable API)."""
-    product: torch.Tensor = torch._int_mm(a, b)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
-    return product
+def _int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """int8 [m, k] times int8 [k, n] into `out`, summed exactly in int32 (torch's oneDNN int8 GEMM: AMX or VNNI
+    where the CPU has them; private but stable API)."""
+    torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
 
 
 def _ptr(tensor: torch.Tensor) -> int:
@@ -159,14 +153,9 @@ def native_attention(
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; padded positions weigh 0
     scale = float(torch.div(torch.tensor(1.0), torch.sqrt(torch.tensor(float(dim), dtype=torch.float64)).float()))
     out = torch.empty((n, heads * dim), dtype=torch.float32)
-
-    def run(first: int, last: int) -> None:
-        scratch = torch.empty(padded + dim + 64 * dim, dtype=torch.float32)
-        kernels.attention(_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), prefix_length, prefix_keys.stride(0),
-                          _ptr(keys), _ptr(values), own, keys.stride(0), _ptr(out), n, heads, kv_heads, dim, padded,
-                          scale, width, _ptr(scratch), first, last)
-
-    _split(run, heads, n * heads * length * dim)
+    kernels.run(_ATTENTION, [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
+                [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
+                heads, n * heads * length * dim, scale)
     return out
 
 
@@ -193,14 +182,21 @@ class NativeBlockMatrix:
     """A Q4_0 base weight llama.cpp repacks (see `ggml.BlockMatrix.repacked`)."""
     kernels: _Kernels | None = None
     split: torch.Tensor | None = None
-    """Q6_K matrices multiplied 8 rows at a time or more (base layers): each unsigned code times its sub-block scale
-    as `64 * high + low`, int8 [2, blocks, out, 256], so the tiled kernel's exact block sums come from torch's int8
-    GEMM (oneDNN: AMX or VNNI where the CPU has them)."""
+    """Q6_K matrices multiplied 8 rows at a time or more (base layers): each signed code times its sub-block scale
+    as `64 * high + low`, int8 [blocks, 2 * out, 256] (the highs, then the lows), so the tiled kernel's exact block
+    sums come from one int8 GEMM per block."""
+    _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def out_features(self) -> int:
         """Output width."""
         return int(self.codes.shape[0])
+
+    def _scale_t(self) -> torch.Tensor:
+        """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
+        if self._scales_by_block is None:
+            self._scales_by_block = self.scale.t().contiguous()
+        return self._scales_by_block
 
     def _kernels(self) -> _Kernels:
         if self.kernels is None:
@@ -232,31 +228,19 @@ class NativeBlockMatrix:
             kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
             sub = self.sub_scales if self.sub_scales is not None else self.scale
             if tiled and self.split is not None:
-                block_sums = self._block_sums(codes, sums, sub)
-                _split(lambda first, last: kernels.q6_k_tiled_sums(
-                    _ptr(block_sums), _ptr(self.scale), _ptr(x_scale), _ptr(y), rows, out, blocks, first, last),
-                    out, rows * out * blocks * 64)
+                parts = torch.empty((blocks, rows, 2 * out), dtype=torch.int32)
+                blocked = codes.reshape(rows, blocks, 256)
+                for block in range(blocks):
+                    _int_mm(blocked[:, block], self.split[block].t(), parts[block])
+                kernels.run(_Q6_K_PARTS, [_ptr(parts), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
+                            out, rows * out * blocks * 64)
                 return y
-
-            kernel = kernels.q6_k_tiled if tiled else kernels.q6_k_rows
-            _split(lambda first, last: kernel(_ptr(self.codes), _ptr(sub), _ptr(self.scale), _ptr(codes), _ptr(x_scale),
-                                              _ptr(sums), _ptr(y), rows, out, blocks, first, last), out, rows * out * width)
+            kernels.run(_Q6_K_TILED if tiled else _Q6_K_ROWS,
+                        [_ptr(self.codes), _ptr(sub), _ptr(self.scale), _ptr(codes), _ptr(x_scale), _ptr(sums), _ptr(y)],
+                        [rows, out, blocks], out, rows * out * width)
         else:
             kernels.quantize_q8_0(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale))
-            kernel = kernels.q4_0_repacked if self.repacked else kernels.q0_rows
-            _split(lambda first, last: kernel(_ptr(self.codes), _ptr(self.scale), _ptr(codes), _ptr(x_scale), _ptr(y),
-                                              rows, out, blocks, first, last), out, rows * out * width)
+            kernels.run(_Q4_0_REPACKED if self.repacked else _Q0_ROWS,
+                        [_ptr(self.codes), _ptr(self.scale), _ptr(codes), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
+                        out, rows * out * width)
         return y
-
-    def _block_sums(self, codes: torch.Tensor, sums: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
-        """Exact int32 sums of signed code products per block, [blocks, rows, out]: the unsigned codes' (two int8
-        GEMMs joined) less 32 * the Q8_K code sums times the sub-block scales (exact in float32: below 2**23)."""
-        assert self.split is not None
-        rows, blocks = codes.shape[0], self.scale.shape[1]
-        codes = codes.reshape(rows, blocks, 256)
-        offsets = torch.bmm(sums.transpose(0, 1).float(), sub.permute(1, 2, 0).float()).to(torch.int32) * 32
-        out = torch.empty((blocks, rows, self.out_features), dtype=torch.int32)
-        for block in range(blocks):
-            x = codes[:, block]
-            out[block] = _int_mm(x, self.split[0, block].t()) * 64 + _int_mm(x, self.split[1, block].t()) - offsets[block]
-        return out
