@@ -26,7 +26,7 @@ from .dequant import RowTable
 from .ggml import (
     BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul,
 )
-from .ggml_native import NativeBlockMatrix, native_attention, native_expf, native_kernels
+from .ggml_native import NativeBlockMatrix, join_blocks, native_attention, native_expf, native_kernels
 from .families import Architecture
 from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, cpu_flags, concat_stored, pack, plain, stored_names
@@ -80,9 +80,9 @@ class GroupLora:
     """The side paths of a fused group whose members are all adapted: one product with their `a` matrices joined
     by rows, then each member's `b` on its slice."""
 
-    a: Matrix
+    a: Product
     ranks: list[int]
-    b: tuple[Matrix, ...]
+    b: tuple[Product, ...]
     scales: tuple[float, ...]
 
 
@@ -219,6 +219,7 @@ class TorchInterpreter:
             check_llamacpp_numerics(device, dtype, weight_dtype)
             self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
+            self._join_llamacpp(self.family.fused_groups(self.architecture))
         elif weight_dtype is None:
             self._load_plain(weights, matrix_names, fused, progress)
         else:
@@ -290,6 +291,22 @@ class TorchInterpreter:
                 self.matrices[name] = self._llamacpp_matrix(weights, name, tensor)
             else:
                 self.tensors[name] = tensor
+
+    def _join_llamacpp(self, groups: list[tuple[str, ...]]) -> None:
+        """Groups of block matrices read by the C kernels joined into one product each (`join_blocks`: exact), so a
+        layer quantizes each input once and makes fewer calls; others stay apart, as llama.cpp multiplies them."""
+        for group in groups:
+            members = [self.matrices.get(name) for name in group]
+            natives = [m for m in members if isinstance(m, NativeBlockMatrix)]
+            if len(natives) != len(group) or any(self.bias(name) is not None for name in group):
+                continue
+            joined = join_blocks(natives)
+            if joined is None:
+                continue
+            for name in group[1:]:
+                del self.matrices[name]
+            self.matrices[group[0]] = joined
+            self.groups[group] = [m.out_features for m in natives]
 
     def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
         stored = weights.raw(name)
@@ -376,6 +393,14 @@ class TorchInterpreter:
                     f"[{out_features}, {in_features}]; the adapter was made for another model size",
                 )
         groups: dict[tuple[str, ...], GroupLora] = {}
+        if self.numerics == "llamacpp":
+            for name, pair in adapter.pairs.items():
+                pairs[name] = LoraWeights(a=self._llamacpp_lora(pair.a, pair.blocks, 0), b=self._llamacpp_lora(pair.b, pair.blocks, 1), scale=pair.scale)
+            for group in self.groups:
+                joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
+                if joined_lora is not None:
+                    groups[group] = joined_lora
+            return DeviceAdapter(pairs, groups)
         for group in self.groups:  # a group adapted throughout keeps its `a` matrices joined, and only so
             if all(name in adapter.pairs for name in group):
                 joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
@@ -386,9 +411,7 @@ class TorchInterpreter:
                 )
         grouped = {name for group in groups for name in group}
         for name, pair in adapter.pairs.items():
-            if self.numerics == "llamacpp":
-                pairs[name] = LoraWeights(a=self._llamacpp_lora(pair.a, pair.blocks, 0), b=self._llamacpp_lora(pair.b, pair.blocks, 1), scale=pair.scale)
-            elif name not in grouped:
+            if name not in grouped:
                 pairs[name] = LoraWeights(
                     a=self._lora_a(torch.as_tensor(pair.a)), b=plain(self._on_device(pair.b), None), scale=pair.scale
                 )
@@ -656,6 +679,17 @@ def _attend(
         shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
         out = merge_attention(*shared, out, lse)
     return _ungrouped(arch, out)
+
+
+def _joined_lora(members: list[LoraWeights], size: int) -> GroupLora | None:
+    """A fused group's side paths (`numerics="llamacpp"`, every one of its `size` members adapted) with their `a`
+    halves joined on the C kernels, or None where they cannot be."""
+    a_halves = [lora.a for lora in members if isinstance(lora.a, NativeBlockMatrix)]
+    joined = join_blocks(a_halves) if len(a_halves) == size else None
+    if joined is None:
+        return None
+    return GroupLora(a=joined, ranks=[a.out_features for a in a_halves], b=tuple(lora.b for lora in members),
+                     scales=tuple(lora.scale for lora in members))
 
 
 def _attend_llamacpp(

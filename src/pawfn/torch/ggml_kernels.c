@@ -13,7 +13,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Q8_K: blocks of 256; the first value of largest magnitude maps to -127; scale 1/iscale; code sums per 16. */
+static inline float f16_round(float value) { return _cvtsh_ss(_cvtss_sh(value, 0)); }
+
+/* 32 floats times `scale`, rounded half to even and capped at 127 (values are within +-127.5 here), as int8. */
+static inline void round_32(const float *x, __m256 scale, int8_t *codes) {
+    __m256i parts[4];
+    for (int j = 0; j < 4; ++j) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        parts[j] = _mm256_cvtps_epi32(_mm256_min_ps(v, _mm256_set1_ps(127.0f)));
+    }
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(parts[0], parts[1]), _mm256_packs_epi32(parts[2], parts[3]));
+    packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)codes, packed);
+}
+
+static inline float largest_magnitude(const float *x, int count) {
+    __m256 top = _mm256_setzero_ps();
+    for (int j = 0; j < count; j += 8) top = _mm256_max_ps(top, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + j)));
+    __m128 four = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    four = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    return _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
+}
+
+/* Q8_K: blocks of 256; the first value of largest magnitude maps to -127 (iscale = -127/it), codes
+   round(iscale * x) capped at 127, scale 1/iscale; code sums per 16. */
 void paw_quantize_q8_k(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scales, int16_t *sums) {
     int64_t blocks = k / 256;
     for (int64_t r = 0; r < rows; ++r) {
@@ -21,10 +44,12 @@ void paw_quantize_q8_k(const float *x, int64_t rows, int64_t k, int8_t *codes, f
             const float *v = x + r * k + b * 256;
             int8_t *q = codes + r * k + b * 256;
             int16_t *s = sums + (r * blocks + b) * 16;
-            float largest = 0.0f, signed_max = 0.0f;
-            for (int j = 0; j < 256; ++j) {
-                float a = fabsf(v[j]);
-                if (a > largest) { largest = a; signed_max = v[j]; }
+            float largest = largest_magnitude(v, 256), signed_max = 0.0f;
+            __m256 target = _mm256_set1_ps(largest);
+            for (int j = 0; j < 256; j += 8) {  /* the first value of that magnitude */
+                __m256 here = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(v + j));
+                int found = _mm256_movemask_ps(_mm256_cmp_ps(here, target, _CMP_EQ_OQ));
+                if (found) { signed_max = v[j + __builtin_ctz((unsigned)found)]; break; }
             }
             if (signed_max == 0.0f) {
                 memset(q, 0, 256);
@@ -33,21 +58,18 @@ void paw_quantize_q8_k(const float *x, int64_t rows, int64_t k, int8_t *codes, f
                 continue;
             }
             float iscale = -127.0f / signed_max;
-            for (int j = 0; j < 256; ++j) {
-                float c = nearbyintf(iscale * v[j]);
-                q[j] = (int8_t)(c > 127.0f ? 127.0f : c);
-            }
-            for (int g = 0; g < 16; ++g) {
-                int total = 0;
-                for (int j = 0; j < 16; ++j) total += q[g * 16 + j];
-                s[g] = (int16_t)total;
+            for (int j = 0; j < 256; j += 32) round_32(v + j, _mm256_set1_ps(iscale), q + j);
+            for (int j = 0; j < 256; j += 32) {  /* sums of each 16 codes: pairs, then fours, then the 16s */
+                __m256i fours = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)(q + j))),
+                                                  _mm256_set1_epi16(1));
+                __m256i sixteens = _mm256_hadd_epi32(_mm256_hadd_epi32(fours, fours), fours);
+                s[j / 16] = (int16_t)_mm256_extract_epi32(sixteens, 0);
+                s[j / 16 + 1] = (int16_t)_mm256_extract_epi32(sixteens, 4);
             }
             scales[r * blocks + b] = 1.0f / iscale;
         }
     }
 }
-
-static inline float f16_round(float value) { return _cvtsh_ss(_cvtss_sh(value, 0)); }
 
 /* Q8_0: blocks of 32; scale amax/127 stored as f16; codes round(x * (127/amax)). */
 void paw_quantize_q8_0(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scales) {
@@ -55,12 +77,9 @@ void paw_quantize_q8_0(const float *x, int64_t rows, int64_t k, int8_t *codes, f
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t b = 0; b < blocks; ++b) {
             const float *v = x + r * k + b * 32;
-            int8_t *q = codes + r * k + b * 32;
-            float amax = 0.0f;
-            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+            float amax = largest_magnitude(v, 32);
             scales[r * blocks + b] = f16_round(amax / 127.0f);
-            float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;
-            for (int j = 0; j < 32; ++j) q[j] = (int8_t)nearbyintf(v[j] * inverse);
+            round_32(v, _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f), codes + r * k + b * 32);
         }
     }
 }
@@ -232,8 +251,38 @@ static inline float expf_ggml(float x, int W) {
     return (float)((double)fmaf(scaled, j, scaled) * ldexp(1.0, shift));
 }
 
+/* expf_ggml on 8 values at once where every |n| <= 126 (2**n a normal float, so j * 2**n rounds once, as
+   ldexp and scalef do); otherwise the 8 go one by one. */
+static inline void expf_ggml8(const float *x, float *y, int W) {
+    __m256 v = _mm256_loadu_ps(x);
+    const __m256 shifter = _mm256_set1_ps(0x1.8p23f);
+    __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(0x1.715476p+0f), shifter);
+    __m256 n = _mm256_sub_ps(z, shifter);
+    __m256 minus_n = _mm256_sub_ps(_mm256_setzero_ps(), n);
+    __m256 b = _mm256_fmadd_ps(minus_n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                               _mm256_fmadd_ps(minus_n, _mm256_set1_ps(0x1.62e4p-1f), v));
+    __m256 u = _mm256_mul_ps(b, b);
+    __m256 high = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                                  _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f)));
+    __m256 in_range = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(126.0f), _CMP_LE_OQ);
+    if (_mm256_movemask_ps(in_range) != 0xFF) {
+        for (int l = 0; l < 8; ++l) y[l] = expf_ggml(x[l], W);
+        return;
+    }
+    __m256 power = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    if (W == 16) {
+        __m256 j = _mm256_fmadd_ps(high, u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+        _mm256_storeu_ps(y, _mm256_mul_ps(j, power));
+    } else {
+        __m256 j = _mm256_fmadd_ps(high, u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+        _mm256_storeu_ps(y, _mm256_fmadd_ps(j, power, power));
+    }
+}
+
 void paw_expf(const float *x, float *y, int64_t count, int64_t width) {
-    for (int64_t i = 0; i < count; ++i) y[i] = expf_ggml(x[i], (int)width);
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) expf_ggml8(x + i, y + i, (int)width);
+    for (; i < count; ++i) y[i] = expf_ggml(x[i], (int)width);
 }
 
 static inline float f16_value(uint16_t bits) { return _cvtsh_ss(bits); }
@@ -286,16 +335,17 @@ static inline void dot4_tiled(const float *a, const float *const b[4], int64_t k
    then each probability `p * (1/sum)` rounded to f16 (the value product reads them as f16). */
 static inline void softmax_f16(float *row, int64_t padded, float top, int W) {
     double total = 0.0;
+    __m256 top8 = _mm256_set1_ps(top);
+    for (int64_t c = 0; c < padded; c += 8) _mm256_storeu_ps(row + c, _mm256_sub_ps(_mm256_loadu_ps(row + c), top8));
+    for (int64_t c = 0; c < padded; c += 8) expf_ggml8(row + c, row + c, W);
     for (int64_t c = 0; c < padded; c += W) {
         float lanes[16];
-        for (int l = 0; l < W; ++l) {
-            row[c + l] = expf_ggml(row[c + l] - top, W);
-            lanes[l] = row[c + l];
-        }
+        memcpy(lanes, row + c, (size_t)W * sizeof(float));
         total += (double)halves(lanes, W);
     }
-    float inverse = (float)(1.0 / total);
-    for (int64_t p = 0; p < padded; ++p) row[p] = f16_round(row[p] * inverse);
+    __m256 inverse = _mm256_set1_ps((float)(1.0 / total));
+    for (int64_t p = 0; p < padded; p += 8)  /* padded is a multiple of 4W */
+        _mm256_storeu_ps(row + p, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(row + p), inverse), 0)));
 }
 
 /* Attention for n > 1 rows (tinyBLAS products): each KV head's keys [length, D] and values transposed [D, padded]
@@ -390,17 +440,7 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                 row[p] = s;
                 top = fmaxf(top, s);
             }
-            double total = 0.0;
-            for (int64_t c = 0; c < padded; c += W) {
-                float lanes[16];
-                for (int l = 0; l < W; ++l) {
-                    row[c + l] = expf_ggml(row[c + l] - top, W);
-                    lanes[l] = row[c + l];
-                }
-                total += (double)halves(lanes, W);
-            }
-            float inverse = (float)(1.0 / total);
-            for (int64_t p = 0; p < padded; ++p) row[p] = f16_round(row[p] * inverse);
+            softmax_f16(row, padded, top, W);
             memset(acc, 0, (size_t)(accumulators * dim) * sizeof(float));
             for (int64_t p = 0; p < visible; ++p) {
                 const uint16_t *v = p < prefix_length ? prefix_values + kv * prefix_stride + p * dim
