@@ -26,7 +26,9 @@ from .dequant import RowTable
 from .ggml import (
     BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul,
 )
-from .ggml_native import NativeBlockMatrix, join_blocks, native_attention, native_expf, native_kernels
+from .ggml_native import (
+    NativeBlockMatrix, join_blocks, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu,
+)
 from .families import Architecture
 from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, cpu_flags, concat_stored, pack, plain, stored_names
@@ -220,6 +222,9 @@ class TorchInterpreter:
             self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
             self._join_llamacpp(self.family.fused_groups(self.architecture))
+            for matrix in self.matrices.values():
+                if isinstance(matrix, NativeBlockMatrix):
+                    matrix.prepack()
         elif weight_dtype is None:
             self._load_plain(weights, matrix_names, fused, progress)
         else:
@@ -565,13 +570,16 @@ class _Pass:
         kernels = self._interpreter.ggml_kernels
         if kernels is None:
             return ggml_silu_mul(gate, up, self._interpreter.simd_width)
-        return torch.div(gate, 1.0 + native_expf(kernels, -gate, self._interpreter.simd_width)) * up
+        return native_swiglu(kernels, gate, up, self._interpreter.simd_width)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")
 
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
         if self._llamacpp:
+            kernels = self._interpreter.ggml_kernels
+            if kernels is not None:
+                return native_rms_norm(kernels, x, self._tensors[weight], self.architecture.norm_eps)
             return ggml_rms_norm(x, self._tensors[weight], self.architecture.norm_eps)
         variance = x.pow(2).mean(dim=-1, keepdim=True)
         return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
@@ -587,6 +595,9 @@ class _Pass:
             self._rotation = self._rotation_table(positions, x.dtype)
         cos, sin = self._rotation
         if self._llamacpp:
+            kernels = self._interpreter.ggml_kernels
+            if kernels is not None and x.dim() == 3 and cos.shape[0] == x.shape[0]:
+                return native_rope(kernels, x, cos, sin)
             return ggml_rope(x, cos, sin)
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]

@@ -35,6 +35,20 @@ static inline float largest_magnitude(const float *x, int count) {
     return _mm_cvtss_f32(_mm_max_ss(four, _mm_movehdup_ps(four)));
 }
 
+/* Where a product's values go: `y[r * stride + o]` set to the value, or (accumulate) `y + value * alpha`, the
+   product and the scaling rounded apart as torch's `y += product * alpha` does. */
+typedef struct {
+    float *y;
+    int64_t stride;
+    int32_t accumulate;
+    float alpha;
+} paw_out;
+
+static inline void put(const paw_out *target, int64_t r, int64_t o, float value) {
+    float *y = target->y + r * target->stride + o;
+    *y = target->accumulate ? *y + value * target->alpha : value;
+}
+
 /* Q8_K: blocks of 256; the first value of largest magnitude maps to -127 (iscale = -127/it), codes
    round(iscale * x) capped at 127, scale 1/iscale; code sums per 16. */
 void paw_quantize_q8_k(const float *x, int64_t rows, int64_t k, int8_t *codes, float *scales, int16_t *sums) {
@@ -118,8 +132,8 @@ static inline __m256i q6_k_lanes(const uint8_t *w, const int8_t *sub, const int8
 
 /* `ggml_vec_dot_q6_K_q8_K` for every input row and outputs [first, last): per lane `fma(d_x * d_w, lane, acc)`
    over the blocks, then the lanes by halves. y is [rows, out]. */
-void paw_q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
-                   const int16_t *sums, float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+static void q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
+                      const int16_t *sums, const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o) {
         for (int64_t r = 0; r < rows; ++r) {
             __m256 acc = _mm256_setzero_ps();
@@ -129,25 +143,24 @@ void paw_q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale, co
                 __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
             }
-            y[r * out + o] = sum_halves(acc);
+            put(y, r, o, sum_halves(acc));
         }
     }
 }
 
 /* ggml's tiled K-quant kernel (8 rows or more): per block the exact integer sum s, then
    `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
-void paw_q6_k_tiled(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
-                    const int16_t *sums, float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+static void q6_k_tiled(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
+                       const int16_t *sums, const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o) {
-        for (int64_t r = 0; r < rows; ++r) y[r * out + o] = 0.0f;
-        for (int64_t b = 0; b < blocks; ++b) {
-            const uint8_t *wb = w + (o * blocks + b) * 256;
-            const int8_t *sb = sub + (o * blocks + b) * 16;
-            float dw = w_scale[o * blocks + b];
-            for (int64_t r = 0; r < rows; ++r) {
-                int32_t s = sum_ints(q6_k_lanes(wb, sb, x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16));
-                y[r * out + o] = fmaf((float)s * dw, x_scale[r * blocks + b], y[r * out + o]);
+        for (int64_t r = 0; r < rows; ++r) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < blocks; ++b) {
+                int32_t s = sum_ints(q6_k_lanes(w + (o * blocks + b) * 256, sub + (o * blocks + b) * 16,
+                                                x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16));
+                acc = fmaf((float)s * w_scale[o * blocks + b], x_scale[r * blocks + b], acc);
             }
+            put(y, r, o, acc);
         }
     }
 }
@@ -161,8 +174,8 @@ static inline __m256i q0_lanes(const int8_t *w, const int8_t *x) {
 
 /* `ggml_vec_dot_q4_0_q8_0` / `_q8_0_q8_0` (and tinyBLAS, the same steps): per lane `fma(d_x * d_w, lane, acc)`,
    then the lanes by halves. */
-void paw_q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, float *y,
-                 int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+static void q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
+                    int64_t blocks, int64_t rows, int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o) {
         for (int64_t r = 0; r < rows; ++r) {
             __m256 acc = _mm256_setzero_ps();
@@ -171,15 +184,15 @@ void paw_q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, const f
                 __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
             }
-            y[r * out + o] = sum_halves(acc);
+            put(y, r, o, sum_halves(acc));
         }
     }
 }
 
 /* A repacked Q4_0 base weight (`block_q4_0x8`): per block the exact integer sum s, then
    `acc = fma(float(s), d_x * d_w, acc)`. */
-void paw_q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, float *y,
-                       int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
+                          int64_t blocks, int64_t rows, int64_t first, int64_t last) {
     for (int64_t o = first; o < last; ++o) {
         for (int64_t r = 0; r < rows; ++r) {
             float acc = 0.0f;
@@ -187,7 +200,7 @@ void paw_q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, c
                 int32_t s = sum_ints(q0_lanes(w + (o * blocks + b) * 32, x + (r * blocks + b) * 32));
                 acc = fmaf((float)s, x_scale[r * blocks + b] * w_scale[o * blocks + b], acc);
             }
-            y[r * out + o] = acc;
+            put(y, r, o, acc);
         }
     }
 }
@@ -198,7 +211,7 @@ void paw_q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, c
 void paw_q6_k_tiled_parts(const int32_t *parts, const float *w_scale_t, const float *x_scale, float *y,
                           int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
     for (int64_t r = 0; r < rows; ++r) {
-        float *acc = y + r * out;
+        float *acc = y + r * out;  /* base products only: written, never accumulated */
         for (int64_t o = first; o < last; ++o) acc[o] = 0.0f;
         for (int64_t b = 0; b < blocks; ++b) {
             const int32_t *high = parts + (b * rows + r) * 2 * out, *low = high + out;
@@ -213,6 +226,28 @@ void paw_q6_k_tiled_parts(const int32_t *parts, const float *w_scale_t, const fl
                 _mm256_storeu_ps(acc + o, _mm256_fmadd_ps(product, dx8, _mm256_loadu_ps(acc + o)));
             }
             for (; o < last; ++o) acc[o] = fmaf((float)(64 * high[o] + low[o]) * dw[o], dx, acc[o]);
+        }
+    }
+}
+
+/* As paw_q6_k_tiled_parts, the parts as float32 (exact integers) in one [rows, 2 * out] array per block. */
+static void q6_k_tiled_float_parts(const float *const *parts, const float *w_scale_t, const float *x_scale, float *y,
+                                   int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *acc = y + r * out;
+        for (int64_t o = first; o < last; ++o) acc[o] = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+            const float *high = parts[b] + r * 2 * out, *low = high + out;
+            const float *dw = w_scale_t + b * out;
+            float dx = x_scale[r * blocks + b];
+            __m256 dx8 = _mm256_set1_ps(dx);
+            int64_t o = first;
+            for (; o + 8 <= last; o += 8) {  /* 64 * high + low is exact in float32 (below 2**24) */
+                __m256 sum = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(high + o), _mm256_set1_ps(64.0f)), _mm256_loadu_ps(low + o));
+                __m256 product = _mm256_mul_ps(sum, _mm256_loadu_ps(dw + o));
+                _mm256_storeu_ps(acc + o, _mm256_fmadd_ps(product, dx8, _mm256_loadu_ps(acc + o)));
+            }
+            for (; o < last; ++o) acc[o] = fmaf((64.0f * high[o] + low[o]) * dw[o], dx, acc[o]);
         }
     }
 }
@@ -480,22 +515,28 @@ typedef struct {
     float f;
 } paw_args;
 
-enum { KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_Q6_K_PARTS, KERNEL_ATTENTION };
+enum {
+    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_Q6_K_PARTS, KERNEL_ATTENTION,
+    KERNEL_Q6_K_FLOAT_PARTS
+};
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
     switch (kernel) {
     case KERNEL_Q6_K_ROWS:
     case KERNEL_Q6_K_TILED:
-        (kernel == KERNEL_Q6_K_ROWS ? paw_q6_k_rows : paw_q6_k_tiled)(
-            a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2], first, last);
+        (kernel == KERNEL_Q6_K_ROWS ? q6_k_rows : q6_k_tiled)(
+            a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_ROWS:
     case KERNEL_Q4_0_REPACKED:
-        (kernel == KERNEL_Q0_ROWS ? paw_q0_rows : paw_q4_0_repacked)(
-            a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4], a->i[0], a->i[1], a->i[2], first, last);
+        (kernel == KERNEL_Q0_ROWS ? q0_rows : q4_0_repacked)(
+            a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q6_K_PARTS:
         paw_q6_k_tiled_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_Q6_K_FLOAT_PARTS:
+        q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],
@@ -518,4 +559,74 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
         run_range(kernel, args, count * part / parts, count * (part + 1) / parts);
     }
     return 0;
+}
+
+/* x [rows, in] (float32, rows contiguous) times a block matrix with `out` outputs, as llama.cpp does: x quantized
+   as the weights' partner (Q8_K for Q6_K, Q8_0 for Q4_0/Q8_0), then `kernel` (a product one) over the outputs in
+   `threads` parts. Returns 0, or -1 where scratch memory could not be had. */
+int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, const void *w, const int8_t *sub,
+                      const float *w_scale, int64_t out, const paw_out *target, int64_t threads) {
+    int k_quant = kernel == KERNEL_Q6_K_ROWS || kernel == KERNEL_Q6_K_TILED;
+    int64_t blocks = in / (k_quant ? 256 : 32);
+    int8_t *codes = malloc((size_t)(rows * in));
+    float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
+    int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
+    int status = -1;
+    if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant)) {
+        if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
+        else paw_quantize_q8_0(x, rows, in, codes, x_scale);
+        paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target}, {blocks, rows}, 0.0f};
+        status = paw_run(kernel, &args, out, threads);
+    }
+    free(codes);
+    free(x_scale);
+    free(sums);
+    return status;
+}
+
+/* ---- elementwise steps of a layer (one call each instead of a dozen torch operations) ---- */
+
+/* `ggml_rms_norm` then `ggml_mul`, on `rows` vectors of n: squares (float32) summed in order in double,
+   mean = sum / n rounded to float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w. */
+void paw_rms_norm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *v = x + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) sum += (double)(v[i] * v[i]);
+        float mean = (float)(sum / (double)n);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < n; ++i) y[r * n + i] = (v[i] * scale) * w[i];
+    }
+}
+
+/* `rotate_pairs` (NeoX halves) of x [tokens, heads, dim] with cos/sin [tokens, dim/2]: x0*cos - x1*sin and
+   x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). */
+void paw_rope_neox(const float *x, const float *cos_table, const float *sin_table, float *y, int64_t tokens,
+                   int64_t heads, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *c = cos_table + t * half, *s = sin_table + t * half;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *v = x + (t * heads + h) * dim;
+            float *out = y + (t * heads + h) * dim;
+            for (int64_t i = 0; i < half; ++i) {
+                float x0 = v[i], x1 = v[i + half];
+                out[i] = fmaf(x0, c[i], -(x1 * s[i]));
+                out[i + half] = fmaf(x0, s[i], x1 * c[i]);
+            }
+        }
+    }
+}
+
+/* `ggml_swiglu`: gate / (1 + expf(-gate)) * up with ggml_v_expf (W lanes), over count values. */
+void paw_swiglu(const float *gate, const float *up, float *y, int64_t count, int64_t width) {
+    float e[8];
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) {
+        float minus[8];
+        for (int l = 0; l < 8; ++l) minus[l] = -gate[i + l];
+        expf_ggml8(minus, e, (int)width);
+        for (int l = 0; l < 8; ++l) y[i + l] = (gate[i + l] / (1.0f + e[l])) * up[i + l];
+    }
+    for (; i < count; ++i) y[i] = (gate[i] / (1.0f + expf_ggml(-gate[i], (int)width))) * up[i];
 }

@@ -29,7 +29,10 @@ import torch
 from ..config import default_cache_dir
 from ..files import write_atomically
 
-__all__ = ["NativeBlockMatrix", "join_blocks", "native_attention", "native_expf", "native_kernels"]
+__all__ = [
+    "NativeBlockMatrix", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
+    "native_swiglu",
+]
 
 _SOURCE = Path(__file__).with_name("ggml_kernels.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fopenmp", "-fPIC", "-shared"]
@@ -45,8 +48,14 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION = range(6)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION, _Q6_K_FLOAT_PARTS = range(7)
 """`paw_run`'s kernels."""
+
+
+class _Out(ctypes.Structure):
+    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`."""
+
+    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", ctypes.c_float)]
 
 
 class _Kernels:
@@ -58,7 +67,20 @@ class _Kernels:
         self._run = library.paw_run
         self._run.argtypes = [ctypes.c_int, ctypes.POINTER(_Args), _I64, _I64]
         self._run.restype = ctypes.c_int
+        self._block_product = library.paw_block_product
+        self._block_product.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, ctypes.POINTER(_Out), _I64]
+        self._block_product.restype = ctypes.c_int
         self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
+        self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
+        self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
+        self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
+
+    def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int,
+                      target: _Out, work: int) -> None:
+        """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
+        threads = min(torch.get_num_threads(), out) if work >= _SPLIT_MIN_WORK else 1
+        if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
 
     def run(self, kernel: int, pointers: list[int], integers: list[int], count: int, work: int, value: float = 0.0) -> None:
         """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8
@@ -145,6 +167,25 @@ def _int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
 
 
+def _prepack(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 [N, K] weight reordered for `_qlinear` (torch's oneDNN quantized-linear op; private but stable)."""
+    packed: torch.Tensor = torch.ops.onednn.qlinear_prepack(weight, None)
+    return packed
+
+
+@functools.cache
+def _unit_scales(width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(width, dtype=torch.float32), torch.zeros(width, dtype=torch.int64)
+
+
+def _qlinear(shifted: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """Exact sums of (shifted - 128) x weight as float32 [M, N] (below 2**22 here: exact): scales 1, zero point 128.
+    Without VNNI oneDNN adds pairs of u8 x s8 products in int16; |weight| <= 64 keeps them from saturating."""
+    result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
+        shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+    return result
+
+
 def _ptr(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
@@ -181,6 +222,33 @@ def native_expf(kernels: _Kernels, x: torch.Tensor, width: int) -> torch.Tensor:
     return y
 
 
+def native_rms_norm(kernels: _Kernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis."""
+    x = x.float().contiguous()
+    weight = weight.float().contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    kernels.rms_norm(_ptr(x), _ptr(weight), _ptr(y), x.numel() // n, n, eps)
+    return y
+
+
+def native_rope(kernels: _Kernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`ggml.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
+    x = x.float().contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    y = torch.empty_like(x)
+    kernels.rope_neox(_ptr(x), _ptr(cos), _ptr(sin), _ptr(y), x.shape[0], x.shape[1], x.shape[2])
+    return y
+
+
+def native_swiglu(kernels: _Kernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml.ggml_silu_mul` in C."""
+    gate, up = gate.float().contiguous(), up.float().contiguous()
+    y = torch.empty_like(gate)
+    kernels.swiglu(_ptr(gate), _ptr(up), _ptr(y), gate.numel(), width)
+    return y
+
+
 @dataclass
 class NativeBlockMatrix:
     """A quantized `[out, in]` GGUF matrix kept as its codes, multiplied by the C kernels as llama.cpp does."""
@@ -199,12 +267,25 @@ class NativeBlockMatrix:
     """Q6_K matrices multiplied 8 rows at a time or more (base layers): each signed code times its sub-block scale
     as `64 * high + low`, int8 [blocks, 2 * out, 256] (the highs, then the lows), so the tiled kernel's exact block
     sums come from one int8 GEMM per block."""
+    packed: tuple[torch.Tensor, ...] | None = None
+    """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def out_features(self) -> int:
         """Output width."""
         return int(self.codes.shape[0])
+
+    def prepack(self) -> None:
+        """Reorder `split`'s blocks once for oneDNN's int8 GEMM (`onednn::qlinear_prepack`): unpacked, every prompt
+        reordered them again, about half of its GEMMs' time. Keeps `split` where torch has no such op."""
+        if self.split is None or self.packed is not None:
+            return
+        try:
+            packed = tuple(_prepack(self.split[block]) for block in range(self.split.shape[0]))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return
+        self.packed, self.split = packed, None
 
     def _scale_t(self) -> torch.Tensor:
         """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
@@ -227,36 +308,56 @@ class NativeBlockMatrix:
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
         """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        y += (self.rows(x) if by_rows else self(x)) * torch.tensor(alpha, dtype=torch.float32)
+        tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS
+        if tiled and (self.split is not None or self.packed is not None) or y.dtype != torch.float32 or y.stride(-1) != 1:
+            y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
+            return
+        self._product(x, tiled, into=y, alpha=alpha)
 
-    def _product(self, x: torch.Tensor, tiled: bool) -> torch.Tensor:
+    def _product(self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
+        """The product, or (`into`) `into += product * alpha` in place, the product and the scaling rounded apart."""
         kernels = self._kernels()
         x = x.float().contiguous()
+        rows, width = x.shape
+        out = self.out_features
+        if tiled and (self.split is not None or self.packed is not None):
+            return self._tiled_int8(kernels, x)
+        y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
+        if self.kind == "q6_k":
+            kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
+        else:
+            kernel = _Q4_0_REPACKED if self.repacked else _Q0_ROWS
+        sub = self.sub_scales if self.sub_scales is not None else self.scale  # unread by the Q4_0/Q8_0 kernels
+        target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
+        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(self.codes), _ptr(sub), _ptr(self.scale), out, target,
+                              rows * out * width)
+        return y
+
+    def _tiled_int8(self, kernels: _Kernels, x: torch.Tensor) -> torch.Tensor:
+        """The tiled Q6_K kernel with its exact block sums from int8 GEMMs, then the float steps in C."""
         rows, width = x.shape
         out, blocks = self.out_features, self.scale.shape[1]
         y = torch.empty((rows, out), dtype=torch.float32)
         codes = torch.empty((rows, width), dtype=torch.int8)
         x_scale = torch.empty((rows, blocks), dtype=torch.float32)
-        if self.kind == "q6_k":
-            sums = torch.empty((rows, blocks, 16), dtype=torch.int16)
-            kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
-            sub = self.sub_scales if self.sub_scales is not None else self.scale
-            if tiled and self.split is not None:
-                parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
-                blocked = codes.reshape(rows, blocks, 256)
-                for block in range(blocks):
-                    _int_mm(blocked[:, block], self.split[block].t(), parts[block])
-                kernels.run(_Q6_K_PARTS, [_ptr(parts), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
-                            out, rows * out * blocks * 64)
-                return y
-            kernels.run(_Q6_K_TILED if tiled else _Q6_K_ROWS,
-                        [_ptr(self.codes), _ptr(sub), _ptr(self.scale), _ptr(codes), _ptr(x_scale), _ptr(sums), _ptr(y)],
-                        [rows, out, blocks], out, rows * out * width)
-        else:
-            kernels.quantize_q8_0(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale))
-            kernels.run(_Q4_0_REPACKED if self.repacked else _Q0_ROWS,
-                        [_ptr(self.codes), _ptr(self.scale), _ptr(codes), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
-                        out, rows * out * width)
+        sums = torch.empty((rows, blocks, 16), dtype=torch.int16)
+        kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
+        if self.packed is not None:
+            # the codes as uint8 less 128 (oneDNN's u8 x s8 GEMM with a zero point): exact integer sums, as float32
+            shifted = (codes.view(torch.uint8) ^ 0x80).reshape(rows, blocks, 256)
+            ones, zeros = _unit_scales(2 * out)
+            sums_by_block = [_qlinear(shifted[:, block], packed, ones, zeros) for block, packed in enumerate(self.packed)]
+            pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
+            kernels.run(_Q6_K_FLOAT_PARTS, [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
+                        [rows, out, blocks], out, rows * out * blocks * 64)
+            return y
+        assert self.split is not None
+        parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
+        blocked = codes.reshape(rows, blocks, 256)
+        for block in range(blocks):
+            _int_mm(blocked[:, block], self.split[block].t(), parts[block])
+        kernels.run(_Q6_K_PARTS, [_ptr(parts), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
+                    out, rows * out * blocks * 64)
         return y
 
 
@@ -269,7 +370,7 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         and (part.sub_scales is None) == (first.sub_scales is None) and (part.split is None) == (first.split is None)
         for part in parts
     )
-    if not alike:
+    if not alike or any(part.packed is not None for part in parts):
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
     split = None
