@@ -284,18 +284,50 @@ class TorchInterpreter:
 
     def _load_llamacpp(self, weights: BaseWeights, matrix_names: list[str], progress: bool | None) -> None:
         """Vectors and embeddings in float32; each matrix as its GGUF blocks where llama.cpp's arithmetic on them is
-        emulated (Q4_0, Q8_0, Q6_K), else in float32 (F32/F16 files: llama.cpp's float products, which torch's
-        float32 products already match); biases stay vectors, added after the side paths as llama.cpp does."""
+        emulated (Q4_0, Q8_0, Q6_K), read from the file's bytes, else in float32 (F32/F16 files: llama.cpp's float
+        products, which torch's float32 products already match); biases stay vectors, added after the side paths
+        as llama.cpp does. The token embeddings are decoded row by row from the file (ggml's get_rows)."""
         matrices = set(matrix_names)
-        for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
-            tensor = torch.as_tensor(array).to(device=self.device, dtype=self.dtype)
-            del array
-            if name == "token_embd.weight" and self.tied:
-                self.matrices["output.weight"] = self._llamacpp_matrix(weights, name, tensor)
-            if name in matrices:
-                self.matrices[name] = self._llamacpp_matrix(weights, name, tensor)
-            else:
+        if self.tied:
+            matrices.add("token_embd.weight")  # also the output matrix
+        rows = weights.rows("token_embd.weight")
+        if rows is not None:
+            self.rows["token_embd.weight"] = rows
+        read_one = weights.tensor
+        if read_one is None:  # a folder of safetensors: every tensor in float32
+            for name, array in track(weights.tensors(), f"loading {weights.source.name}", None, progress):
+                self._place_llamacpp(weights, name, torch.as_tensor(array).to(device=self.device, dtype=self.dtype), matrices)
+            return
+        names = list(weights.shapes())  # the file's own (self.shapes also names a tied output matrix)
+        for name in track(names, f"loading {weights.source.name}", len(names), progress):
+            blocks = self._llamacpp_blocks(weights, name) if name in matrices else None
+            if blocks is not None:
+                self.matrices["output.weight" if name == "token_embd.weight" else name] = blocks
+                if name == "token_embd.weight" and rows is None:
+                    self.tensors[name] = self._on_device(read_one(name))
+            elif name != "token_embd.weight" or rows is None or name in matrices:
+                self._place_llamacpp(weights, name, self._on_device(read_one(name)), matrices)
+
+    def _place_llamacpp(self, weights: BaseWeights, name: str, tensor: torch.Tensor, matrices: set[str]) -> None:
+        """A float32 tensor where it belongs: a matrix (its blocks where emulated), the output matrix, or a vector."""
+        if name == "token_embd.weight" and self.tied:
+            self.matrices["output.weight"] = self._llamacpp_blocks(weights, name) or plain(tensor, None)
+            if name not in self.rows:
                 self.tensors[name] = tensor
+        elif name in matrices:
+            self.matrices[name] = self._llamacpp_blocks(weights, name) or plain(tensor, None)
+        elif name not in self.rows:
+            self.tensors[name] = tensor
+
+    def _llamacpp_blocks(self, weights: BaseWeights, name: str) -> BlockMatrix | NativeBlockMatrix | None:
+        """Matrix `name` as its GGUF blocks, read from the file's bytes, where emulated; its block scales checked."""
+        stored = weights.raw(name)
+        if stored is None:
+            return None
+        blocks = block_matrix(stored[0], stored[1], self.shapes[name][0], name.startswith("blk."), self.ggml_kernels is not None)
+        if blocks is not None and not bool(torch.isfinite(blocks.scale).all()):
+            raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+        return blocks
 
     def _join_llamacpp(self, groups: list[tuple[str, ...]]) -> None:
         """Groups of block matrices read by the C kernels joined into one product each (`join_blocks`: exact), so a
@@ -312,11 +344,6 @@ class TorchInterpreter:
                 del self.matrices[name]
             self.matrices[group[0]] = joined
             self.groups[group] = [m.out_features for m in natives]
-
-    def _llamacpp_matrix(self, weights: BaseWeights, name: str, tensor: torch.Tensor) -> Product:
-        stored = weights.raw(name)
-        blocks = None if stored is None else block_matrix(stored[0], stored[1], tensor.shape[0], name.startswith("blk."), self.ggml_kernels is not None)
-        return plain(tensor, None) if blocks is None else blocks
 
     def _load_compact(
         self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], fused: list[tuple[str, ...]],

@@ -39,7 +39,7 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
-from .ggml_native import NativeBlockMatrix, native_kernels
+from .ggml_native import NativeBlockMatrix, NativeKernels, native_kernels
 
 __all__ = [
     "BlockMatrix", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope", "ggml_rope_table",
@@ -200,6 +200,8 @@ def block_matrix(
     `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the embeddings' it
     does not). `native`: on the C kernels where they build (`ggml_native`), else the torch emulation."""
     kernels = native_kernels() if native else None
+    if qtype == gguf.GGMLQuantizationType.Q6_K and kernels is not None:
+        return _native_q6_k(kernels, raw, out_features, base_layer)
     data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
     if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
         if qtype == gguf.GGMLQuantizationType.Q8_0:
@@ -229,14 +231,28 @@ def block_matrix(
     return None
 
 
+def _native_q6_k(kernels: NativeKernels, raw: npt.NDArray[np.uint8], out_features: int, base_layer: bool) -> NativeBlockMatrix:
+    """A Q6_K matrix unpacked by the C kernels straight from the file's bytes (its map is only read)."""
+    data = np.ascontiguousarray(raw, dtype=np.uint8)
+    n_blocks = data.size // _Q6_K_BYTES // out_features
+    codes = torch.empty((out_features, n_blocks, 256), dtype=torch.uint8)
+    sub = torch.empty((out_features, n_blocks, 16), dtype=torch.int8)
+    scale = torch.empty((out_features, n_blocks), dtype=torch.float32)
+    kernels.unpack_q6_k(data.ctypes.data, out_features * n_blocks, codes.data_ptr(), sub.data_ptr(), scale.data_ptr())
+    split = None
+    if base_layer:  # others multiply one row at a time
+        split = torch.empty((n_blocks, 2 * out_features, 256), dtype=torch.int8)
+        kernels.split_q6_k(codes.data_ptr(), sub.data_ptr(), out_features, n_blocks, split.data_ptr())
+    return NativeBlockMatrix("q6_k", codes, scale, sub, False, kernels, split)
+
+
 def _weighted(codes: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
     """Q6_K codes [out, blocks, 256] times their sub-block scales [out, blocks, 16] as `64 * high + low`: the highs
     and the lows (0..63), int16 [2, out, blocks, 256]."""
     out_features, n_blocks = codes.shape[0], codes.shape[1]
     weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
         out_features, n_blocks, 256)
-    high = torch.div(weighted, 64, rounding_mode="floor")
-    return torch.stack([high, weighted - 64 * high])
+    return torch.stack([weighted >> 6, weighted & 63])  # an arithmetic shift: floor division by 64
 
 
 def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:

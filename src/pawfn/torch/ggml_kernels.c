@@ -630,3 +630,45 @@ void paw_swiglu(const float *gate, const float *up, float *y, int64_t count, int
     }
     for (; i < count; ++i) y[i] = (gate[i] / (1.0f + expf_ggml(-gate[i], (int)width))) * up[i];
 }
+
+/* ---- loading ---- */
+
+/* Q6_K blocks (210 bytes: 128 of low nibbles, 64 of high 2-bit pairs, 16 int8 sub-block scales, an f16 scale) as
+   unsigned codes 0..63 [count, 256] in element order, sub-block scales [count, 16] and scales [count]. */
+void paw_unpack_q6_k(const uint8_t *raw, int64_t count, uint8_t *codes, int8_t *sub, float *d) {
+    for (int64_t i = 0; i < count; ++i) {
+        const uint8_t *block = raw + i * 210;
+        uint8_t *q = codes + i * 256;
+        for (int half = 0; half < 2; ++half) {
+            const uint8_t *low = block + 64 * half, *high = block + 128 + 32 * half;
+            uint8_t *out = q + 128 * half;
+            for (int l = 0; l < 32; ++l) {
+                out[l] = (uint8_t)((low[l] & 0xF) | ((high[l] & 3) << 4));
+                out[l + 32] = (uint8_t)((low[l + 32] & 0xF) | (((high[l] >> 2) & 3) << 4));
+                out[l + 64] = (uint8_t)((low[l] >> 4) | (((high[l] >> 4) & 3) << 4));
+                out[l + 96] = (uint8_t)((low[l + 32] >> 4) | (((high[l] >> 6) & 3) << 4));
+            }
+        }
+        memcpy(sub + i * 16, block + 192, 16);
+        uint16_t bits;
+        memcpy(&bits, block + 208, 2);
+        d[i] = _cvtsh_ss(bits);
+    }
+}
+
+/* Signed codes times their sub-block scales, w = (code - 32) * sub, as 64 * high + low: int8 [blocks, 2 * out, 256],
+   a block's highs (-64..64) then its lows (0..63). codes [out, blocks, 256], sub [out, blocks, 16]. */
+void paw_split_q6_k(const uint8_t *codes, const int8_t *sub, int64_t out, int64_t blocks, int8_t *split) {
+    for (int64_t o = 0; o < out; ++o) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t *q = codes + (o * blocks + b) * 256;
+            const int8_t *s = sub + (o * blocks + b) * 16;
+            int8_t *high = split + (b * 2 * out + o) * 256, *low = split + (b * 2 * out + out + o) * 256;
+            for (int e = 0; e < 256; ++e) {
+                int w = ((int)q[e] - 32) * s[e / 16];
+                high[e] = (int8_t)(w >> 6);
+                low[e] = (int8_t)(w & 63);
+            }
+        }
+    }
+}

@@ -30,7 +30,7 @@ from ..config import default_cache_dir
 from ..files import write_atomically
 
 __all__ = [
-    "NativeBlockMatrix", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
+    "NativeBlockMatrix", "NativeKernels", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
     "native_swiglu",
 ]
 
@@ -58,7 +58,7 @@ class _Out(ctypes.Structure):
     _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", ctypes.c_float)]
 
 
-class _Kernels:
+class NativeKernels:
     """The compiled library's functions, their argument types declared."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
@@ -74,6 +74,8 @@ class _Kernels:
         self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
+        self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
+        self.split_q6_k = self._declare(library.paw_split_q6_k, [_PTR, _PTR, _I64, _I64, _PTR])
 
     def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int,
                       target: _Out, work: int) -> None:
@@ -125,7 +127,7 @@ def _build(target: Path) -> str | None:
 
 
 @functools.cache
-def native_kernels() -> _Kernels | None:
+def native_kernels() -> NativeKernels | None:
     """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
@@ -140,7 +142,7 @@ def native_kernels() -> _Kernels | None:
             failure = str(error)
     if failure is None:
         try:
-            return _Kernels(ctypes.CDLL(str(target)))
+            return NativeKernels(ctypes.CDLL(str(target)))
         except (OSError, AttributeError) as error:
             failure = str(error)
     warnings.warn(f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens, several times slower): "
@@ -191,7 +193,7 @@ def _ptr(tensor: torch.Tensor) -> int:
 
 
 def native_attention(
-    kernels: _Kernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor,
+    kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor,
     values: torch.Tensor, width: int,
 ) -> torch.Tensor:
     """`ggml.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
@@ -214,7 +216,7 @@ def native_attention(
     return out
 
 
-def native_expf(kernels: _Kernels, x: torch.Tensor, width: int) -> torch.Tensor:
+def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
     """`ggml.ggml_expf` in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
@@ -222,7 +224,7 @@ def native_expf(kernels: _Kernels, x: torch.Tensor, width: int) -> torch.Tensor:
     return y
 
 
-def native_rms_norm(kernels: _Kernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis."""
     x = x.float().contiguous()
     weight = weight.float().contiguous()
@@ -232,7 +234,7 @@ def native_rms_norm(kernels: _Kernels, x: torch.Tensor, weight: torch.Tensor, ep
     return y
 
 
-def native_rope(kernels: _Kernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`ggml.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
     x = x.float().contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
@@ -241,7 +243,7 @@ def native_rope(kernels: _Kernels, x: torch.Tensor, cos: torch.Tensor, sin: torc
     return y
 
 
-def native_swiglu(kernels: _Kernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
+def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
     """`ggml.ggml_silu_mul` in C."""
     gate, up = gate.float().contiguous(), up.float().contiguous()
     y = torch.empty_like(gate)
@@ -262,7 +264,7 @@ class NativeBlockMatrix:
     """Q6_K: int8 sub-block scales [out, blocks, 16]."""
     repacked: bool = False
     """A Q4_0 base weight llama.cpp repacks (see `ggml.BlockMatrix.repacked`)."""
-    kernels: _Kernels | None = None
+    kernels: NativeKernels | None = None
     split: torch.Tensor | None = None
     """Q6_K matrices multiplied 8 rows at a time or more (base layers): each signed code times its sub-block scale
     as `64 * high + low`, int8 [blocks, 2 * out, 256] (the highs, then the lows), so the tiled kernel's exact block
@@ -293,7 +295,7 @@ class NativeBlockMatrix:
             self._scales_by_block = self.scale.t().contiguous()
         return self._scales_by_block
 
-    def _kernels(self) -> _Kernels:
+    def _kernels(self) -> NativeKernels:
         if self.kernels is None:
             raise RuntimeError("a NativeBlockMatrix needs its kernels")
         return self.kernels
@@ -333,7 +335,7 @@ class NativeBlockMatrix:
                               rows * out * width)
         return y
 
-    def _tiled_int8(self, kernels: _Kernels, x: torch.Tensor) -> torch.Tensor:
+    def _tiled_int8(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
         """The tiled Q6_K kernel with its exact block sums from int8 GEMMs, then the float steps in C."""
         rows, width = x.shape
         out, blocks = self.out_features, self.scale.shape[1]

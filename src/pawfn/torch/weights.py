@@ -41,6 +41,8 @@ class BaseWeights:
     shapes: Callable[[], dict[str, tuple[int, ...]]]
     rows: Callable[[str], RowTable | None] = lambda name: None
     raw: Callable[[str], tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType] | None] = lambda name: None
+    tensor: Callable[[str], Array] | None = None
+    """One tensor by name as float32 (GGUF only): a loader that keeps some tensors as their blocks reads the rest."""
 
 
 def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeights:
@@ -79,6 +81,15 @@ def _finite_tensors(weights: BaseWeights) -> BaseWeights:
             yield name, array
 
     weights.tensors = tensors
+    one = weights.tensor
+    if one is not None:
+        def tensor(name: str) -> Array:
+            array = one(name)
+            if not _all_finite(array):
+                raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+            return array
+
+        weights.tensor = tensor
     return weights
 
 
@@ -109,14 +120,17 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
         raise BaseModelError(path, str(exc)) from exc
     codec = TextCodec.from_gguf(file)
 
+    def tensor(name: str) -> Array:
+        try:
+            raw, qtype = file.raw(name)
+            fast = dequantize(raw, qtype, file.tensor_shape(name))
+            return file.read_f32(name) if fast is None else fast
+        except GGUFFormatError as exc:
+            raise BaseModelError(path, str(exc)) from exc
+
     def tensors() -> Iterator[tuple[str, Array]]:
         for name in file.tensor_names():
-            try:
-                raw, qtype = file.raw(name)
-                fast = dequantize(raw, qtype, file.tensor_shape(name))
-                yield name, file.read_f32(name) if fast is None else fast
-            except GGUFFormatError as exc:
-                raise BaseModelError(path, str(exc)) from exc
+            yield name, tensor(name)
 
     def shapes() -> dict[str, tuple[int, ...]]:
         return {name: file.tensor_shape(name) for name in file.tensor_names()}
@@ -133,7 +147,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
 
     return BaseWeights(
         source=path, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes, rows=rows,
-        raw=raw,
+        raw=raw, tensor=tensor,
     )
 
 
