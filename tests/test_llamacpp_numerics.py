@@ -20,6 +20,9 @@ from pawfn.torch.ggml import (
     BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table,
     ggml_silu_mul,
 )
+from pawfn.torch.ggml_native import (
+    NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu,
+)
 from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
@@ -30,6 +33,8 @@ WIDTH = 16 if "avx512f" in cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 STEPS = 3
 """Decode steps traced after the input (evaluations 2, 3, 4: one row each)."""
+IMPLEMENTATIONS = ["torch", "c"]
+"""The mode's two implementations of each rule: the torch emulation (the fallback) and the C kernels."""
 TINY_INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab",
                "I love this product, it works great."]
 
@@ -64,15 +69,30 @@ def _trace(program: Path, base: Path, text: str, out: Path) -> Trace:
     return Trace(out)
 
 
-def _matrices(path: Path, base: bool) -> dict[str, BlockMatrix]:
-    found: dict[str, BlockMatrix] = {}
+def _matrices(path: Path, base: bool, implementation: str) -> dict[str, BlockMatrix | NativeBlockMatrix]:
+    """The file's block matrices on one implementation (the C kernels' base weights prepacked, as the engine does)."""
+    found: dict[str, BlockMatrix | NativeBlockMatrix] = {}
+    if implementation == "c":
+        _kernels()
     for tensor in gguf.GGUFReader(path).tensors:
         if len(tensor.shape) == 2:
             raw: npt.NDArray[np.uint8] = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."))
+            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."),
+                                  native=implementation == "c")
+            if isinstance(matrix, NativeBlockMatrix):
+                assert implementation == "c"
+                matrix.prepack()
             if matrix is not None:
                 found[tensor.name] = matrix
     return found
+
+
+def _kernels() -> NativeKernels:
+    """The C kernels (built on first use, into the test's private cache), or the test skipped where none build."""
+    kernels = native_kernels()
+    if kernels is None:
+        pytest.skip("the C kernels could not be built here (no C compiler?)")
+    return kernels
 
 
 def _vectors(path: Path) -> dict[str, torch.Tensor]:
@@ -101,11 +121,15 @@ def _bit_exact(found: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("evaluation", [0, 1, 2], ids=["prefix", "input", "decode"])
 @pytest.mark.parametrize("layer", [0, 3])
-def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, layer: int) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(
+    qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, layer: int, implementation: str
+) -> None:
     """The q projection (Q6_K: the tiled kernel for 25 and 48 rows, the one-row kernel for a decode step) and its
     Q4_0 side path (a, then b on a's output)."""
     fixture, trace = qwen3_trace
-    base, adapter = _matrices(fixture.base("q6_k"), base=True), _matrices(fixture.program / "adapter.gguf", base=False)
+    base = _matrices(fixture.base("q6_k"), True, implementation)
+    adapter = _matrices(fixture.program / "adapter.gguf", False, implementation)
     start = trace.find(evaluation, f"attn_norm-{layer}")
     x = trace.at(start)
     name = f"blk.{layer}.attn_q.weight"
@@ -117,21 +141,25 @@ def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(qwen3_trace: tuple[Trained
 @requires_llama_cpp
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("evaluation", [1, 2], ids=["input", "decode"])
-def test_q6_k_products_over_several_blocks_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_q6_k_products_over_several_blocks_equal_llama_cpps(
+    qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, implementation: str
+) -> None:
     """ffn_down (3 blocks of 256 per row): the tiled kernel adds each block by FMA, the one-row kernel by lanes."""
     fixture, trace = qwen3_trace
-    base = _matrices(fixture.base("q6_k"), base=True)
+    base = _matrices(fixture.base("q6_k"), True, implementation)
     start = trace.find(evaluation, "ffn_swiglu-0")
     _bit_exact(base["blk.0.ffn_down.weight"](trace.at(start)), trace.at(start + 1))
 
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-def test_one_row_q6_k_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_one_row_q6_k_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], implementation: str) -> None:
     """llama.cpp keeps only the output row from the last layer's attention on: its feed-forward and output products
     run the one-row kernel (`ggml_vec_dot_q6_K_q8_K`)."""
     fixture, trace = qwen3_trace
-    base = _matrices(fixture.base("q6_k"), base=True)
+    base = _matrices(fixture.base("q6_k"), True, implementation)
     start = trace.find(1, "ffn_norm-3")
     x = trace.at(start)
     assert x.shape[0] == 1
@@ -142,17 +170,21 @@ def test_one_row_q6_k_products_equal_llama_cpps(qwen3_trace: tuple[TrainedProgra
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-def test_rms_norm_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_rms_norm_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], implementation: str) -> None:
     fixture, trace = qwen3_trace
     weights = _vectors(fixture.base("q6_k"))
     start = trace.find(1, "attn_norm-0")
     x = trace.at(start - 2)  # the layer's input (the embeddings), before norm-0
-    _bit_exact(ggml_rms_norm(x, weights["blk.0.attn_norm.weight"], 1e-6), trace.at(start))
+    weight = weights["blk.0.attn_norm.weight"]
+    found = ggml_rms_norm(x, weight, 1e-6) if implementation == "torch" else native_rms_norm(_kernels(), x, weight, 1e-6)
+    _bit_exact(found, trace.at(start))
 
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-def test_rope_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_rope_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], implementation: str) -> None:
     """Every head of q and k at every position of the call: angles by repeated float32 products, the C library's
     cosf/sinf, GCC's FMA in the rotation."""
     _, trace = qwen3_trace
@@ -163,13 +195,15 @@ def test_rope_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> No
         for name in ("Qcur", "Kcur"):
             normed = trace.find(evaluation, f"{name}_normed-1")
             x = trace.at(normed, 64).reshape(n, -1, 64)
-            _bit_exact(ggml_rope(x, cos, sin).reshape(-1, 64), trace.at(normed + 1, 64))
+            found = ggml_rope(x, cos, sin) if implementation == "torch" else native_rope(_kernels(), x, cos, sin)
+            _bit_exact(found.reshape(-1, 64), trace.at(normed + 1, 64))
         start += n
 
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
-def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace]) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], implementation: str) -> None:
     """Queries over the prefix's, the input's and the decoded tokens' keys and values, stored f16: kq, softmax, kqv
     (tinyBLAS for the input's 48 rows, `ggml_vec_dot_f16` for each decode step's one)."""
     _, trace = qwen3_trace
@@ -183,7 +217,13 @@ def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[Trained
         n = keys[-1].shape[0]
         all_keys = torch.cat(keys).transpose(0, 1).half()
         all_values = torch.cat(values).transpose(0, 1).half()
-        found = ggml_attention(queries.reshape(n, 4, 64), all_keys, all_values, WIDTH)
+        if implementation == "torch":
+            found = ggml_attention(queries.reshape(n, 4, 64), all_keys, all_values, WIDTH)
+        else:  # the prefix's positions apart from the rest, as the engine passes them
+            prefix = keys[0].shape[0]
+            shared = (all_keys[:, :prefix].contiguous(), all_values[:, :prefix].contiguous()) if evaluation else None
+            own = slice(prefix, None) if evaluation else slice(None)
+            found = native_attention(_kernels(), queries.reshape(n, 4, 64), shared, all_keys[:, own], all_values[:, own], WIDTH)
         expected = trace.at(trace.find(evaluation, "kqv_out-0"))
         _bit_exact(found, expected)
 
@@ -191,20 +231,26 @@ def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[Trained
 @requires_llama_cpp
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("evaluation", [1, 2], ids=["input", "decode"])
-def test_swiglu_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_swiglu_equals_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, implementation: str) -> None:
     _, trace = qwen3_trace
     gate, up = trace.at(trace.find(evaluation, "ffn_gate-1")), trace.at(trace.find(evaluation, "ffn_up-1"))
-    _bit_exact(ggml_silu_mul(gate, up, WIDTH), trace.at(trace.find(evaluation, "ffn_swiglu-1")))
+    found = ggml_silu_mul(gate, up, WIDTH) if implementation == "torch" else native_swiglu(_kernels(), gate, up, WIDTH)
+    _bit_exact(found, trace.at(trace.find(evaluation, "ffn_swiglu-1")))
 
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("evaluation", [0, 1, 2], ids=["prefix", "input", "decode"])
-def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(gpt2_trace: tuple[TrainedProgram, Trace], evaluation: int) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(
+    gpt2_trace: tuple[TrainedProgram, Trace], evaluation: int, implementation: str
+) -> None:
     """GPT-2's own ops: layer norm (variance by `WIDTH` lanes, a correctly rounded sqrtf), the f16 GELU table (its
     `1 + a*x*x` fused), Q8_0 products and the Q4_0 side path, layer by layer."""
     fixture, trace = gpt2_trace
-    base, adapter = _matrices(fixture.base("q8_0"), base=True), _matrices(fixture.program / "adapter.gguf", base=False)
+    base = _matrices(fixture.base("q8_0"), True, implementation)
+    adapter = _matrices(fixture.program / "adapter.gguf", False, implementation)
     ones, zeros = torch.ones(256), torch.zeros(256)
     for layer in range(4):
         norm = trace.find(evaluation, f"norm-{layer}")
@@ -221,13 +267,14 @@ def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(gpt2_trace: tup
 
 @requires_llama_cpp
 @pytest.mark.llamacpp
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_repacked_q4_0_base_products_equal_llama_cpps(
-    quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram, tmp_path: Path
+    quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram, tmp_path: Path, implementation: str
 ) -> None:
     """A Q4_0 base is repacked at load (block_q4_0x8) and multiplied by other kernels than a Q4_0 adapter is."""
     program, base_path = wide_qwen3_program_q4, quantized_bases["Q4_0"]
     trace = _trace(program.folder, base_path, TINY_INPUTS[4], tmp_path / "trace.npz")
-    base = _matrices(base_path, base=True)
+    base = _matrices(base_path, True, implementation)
     assert base["blk.0.attn_q.weight"].repacked
     for evaluation in (0, 1, 2):
         start = trace.find(evaluation, "attn_norm-0")

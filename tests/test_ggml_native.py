@@ -1,0 +1,213 @@
+"""The C kernels of `numerics="llamacpp"` against the torch emulation they stand in for, bit for bit, on random
+inputs and through the engine (the emulation is itself checked against llama.cpp's traced tensors and tokens in
+test_llamacpp_numerics.py, where both implementations run); and how the kernels are built, cached and done without."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from gguf.quants import quantize
+
+from pawfn.adapter import read_lora_adapter
+from pawfn.torch import engine, ggml_native
+from pawfn.torch.ggml import (
+    block_matrix, ggml_attention, ggml_expf, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul, quantize_q8_0,
+    quantize_q8_k,
+)
+from pawfn.torch.ggml_native import (
+    NativeBlockMatrix, NativeKernels, join_blocks, native_attention, native_expf, native_kernels, native_rms_norm,
+    native_rope, native_swiglu,
+)
+from pawfn.torch.weights import read_base_weights
+from tests.helpers.trained import load_trained
+
+Q6_K, Q4_0, Q8_0 = gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0
+
+
+@pytest.fixture(autouse=True)
+def kernels() -> NativeKernels:
+    """The C kernels (built on first use, into the first test's private cache), or every test here skipped."""
+    built = native_kernels()
+    if built is None:
+        pytest.skip("the C kernels could not be built here (no C compiler?)")
+    return built
+
+
+def _kernels() -> NativeKernels:
+    built = native_kernels()
+    assert built is not None
+    return built
+
+
+def _raw(qtype: gguf.GGMLQuantizationType, out: int, width: int, seed: int) -> npt.NDArray[np.uint8]:
+    """A matrix's bytes: random Q6_K blocks (every code, sub-scale and sign) with a small f16 scale, or random weights
+    quantized by the gguf package."""
+    rng = np.random.default_rng(seed)
+    if qtype == Q6_K:
+        blocks = rng.integers(0, 256, size=(out, width // 256, 210), dtype=np.uint8)
+        blocks[:, :, 208:210] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+        return blocks.reshape(out, -1)
+    raw: npt.NDArray[np.uint8] = quantize(rng.standard_normal((out, width), dtype=np.float32) * 0.05, qtype)
+    return raw
+
+
+def _rows(n: int, width: int, seed: int) -> torch.Tensor:
+    x = torch.randn(n, width, generator=torch.Generator().manual_seed(seed)) * 3
+    x[0, :7] = torch.tensor([0.0, -0.0, 1e-30, -5.5, 5.5, 2.5, -2.5])  # zeros, a tiny value, ties after scaling
+    return x
+
+
+@pytest.mark.parametrize("qtype", [Q6_K, Q4_0, Q8_0], ids=["q6_k", "q4_0", "q8_0"])
+@pytest.mark.parametrize("base_layer", [False, True], ids=["adapter", "base"])
+@pytest.mark.parametrize("n", [1, 3, 8, 21])
+def test_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType, base_layer: bool, n: int) -> None:
+    """Every kernel: one-row lanes, tiled (int8 GEMM block sums, plain and prepacked), repacked Q4_0 bases."""
+    raw = _raw(qtype, 40, 512, seed=n)
+    emulated = block_matrix(raw, qtype, 40, base_layer, native=False)
+    native = block_matrix(raw, qtype, 40, base_layer)
+    prepacked = block_matrix(raw, qtype, 40, base_layer)
+    assert emulated is not None and isinstance(native, NativeBlockMatrix) and isinstance(prepacked, NativeBlockMatrix)
+    prepacked.prepack()
+    if qtype == Q6_K and base_layer:
+        assert native.split is not None and prepacked.packed is not None
+    x = _rows(n, 512, seed=n)
+    for candidate in (native, prepacked):
+        assert torch.equal(candidate(x), emulated(x))
+        assert torch.equal(candidate.rows(x), emulated.rows(x))
+
+
+@pytest.mark.parametrize("qtype", [Q6_K, Q4_0], ids=["q6_k", "q4_0"])
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType, by_rows: bool) -> None:
+    """`y += product * scale` in C, into a column slice of a wider output (a joined group's member)."""
+    raw = _raw(qtype, 24, 256, seed=5)
+    emulated, native = block_matrix(raw, qtype, 24, native=False), block_matrix(raw, qtype, 24)
+    assert emulated is not None and isinstance(native, NativeBlockMatrix)
+    x = _rows(9, 256, seed=6)
+    expected, found = torch.randn(9, 72), torch.zeros(9, 72)
+    found.copy_(expected)
+    emulated.accumulate(expected[:, 24:48], x, 0.37, by_rows)
+    native.accumulate(found[:, 24:48], x, 0.37, by_rows)
+    assert torch.equal(found, expected)
+
+
+def test_activation_quantization_equals_the_emulation() -> None:
+    x = _rows(5, 1024, seed=1)
+    x[1, :256] = 0.0  # a block of zeros
+    x[2, 10], x[2, 20] = 9.0, -9.0  # two values of the largest magnitude: the first one decides the sign
+    codes = torch.empty(5, 1024, dtype=torch.int8)
+    scales, sums = torch.empty(5, 4), torch.empty(5, 4, 16, dtype=torch.int16)
+    _kernels().quantize_q8_k(x.data_ptr(), 5, 1024, codes.data_ptr(), scales.data_ptr(), sums.data_ptr())
+    expected_codes, expected_scales, expected_sums = quantize_q8_k(x)
+    assert torch.equal(codes.float().reshape(5, 4, 256), expected_codes)
+    assert torch.equal(scales, expected_scales) and torch.equal(sums.float(), expected_sums)
+    scales = torch.empty(5, 32)
+    _kernels().quantize_q8_0(x.data_ptr(), 5, 1024, codes.data_ptr(), scales.data_ptr())
+    expected_codes, expected_scales = quantize_q8_0(x)
+    assert torch.equal(codes.float().reshape(5, 32, 32), expected_codes) and torch.equal(scales, expected_scales)
+
+
+@pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
+@pytest.mark.parametrize(("n", "prefix", "own"), [(1, 0, 5), (1, 37, 20), (7, 30, 7), (12, 0, 12), (3, 300, 50)])
+def test_attention_equals_the_emulation(width: int, n: int, prefix: int, own: int) -> None:
+    """Decode steps (one row) and prompts (tinyBLAS), with and without a program's prefix read in place."""
+    generator = torch.Generator().manual_seed(n + prefix)
+    q = torch.randn(n, 4, 64, generator=generator) * 2
+    prefix_keys, prefix_values = (torch.randn(2, prefix, 64, generator=generator).half() for _ in range(2))
+    cache_keys, cache_values = (torch.randn(2, own + 9, 64, generator=generator).half() for _ in range(2))
+    keys, values = cache_keys[:, :own], cache_values[:, :own]  # views of a longer cache, as the engine's are
+    expected = ggml_attention(q, torch.cat([prefix_keys, keys], 1), torch.cat([prefix_values, values], 1), width)
+    shared = (prefix_keys, prefix_values) if prefix else None
+    assert torch.equal(native_attention(_kernels(), q, shared, keys, values, width), expected)
+
+
+@pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
+def test_elementwise_steps_equal_the_emulation(width: int) -> None:
+    """ggml_v_expf over its whole range (far ends, infinities, NaN), rms_norm, rope and swiglu."""
+    generator = torch.Generator().manual_seed(width)
+    x = torch.cat([torch.randn(100_000, generator=generator) * 40, torch.tensor(
+        [-float("inf"), float("inf"), 0.0, -0.0, -200.0, -100.0, -88.0, -87.5, 88.0, 89.0, -103.0, -126.5])])
+    assert torch.equal(native_expf(_kernels(), x, width), ggml_expf(x, width))
+    gate, up = torch.randn(21, 3072, generator=generator) * 6, torch.randn(21, 3072, generator=generator)
+    assert torch.equal(native_swiglu(_kernels(), gate, up, width), ggml_silu_mul(gate, up, width))
+    hidden, weight = torch.randn(21, 8, 128, generator=generator) * 3, torch.randn(128, generator=generator)
+    assert torch.equal(native_rms_norm(_kernels(), hidden, weight, 1e-6), ggml_rms_norm(hidden, weight, 1e-6))
+    cos, sin = ggml_rope_table(torch.arange(300, 321), 128, 1e6)
+    assert torch.equal(native_rope(_kernels(), hidden, cos, sin), ggml_rope(hidden, cos, sin))
+
+
+def test_joined_matrices_equal_their_parts_side_by_side() -> None:
+    parts = [block_matrix(_raw(Q6_K, out, 512, seed=out), Q6_K, out, True) for out in (16, 8, 24)]
+    natives = [p for p in parts if isinstance(p, NativeBlockMatrix)]
+    joined = join_blocks(natives)
+    assert joined is not None and joined.out_features == 48
+    for n in (1, 12):
+        x = _rows(n, 512, seed=n)
+        assert torch.equal(joined(x), torch.cat([p(x) for p in natives], dim=1))
+        assert torch.equal(joined.rows(x), torch.cat([p.rows(x) for p in natives], dim=1))
+    other = block_matrix(_raw(Q4_0, 8, 512, seed=1), Q4_0, 8)
+    assert isinstance(other, NativeBlockMatrix) and join_blocks([natives[0], other]) is None
+
+
+def test_the_engine_computes_the_same_logits_on_both(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:
+    """A prompt (tiled products, joined groups) then decode steps (one-row kernels), from the trained Qwen3 on its
+    Q6_K base with its Q4_0 program: the C kernels' logits equal the emulation's."""
+    fixture = load_trained("qwen3")
+    runs: list[list[torch.Tensor]] = []
+    for choice in (kernels, None):
+        monkeypatch.setattr(engine, "native_kernels", lambda choice=choice: choice)
+        weights = read_base_weights(fixture.base("q6_k"), fixture.model)
+        interpreter = engine.TorchInterpreter(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
+        assert (interpreter.ggml_kernels is None) == (choice is None)
+        adapter = interpreter.attach(read_lora_adapter(fixture.adapter_q4_0, fixture.model))
+        cache = interpreter.new_cache()
+        cache.begin(interpreter.prefill_prefix(list(range(40, 70)), adapter, cache))
+        logits = [interpreter.forward(list(range(100, 125)), 30, cache, adapter)]
+        for step in range(3):
+            logits.append(interpreter.step([engine.StepRow(200 + step, 55 + step, cache, adapter)])[0])
+        runs.append(logits)
+    for native, emulated in zip(*runs, strict=True):
+        assert torch.equal(native, emulated)
+
+
+def _no_compilers() -> list[str]:
+    return []
+
+
+def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ggml_native, "_compilers", _no_compilers)
+    native_kernels.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="no C compiler found"):
+            assert native_kernels() is None
+        assert block_matrix(_raw(Q4_0, 8, 64, seed=1), Q4_0, 8).__class__.__name__ == "BlockMatrix"
+    finally:
+        native_kernels.cache_clear()
+
+
+def test_the_kernels_are_built_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
+    native_kernels.cache_clear()
+    try:
+        assert native_kernels() is not None
+        built = list((tmp_path / "kernels").glob("ggml-*.so"))
+        assert len(built) == 1
+        native_kernels.cache_clear()
+        monkeypatch.setattr(ggml_native, "_compilers", _no_compilers)  # a second process finds them built
+        assert native_kernels() is not None
+    finally:
+        native_kernels.cache_clear()
+
+
+def test_the_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAW_NATIVE_KERNELS", "0")
+    native_kernels.cache_clear()
+    try:
+        assert native_kernels() is None
+    finally:
+        native_kernels.cache_clear()
