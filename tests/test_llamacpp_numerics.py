@@ -220,6 +220,7 @@ def test_attention_on_the_f16_cache_equals_llama_cpps(qwen3_trace: tuple[Trained
         if implementation == "torch":
             found = ggml_attention(queries.reshape(n, 4, 64), all_keys, all_values, WIDTH)
         else:  # the prefix's positions apart from the rest, as the engine passes them
+            all_keys, all_values = all_keys.contiguous(), all_values.contiguous()
             prefix = keys[0].shape[0]
             shared = (all_keys[:, :prefix].contiguous(), all_values[:, :prefix].contiguous()) if evaluation else None
             own = slice(prefix, None) if evaluation else slice(None)

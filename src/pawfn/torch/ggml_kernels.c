@@ -8,7 +8,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -553,11 +555,15 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
         run_range(kernel, args, 0, count);
         return 0;
     }
+#ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
     {
         int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
         run_range(kernel, args, count * part / parts, count * (part + 1) / parts);
     }
+#else
+    run_range(kernel, args, 0, count);  /* built without OpenMP (a compiler without its runtime): one thread */
+#endif
     return 0;
 }
 

@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 _SOURCE = Path(__file__).with_name("ggml_kernels.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fopenmp", "-fPIC", "-shared"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
+_THREADED = ["-fopenmp"]
+"""Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
 _TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
 _I64 = ctypes.c_int64
@@ -112,17 +114,18 @@ def _build(target: Path) -> str | None:
     """Compile the kernels into `target`; None on success, else why not (the last compiler's error)."""
     failure = "no C compiler found (set CC, or install gcc or clang)"
     for compiler in _compilers():
-        def compile_to(path: Path, compiler: str = compiler) -> None:
-            result = subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(path), "-lm"],
-                                    capture_output=True, text=True, check=False, timeout=300)
-            if result.returncode != 0:
-                raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
-        try:
-            write_atomically(target, compile_to)
-        except _BuildError as error:
-            failure = str(error)
-            continue
-        return None
+        for extra in (_THREADED, []):
+            def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
+                result = subprocess.run([compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"],
+                                        capture_output=True, text=True, check=False, timeout=300)
+                if result.returncode != 0:
+                    raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+            try:
+                write_atomically(target, compile_to)
+            except _BuildError as error:
+                failure = str(error)
+                continue
+            return None
     return failure
 
 
@@ -131,7 +134,7 @@ def native_kernels() -> NativeKernels | None:
     """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS + _THREADED).encode()).hexdigest()[:16]
     target = default_cache_dir() / "kernels" / f"ggml-{key}.so"
     failure = None
     if not target.exists():
@@ -186,6 +189,21 @@ def _qlinear(shifted: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor, ze
     result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
         shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
     return result
+
+
+@functools.cache
+def _qlinear_is_exact() -> bool:
+    """Whether this torch's oneDNN gives `_qlinear` exact sums here, tried on the extremes the split weights and the
+    Q8_K codes reach (any ISA path that rounded or saturated them would show); False where the ops are missing."""
+    weight = torch.tensor([[64, -64, 63, 0] * 64, [-64, 64, 0, 63] * 64, [63] * 256, [-64] * 256], dtype=torch.int8)
+    codes = torch.tensor([[127, -127, 127, -127] * 64, [-127] * 256, [127] * 256] + [[5, -3, 0, 127] * 64] * 14,
+                         dtype=torch.int8)
+    try:
+        ones, zeros = _unit_scales(4)
+        found = _qlinear(codes.view(torch.uint8) ^ 0x80, _prepack(weight), ones, zeros)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.equal(found, (codes.double() @ weight.double().t()).float()))
 
 
 def _ptr(tensor: torch.Tensor) -> int:
@@ -282,6 +300,8 @@ class NativeBlockMatrix:
         """Reorder `split`'s blocks once for oneDNN's int8 GEMM (`onednn::qlinear_prepack`): unpacked, every prompt
         reordered them again, about half of its GEMMs' time. Keeps `split` where torch has no such op."""
         if self.split is None or self.packed is not None:
+            return
+        if not _qlinear_is_exact():
             return
         try:
             packed = tuple(_prepack(self.split[block]) for block in range(self.split.shape[0]))
