@@ -195,7 +195,7 @@ def test_the_kernels_are_built_once_into_the_cache(monkeypatch: pytest.MonkeyPat
     native_kernels.cache_clear()
     try:
         assert native_kernels() is not None
-        built = list((tmp_path / "kernels").glob("ggml-*.so"))
+        built = list((tmp_path / ".pawfn-derived" / "kernels").glob("ggml-*.so"))
         assert len(built) == 1
         native_kernels.cache_clear()
         monkeypatch.setattr(ggml_native, "_compilers", _no_compilers)  # a second process finds them built

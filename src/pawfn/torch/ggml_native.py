@@ -2,7 +2,7 @@
 `ggml.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
-`<cache>/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
+`<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
 mode falls back to the torch emulation (the same tokens, several times slower) with one warning. Large products
 and attention split their outputs across `torch.get_num_threads()` threads with OpenMP, on torch's own OpenMP
 runtime where torch ships one (the library links `libgomp.so.1`, which the loader resolves to the copy torch loaded
@@ -135,7 +135,7 @@ def native_kernels() -> NativeKernels | None:
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
     key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS + _THREADED).encode()).hexdigest()[:16]
-    target = default_cache_dir() / "kernels" / f"ggml-{key}.so"
+    target = default_cache_dir() / ".pawfn-derived" / "kernels" / f"ggml-{key}.so"  # `pawfn cache clear` removes it
     failure = None
     if not target.exists():
         try:

@@ -29,10 +29,10 @@ _FORMAT = 2  # 2: the adapter is keyed by its content
 
 @functools.cache
 def _code_digest() -> str:
-    """A hash of the Torch backend's sources (this package): whatever computes a prefix's KV."""
+    """A hash of the Torch backend's sources (this package, its C kernels too): whatever computes a prefix's KV."""
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parent
-    for source in sorted(package.rglob("*.py")):
+    for source in sorted([*package.rglob("*.py"), *package.rglob("*.c")]):
         digest.update(source.relative_to(package).as_posix().encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()
