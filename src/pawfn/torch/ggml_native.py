@@ -226,12 +226,18 @@ def native_attention(
     prefix_length = prefix_keys.shape[1] if prefix is not None else 0
     length = prefix_length + own
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; padded positions weigh 0
-    scale = float(torch.div(torch.tensor(1.0), torch.sqrt(torch.tensor(float(dim), dtype=torch.float64)).float()))
+    scale = _attention_scale(dim)
     out = torch.empty((n, heads * dim), dtype=torch.float32)
     kernels.run(_ATTENTION, [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
                 [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
                 heads, n * heads * length * dim, scale)
     return out
+
+
+@functools.cache
+def _attention_scale(dim: int) -> float:
+    """`1.0f / sqrtf(dim)`: the square root correctly rounded (from float64), the division in float32."""
+    return float(torch.div(torch.tensor(1.0), torch.sqrt(torch.tensor(float(dim), dtype=torch.float64)).float()))
 
 
 def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
