@@ -13,6 +13,7 @@ import pytest
 import torch
 from gguf.quants import quantize
 
+from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.adapter import read_lora_adapter
 from pawfn.torch import engine, ggml_native
 from pawfn.torch.ggml import (
@@ -23,6 +24,7 @@ from pawfn.torch.ggml_native import (
     NativeBlockMatrix, NativeKernels, join_blocks, native_attention, native_expf, native_kernels, native_rms_norm,
     native_rope, native_swiglu,
 )
+from pawfn.torch.kernels import cpu_flags
 from pawfn.torch.weights import read_base_weights
 from tests.helpers.trained import load_trained
 
@@ -211,3 +213,21 @@ def test_the_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
         assert native_kernels() is None
     finally:
         native_kernels.cache_clear()
+
+
+def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pawfn bench`'s engine line: the C kernels, or the emulation where they could not be built."""
+    fixture = load_trained("qwen3")
+    config = PawConfig(numerics="llamacpp")
+    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
+        assert function.runtime.engine == f"llama.cpp numerics on C kernels, {_lanes()} float32 lanes"
+    monkeypatch.setattr(engine, "native_kernels", lambda: None)
+    ModelRegistry.clear()
+    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
+        assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine
+    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k")) as function:
+        assert function.runtime.engine is None
+
+
+def _lanes() -> int:
+    return 16 if "avx512f" in cpu_flags() else 8

@@ -101,6 +101,15 @@ class TorchProgram(DecodingRuntime):
         return self._base
 
     @property
+    def engine(self) -> str | None:
+        """For `numerics="llamacpp"`: whether its C kernels or the torch emulation (several times slower) run it."""
+        if self._base is None or self._base.interpreter.numerics != "llamacpp":
+            return None
+        interpreter = self._base.interpreter
+        how = "C kernels" if interpreter.ggml_kernels is not None else "torch emulation (no C kernels built)"
+        return f"llama.cpp numerics on {how}, {interpreter.simd_width} float32 lanes"
+
+    @property
     def device_adapter(self) -> DeviceAdapter:
         """The program's LoRA side paths on the device (emptied by `close`)."""
         return self._adapter
