@@ -83,6 +83,23 @@ def test_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType, ba
         assert torch.equal(candidate.rows(x), emulated.rows(x))
 
 
+@pytest.mark.parametrize("qtype", [Q4_0, Q8_0], ids=["q4_0", "q8_0"])
+@pytest.mark.parametrize("out", [48, 20])
+@pytest.mark.parametrize("n", [1, 21])
+def test_one_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType, out: int, n: int) -> None:
+    """A LoRA b half (in = 32): eight outputs at a time where `out` allows, then as a side path into a slice."""
+    raw = _raw(qtype, out, 32, seed=out + n)
+    emulated, native = block_matrix(raw, qtype, out, native=False), block_matrix(raw, qtype, out)
+    assert emulated is not None and isinstance(native, NativeBlockMatrix)
+    x = _rows(n, 32, seed=n)
+    assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x), emulated.rows(x))
+    expected = torch.randn(n, 3 * out)
+    found = expected.clone()
+    emulated.accumulate(expected[:, out : 2 * out], x, -1.75, True)
+    native.accumulate(found[:, out : 2 * out], x, -1.75, True)
+    assert torch.equal(found, expected)
+
+
 @pytest.mark.parametrize("qtype", [Q6_K, Q4_0], ids=["q6_k", "q4_0"])
 @pytest.mark.parametrize("by_rows", [True, False])
 def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType, by_rows: bool) -> None:

@@ -191,6 +191,37 @@ static void q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, cons
     }
 }
 
+/* q0_rows for matrices of one block a row (in = 32: a LoRA adapter's b half), eight outputs at a time from codes
+   grouped by eights, `eights[g][l][j][e] = w[8g + j][4l + e]`: each output's 8 lanes, d * lane, by halves, exactly as
+   q0_rows rounds them; [first, last) counts groups of eight. */
+static void q0_eights(const int8_t *eights, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
+                      int64_t rows, int64_t first, int64_t last) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = 0; r < rows; ++r) {
+        int32_t quads[8];
+        memcpy(quads, x + r * 32, 32);
+        __m256 dx = _mm256_set1_ps(x_scale[r]);
+        float *row = y->y + r * y->stride;
+        for (int64_t g = first; g < last; ++g) {
+            __m256 d = _mm256_mul_ps(dx, _mm256_loadu_ps(w_scale + 8 * g));
+            __m256 p[8];
+            for (int l = 0; l < 8; ++l) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(eights + (g * 8 + l) * 32));
+                __m256i xv = _mm256_set1_epi32(quads[l]);
+                __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+                p[l] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(lanes));
+            }
+            __m256 a0 = _mm256_add_ps(p[0], p[4]), a1 = _mm256_add_ps(p[1], p[5]);
+            __m256 a2 = _mm256_add_ps(p[2], p[6]), a3 = _mm256_add_ps(p[3], p[7]);
+            __m256 value = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+            float *target = row + 8 * g;
+            if (y->accumulate)
+                value = _mm256_add_ps(_mm256_loadu_ps(target), _mm256_mul_ps(value, _mm256_set1_ps(y->alpha)));
+            _mm256_storeu_ps(target, value);
+        }
+    }
+}
+
 /* A repacked Q4_0 base weight (`block_q4_0x8`): per block the exact integer sum s, then
    `acc = fma(float(s), d_x * d_w, acc)`. */
 static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
@@ -368,6 +399,34 @@ static inline void dot4_tiled(const float *a, const float *const b[4], int64_t k
     for (int j = 0; j < 4; ++j) result[j] = sum_halves(W == 16 ? _mm256_add_ps(acc[j][1], acc[j][0]) : acc[j][0]);
 }
 
+/* dot4_tiled for W = 16 on AVX-512 (a CPU whose llama.cpp has 16 lanes has it): one register a dot, 8 at once. */
+__attribute__((target("avx512f"))) static void dot8_tiled_512(const float *a, const float *const b[8], int64_t k,
+                                                                float result[8]) {
+    __m512 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < k; s += 16) {
+        __m512 av = _mm512_loadu_ps(a + s);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(av, _mm512_loadu_ps(b[j] + s), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) {  /* by halves: lanes 8..15 onto 0..7, then as sum_halves */
+        __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
+        __m256 eight = _mm256_add_ps(upper, _mm512_castps512_ps256(acc[j]));
+        __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+        __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        result[j] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+    }
+}
+
+/* Up to 8 tinyBLAS dots a . b[j] (`count` of them; the rest of b may repeat one), results in order. */
+static inline void dots_tiled(const float *a, const float *const b[8], int count, int64_t k, int W, float result[8]) {
+    if (W == 16) {
+        dot8_tiled_512(a, b, k, result);
+        return;
+    }
+    dot4_tiled(a, b, k, W, result);
+    if (count > 4) dot4_tiled(a, b + 4, k, W, result + 4);
+}
+
 /* The softmax of one row of scores in place: ggml_v_expf of (score - top), a double sum of W-lane chunk sums,
    then each probability `p * (1/sum)` rounded to f16 (the value product reads them as f16). */
 static inline void softmax_f16(float *row, int64_t padded, float top, int W) {
@@ -411,12 +470,12 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[(i * heads + h) * dim + d]);
             int64_t visible = length - n + i + 1;
-            for (int64_t p = 0; p < visible; p += 4) {
-                const float *b[4];
-                for (int j = 0; j < 4; ++j) b[j] = key_f + (p + j < visible ? p + j : p) * dim;
-                float dots[4];
-                dot4_tiled(query, b, dim, W, dots);
-                for (int j = 0; j < 4 && p + j < visible; ++j) row[p + j] = dots[j] * scale;
+            for (int64_t p = 0; p < visible; p += 8) {
+                const float *b[8];
+                for (int j = 0; j < 8; ++j) b[j] = key_f + (p + j < visible ? p + j : p) * dim;
+                float dots[8];
+                dots_tiled(query, b, (int)(visible - p < 8 ? visible - p : 8), dim, W, dots);
+                for (int j = 0; j < 8 && p + j < visible; ++j) row[p + j] = dots[j] * scale;
             }
             float top = -INFINITY;
             for (int64_t p = 0; p < visible; ++p) top = fmaxf(top, row[p]);
@@ -425,10 +484,10 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
             /* positions from `visible` on weigh 0: their products add nothing to any lane */
             int64_t span = (visible + W - 1) / W * W;
             float *result = out + i * heads * dim + h * dim;
-            for (int64_t d = 0; d < dim; d += 4) {
-                const float *b[4] = {value_t + d * padded, value_t + (d + 1) * padded, value_t + (d + 2) * padded,
-                                     value_t + (d + 3) * padded};
-                dot4_tiled(row, b, span, W, result + d);
+            for (int64_t d = 0; d < dim; d += 8) {  /* dim is a multiple of 8 (64 or 128 here) */
+                const float *b[8];
+                for (int j = 0; j < 8; ++j) b[j] = value_t + (d + j) * padded;
+                dots_tiled(row, b, 8, span, W, result + d);
             }
         }
     }
@@ -519,7 +578,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_Q6_K_PARTS, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS
+    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -536,6 +595,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q6_K_PARTS:
         paw_q6_k_tiled_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_Q0_EIGHTS:
+        q0_eights(a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[1], first, last);
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
@@ -582,7 +644,7 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
         if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
         else paw_quantize_q8_0(x, rows, in, codes, x_scale);
         paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target}, {blocks, rows}, 0.0f};
-        status = paw_run(kernel, &args, out, threads);
+        status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS ? out / 8 : out, threads);
     }
     free(codes);
     free(x_scale);

@@ -50,7 +50,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION, _Q6_K_FLOAT_PARTS = range(7)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS = range(8)
 """`paw_run`'s kernels."""
 
 
@@ -296,6 +296,7 @@ class NativeBlockMatrix:
     packed: tuple[torch.Tensor, ...] | None = None
     """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _by_eights: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def out_features(self) -> int:
@@ -314,6 +315,16 @@ class NativeBlockMatrix:
         except (AttributeError, RuntimeError, NotImplementedError):
             return
         self.packed, self.split = packed, None
+
+    def _eights(self) -> torch.Tensor | None:
+        """Q4_0/Q8_0 codes of one block a row (a LoRA b half) grouped by eight outputs for the `q0_eights` kernel,
+        [out/8, 8 lanes, 8 outputs, 4]; None for other shapes."""
+        out, blocks = self.codes.shape[0], self.codes.shape[1]
+        if blocks != 1 or out % 8 != 0:
+            return None
+        if self._by_eights is None:
+            self._by_eights = self.codes.reshape(out // 8, 8, 8, 4).transpose(1, 2).contiguous()
+        return self._by_eights
 
     def _scale_t(self) -> torch.Tensor:
         """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
@@ -351,13 +362,17 @@ class NativeBlockMatrix:
         if tiled and (self.split is not None or self.packed is not None):
             return self._tiled_int8(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
+        codes = self.codes
         if self.kind == "q6_k":
             kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
+        elif self.repacked:
+            kernel = _Q4_0_REPACKED
         else:
-            kernel = _Q4_0_REPACKED if self.repacked else _Q0_ROWS
+            eights = self._eights()
+            kernel, codes = (_Q0_ROWS, codes) if eights is None else (_Q0_EIGHTS, eights)
         sub = self.sub_scales if self.sub_scales is not None else self.scale  # unread by the Q4_0/Q8_0 kernels
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
-        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(self.codes), _ptr(sub), _ptr(self.scale), out, target,
+        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target,
                               rows * out * width)
         return y
 
