@@ -478,7 +478,7 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
                 for (int j = 0; j < 8 && p + j < visible; ++j) row[p + j] = dots[j] * scale;
             }
             float top = -INFINITY;
-            for (int64_t p = 0; p < visible; ++p) top = fmaxf(top, row[p]);
+            for (int64_t p = 0; p < visible; ++p) top = row[p] > top ? row[p] : top;  /* skips NaN as fmaxf does, inline */
             for (int64_t p = visible; p < padded; ++p) row[p] = -INFINITY;
             softmax_f16(row, padded, top, W);
             /* positions from `visible` on weigh 0: their products add nothing to any lane */
@@ -534,7 +534,7 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                     s = dot_f16(query, k, dim, W, one_row) * scale;
                 }
                 row[p] = s;
-                top = fmaxf(top, s);
+                top = s > top ? s : top;
             }
             softmax_f16(row, padded, top, W);
             memset(acc, 0, (size_t)(accumulators * dim) * sizeof(float));
