@@ -551,10 +551,7 @@ class _Pass:
         """llama.cpp's graph: the base product, each side path as b(a(x)) scaled then added, then the bias."""
         y = self._product(self._matrices[name], x)
         for start, end, adapter in self._segments:
-            lora = adapter.get(name)
-            if lora is not None:
-                side = self._product(lora.b, self._product(lora.a, x[start:end]))
-                y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
+            self._add_side_path(y, x, start, end, adapter, name)
         bias = self._interpreter.bias(name)
         return y if bias is None else y + bias
 
@@ -579,8 +576,14 @@ class _Pass:
     ) -> None:
         """Add weight `name`'s side path of `adapter`, if adapted, to rows `start:end` of its product `y`."""
         lora = adapter.get(name)
-        if lora is not None:
-            lora.b.accumulate(y[start:end], self._product(lora.a, x[start:end]), lora.scale, self._by_rows)
+        if lora is None:
+            return
+        if self._llamacpp and not isinstance(lora.b, (BlockMatrix, NativeBlockMatrix)):
+            # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` would fuse the scaling in)
+            side = self._product(lora.b, self._product(lora.a, x[start:end]))
+            y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
+            return
+        lora.b.accumulate(y[start:end], self._product(lora.a, x[start:end]), lora.scale, self._by_rows)
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
@@ -723,7 +726,8 @@ def _joined_lora(members: list[LoraWeights], size: int) -> GroupLora | None:
     """A fused group's side paths (`numerics="llamacpp"`, every one of its `size` members adapted) with their `a`
     halves joined on the C kernels, or None where they cannot be."""
     a_halves = [lora.a for lora in members if isinstance(lora.a, NativeBlockMatrix)]
-    joined = join_blocks(a_halves) if len(a_halves) == size else None
+    blocks_b = all(isinstance(lora.b, NativeBlockMatrix) for lora in members)  # their accumulate rounds as llama.cpp
+    joined = join_blocks(a_halves) if len(a_halves) == size and blocks_b else None
     if joined is None:
         return None
     return GroupLora(a=joined, ranks=[a.out_features for a in a_halves], b=tuple(lora.b for lora in members),

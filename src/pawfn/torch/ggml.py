@@ -185,7 +185,7 @@ class BlockMatrix:
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
         """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        y += (self.rows(x) if by_rows else self(x)) * alpha
+        y += (self.rows(x) if by_rows else self(x)) * torch.tensor(alpha, dtype=torch.float32)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:
