@@ -191,28 +191,31 @@ static void q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, cons
     }
 }
 
-/* q0_rows for matrices of one block a row (in = 32: a LoRA adapter's b half), eight outputs at a time from codes
-   grouped by eights, `eights[g][l][j][e] = w[8g + j][4l + e]`: each output's 8 lanes, d * lane, by halves, exactly as
-   q0_rows rounds them; [first, last) counts groups of eight. */
-static void q0_eights(const int8_t *eights, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
-                      int64_t rows, int64_t first, int64_t last) {
+/* q0_rows eight outputs at a time, from codes grouped by eights, `eights[g][b][l][j][e] = w[8g + j][32b + 4l + e]`,
+   and scales `scales[g][b][j] = d_w[8g + j][b]`: each output's 8 lanes accumulate fma(d_x * d_w, lane, acc) over the
+   blocks and are summed by halves, exactly as q0_rows rounds them; [first, last) counts groups of eight. */
+static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x, const float *x_scale, const paw_out *y,
+                      int64_t blocks, int64_t rows, int64_t first, int64_t last) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t r = 0; r < rows; ++r) {
-        int32_t quads[8];
-        memcpy(quads, x + r * 32, 32);
-        __m256 dx = _mm256_set1_ps(x_scale[r]);
         float *row = y->y + r * y->stride;
         for (int64_t g = first; g < last; ++g) {
-            __m256 d = _mm256_mul_ps(dx, _mm256_loadu_ps(w_scale + 8 * g));
-            __m256 p[8];
-            for (int l = 0; l < 8; ++l) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(eights + (g * 8 + l) * 32));
-                __m256i xv = _mm256_set1_epi32(quads[l]);
-                __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
-                p[l] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(lanes));
+            __m256 acc[8];
+            for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                int32_t quads[8];
+                memcpy(quads, x + (r * blocks + b) * 32, 32);
+                __m256 d = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), _mm256_loadu_ps(scales + (g * blocks + b) * 8));
+                const int8_t *w = eights + (g * blocks + b) * 256;
+                for (int l = 0; l < 8; ++l) {
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(w + l * 32));
+                    __m256i xv = _mm256_set1_epi32(quads[l]);
+                    __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv)), ones);
+                    acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[l]);
+                }
             }
-            __m256 a0 = _mm256_add_ps(p[0], p[4]), a1 = _mm256_add_ps(p[1], p[5]);
-            __m256 a2 = _mm256_add_ps(p[2], p[6]), a3 = _mm256_add_ps(p[3], p[7]);
+            __m256 a0 = _mm256_add_ps(acc[0], acc[4]), a1 = _mm256_add_ps(acc[1], acc[5]);
+            __m256 a2 = _mm256_add_ps(acc[2], acc[6]), a3 = _mm256_add_ps(acc[3], acc[7]);
             __m256 value = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
             float *target = row + 8 * g;
             if (y->accumulate)
@@ -597,7 +600,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         paw_q6_k_tiled_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_Q0_EIGHTS:
-        q0_eights(a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[1], first, last);
+        q0_eights(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);

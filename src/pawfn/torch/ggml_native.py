@@ -296,7 +296,7 @@ class NativeBlockMatrix:
     packed: tuple[torch.Tensor, ...] | None = None
     """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
-    _by_eights: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _by_eights: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     @property
     def out_features(self) -> int:
@@ -316,14 +316,16 @@ class NativeBlockMatrix:
             return
         self.packed, self.split = packed, None
 
-    def _eights(self) -> torch.Tensor | None:
-        """Q4_0/Q8_0 codes of one block a row (a LoRA b half) grouped by eight outputs for the `q0_eights` kernel,
-        [out/8, 8 lanes, 8 outputs, 4]; None for other shapes."""
+    def _eights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Q4_0/Q8_0 codes grouped by eight outputs for the `q0_eights` kernel, [out/8, blocks, 8 lanes, 8 outputs, 4],
+        and their scales [out/8, blocks, 8]; None where the outputs are not a multiple of 8."""
         out, blocks = self.codes.shape[0], self.codes.shape[1]
-        if blocks != 1 or out % 8 != 0:
+        if out % 8 != 0:
             return None
         if self._by_eights is None:
-            self._by_eights = self.codes.reshape(out // 8, 8, 8, 4).transpose(1, 2).contiguous()
+            codes = self.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+            scales = self.scale.reshape(out // 8, 8, blocks).transpose(1, 2).contiguous()
+            self._by_eights = (codes, scales)
         return self._by_eights
 
     def _scale_t(self) -> torch.Tensor:
@@ -365,12 +367,14 @@ class NativeBlockMatrix:
         codes = self.codes
         if self.kind == "q6_k":
             kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
-        elif self.repacked:
-            kernel = _Q4_0_REPACKED
         else:
-            eights = self._eights()
-            kernel, codes = (_Q0_ROWS, codes) if eights is None else (_Q0_EIGHTS, eights)
+            kernel = _Q4_0_REPACKED if self.repacked else _Q0_ROWS
         sub = self.sub_scales if self.sub_scales is not None else self.scale  # unread by the Q4_0/Q8_0 kernels
+        if self.kind != "q6_k" and not self.repacked:
+            eights = self._eights()
+            kernel = _Q0_ROWS if eights is None else _Q0_EIGHTS
+            if eights is not None:
+                codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
         kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target,
                               rows * out * width)
