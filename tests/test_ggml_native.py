@@ -118,7 +118,7 @@ def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType
 def test_activation_quantization_equals_the_emulation() -> None:
     x = _rows(5, 1024, seed=1)
     x[1, :256] = 0.0  # a block of zeros
-    x[2, 10], x[2, 20] = 9.0, -9.0  # two values of the largest magnitude: the first one decides the sign
+    x[2, 10], x[2, 20] = 50.0, -50.0  # two values of the largest magnitude: the first one decides the sign
     codes = torch.empty(5, 1024, dtype=torch.int8)
     scales, sums = torch.empty(5, 4), torch.empty(5, 4, 16, dtype=torch.int16)
     _kernels().quantize_q8_k(x.data_ptr(), 5, 1024, codes.data_ptr(), scales.data_ptr(), sums.data_ptr())

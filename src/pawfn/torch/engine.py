@@ -32,7 +32,7 @@ from .ggml_native import (
 from .families import Architecture
 from .families.base import check_architecture
 from .kernels import Matrix, check_kernel, compress, cpu_flags, concat_stored, pack, plain, stored_names
-from .weights import BaseWeights
+from .weights import BaseWeights, non_finite
 
 __all__ = [
     "DeviceAdapter", "GroupLora", "KVCache", "LoraWeights", "PrefixState", "StepRow", "TorchInterpreter", "torch_dtype",
@@ -326,7 +326,7 @@ class TorchInterpreter:
             return None
         blocks = block_matrix(stored[0], stored[1], self.shapes[name][0], name.startswith("blk."), self.ggml_kernels is not None)
         if blocks is not None and not bool(torch.isfinite(blocks.scale).all()):
-            raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+            raise non_finite(weights.source, name)
         return blocks
 
     def _join_llamacpp(self, groups: list[tuple[str, ...]]) -> None:

@@ -39,14 +39,13 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
-from .ggml_native import NativeBlockMatrix, NativeKernels, native_kernels
+from .ggml_native import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, int8_mm, native_kernels
 
 __all__ = [
     "BlockMatrix", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope", "ggml_rope_table",
     "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k",
 ]
 
-_TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
 _PAIR_MASK = (torch.arange(16).unsqueeze(0) // 2 == torch.arange(8).unsqueeze(1)).float()
 """[lane, sub-block]: the one-row Q6_K kernel corrects lane L with sub-blocks 2L and 2L+1."""
 _LANE_MASK = (torch.arange(256).unsqueeze(0) % 32 // 4 == torch.arange(8).unsqueeze(1)).to(torch.int8)
@@ -104,7 +103,7 @@ class BlockMatrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
-        if self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS:
+        if self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS:
             return self._q6_k_tiled(x)
         return self.rows(x)  # the repacked Q4_0 kernels (gemm for rows by 4, gemv for the rest) round alike
 
@@ -146,8 +145,8 @@ class BlockMatrix:
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
         int32 by `torch._int_mm`, the split weight's two halves joined in int32)."""
-        high = _int_mm(codes, self.lane_weights[0, block].t())
-        low = _int_mm(codes, self.lane_weights[1, block].t())
+        high = int8_mm(codes, self.lane_weights[0, block].t())
+        low = int8_mm(codes, self.lane_weights[1, block].t())
         return high * 64 + low
 
     def _q6_k_rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -224,9 +223,6 @@ def block_matrix(
         scale = d.reshape(out_features, n_blocks)
         unsigned = signed.to(torch.int16).reshape(out_features, n_blocks, 256) + 32  # 0..63, as the kernels read them
         sub = sub_scales.reshape(out_features, n_blocks, 16)
-        if kernels is not None:
-            split = _split_signed(unsigned - 32, sub) if base_layer else None  # others multiply one row at a time
-            return NativeBlockMatrix("q6_k", unsigned.to(torch.uint8), scale, sub.contiguous(), False, kernels, split)
         return BlockMatrix("q6_k", _split_weighted(unsigned, sub), scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
 
@@ -246,26 +242,15 @@ def _native_q6_k(kernels: NativeKernels, raw: npt.NDArray[np.uint8], out_feature
     return NativeBlockMatrix("q6_k", codes, scale, sub, False, kernels, split)
 
 
-def _weighted(codes: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
-    """Q6_K codes [out, blocks, 256] times their sub-block scales [out, blocks, 16] as `64 * high + low`: the highs
-    and the lows (0..63), int16 [2, out, blocks, 256]."""
-    out_features, n_blocks = codes.shape[0], codes.shape[1]
-    weighted = (codes.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
-        out_features, n_blocks, 256)
-    return torch.stack([weighted >> 6, weighted & 63])  # an arithmetic shift: floor division by 64
-
-
 def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
-    """Unsigned codes (0..63; -8064..8001 weighted, high -126..125) as int8 [2, blocks, out, 256], each block's
-    [out, 256] contiguous for `torch._int_mm`."""
-    return _weighted(unsigned, sub).to(torch.int8).transpose(1, 2).contiguous()
-
-
-def _split_signed(signed: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
-    """Signed codes (-32..31; -4064..4096 weighted, high -64..64) as int8 [blocks, 2 * out, 256]: a block's highs then
-    its lows, one GEMM operand."""
-    parts = _weighted(signed, sub).to(torch.int8)  # [2, out, blocks, 256]
-    return parts.permute(2, 0, 1, 3).reshape(parts.shape[2], 2 * parts.shape[1], 256).contiguous()
+    """Unsigned Q6_K codes [out, blocks, 256] (0..63) times their sub-block scales [out, blocks, 16] (-8064..8001) as
+    `64 * high + low`, int8 [2, blocks, out, 256] (high -126..125, low 0..63), each block's [out, 256] contiguous for
+    `torch._int_mm`."""
+    out_features, n_blocks = unsigned.shape[0], unsigned.shape[1]
+    weighted = (unsigned.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
+        out_features, n_blocks, 256)
+    halves = torch.stack([weighted >> 6, weighted & 63])  # an arithmetic shift: floor division by 64
+    return halves.to(torch.int8).transpose(1, 2).contiguous()
 
 
 def _fma_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -280,12 +265,6 @@ def _fma_chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     for step in products:
         acc = (step + acc).astype(np.float32).astype(np.float64)
     return torch.as_tensor(acc.astype(np.float32))
-
-
-def _int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """int8 [m, k] times int8 [k, n], summed exactly in int32 (torch's oneDNN int8 GEMM; private but stable API)."""
-    product: torch.Tensor = torch._int_mm(a, b)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
-    return product
 
 
 def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:

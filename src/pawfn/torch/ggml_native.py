@@ -30,7 +30,7 @@ from ..config import default_cache_dir
 from ..files import write_atomically
 
 __all__ = [
-    "NativeBlockMatrix", "NativeKernels", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
+    "TILED_MIN_ROWS", "NativeBlockMatrix", "NativeKernels", "int8_mm", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
     "native_swiglu",
 ]
 
@@ -38,7 +38,8 @@ _SOURCE = Path(__file__).with_name("ggml_kernels.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
 _THREADED = ["-fopenmp"]
 """Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
-_TILED_MIN_ROWS = 8  # ggml_tiled_min_batch
+TILED_MIN_ROWS = 8
+"""ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
@@ -82,7 +83,7 @@ class NativeKernels:
     def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int,
                       target: _Out, work: int) -> None:
         """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
-        threads = min(torch.get_num_threads(), out) if work >= _SPLIT_MIN_WORK else 1
+        threads = _threads(out, work)
         if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
             raise MemoryError("pawfn: no memory for a block product's scratch")
 
@@ -90,14 +91,18 @@ class NativeKernels:
         """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8
         or float products) is large enough to pay for the hand-off."""
         args = _Args((_PTR * 10)(*pointers), (_I64 * 10)(*integers), value)
-        threads = min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
-        self._run(kernel, ctypes.byref(args), count, threads)
+        self._run(kernel, ctypes.byref(args), count, _threads(count, work))
 
     @staticmethod
     def _declare(function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]) -> Callable[..., None]:
         function.argtypes = arguments  # type: ignore[attr-defined]  # ctypes function pointers take these attributes
         function.restype = None  # type: ignore[attr-defined]
         return function
+
+
+def _threads(count: int, work: int) -> int:
+    """Threads for a kernel over `count` outputs doing `work` products: torch's count where it pays for the hand-off."""
+    return min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
 
 
 def _compilers() -> list[str]:
@@ -166,10 +171,11 @@ def _workspace(size: int) -> torch.Tensor:
     return buffer[:size]
 
 
-def _int_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """int8 [m, k] times int8 [k, n] into `out`, summed exactly in int32 (torch's oneDNN int8 GEMM: AMX or VNNI
-    where the CPU has them; private but stable API)."""
-    torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
+def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int8 [m, k] times int8 [k, n] (into `out` where given), summed exactly in int32 (torch's oneDNN int8 GEMM: AMX
+    or VNNI where the CPU has them; private but stable API)."""
+    product: torch.Tensor = torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
+    return product
 
 
 def _prepack(weight: torch.Tensor) -> torch.Tensor:
@@ -341,7 +347,7 @@ class NativeBlockMatrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
-        return self._product(x, tiled=self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS)
+        return self._product(x, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
@@ -349,7 +355,7 @@ class NativeBlockMatrix:
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
         """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= _TILED_MIN_ROWS
+        tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS
         if tiled and (self.split is not None or self.packed is not None) or y.dtype != torch.float32 or y.stride(-1) != 1:
             y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
             return
@@ -364,17 +370,17 @@ class NativeBlockMatrix:
         if tiled and (self.split is not None or self.packed is not None):
             return self._tiled_int8(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
-        codes = self.codes
+        codes, sub = self.codes, self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: unread
+        eights = None if self.kind == "q6_k" or self.repacked else self._eights()
         if self.kind == "q6_k":
             kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
+        elif self.repacked:
+            kernel = _Q4_0_REPACKED
+        elif eights is None:
+            kernel = _Q0_ROWS
         else:
-            kernel = _Q4_0_REPACKED if self.repacked else _Q0_ROWS
-        sub = self.sub_scales if self.sub_scales is not None else self.scale  # unread by the Q4_0/Q8_0 kernels
-        if self.kind != "q6_k" and not self.repacked:
-            eights = self._eights()
-            kernel = _Q0_ROWS if eights is None else _Q0_EIGHTS
-            if eights is not None:
-                codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
+            kernel = _Q0_EIGHTS
+            codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
         kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target,
                               rows * out * width)
@@ -402,7 +408,7 @@ class NativeBlockMatrix:
         parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
         blocked = codes.reshape(rows, blocks, 256)
         for block in range(blocks):
-            _int_mm(blocked[:, block], self.split[block].t(), parts[block])
+            int8_mm(blocked[:, block], self.split[block].t(), parts[block])
         kernels.run(_Q6_K_PARTS, [_ptr(parts), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
                     out, rows * out * blocks * 64)
         return y

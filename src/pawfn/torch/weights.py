@@ -22,7 +22,7 @@ from .dequant import RowTable, dequantize
 from .families import Architecture, Family, family_for
 from .families.base import parse_hf_config
 
-__all__ = ["BaseWeights", "read_base_weights"]
+__all__ = ["BaseWeights", "non_finite", "read_base_weights"]
 
 Array = npt.NDArray[np.float32]
 
@@ -74,23 +74,25 @@ def _finite_tensors(weights: BaseWeights) -> BaseWeights:
     """`weights` whose `tensors` refuse a tensor holding NaN or infinity, by name (it would make every logit NaN)."""
     read = weights.tensors
 
+    def checked(name: str, array: Array) -> Array:
+        if not _all_finite(array):
+            raise non_finite(weights.source, name)
+        return array
+
     def tensors() -> Iterator[tuple[str, Array]]:
         for name, array in read():
-            if not _all_finite(array):
-                raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
-            yield name, array
+            yield name, checked(name, array)
 
     weights.tensors = tensors
     one = weights.tensor
     if one is not None:
-        def tensor(name: str) -> Array:
-            array = one(name)
-            if not _all_finite(array):
-                raise BaseModelError(weights.source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
-            return array
-
-        weights.tensor = tensor
+        weights.tensor = lambda name: checked(name, one(name))
     return weights
+
+
+def non_finite(source: Path, name: str) -> BaseModelError:
+    """The error for base tensor `name` of `source` holding NaN or infinity (it would make every logit NaN)."""
+    return BaseModelError(source, f"tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
 
 
 def _all_finite(array: Array) -> bool:
