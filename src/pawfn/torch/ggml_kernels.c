@@ -241,32 +241,10 @@ static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x
     }
 }
 
-/* The tiled kernel's float steps from exact block sums given in two parts, `parts` [blocks, rows, 2 * out] (int32):
-   s = 64 * parts[.., o] + parts[.., out + o], then `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order.
-   `w_scale_t` is [blocks, out]; eight outputs at a time (each output's steps are its own). */
-void paw_q6_k_tiled_parts(const int32_t *parts, const float *w_scale_t, const float *x_scale, float *y,
-                          int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
-    for (int64_t r = 0; r < rows; ++r) {
-        float *acc = y + r * out;  /* base products only: written, never accumulated */
-        for (int64_t o = first; o < last; ++o) acc[o] = 0.0f;
-        for (int64_t b = 0; b < blocks; ++b) {
-            const int32_t *high = parts + (b * rows + r) * 2 * out, *low = high + out;
-            const float *dw = w_scale_t + b * out;
-            float dx = x_scale[r * blocks + b];
-            __m256 dx8 = _mm256_set1_ps(dx);
-            int64_t o = first;
-            for (; o + 8 <= last; o += 8) {
-                __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(high + o)), 6),
-                                               _mm256_loadu_si256((const __m256i *)(low + o)));
-                __m256 product = _mm256_mul_ps(_mm256_cvtepi32_ps(sum), _mm256_loadu_ps(dw + o));
-                _mm256_storeu_ps(acc + o, _mm256_fmadd_ps(product, dx8, _mm256_loadu_ps(acc + o)));
-            }
-            for (; o < last; ++o) acc[o] = fmaf((float)(64 * high[o] + low[o]) * dw[o], dx, acc[o]);
-        }
-    }
-}
-
-/* As paw_q6_k_tiled_parts, the parts as float32 (exact integers) in one [rows, 2 * out] array per block. */
+/* The tiled kernel's float steps from exact block sums given in two parts, as float32 (exact integers) in one
+   [rows, 2 * out] array per block: s = 64 * parts[b][r, o] + parts[b][r, out + o], then
+   `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. `w_scale_t` is [blocks, out]; eight outputs at a
+   time (each output's steps are its own); base products only: written, never accumulated. */
 static void q6_k_tiled_float_parts(const float *const *parts, const float *w_scale_t, const float *x_scale, float *y,
                                    int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -580,7 +558,7 @@ typedef struct {
 } paw_args;
 
 enum {
-    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_Q6_K_PARTS, KERNEL_ATTENTION,
+    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
     KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS
 };
 
@@ -595,9 +573,6 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     case KERNEL_Q4_0_REPACKED:
         (kernel == KERNEL_Q0_ROWS ? q0_rows : q4_0_repacked)(
             a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
-        break;
-    case KERNEL_Q6_K_PARTS:
-        paw_q6_k_tiled_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_Q0_EIGHTS:
         q0_eights(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);

@@ -51,7 +51,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _Q6_K_PARTS, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS = range(8)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS = range(7)
 """`paw_run`'s kernels."""
 
 
@@ -400,17 +400,14 @@ class NativeBlockMatrix:
             shifted = (codes.view(torch.uint8) ^ 0x80).reshape(rows, blocks, 256)
             ones, zeros = _unit_scales(2 * out)
             sums_by_block = [_qlinear(shifted[:, block], packed, ones, zeros) for block, packed in enumerate(self.packed)]
-            pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
-            kernels.run(_Q6_K_FLOAT_PARTS, [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
-                        [rows, out, blocks], out, rows * out * blocks * 64)
-            return y
-        assert self.split is not None
-        parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
-        blocked = codes.reshape(rows, blocks, 256)
-        for block in range(blocks):
-            int8_mm(blocked[:, block], self.split[block].t(), parts[block])
-        kernels.run(_Q6_K_PARTS, [_ptr(parts), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)], [rows, out, blocks],
-                    out, rows * out * blocks * 64)
+        else:  # int32 sums (below 2**22), made float32 exactly
+            assert self.split is not None
+            parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
+            blocked = codes.reshape(rows, blocks, 256)
+            sums_by_block = [int8_mm(blocked[:, block], self.split[block].t(), parts[block]).float() for block in range(blocks)]
+        pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
+        kernels.run(_Q6_K_FLOAT_PARTS, [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
+                    [rows, out, blocks], out, rows * out * blocks * 64)
         return y
 
 
