@@ -66,21 +66,38 @@ def _rows(n: int, width: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", [Q6_K, Q4_0, Q8_0], ids=["q6_k", "q4_0", "q8_0"])
 @pytest.mark.parametrize("base_layer", [False, True], ids=["adapter", "base"])
-@pytest.mark.parametrize("n", [1, 3, 8, 21])
-def test_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType, base_layer: bool, n: int) -> None:
-    """Every kernel: one-row lanes, tiled (int8 GEMM block sums, plain and prepacked), repacked Q4_0 bases."""
-    raw = _raw(qtype, 40, 512, seed=n)
-    emulated = block_matrix(raw, qtype, 40, base_layer, native=False)
-    native = block_matrix(raw, qtype, 40, base_layer)
-    prepacked = block_matrix(raw, qtype, 40, base_layer)
-    assert emulated is not None and isinstance(native, NativeBlockMatrix) and isinstance(prepacked, NativeBlockMatrix)
-    prepacked.prepack()
-    if qtype == Q6_K and base_layer:
-        assert native.split is not None and prepacked.packed is not None
+@pytest.mark.parametrize("n", [1, 3, 8, 21, 33])
+def test_block_products_equal_the_emulation(
+    qtype: gguf.GGMLQuantizationType, base_layer: bool, n: int, monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels
+) -> None:
+    """Every kernel: one-row lanes, tiled (int8 GEMM block sums, plain and prepacked for oneDNN; AMX tiles where the
+    CPU has AMX, with row counts around its tiles of 16 and pairs of 32), repacked Q4_0 bases."""
+    out = 48  # a multiple of 16, as AMX's tiles need
+    raw = _raw(qtype, out, 512, seed=n)
+    emulated = block_matrix(raw, qtype, out, base_layer, native=False)
+    assert emulated is not None
+    candidates: list[NativeBlockMatrix] = []
+    for amx in (False, True) if kernels.amx else (False,):
+        monkeypatch.setattr(kernels, "amx", amx)
+        native, prepacked = block_matrix(raw, qtype, out, base_layer), block_matrix(raw, qtype, out, base_layer)
+        assert isinstance(native, NativeBlockMatrix) and isinstance(prepacked, NativeBlockMatrix)
+        prepacked.prepack()
+        if qtype == Q6_K and base_layer:
+            assert native.split is not None and (prepacked.tiles if amx else prepacked.packed) is not None
+        candidates += [native, prepacked]
     x = _rows(n, 512, seed=n)
-    for candidate in (native, prepacked):
+    for candidate in candidates:
         assert torch.equal(candidate(x), emulated(x))
         assert torch.equal(candidate.rows(x), emulated.rows(x))
+
+
+def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:
+    """Outputs not a multiple of 16 keep oneDNN's prepacked GEMM even where the CPU has AMX."""
+    monkeypatch.setattr(kernels, "amx", True)
+    matrix = block_matrix(_raw(Q6_K, 40, 256, seed=3), Q6_K, 40, True)
+    assert isinstance(matrix, NativeBlockMatrix)
+    matrix.prepack()
+    assert matrix.tiles is None
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q8_0], ids=["q4_0", "q8_0"])

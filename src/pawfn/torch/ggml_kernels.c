@@ -11,9 +11,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <cpuid.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static inline float f16_round(float value) { return _cvtsh_ss(_cvtss_sh(value, 0)); }
 
@@ -264,6 +267,109 @@ static void q6_k_tiled_float_parts(const float *const *parts, const float *w_sca
             for (; o < last; ++o) acc[o] = fmaf((64.0f * high[o] + low[o]) * dw[o], dx, acc[o]);
         }
     }
+}
+
+/* ---- the tiled Q6_K kernel on AMX: the exact block sums from tile products, the float steps fused ---- */
+
+/* 1 where AMX-INT8 runs here: the CPU has it (CPUID 7.0:EDX bits 24-25), the OS saves tile state (XCR0 bits 17-18)
+   and grants this process its use (Linux's ARCH_REQ_XCOMP_PERM for XTILEDATA). */
+int paw_amx_available(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || ((d >> 24) & 3) != 3) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0;  /* OSXSAVE: xgetbv may run */
+    unsigned low, high;
+    __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    if (((low >> 17) & 3) != 3) return 0;
+#ifdef SYS_arch_prctl
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+
+/* The split weights (`paw_split_q6_k`'s [blocks, 2 * out, 256]) as AMX B tiles, out % 16 == 0: for each 16 outputs,
+   block, quarter of 64 and half (high, low), a 16 x 64 byte tile whose row k holds outputs 0..15's values at
+   offsets 4k..4k+3 of the quarter (the layout `tdpbssd` reads). */
+void paw_pack_q6_k_amx(const int8_t *split, int64_t out, int64_t blocks, int8_t *tiles) {
+    for (int64_t t = 0; t < out / 16; ++t)
+        for (int64_t b = 0; b < blocks; ++b)
+            for (int quarter = 0; quarter < 4; ++quarter)
+                for (int half = 0; half < 2; ++half) {
+                    int8_t *tile = tiles + (((t * blocks + b) * 4 + quarter) * 2 + half) * 1024;
+                    for (int n = 0; n < 16; ++n) {
+                        const int8_t *w = split + (b * 2 * out + half * out + 16 * t + n) * 256 + 64 * quarter;
+                        for (int k = 0; k < 16; ++k) memcpy(tile + k * 64 + n * 4, w + 4 * k, 4);
+                    }
+                }
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t columns[16];
+    uint8_t rows[16];
+} tile_config;
+
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")))
+
+/* q6_k_tiled's steps for outputs [16 first, 16 last) from AMX tiles: per block s = 64 * high + low (exact int32
+   from `tdpbssd` on the Q8_K codes), then `acc = fma(float(s) * d_w, d_x, acc)`. x holds the codes of `rows` rows
+   padded with zero rows to a multiple of 16; y is [rows, out], written. */
+AMX_TARGET static void q6_k_amx(const int8_t *tiles, const float *w_scale_t, const int8_t *x, const float *x_scale,
+                                float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+    tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        config.columns[t] = 64;
+        config.rows[t] = 16;
+    }
+    _tile_loadconfig(&config);
+    int64_t width = blocks * 256;
+    int32_t sums[4][16][16] __attribute__((aligned(64)));
+    __m512 acc[32];
+    for (int64_t t = first; t < last; ++t) {
+        const int8_t *w = tiles + t * blocks * 8 * 1024;
+        for (int64_t m0 = 0; m0 < rows; m0 += 32) {
+            int pair = m0 + 16 < rows, count = rows - m0 < 32 ? (int)(rows - m0) : 32;
+            for (int m = 0; m < 32; ++m) acc[m] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                const int8_t *a = x + m0 * width + b * 256, *wb = w + b * 8 * 1024;
+                _tile_zero(4);
+                _tile_zero(5);
+                if (pair) {
+                    _tile_zero(6);
+                    _tile_zero(7);
+                }
+                for (int quarter = 0; quarter < 4; ++quarter) {
+                    _tile_loadd(0, a + 64 * quarter, width);
+                    _tile_loadd(2, wb + quarter * 2048, 64);
+                    _tile_loadd(3, wb + quarter * 2048 + 1024, 64);
+                    _tile_dpbssd(4, 0, 2);
+                    _tile_dpbssd(5, 0, 3);
+                    if (pair) {
+                        _tile_loadd(1, a + 16 * width + 64 * quarter, width);
+                        _tile_dpbssd(6, 1, 2);
+                        _tile_dpbssd(7, 1, 3);
+                    }
+                }
+                _tile_stored(4, sums[0], 64);
+                _tile_stored(5, sums[1], 64);
+                if (pair) {
+                    _tile_stored(6, sums[2], 64);
+                    _tile_stored(7, sums[3], 64);
+                }
+                __m512 dw = _mm512_loadu_ps(w_scale_t + b * out + 16 * t);
+                for (int m = 0; m < count; ++m) {
+                    const int32_t *high = sums[2 * (m >> 4)][m & 15], *low = sums[2 * (m >> 4) + 1][m & 15];
+                    __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(high), 6), _mm512_load_si512(low));
+                    __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
+                    acc[m] = _mm512_fmadd_ps(product, _mm512_set1_ps(x_scale[(m0 + m) * blocks + b]), acc[m]);
+                }
+            }
+            for (int m = 0; m < count; ++m) _mm512_storeu_ps(y + (m0 + m) * out + 16 * t, acc[m]);
+        }
+    }
+    _tile_release();
 }
 
 /* ---- attention on an f16 KV cache (no flash attention), for SIMD widths W of 8 (AVX2) or 16 (AVX-512) ---- */
@@ -559,7 +665,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS
+    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_Q6_K_AMX
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -579,6 +685,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_Q6_K_AMX:
+        q6_k_amx(a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],
