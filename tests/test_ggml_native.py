@@ -86,9 +86,14 @@ def test_block_products_equal_the_emulation(
             assert native.split is not None and (prepacked.tiles if amx else prepacked.packed) is not None
         candidates += [native, prepacked]
     x = _rows(n, 512, seed=n)
-    for candidate in candidates:
-        assert torch.equal(candidate(x), emulated(x))
-        assert torch.equal(candidate.rows(x), emulated.rows(x))
+    for avx512 in (True, False):  # where the CPU has AVX-512, its one-row kernels and the AVX2 ones
+        kernels.use_avx512(avx512)
+        try:
+            for candidate in candidates:
+                assert torch.equal(candidate(x), emulated(x))
+                assert torch.equal(candidate.rows(x), emulated.rows(x))
+        finally:
+            kernels.use_avx512(True)
 
 
 def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:

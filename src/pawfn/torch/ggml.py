@@ -231,7 +231,7 @@ def _native_q6_k(kernels: NativeKernels, raw: npt.NDArray[np.uint8], out_feature
     """A Q6_K matrix unpacked by the C kernels straight from the file's bytes (its map is only read)."""
     data = np.ascontiguousarray(raw, dtype=np.uint8)
     n_blocks = data.size // _Q6_K_BYTES // out_features
-    codes = torch.empty((out_features, n_blocks, 256), dtype=torch.uint8)
+    codes = torch.empty((out_features, n_blocks, 192), dtype=torch.uint8)
     sub = torch.empty((out_features, n_blocks, 16), dtype=torch.int8)
     scale = torch.empty((out_features, n_blocks), dtype=torch.float32)
     kernels.unpack_q6_k(data.ctypes.data, out_features * n_blocks, codes.data_ptr(), sub.data_ptr(), scale.data_ptr())

@@ -135,20 +135,125 @@ static inline __m256i q6_k_lanes(const uint8_t *w, const int8_t *sub, const int8
     return _mm256_sub_epi32(lanes, _mm256_slli_epi32(offsets, 5));
 }
 
+/* Rows taken together by the one-row and tiled Q6_K kernels: each weight block is unpacked once for all of them. */
+#define ROW_GROUP 8
+
+/* One Q6_K block's codes from its 192 bytes of low nibbles and high bit pairs (llama.cpp's `ql`, `qh`: the codes are
+   kept so, 25% fewer bytes to stream per product than one byte a code), unsigned 0..63 in element order. */
+static inline void q6_k_unpack(const uint8_t *q, uint8_t *codes) {
+    const __m256i nibble = _mm256_set1_epi8(15), pair = _mm256_set1_epi8(3);
+    for (int half = 0; half < 2; ++half) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(q + 64 * half));
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(q + 64 * half + 32));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * half));
+        __m256i *out = (__m256i *)(codes + 128 * half);
+        /* 16-bit shifts, each byte then masked: no bit of the neighbouring byte survives */
+        _mm256_storeu_si256(out, _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_slli_epi16(_mm256_and_si256(h, pair), 4)));
+        _mm256_storeu_si256(out + 1, _mm256_or_si256(_mm256_and_si256(l1, nibble),
+                                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), pair), 4)));
+        _mm256_storeu_si256(out + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble),
+                                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), pair), 4)));
+        _mm256_storeu_si256(out + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                                                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), pair), 4)));
+    }
+}
+
 /* `ggml_vec_dot_q6_K_q8_K` for every input row and outputs [first, last): per lane `fma(d_x * d_w, lane, acc)`
-   over the blocks, then the lanes by halves. y is [rows, out]. */
+   over the blocks, then the lanes by halves. w holds 192-byte packed blocks; y is [rows, out]. */
 static void q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
                       const int16_t *sums, const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
+    uint8_t codes[256] __attribute__((aligned(32)));
     for (int64_t o = first; o < last; ++o) {
-        for (int64_t r = 0; r < rows; ++r) {
-            __m256 acc = _mm256_setzero_ps();
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_GROUP) {
+            int count = rows - r0 < ROW_GROUP ? (int)(rows - r0) : ROW_GROUP;
+            __m256 acc[ROW_GROUP];
+            for (int i = 0; i < count; ++i) acc[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < blocks; ++b) {
-                __m256i lanes = q6_k_lanes(w + (o * blocks + b) * 256, sub + (o * blocks + b) * 16,
-                                           x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16);
-                __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                q6_k_unpack(w + (o * blocks + b) * 192, codes);
+                for (int i = 0; i < count; ++i) {
+                    int64_t r = r0 + i;
+                    __m256i lanes = q6_k_lanes(codes, sub + (o * blocks + b) * 16, x + (r * blocks + b) * 256,
+                                               sums + (r * blocks + b) * 16);
+                    __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[i]);
+                }
             }
-            put(y, r, o, sum_halves(acc));
+            for (int i = 0; i < count; ++i) put(y, r0 + i, o, sum_halves(acc[i]));
+        }
+    }
+}
+
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+/* 1 where the CPU has AVX-512 F/BW/DQ/VL and VNNI: the one-row Q6_K kernel then takes 64 codes a step. */
+static int has_avx512_vnni(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512vnni");
+    }
+    return known;
+}
+
+static int avx512_allowed = 1;
+
+/* Let the AVX-512 kernels run (1, the default) or not (0: the AVX2 ones, as on CPUs without AVX-512); returns
+   whether they now run. For tests of both on one machine. */
+int paw_use_avx512(int allowed) {
+    avx512_allowed = allowed;
+    return allowed && has_avx512_vnni();
+}
+
+/* q6_k_unpack into four registers of 64 codes. */
+AVX512_TARGET static inline void q6_k_unpack_512(const uint8_t *q, __m512i codes[4]) {
+    const __m512i nibble = _mm512_set1_epi8(15), pair = _mm512_set1_epi8(3);
+    for (int half = 0; half < 2; ++half) {
+        __m512i low = _mm512_loadu_si512(q + 64 * half);  /* ql: codes 0..63 in the low nibbles, 64..127 high */
+        __m256i h = _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * half));
+        __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
+        codes[2 * half] = _mm512_or_si512(_mm512_and_si512(low, nibble), _mm512_slli_epi16(_mm512_and_si512(high, pair), 4));
+        codes[2 * half + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(low, 4), nibble),
+                                              _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(high, 4), pair), 4));
+    }
+}
+
+/* q6_k_rows on AVX-512: 64 codes a step (two runs of 32), pairs weighted by their sub-block scales with vpdpwssd;
+   lanes 8..15 (the second run's) then fold onto 0..7. Integer sums, so the very same lanes. */
+AVX512_TARGET static void q6_k_rows_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x,
+                                        const float *x_scale, const int16_t *sums, const paw_out *y, int64_t blocks,
+                                        int64_t rows, int64_t first, int64_t last) {
+    /* pair k of step c (codes 64c + 2k, +1) lies in sub-block 4c + k / 8 */
+    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_GROUP) {
+            int count = rows - r0 < ROW_GROUP ? (int)(rows - r0) : ROW_GROUP;
+            __m256 acc[ROW_GROUP];
+            for (int i = 0; i < count; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m512i codes[4], scale[4];
+                q6_k_unpack_512(w + (o * blocks + b) * 192, codes);
+                __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16)));
+                for (int step = 0; step < 4; ++step)
+                    scale[step] = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16((short)(4 * step))),
+                                                           _mm512_castsi256_si512(sub16));
+                for (int i = 0; i < count; ++i) {
+                    int64_t r = r0 + i;
+                    const int8_t *xb = x + (r * blocks + b) * 256;
+                    __m512i lanes = _mm512_setzero_si512();
+                    for (int step = 0; step < 4; ++step)
+                        lanes = _mm512_dpwssd_epi32(lanes, _mm512_maddubs_epi16(codes[step], _mm512_loadu_si512(xb + 64 * step)),
+                                                    scale[step]);
+                    __m256i folded = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
+                    __m256i offsets = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(sums + (r * blocks + b) * 16)), sub16);
+                    folded = _mm256_sub_epi32(folded, _mm256_slli_epi32(offsets, 5));
+                    __m256 d = _mm256_set1_ps(x_scale[r * blocks + b] * w_scale[o * blocks + b]);
+                    acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(folded), acc[i]);
+                }
+            }
+            for (int i = 0; i < count; ++i) put(y, r0 + i, o, sum_halves(acc[i]));
         }
     }
 }
@@ -157,15 +262,21 @@ static void q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale,
    `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
 static void q6_k_tiled(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x, const float *x_scale,
                        const int16_t *sums, const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
+    uint8_t codes[256] __attribute__((aligned(32)));
     for (int64_t o = first; o < last; ++o) {
-        for (int64_t r = 0; r < rows; ++r) {
-            float acc = 0.0f;
+        for (int64_t r0 = 0; r0 < rows; r0 += ROW_GROUP) {
+            int count = rows - r0 < ROW_GROUP ? (int)(rows - r0) : ROW_GROUP;
+            float acc[ROW_GROUP] = {0};
             for (int64_t b = 0; b < blocks; ++b) {
-                int32_t s = sum_ints(q6_k_lanes(w + (o * blocks + b) * 256, sub + (o * blocks + b) * 16,
-                                                x + (r * blocks + b) * 256, sums + (r * blocks + b) * 16));
-                acc = fmaf((float)s * w_scale[o * blocks + b], x_scale[r * blocks + b], acc);
+                q6_k_unpack(w + (o * blocks + b) * 192, codes);
+                for (int i = 0; i < count; ++i) {
+                    int64_t r = r0 + i;
+                    int32_t s = sum_ints(q6_k_lanes(codes, sub + (o * blocks + b) * 16, x + (r * blocks + b) * 256,
+                                                    sums + (r * blocks + b) * 16));
+                    acc[i] = fmaf((float)s * w_scale[o * blocks + b], x_scale[r * blocks + b], acc[i]);
+                }
             }
-            put(y, r, o, acc);
+            for (int i = 0; i < count; ++i) put(y, r0 + i, o, acc[i]);
         }
     }
 }
@@ -672,7 +783,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     switch (kernel) {
     case KERNEL_Q6_K_ROWS:
     case KERNEL_Q6_K_TILED:
-        (kernel == KERNEL_Q6_K_ROWS ? q6_k_rows : q6_k_tiled)(
+        (kernel == KERNEL_Q6_K_ROWS ? (avx512_allowed && has_avx512_vnni() ? q6_k_rows_512 : q6_k_rows) : q6_k_tiled)(
             a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_ROWS:
@@ -789,21 +900,12 @@ void paw_swiglu(const float *gate, const float *up, float *y, int64_t count, int
 /* ---- loading ---- */
 
 /* Q6_K blocks (210 bytes: 128 of low nibbles, 64 of high 2-bit pairs, 16 int8 sub-block scales, an f16 scale) as
-   unsigned codes 0..63 [count, 256] in element order, sub-block scales [count, 16] and scales [count]. */
+   their codes' 192 bytes [count, 192] (as the kernels read them, `q6_k_unpack`), sub-block scales [count, 16] and
+   scales [count]. */
 void paw_unpack_q6_k(const uint8_t *raw, int64_t count, uint8_t *codes, int8_t *sub, float *d) {
     for (int64_t i = 0; i < count; ++i) {
         const uint8_t *block = raw + i * 210;
-        uint8_t *q = codes + i * 256;
-        for (int half = 0; half < 2; ++half) {
-            const uint8_t *low = block + 64 * half, *high = block + 128 + 32 * half;
-            uint8_t *out = q + 128 * half;
-            for (int l = 0; l < 32; ++l) {
-                out[l] = (uint8_t)((low[l] & 0xF) | ((high[l] & 3) << 4));
-                out[l + 32] = (uint8_t)((low[l + 32] & 0xF) | (((high[l] >> 2) & 3) << 4));
-                out[l + 64] = (uint8_t)((low[l] >> 4) | (((high[l] >> 4) & 3) << 4));
-                out[l + 96] = (uint8_t)((low[l + 32] >> 4) | (((high[l] >> 6) & 3) << 4));
-            }
-        }
+        memcpy(codes + i * 192, block, 192);
         memcpy(sub + i * 16, block + 192, 16);
         uint16_t bits;
         memcpy(&bits, block + 208, 2);
@@ -812,11 +914,12 @@ void paw_unpack_q6_k(const uint8_t *raw, int64_t count, uint8_t *codes, int8_t *
 }
 
 /* Signed codes times their sub-block scales, w = (code - 32) * sub, as 64 * high + low: int8 [blocks, 2 * out, 256],
-   a block's highs (-64..64) then its lows (0..63). codes [out, blocks, 256], sub [out, blocks, 16]. */
+   a block's highs (-64..64) then its lows (0..63). codes [out, blocks, 192] (packed), sub [out, blocks, 16]. */
 void paw_split_q6_k(const uint8_t *codes, const int8_t *sub, int64_t out, int64_t blocks, int8_t *split) {
+    uint8_t q[256] __attribute__((aligned(32)));
     for (int64_t o = 0; o < out; ++o) {
         for (int64_t b = 0; b < blocks; ++b) {
-            const uint8_t *q = codes + (o * blocks + b) * 256;
+            q6_k_unpack(codes + (o * blocks + b) * 192, q);
             const int8_t *s = sub + (o * blocks + b) * 16;
             int8_t *high = split + (b * 2 * out + o) * 256, *low = split + (b * 2 * out + out + o) * 256;
             for (int e = 0; e < 256; ++e) {

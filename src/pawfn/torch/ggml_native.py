@@ -81,8 +81,14 @@ class NativeKernels:
         self.split_q6_k = self._declare(library.paw_split_q6_k, [_PTR, _PTR, _I64, _I64, _PTR])
         self.pack_q6_k_amx = self._declare(library.paw_pack_q6_k_amx, [_PTR, _I64, _I64, _PTR])
         library.paw_amx_available.restype = ctypes.c_int
+        self._use_avx512 = library.paw_use_avx512
+        self._use_avx512.argtypes, self._use_avx512.restype = [ctypes.c_int], ctypes.c_int
         self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
         """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
+
+    def use_avx512(self, allowed: bool) -> bool:
+        """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
+        return bool(self._use_avx512(int(allowed)))
 
     def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int,
                       target: _Out, work: int) -> None:
@@ -291,7 +297,8 @@ class NativeBlockMatrix:
 
     kind: Literal["q4_0", "q8_0", "q6_k"]
     codes: torch.Tensor
-    """Q6_K: unsigned codes (0..63) uint8 [out, blocks, 256]; Q4_0/Q8_0: signed codes int8 [out, blocks, 32]."""
+    """Q6_K: the blocks' codes as stored (low nibbles, then high bit pairs), uint8 [out, blocks, 192]; Q4_0/Q8_0:
+    signed codes int8 [out, blocks, 32]."""
     scale: torch.Tensor
     """Per block f16 scale as float32, [out, blocks]."""
     sub_scales: torch.Tensor | None
