@@ -339,6 +339,59 @@ static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x
     }
 }
 
+/* q0_eights on AVX-512 VNNI: two lanes of eight outputs a step (64 codes), their products summed exactly by
+   vpdpbusd on the codes made unsigned (+128), less 128 times the row's quad sums (the start value), so the same
+   integer lanes; per lane fma(d_x * d_w, lane, acc), then the lanes by halves as q0_eights does. A row's x quads and
+   their corrections are laid out once per row ([blocks][4 steps] x 64 bytes each). */
+AVX512_TARGET static void q0_eights_512(const int8_t *eights, const float *scales, const int8_t *x, const float *x_scale,
+                                        const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
+    __m512i *quads = aligned_alloc(64, (size_t)blocks * 8 * sizeof(__m512i));
+    if (quads == NULL) {  /* no memory for the row layout: the AVX2 kernel needs none */
+        q0_eights(eights, scales, x, x_scale, y, blocks, rows, first, last);
+        return;
+    }
+    __m512i *starts = quads + blocks * 4;
+    /* dword lanes 0..7 take quad 2s, lanes 8..15 quad 2s + 1 */
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m512i block = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + (r * blocks + b) * 32)));
+            /* -128 * (the quad's sum of codes), per dword */
+            __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, block);
+            __m512i negated = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+            for (int step = 0; step < 4; ++step) {
+                __m512i index = _mm512_add_epi32(pick, _mm512_set1_epi32(2 * step));
+                quads[b * 4 + step] = _mm512_permutexvar_epi32(index, block);
+                starts[b * 4 + step] = _mm512_permutexvar_epi32(index, negated);
+            }
+        }
+        float *row = y->y + r * y->stride;
+        for (int64_t g = first; g < last; ++g) {
+            __m512 acc[4];
+            for (int step = 0; step < 4; ++step) acc[step] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), _mm256_loadu_ps(scales + (g * blocks + b) * 8));
+                __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(d8), d8, 1);
+                const int8_t *w = eights + (g * blocks + b) * 256;
+                for (int step = 0; step < 4; ++step) {
+                    __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(w + 64 * step), flip);
+                    __m512i lanes = _mm512_dpbusd_epi32(starts[b * 4 + step], codes, quads[b * 4 + step]);
+                    acc[step] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[step]);
+                }
+            }
+            /* acc[s] holds lanes 2s and 2s + 1: (l0 + l4, l1 + l5) + (l2 + l6, l3 + l7), then the two halves */
+            __m512 pairs = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+            __m256 value = _mm256_add_ps(_mm512_castps512_ps256(pairs), _mm512_extractf32x8_ps(pairs, 1));
+            float *target = row + 8 * g;
+            if (y->accumulate)
+                value = _mm256_add_ps(_mm256_loadu_ps(target), _mm256_mul_ps(value, _mm256_set1_ps(y->alpha)));
+            _mm256_storeu_ps(target, value);
+        }
+    }
+    free(quads);
+}
+
 /* A repacked Q4_0 base weight (`block_q4_0x8`): per block the exact integer sum s, then
    `acc = fma(float(s), d_x * d_w, acc)`. */
 static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
@@ -792,7 +845,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
             a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_EIGHTS:
-        q0_eights(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
+        (avx512_allowed && has_avx512_vnni() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
