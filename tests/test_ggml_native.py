@@ -83,7 +83,7 @@ def test_block_products_equal_the_emulation(
         assert isinstance(native, NativeBlockMatrix) and isinstance(prepacked, NativeBlockMatrix)
         prepacked.prepack()
         if qtype == Q6_K and base_layer:
-            assert native.split is not None and (prepacked.tiles if amx else prepacked.packed) is not None
+            assert native.amx and prepacked.amx if amx else native.split is not None and prepacked.packed is not None
         candidates += [native, prepacked]
     x = _rows(n, 512, seed=n)
     for avx512 in (True, False):  # where the CPU has AVX-512, its one-row kernels and the AVX2 ones
@@ -97,12 +97,10 @@ def test_block_products_equal_the_emulation(
 
 
 def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:
-    """Outputs not a multiple of 16 keep oneDNN's prepacked GEMM even where the CPU has AMX."""
+    """Outputs not a multiple of 16 keep the int8 GEMM's split weights even where the CPU has AMX."""
     monkeypatch.setattr(kernels, "amx", True)
     matrix = block_matrix(_raw(Q6_K, 40, 256, seed=3), Q6_K, 40, True)
-    assert isinstance(matrix, NativeBlockMatrix)
-    matrix.prepack()
-    assert matrix.tiles is None
+    assert isinstance(matrix, NativeBlockMatrix) and not matrix.amx and matrix.split is not None
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q8_0], ids=["q4_0", "q8_0"])
@@ -183,11 +181,12 @@ def test_elementwise_steps_equal_the_emulation(width: int) -> None:
 
 
 def test_joined_matrices_equal_their_parts_side_by_side() -> None:
-    parts = [block_matrix(_raw(Q6_K, out, 512, seed=out), Q6_K, out, True) for out in (16, 8, 24)]
+    """Base layers (split weights, or AMX tiles where the CPU has AMX): products and one-row products."""
+    parts = [block_matrix(_raw(Q6_K, out, 512, seed=out), Q6_K, out, True) for out in (16, 48, 32)]
     natives = [p for p in parts if isinstance(p, NativeBlockMatrix)]
     joined = join_blocks(natives)
-    assert joined is not None and joined.out_features == 48
-    for n in (1, 12):
+    assert joined is not None and joined.out_features == 96 and joined.amx == _kernels().amx
+    for n in (1, 12, 40):
         x = _rows(n, 512, seed=n)
         assert torch.equal(joined(x), torch.cat([p(x) for p in natives], dim=1))
         assert torch.equal(joined.rows(x), torch.cat([p.rows(x) for p in natives], dim=1))

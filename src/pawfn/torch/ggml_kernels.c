@@ -451,35 +451,62 @@ int paw_amx_available(void) {
 #endif
 }
 
-/* The split weights (`paw_split_q6_k`'s [blocks, 2 * out, 256]) as AMX B tiles, out % 16 == 0: for each 16 outputs,
-   block, quarter of 64 and half (high, low), a 16 x 64 byte tile whose row k holds outputs 0..15's values at
-   offsets 4k..4k+3 of the quarter (the layout `tdpbssd` reads). */
-void paw_pack_q6_k_amx(const int8_t *split, int64_t out, int64_t blocks, int8_t *tiles) {
-    for (int64_t t = 0; t < out / 16; ++t)
-        for (int64_t b = 0; b < blocks; ++b)
-            for (int quarter = 0; quarter < 4; ++quarter)
-                for (int half = 0; half < 2; ++half) {
-                    int8_t *tile = tiles + (((t * blocks + b) * 4 + quarter) * 2 + half) * 1024;
-                    for (int n = 0; n < 16; ++n) {
-                        const int8_t *w = split + (b * 2 * out + half * out + 16 * t + n) * 256 + 64 * quarter;
-                        for (int k = 0; k < 16; ++k) memcpy(tile + k * 64 + n * 4, w + 4 * k, 4);
-                    }
-                }
-}
-
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t columns[16];
     uint8_t rows[16];
 } tile_config;
 
-#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
-/* q6_k_tiled's steps for outputs [16 first, 16 last) from AMX tiles: per block s = 64 * high + low (exact int32
-   from `tdpbssd` on the Q8_K codes), then `acc = fma(float(s) * d_w, d_x, acc)`. x holds the codes of `rows` rows
-   padded with zero rows to a multiple of 16; y is [rows, out], written. */
-AMX_TARGET static void q6_k_amx(const int8_t *tiles, const float *w_scale_t, const int8_t *x, const float *x_scale,
-                                float *y, int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
+/* 16 outputs' weights of one block, each code times its sub-block scale, w = (code - 32) * sub, split as
+   64 * high + low into `high` and `low` [16][256] int8 (rows of AMX A tiles), from the packed codes. */
+AMX_TARGET static void q6_k_weighted_rows(const uint8_t *w, const int8_t *sub, int64_t blocks, int64_t b,
+                                          int8_t high[16][256], int8_t low[16][256]) {
+    /* int16 element e of a half step (32 codes from 64c + 32h) lies in sub-block 4c + 2h + e / 16 */
+    const __m512i spread = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i bias = _mm512_set1_epi8(32), mask = _mm512_set1_epi16(63);
+    for (int n = 0; n < 16; ++n) {
+        __m512i codes[4];
+        q6_k_unpack_512(w + (n * blocks + b) * 192, codes);
+        __m512i scales = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (n * blocks + b) * 16))));
+        for (int step = 0; step < 4; ++step) {
+            __m512i signed_codes = _mm512_sub_epi8(codes[step], bias);
+            for (int half = 0; half < 2; ++half) {
+                __m256i part = half ? _mm512_extracti64x4_epi64(signed_codes, 1) : _mm512_castsi512_si256(signed_codes);
+                __m512i scale = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16((short)(4 * step + 2 * half))), scales);
+                __m512i weighted = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(part), scale);  /* |w| <= 4096 */
+                _mm256_store_si256((__m256i *)(high[n] + 64 * step + 32 * half), _mm512_cvtepi16_epi8(_mm512_srai_epi16(weighted, 6)));
+                _mm256_store_si256((__m256i *)(low[n] + 64 * step + 32 * half), _mm512_cvtepi16_epi8(_mm512_and_si512(weighted, mask)));
+            }
+        }
+    }
+}
+
+/* A 16 x 16 float block transposed: `in` rows of `in_stride`, `out` rows of `out_stride`, `count` (<= 16) of the
+   output rows written. */
+AMX_TARGET static void transpose_16(const float *in, int64_t in_stride, float *out, int64_t out_stride, int count) {
+    float block[16][16] __attribute__((aligned(64)));
+    for (int i = 0; i < 16; ++i) {
+        __m512i index = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                            _mm512_set1_epi32((int)in_stride)), _mm512_set1_epi32(i));
+        _mm512_store_ps(block[i], _mm512_i32gather_ps(index, in, 4));
+    }
+    for (int i = 0; i < count; ++i) _mm512_storeu_ps(out + i * out_stride, _mm512_load_ps(block[i]));
+}
+
+/* q6_k_tiled's steps for outputs [16 first, 16 last) on AMX, the weights as A tiles (16 outputs x 64 codes, made
+   from the packed codes per block, `q6_k_weighted_rows`) and the Q8_K codes as B tiles (`xv`: [blocks][4][tiles of
+   16 rows][16][64], VNNI order): per block s = 64 * high + low (exact int32 from `tdpbssd`), then
+   `acc = fma(float(s) * d_w, d_x, acc)` with the same roundings, on [output][row] vectors; `x_scale_t` is
+   [blocks][padded rows]; y [rows, out] written. Returns -1 where scratch memory could not be had. */
+AMX_TARGET static int q6_k_amx(const uint8_t *w, const int8_t *sub, const float *w_scale_t, const int8_t *xv,
+                               const float *x_scale_t, float *y, int64_t rows, int64_t out, int64_t blocks,
+                               int64_t first, int64_t last) {
+    int64_t row_tiles = (rows + 15) / 16, padded = row_tiles * 16;
+    float *acc = aligned_alloc(64, (size_t)(16 * padded) * sizeof(float));
+    if (acc == NULL) return -1;
     tile_config config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
@@ -488,16 +515,21 @@ AMX_TARGET static void q6_k_amx(const int8_t *tiles, const float *w_scale_t, con
         config.rows[t] = 16;
     }
     _tile_loadconfig(&config);
-    int64_t width = blocks * 256;
+    int8_t high[16][256] __attribute__((aligned(64))), low[16][256] __attribute__((aligned(64)));
     int32_t sums[4][16][16] __attribute__((aligned(64)));
-    __m512 acc[32];
     for (int64_t t = first; t < last; ++t) {
-        const int8_t *w = tiles + t * blocks * 8 * 1024;
-        for (int64_t m0 = 0; m0 < rows; m0 += 32) {
-            int pair = m0 + 16 < rows, count = rows - m0 < 32 ? (int)(rows - m0) : 32;
-            for (int m = 0; m < 32; ++m) acc[m] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < blocks; ++b) {
-                const int8_t *a = x + m0 * width + b * 256, *wb = w + b * 8 * 1024;
+        memset(acc, 0, (size_t)(16 * padded) * sizeof(float));
+        for (int64_t b = 0; b < blocks; ++b) {
+            /* the next block's codes for these 16 outputs (16 rows apart): fetched while this one multiplies */
+            const uint8_t *next = b + 1 < blocks ? w + (16 * t * blocks + b + 1) * 192
+                                                 : (t + 1 < last ? w + 16 * (t + 1) * blocks * 192 : NULL);
+            if (next != NULL)
+                for (int n = 0; n < 16; ++n)
+                    for (int line = 0; line < 192; line += 64) _mm_prefetch((const char *)(next + n * blocks * 192 + line), _MM_HINT_T0);
+            q6_k_weighted_rows(w + 16 * t * blocks * 192, sub + 16 * t * blocks * 16, blocks, b, high, low);
+            const float *dw = w_scale_t + b * out + 16 * t;
+            for (int64_t m = 0; m < row_tiles; m += 2) {
+                int pair = m + 1 < row_tiles;
                 _tile_zero(4);
                 _tile_zero(5);
                 if (pair) {
@@ -505,14 +537,15 @@ AMX_TARGET static void q6_k_amx(const int8_t *tiles, const float *w_scale_t, con
                     _tile_zero(7);
                 }
                 for (int quarter = 0; quarter < 4; ++quarter) {
-                    _tile_loadd(0, a + 64 * quarter, width);
-                    _tile_loadd(2, wb + quarter * 2048, 64);
-                    _tile_loadd(3, wb + quarter * 2048 + 1024, 64);
+                    const int8_t *x_tiles = xv + ((b * 4 + quarter) * row_tiles + m) * 1024;
+                    _tile_loadd(0, high[0] + 64 * quarter, 256);
+                    _tile_loadd(1, low[0] + 64 * quarter, 256);
+                    _tile_loadd(2, x_tiles, 64);
                     _tile_dpbssd(4, 0, 2);
-                    _tile_dpbssd(5, 0, 3);
+                    _tile_dpbssd(5, 1, 2);
                     if (pair) {
-                        _tile_loadd(1, a + 16 * width + 64 * quarter, width);
-                        _tile_dpbssd(6, 1, 2);
+                        _tile_loadd(3, x_tiles + 1024, 64);
+                        _tile_dpbssd(6, 0, 3);
                         _tile_dpbssd(7, 1, 3);
                     }
                 }
@@ -522,18 +555,26 @@ AMX_TARGET static void q6_k_amx(const int8_t *tiles, const float *w_scale_t, con
                     _tile_stored(6, sums[2], 64);
                     _tile_stored(7, sums[3], 64);
                 }
-                __m512 dw = _mm512_loadu_ps(w_scale_t + b * out + 16 * t);
-                for (int m = 0; m < count; ++m) {
-                    const int32_t *high = sums[2 * (m >> 4)][m & 15], *low = sums[2 * (m >> 4) + 1][m & 15];
-                    __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(high), 6), _mm512_load_si512(low));
-                    __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(s), dw);
-                    acc[m] = _mm512_fmadd_ps(product, _mm512_set1_ps(x_scale[(m0 + m) * blocks + b]), acc[m]);
+                for (int part = 0; part <= pair; ++part) {
+                    __m512 dx = _mm512_loadu_ps(x_scale_t + b * padded + 16 * (m + part));
+                    for (int n = 0; n < 16; ++n) {
+                        __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[2 * part][n]), 6),
+                                                     _mm512_load_si512(sums[2 * part + 1][n]));
+                        __m512 product = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(dw[n]));
+                        float *a = acc + n * padded + 16 * (m + part);
+                        _mm512_store_ps(a, _mm512_fmadd_ps(product, dx, _mm512_load_ps(a)));
+                    }
                 }
             }
-            for (int m = 0; m < count; ++m) _mm512_storeu_ps(y + (m0 + m) * out + 16 * t, acc[m]);
+        }
+        for (int64_t m = 0; m < row_tiles; ++m) {
+            int count = rows - 16 * m < 16 ? (int)(rows - 16 * m) : 16;
+            transpose_16(acc + 16 * m, padded, y + 16 * m * out + 16 * t, out, count);
         }
     }
     _tile_release();
+    free(acc);
+    return 0;
 }
 
 /* ---- attention on an f16 KV cache (no flash attention), for SIMD widths W of 8 (AVX2) or 16 (AVX-512) ---- */
@@ -829,7 +870,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_Q6_K_AMX
+    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -849,9 +890,6 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
-        break;
-    case KERNEL_Q6_K_AMX:
-        q6_k_amx(a->p[0], a->p[1], a->p[2], a->p[3], (float *)a->p[4], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],
@@ -900,6 +938,56 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     free(codes);
     free(x_scale);
     free(sums);
+    return status;
+}
+
+/* x [rows, in] (float32) times a Q6_K base matrix (packed codes [out, blocks, 192], sub-block scales, block scales
+   as [blocks, out]) with llama.cpp's tiled kernel's roundings, on AMX (`paw_amx_available`; out a multiple of 16):
+   x quantized to Q8_K and laid out as B tiles, then `q6_k_amx` over groups of 16 outputs in `threads` parts.
+   Returns 0, or -1 where scratch memory could not be had. */
+int paw_q6_k_amx_product(const float *x, int64_t rows, int64_t in, const uint8_t *w, const int8_t *sub,
+                         const float *w_scale_t, int64_t out, float *y, int64_t threads) {
+    int64_t blocks = in / 256, row_tiles = (rows + 15) / 16, padded = row_tiles * 16;
+    int8_t *codes = malloc((size_t)(rows * in));
+    float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
+    int16_t *sums = malloc((size_t)(rows * blocks * 16) * sizeof(int16_t));
+    int8_t *xv = aligned_alloc(64, (size_t)(padded * in));
+    float *x_scale_t = aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float));
+    int status = -1;
+    if (codes != NULL && x_scale != NULL && sums != NULL && xv != NULL && x_scale_t != NULL) {
+        paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
+        memset(xv, 0, (size_t)(padded * in));
+        memset(x_scale_t, 0, (size_t)(blocks * padded) * sizeof(float));
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t tile = r / 16, within = r % 16;
+            for (int64_t b = 0; b < blocks; ++b) {
+                x_scale_t[b * padded + r] = x_scale[r * blocks + b];
+                for (int quarter = 0; quarter < 4; ++quarter) {
+                    /* tile row k holds the 16 rows' codes 4k..4k+3 of the quarter */
+                    int8_t *target = xv + ((b * 4 + quarter) * row_tiles + tile) * 1024 + within * 4;
+                    const int8_t *source = codes + r * in + b * 256 + quarter * 64;
+                    for (int k = 0; k < 16; ++k) memcpy(target + k * 64, source + 4 * k, 4);
+                }
+            }
+        }
+        int64_t groups = out / 16;
+        status = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads > 1 ? threads : 1) reduction(min : status)
+        {
+            int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+            status = q6_k_amx(w, sub, w_scale_t, xv, x_scale_t, y, rows, out, blocks, groups * part / parts,
+                              groups * (part + 1) / parts);
+        }
+#else
+        status = q6_k_amx(w, sub, w_scale_t, xv, x_scale_t, y, rows, out, blocks, 0, groups);
+#endif
+    }
+    free(codes);
+    free(x_scale);
+    free(sums);
+    free(xv);
+    free(x_scale_t);
     return status;
 }
 

@@ -51,7 +51,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _Q6_K_AMX = range(8)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS = range(7)
 """`paw_run`'s kernels."""
 
 
@@ -79,12 +79,20 @@ class NativeKernels:
         self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
         self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
         self.split_q6_k = self._declare(library.paw_split_q6_k, [_PTR, _PTR, _I64, _I64, _PTR])
-        self.pack_q6_k_amx = self._declare(library.paw_pack_q6_k_amx, [_PTR, _I64, _I64, _PTR])
+        self._q6_k_amx_product = library.paw_q6_k_amx_product
+        self._q6_k_amx_product.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
+        self._q6_k_amx_product.restype = ctypes.c_int
         library.paw_amx_available.restype = ctypes.c_int
         self._use_avx512 = library.paw_use_avx512
         self._use_avx512.argtypes, self._use_avx512.restype = [ctypes.c_int], ctypes.c_int
         self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
         """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
+
+    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int,
+                         threads: int) -> None:
+        """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
+        if self._q6_k_amx_product(x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
 
     def use_avx512(self, allowed: bool) -> bool:
         """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
@@ -312,9 +320,10 @@ class NativeBlockMatrix:
     sums come from one int8 GEMM per block."""
     packed: tuple[torch.Tensor, ...] | None = None
     """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
-    tiles: torch.Tensor | None = None
-    """`split` as AMX tiles (`prepack` on CPUs with AMX), int8 [out / 16, blocks, 4, 2, 16, 64], which then replaces
-    it: one C call then gives the exact block sums and the float steps, without the GEMMs' float32 block sums."""
+    amx: bool = False
+    """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
+    makes each block's weights into tiles from the codes and gives the exact block sums and the float steps, so no
+    `split` is kept (2 bytes a weight) and no float32 block sums are written and read back."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
     _by_eights: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -324,17 +333,9 @@ class NativeBlockMatrix:
         return int(self.codes.shape[0])
 
     def prepack(self) -> None:
-        """Reorder `split`'s blocks once: as AMX tiles where the CPU has AMX, else for oneDNN's int8 GEMM
-        (`onednn::qlinear_prepack`; unpacked, every prompt reordered them again, about half of its GEMMs' time).
-        Keeps `split` where neither is there."""
+        """Reorder `split`'s blocks once for oneDNN's int8 GEMM (`onednn::qlinear_prepack`): unpacked, every prompt
+        reordered them again, about half of its GEMMs' time. Keeps `split` where torch has no such op."""
         if self.split is None:
-            return
-        kernels = self._kernels()
-        out, blocks = self.out_features, self.split.shape[0]
-        if kernels.amx and out % 16 == 0:
-            tiles = torch.empty((out // 16, blocks, 4, 2, 16, 64), dtype=torch.int8)
-            kernels.pack_q6_k_amx(_ptr(self.split), out, blocks, _ptr(tiles))
-            self.tiles, self.split = tiles, None
             return
         if not _qlinear_is_exact():
             return
@@ -389,8 +390,8 @@ class NativeBlockMatrix:
         x = x.float().contiguous()
         rows, width = x.shape
         out = self.out_features
-        if tiled and self.tiles is not None:
-            return self._tiled_amx(kernels, self.tiles, x)
+        if tiled and self.amx:
+            return self._tiled_amx(kernels, x)
         if tiled and self._tiled_sums():
             return self._tiled_int8(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
@@ -413,20 +414,16 @@ class NativeBlockMatrix:
     def _tiled_sums(self) -> bool:
         """Whether tiled products take their block sums from integer GEMMs or tiles (base layers) rather than the
         one-call C kernel."""
-        return self.split is not None or self.packed is not None or self.tiles is not None
+        return self.split is not None or self.packed is not None or self.amx
 
-    def _tiled_amx(self, kernels: NativeKernels, tiles: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The tiled Q6_K kernel in one C call on AMX tiles (`prepack`): Q8_K codes padded to 16 rows, then
-        `q6_k_amx` over groups of 16 outputs."""
+    def _tiled_amx(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
+        """The tiled Q6_K kernel in one C call on AMX tiles (`amx`)."""
         rows, width = x.shape
-        out, blocks = self.out_features, self.scale.shape[1]
+        out = self.out_features
         y = torch.empty((rows, out), dtype=torch.float32)
-        codes = torch.zeros((-(-rows // 16) * 16, width), dtype=torch.int8)
-        x_scale = torch.empty((rows, blocks), dtype=torch.float32)
-        sums = torch.empty((rows, blocks, 16), dtype=torch.int16)
-        kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
-        kernels.run(_Q6_K_AMX, [_ptr(tiles), _ptr(self._scale_t()), _ptr(codes), _ptr(x_scale), _ptr(y)],
-                    [rows, out, blocks], out // 16, rows * out * blocks * 64)
+        assert self.sub_scales is not None
+        kernels.q6_k_amx_product(_ptr(x), rows, width, _ptr(self.codes), _ptr(self.sub_scales), _ptr(self._scale_t()),
+                                 out, _ptr(y), _threads(out // 16, rows * out * width))
         return y
 
     def _tiled_int8(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
@@ -463,7 +460,7 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         and (part.sub_scales is None) == (first.sub_scales is None) and (part.split is None) == (first.split is None)
         for part in parts
     )
-    if not alike or any(part.packed is not None or part.tiles is not None for part in parts):
+    if not alike or any(part.packed is not None or part.amx != first.amx for part in parts):
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
     split = None
@@ -473,4 +470,4 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         lows = [p.split[:, w:] for p, w in zip(parts, width, strict=True) if p.split is not None]
         split = torch.cat(highs + lows, dim=1)
     return NativeBlockMatrix(first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub,
-                             first.repacked, first.kernels, split)
+                             first.repacked, first.kernels, split, amx=first.amx)
