@@ -152,7 +152,7 @@ def test_activation_quantization_equals_the_emulation() -> None:
 
 
 @pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
-@pytest.mark.parametrize(("n", "prefix", "own"), [(1, 0, 5), (1, 37, 20), (7, 30, 7), (12, 0, 12), (3, 300, 50)])
+@pytest.mark.parametrize(("n", "prefix", "own"), [(1, 0, 5), (1, 37, 20), (7, 30, 7), (12, 0, 12), (3, 300, 50), (45, 70, 50)])
 def test_attention_equals_the_emulation(width: int, n: int, prefix: int, own: int) -> None:
     """Decode steps (one row) and prompts (tinyBLAS), with and without a program's prefix read in place."""
     generator = torch.Generator().manual_seed(n + prefix)

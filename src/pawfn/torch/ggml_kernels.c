@@ -709,6 +709,32 @@ __attribute__((target("avx512f"))) static void dot8_tiled_512(const float *a, co
     }
 }
 
+/* dot8_tiled_512 for two rows a0, a1 at once (each b chunk loaded once for both, half the cache traffic): the
+   same dots, the same order. */
+__attribute__((target("avx512f"))) static void dot8x2_tiled_512(const float *a0, const float *a1, const float *const b[8],
+                                                                  int64_t k, float r0[8], float r1[8]) {
+    __m512 acc0[8], acc1[8];
+    for (int j = 0; j < 8; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < k; s += 16) {
+        __m512 v0 = _mm512_loadu_ps(a0 + s), v1 = _mm512_loadu_ps(a1 + s);
+        for (int j = 0; j < 8; ++j) {
+            __m512 bj = _mm512_loadu_ps(b[j] + s);
+            acc0[j] = _mm512_fmadd_ps(v0, bj, acc0[j]);
+            acc1[j] = _mm512_fmadd_ps(v1, bj, acc1[j]);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        for (int row = 0; row < 2; ++row) {
+            __m512 lanes = row ? acc1[j] : acc0[j];
+            __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1));
+            __m256 eight = _mm256_add_ps(upper, _mm512_castps512_ps256(lanes));
+            __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+            __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+            (row ? r1 : r0)[j] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+        }
+    }
+}
+
 /* Up to 8 tinyBLAS dots a . b[j] (`count` of them; the rest of b may repeat one), results in order. */
 static inline void dots_tiled(const float *a, const float *const b[8], int count, int64_t k, int W, float result[8]) {
     if (W == 16) {
@@ -736,50 +762,115 @@ static inline void softmax_f16(float *row, int64_t padded, float top, int W) {
         _mm256_storeu_ps(row + p, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(row + p), inverse), 0)));
 }
 
+/* The highest of `count` scores, NaN skipped (as `s > top ? s : top` from -inf in order: a maximum, so any order). */
+static inline float highest(const float *scores, int64_t count) {
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    int64_t p = 0;
+    for (; p + 8 <= count; p += 8) {
+        __m256 s = _mm256_loadu_ps(scores + p);
+        top8 = _mm256_blendv_ps(top8, s, _mm256_cmp_ps(s, top8, _CMP_GT_OQ));
+    }
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (int l = 0; l < 8; ++l) top = lanes[l] > top ? lanes[l] : top;
+    for (; p < count; ++p) top = scores[p] > top ? scores[p] : top;
+    return top;
+}
+
+/* Values d..d+7 of eight positions' f16 rows, as float32 rows of eight positions: out[j * stride + k] =
+   rows[k][d + j]. */
+static inline void transpose_8(const uint16_t *const rows[8], int64_t d, float *out, int64_t stride) {
+    __m256 r[8], t[8];
+    for (int k = 0; k < 8; ++k) r[k] = load_f16(rows[k] + d);
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    /* r[0..3]: columns 0, 1, 2, 3 of rows 0..3 (low) and 4..7 of them (high); r[4..7] the same for rows 4..7 */
+    for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(out + k * stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+        _mm256_storeu_ps(out + (k + 4) * stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+    }
+}
+
+#define ROW_BLOCK 32  /* query rows whose scores are kept at once */
+#define KEY_CHUNK 64  /* keys (float32, 64 x D) multiplied by every row of a block while they are in L1 */
+
 /* Attention for n > 1 rows (tinyBLAS products): each KV head's keys [length, D] and values transposed [D, padded]
-   converted to float32 once, then dots four at a time. */
+   converted to float32 once; then, per block of query rows, the scores a chunk of keys at a time, the softmaxes,
+   and the value products eight outputs at a time, so keys and values are read from L1 for every row of the
+   block. On AVX-512 two rows a pass (each key or value chunk loaded once for both): row i + 1 sees one more
+   position, whose score row i then masks and whose probability there is 0. Each dot is whole and in order. */
 static void attention_rows(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values,
                            int64_t prefix_length, int64_t prefix_stride, const uint16_t *keys, const uint16_t *values,
                            int64_t kv_stride, float *out, int64_t n, int64_t heads, int64_t group, int64_t dim,
                            int64_t length, int64_t padded, float scale, int W, int64_t first, int64_t last) {
-    float *key_f = malloc((size_t)(length * dim + dim * padded + padded + dim) * sizeof(float));
+    float *key_f = malloc((size_t)(length * dim + dim * padded + ROW_BLOCK * padded + ROW_BLOCK * dim) * sizeof(float));
     if (key_f == NULL) return;
-    float *value_t = key_f + length * dim, *row = value_t + dim * padded, *query = row + padded;
+    float *value_t = key_f + length * dim, *scores = value_t + dim * padded, *query = scores + ROW_BLOCK * padded;
+    int step = W == 16 ? 2 : 1;
     for (int64_t h = first; h < last; ++h) {
         int64_t kv = h / group;
         if (h == first || kv != (h - 1) / group) {
+            const uint16_t *rows[8];
             for (int64_t p = 0; p < length; ++p) {
                 const uint16_t *k = p < prefix_length ? prefix_keys + kv * prefix_stride + p * dim
                                                       : keys + kv * kv_stride + (p - prefix_length) * dim;
-                const uint16_t *v = p < prefix_length ? prefix_values + kv * prefix_stride + p * dim
-                                                      : values + kv * kv_stride + (p - prefix_length) * dim;
+                rows[p % 8] = p < prefix_length ? prefix_values + kv * prefix_stride + p * dim
+                                                : values + kv * kv_stride + (p - prefix_length) * dim;
                 for (int64_t d = 0; d < dim; d += 8) _mm256_storeu_ps(key_f + p * dim + d, load_f16(k + d));
-                for (int64_t d = 0; d < dim; ++d) value_t[d * padded + p] = f16_value(v[d]);
+                if (p % 8 == 7)  /* eight positions' values, transposed 8 x 8 at a time */
+                    for (int64_t d = 0; d < dim; d += 8) transpose_8(rows, d, value_t + d * padded + p - 7, padded);
             }
+            for (int64_t p = length / 8 * 8; p < length; ++p)
+                for (int64_t d = 0; d < dim; ++d) value_t[d * padded + p] = f16_value(rows[p % 8][d]);
             for (int64_t d = 0; d < dim; ++d)
                 for (int64_t p = length; p < padded; ++p) value_t[d * padded + p] = 0.0f;
         }
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[(i * heads + h) * dim + d]);
-            int64_t visible = length - n + i + 1;
-            for (int64_t p = 0; p < visible; p += 8) {
-                const float *b[8];
-                for (int j = 0; j < 8; ++j) b[j] = key_f + (p + j < visible ? p + j : p) * dim;
-                float dots[8];
-                dots_tiled(query, b, (int)(visible - p < 8 ? visible - p : 8), dim, W, dots);
-                for (int j = 0; j < 8 && p + j < visible; ++j) row[p + j] = dots[j] * scale;
+        for (int64_t i0 = 0; i0 < n; i0 += ROW_BLOCK) {
+            int64_t block = n - i0 < ROW_BLOCK ? n - i0 : ROW_BLOCK;
+            for (int64_t r = 0; r < block; ++r)
+                for (int64_t d = 0; d < dim; ++d) query[r * dim + d] = f16_round(q[((i0 + r) * heads + h) * dim + d]);
+            int64_t first_visible = length - n + i0 + 1;  /* row i sees first_visible + (i - i0) positions */
+            for (int64_t p0 = 0; p0 < first_visible + block - 1; p0 += KEY_CHUNK) {
+                for (int64_t r = 0; r < block; r += step) {
+                    int pair = r + 1 < block && step == 2;
+                    int64_t seen = first_visible + r + pair, end = p0 + KEY_CHUNK < seen ? p0 + KEY_CHUNK : seen;
+                    for (int64_t p = p0; p < end; p += 8) {
+                        const float *b[8];
+                        for (int j = 0; j < 8; ++j) b[j] = key_f + (p + j < seen ? p + j : p) * dim;
+                        float dots[2][8];
+                        if (pair) dot8x2_tiled_512(query + r * dim, query + (r + 1) * dim, b, dim, dots[0], dots[1]);
+                        else dots_tiled(query + r * dim, b, (int)(seen - p < 8 ? seen - p : 8), dim, W, dots[0]);
+                        for (int x = 0; x <= pair; ++x)
+                            for (int j = 0; j < 8 && p + j < seen; ++j) scores[(r + x) * padded + p + j] = dots[x][j] * scale;
+                    }
+                }
             }
-            float top = -INFINITY;
-            for (int64_t p = 0; p < visible; ++p) top = row[p] > top ? row[p] : top;  /* skips NaN as fmaxf does, inline */
-            for (int64_t p = visible; p < padded; ++p) row[p] = -INFINITY;
-            softmax_f16(row, padded, top, W);
+            for (int64_t r = 0; r < block; ++r) {
+                float *row = scores + r * padded;
+                int64_t visible = first_visible + r;
+                float top = highest(row, visible);
+                for (int64_t p = visible; p < padded; ++p) row[p] = -INFINITY;
+                softmax_f16(row, padded, top, W);
+            }
             /* positions from `visible` on weigh 0: their products add nothing to any lane */
-            int64_t span = (visible + W - 1) / W * W;
-            float *result = out + i * heads * dim + h * dim;
             for (int64_t d = 0; d < dim; d += 8) {  /* dim is a multiple of 8 (64 or 128 here) */
                 const float *b[8];
                 for (int j = 0; j < 8; ++j) b[j] = value_t + (d + j) * padded;
-                dots_tiled(row, b, 8, span, W, result + d);
+                for (int64_t r = 0; r < block; r += step) {
+                    int pair = r + 1 < block && step == 2;
+                    int64_t seen = first_visible + r + pair, span = (seen + W - 1) / W * W;
+                    float *result = out + (i0 + r) * heads * dim + h * dim + d;
+                    if (pair) dot8x2_tiled_512(scores + r * padded, scores + (r + 1) * padded, b, span, result, result + heads * dim);
+                    else dots_tiled(scores + r * padded, b, 8, span, W, result);
+                }
             }
         }
     }
