@@ -4,6 +4,7 @@ test_llamacpp_numerics.py, where both implementations run); and how the kernels 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import gguf
@@ -244,6 +245,29 @@ def test_the_kernels_are_built_once_into_the_cache(monkeypatch: pytest.MonkeyPat
         native_kernels.cache_clear()
 
 
+def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A compiler that fails on the AMX/AVX-512 code (an older one): the kernels built without it, the same results."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    wrapper = tmp_path / "old-cc"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-DPAW_BASELINE*) exec {compiler} "$@";; esac\necho "no amx" >&2; exit 1\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ggml_native, "_compilers", lambda: [str(wrapper)])
+    native_kernels.cache_clear()
+    try:
+        built = native_kernels()
+        assert built is not None and not built.amx and not built.avx512 and built.instructions == "AVX2"
+        raw = _raw(Q6_K, 48, 512, seed=2)
+        emulated, native = block_matrix(raw, Q6_K, 48, True, native=False), block_matrix(raw, Q6_K, 48, True)
+        assert emulated is not None and isinstance(native, NativeBlockMatrix) and native.kernels is built
+        x = _rows(21, 512, seed=2)
+        assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x), emulated.rows(x))
+    finally:
+        native_kernels.cache_clear()
+
+
 def test_the_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_NATIVE_KERNELS", "0")
     native_kernels.cache_clear()
@@ -258,7 +282,8 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     fixture = load_trained("qwen3")
     config = PawConfig(numerics="llamacpp")
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
-        assert function.runtime.engine == f"llama.cpp numerics on C kernels, {_lanes()} float32 lanes"
+        expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in cpu_flags())
+        assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
     monkeypatch.setattr(engine, "native_kernels", lambda: None)
     ModelRegistry.clear()
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:

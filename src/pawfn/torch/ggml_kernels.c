@@ -187,6 +187,9 @@ static void q6_k_rows(const uint8_t *w, const int8_t *sub, const float *w_scale,
 
 /* 1 where the CPU has AVX-512 F/BW/DQ/VL and VNNI: the one-row Q6_K kernel then takes 64 codes a step. */
 static int has_avx512_vnni(void) {
+#ifdef PAW_BASELINE
+    return 0;
+#endif
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
@@ -205,6 +208,8 @@ int paw_use_avx512(int allowed) {
     avx512_allowed = allowed;
     return allowed && has_avx512_vnni();
 }
+
+#ifndef PAW_BASELINE  /* kernels for instruction sets an older compiler may not know (built again without) */
 
 /* q6_k_unpack into four registers of 64 codes. */
 AVX512_TARGET static inline void q6_k_unpack_512(const uint8_t *q, __m512i codes[4]) {
@@ -257,6 +262,8 @@ AVX512_TARGET static void q6_k_rows_512(const uint8_t *w, const int8_t *sub, con
         }
     }
 }
+
+#endif
 
 /* ggml's tiled K-quant kernel (8 rows or more): per block the exact integer sum s, then
    `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. */
@@ -339,6 +346,8 @@ static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x
     }
 }
 
+#ifndef PAW_BASELINE
+
 /* q0_eights on AVX-512 VNNI: two lanes of eight outputs a step (64 codes), their products summed exactly by
    vpdpbusd on the codes made unsigned (+128), less 128 times the row's quad sums (the start value), so the same
    integer lanes; per lane fma(d_x * d_w, lane, acc), then the lanes by halves as q0_eights does. A row's x quads and
@@ -392,6 +401,11 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const float *scale
     free(quads);
 }
 
+#else  /* never chosen (has_avx512_vnni is 0): the names only */
+#define q6_k_rows_512 q6_k_rows
+#define q0_eights_512 q0_eights
+#endif
+
 /* A repacked Q4_0 base weight (`block_q4_0x8`): per block the exact integer sum s, then
    `acc = fma(float(s), d_x * d_w, acc)`. */
 static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x, const float *x_scale, const paw_out *y,
@@ -438,6 +452,9 @@ static void q6_k_tiled_float_parts(const float *const *parts, const float *w_sca
 /* 1 where AMX-INT8 runs here: the CPU has it (CPUID 7.0:EDX bits 24-25), the OS saves tile state (XCR0 bits 17-18)
    and grants this process its use (Linux's ARCH_REQ_XCOMP_PERM for XTILEDATA). */
 int paw_amx_available(void) {
+#ifdef PAW_BASELINE
+    return 0;
+#endif
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || ((d >> 24) & 3) != 3) return 0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return 0;  /* OSXSAVE: xgetbv may run */
@@ -450,6 +467,8 @@ int paw_amx_available(void) {
     return 0;
 #endif
 }
+
+#ifndef PAW_BASELINE
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -576,6 +595,8 @@ AMX_TARGET static int q6_k_amx(const uint8_t *w, const int8_t *sub, const float 
     free(acc);
     return 0;
 }
+
+#endif
 
 /* ---- attention on an f16 KV cache (no flash attention), for SIMD widths W of 8 (AVX2) or 16 (AVX-512) ---- */
 
@@ -1063,7 +1084,10 @@ int paw_q6_k_amx_product(const float *x, int64_t rows, int64_t in, const uint8_t
         }
         int64_t groups = out / 16;
         status = 0;
-#ifdef _OPENMP
+#ifdef PAW_BASELINE
+        status = -1;  /* never called: paw_amx_available is 0 */
+        (void)groups;
+#elif defined(_OPENMP)
 #pragma omp parallel num_threads(threads > 1 ? threads : 1) reduction(min : status)
         {
             int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();

@@ -37,6 +37,7 @@ __all__ = [
 _SOURCE = Path(__file__).with_name("ggml_kernels.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
 _THREADED = ["-fopenmp"]
+_BASELINE = "-DPAW_BASELINE"
 """Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
@@ -85,6 +86,8 @@ class NativeKernels:
         library.paw_amx_available.restype = ctypes.c_int
         self._use_avx512 = library.paw_use_avx512
         self._use_avx512.argtypes, self._use_avx512.restype = [ctypes.c_int], ctypes.c_int
+        self.avx512 = self.use_avx512(True)
+        """Whether the AVX-512 VNNI kernels (one-row Q6_K, eight-output Q4_0/Q8_0) run here, else the AVX2 ones."""
         self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
         """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
 
@@ -93,6 +96,11 @@ class NativeKernels:
         """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
         if self._q6_k_amx_product(x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
             raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    @property
+    def instructions(self) -> str:
+        """The instruction sets the products run on here, for reports: "AMX, AVX-512 VNNI", "AVX2" ..."""
+        return ", ".join(name for name, used in (("AMX", self.amx), ("AVX-512 VNNI", self.avx512)) if used) or "AVX2"
 
     def use_avx512(self, allowed: bool) -> bool:
         """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
@@ -136,8 +144,11 @@ class _BuildError(Exception):
 def _build(target: Path) -> str | None:
     """Compile the kernels into `target`; None on success, else why not (the last compiler's error)."""
     failure = "no C compiler found (set CC, or install gcc or clang)"
+    # without OpenMP where the compiler has no runtime for it; without the AMX and AVX-512 VNNI kernels where it
+    # knows no such instructions (older compilers): the AVX2 ones give the same results
+    attempts = [_THREADED, [], [*_THREADED, _BASELINE], [_BASELINE]]
     for compiler in _compilers():
-        for extra in (_THREADED, []):
+        for extra in attempts:
             def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
                 result = subprocess.run([compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"],
                                         capture_output=True, text=True, check=False, timeout=300)

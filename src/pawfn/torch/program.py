@@ -106,7 +106,8 @@ class TorchProgram(DecodingRuntime):
         if self._base is None or self._base.interpreter.numerics != "llamacpp":
             return None
         interpreter = self._base.interpreter
-        how = "C kernels" if interpreter.ggml_kernels is not None else "torch emulation (no C kernels built)"
+        kernels = interpreter.ggml_kernels
+        how = f"C kernels ({kernels.instructions})" if kernels is not None else "torch emulation (no C kernels built)"
         return f"llama.cpp numerics on {how}, {interpreter.simd_width} float32 lanes"
 
     @property
