@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,28 @@ def test_mismatch_names_the_model_class(gpt2_program: TinyProgram) -> None:
 
     with pytest.raises(InterpreterMismatchError, match=r"load it as PawFn\[GPT2, \.\.\.\] instead"):
         PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+
+
+def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """SIGINT while a call decodes: exit 130 with one line, the call cancelled rather than decoded to its end. Two
+    inputs one at a time, each to the end of the context (~2,000 tokens): the signal comes as soon as the first is
+    printed, so the second has just started; it must end in a fraction of the first one's time."""
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("hello\nUrgent: the server is down!\n")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pawfn", "run", "--program", str(qwen3_program.folder), "--base",
+         str(qwen3_program.interpreter.gguf_path), "--input-file", str(inputs), "--batch-size", "1", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert process.stdout is not None
+    first = json.loads(process.stdout.readline())
+    process.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = process.communicate(timeout=300)
+    stopped_s = time.monotonic() - sent
+    first_call_s = first["timings"]["total_ms"] / 1000
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted", err
+    assert "Traceback" not in err and out == ""
+    assert len(first["tokens"]) > 1000  # the call the signal cut short would have been as long
+    assert stopped_s < max(0.5, first_call_s / 3), (stopped_s, first_call_s)

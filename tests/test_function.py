@@ -6,7 +6,7 @@ import asyncio
 import threading
 import typing
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.models import WeightFile
+from pawfn.runtime import PendingGeneration
 from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
 
 GREEDY_24 = RuntimeOptions(max_tokens=24)
@@ -370,3 +371,41 @@ def test_astream_gives_the_text_as_generated_then_the_same_generation(qwen3_prog
         assert "".join(pieces) == program.runtime.decode_tokens(expected.token_ids) and len(pieces) > 1
         asyncio.run(leave_early())
         assert program.generate("hello world", options).token_ids == expected.token_ids  # nothing left behind
+
+
+def _open(program: TinyProgram) -> PawFn[Qwen3_0_6B, Torch]:
+    return PawFn[Qwen3_0_6B, Torch].from_path(program.archive, base=program.interpreter.gguf_path)
+
+
+def _long_calls(program: PawFn[Qwen3_0_6B, Torch]) -> list[PendingGeneration]:
+    """Two calls to the end of the context (~2,000 tokens each), the first one decoding when this returns."""
+    pendings = [program.submit("hello"), program.submit("Urgent: the server is down!")]
+    while not (pendings[0].running() or pendings[0].done()):
+        threading.Event().wait(0.001)
+    return pendings
+
+
+def test_cancel_all_stops_running_and_queued_calls(qwen3_program: TinyProgram) -> None:
+    with _open(qwen3_program) as program:
+        expected = program.generate("hello", RuntimeOptions(max_tokens=6)).token_ids
+        pendings = _long_calls(program)
+        program.cancel_all()
+        for pending in pendings:
+            with pytest.raises(CancelledError):
+                pending.result(timeout=120)
+        assert program.generate("hello", RuntimeOptions(max_tokens=6)).token_ids == expected  # nothing left behind
+
+
+def test_an_interrupt_leaving_the_with_block_cancels_the_calls(qwen3_program: TinyProgram) -> None:
+    """Ctrl-C in the block: closing does not wait for ~2,000-token calls nobody will read; an ordinary error does."""
+    pendings: list[PendingGeneration] = []
+    with pytest.raises(KeyboardInterrupt), _open(qwen3_program) as program:
+        pendings = _long_calls(program)
+        raise KeyboardInterrupt
+    for pending in pendings:
+        with pytest.raises(CancelledError):
+            pending.result(timeout=0)
+    with pytest.raises(ValueError, match="the caller's own"), _open(qwen3_program) as program:
+        pending = program.submit("hello", RuntimeOptions(max_tokens=40))
+        raise ValueError("the caller's own")
+    assert len(pending.result(timeout=0).token_ids) == 40

@@ -423,7 +423,7 @@ class PawFn(Generic[M, B]):
 
     def _on_worker(self, text: str, options: RuntimeOptions, on_token: TokenListener | None) -> PendingGeneration:
         """A call of a backend that runs calls one by one, on a worker thread of the running loop."""
-        pending = PendingGeneration()
+        pending = self._runtime.track(PendingGeneration())
         asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, options, on_token)
         return pending
 
@@ -468,12 +468,21 @@ class PawFn(Generic[M, B]):
         last program on it. Closing twice is harmless."""
         self._runtime.close()
 
+    def cancel_all(self) -> None:
+        """Cancel every call of this program that has not ended, from any thread: queued calls never start, running
+        ones stop at their next token; their waiters get `concurrent.futures.CancelledError`."""
+        self._runtime.cancel_all()
+
     def __enter__(self) -> Self:
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        """`close`; left by an interrupt (Ctrl-C's KeyboardInterrupt, SystemExit), the program's calls are cancelled
+        first, so closing does not wait for work nobody will read."""
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self.cancel_all()
         self.close()
 
     async def aclose(self) -> None:
@@ -486,6 +495,9 @@ class PawFn(Generic[M, B]):
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        """`aclose`; left by a cancellation or an interrupt, the program's calls are cancelled first."""
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self.cancel_all()
         await self.aclose()
 
     def __repr__(self) -> str:

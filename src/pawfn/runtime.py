@@ -207,6 +207,7 @@ class ProgramRuntime(ABC):
         self._state = threading.Condition()
         self._active_runs = 0
         self._closed = False
+        self._calls: set[PendingGeneration] = set()
 
     @property
     @abstractmethod
@@ -250,8 +251,9 @@ class ProgramRuntime(ABC):
         return [self.submit(text, options) for text in texts]
 
     def generate(self, text: str, options: RuntimeOptions) -> Generation:
-        """Run the program on `text`; safe to call from several threads."""
-        return self.submit(text, options).result()
+        """Run the program on `text`; safe to call from several threads. Interrupted while it waits (Ctrl-C), it
+        cancels the call, which stops at its next token."""
+        return results_in_order([self.submit(text, options)])[0]
 
     def run_pending(
         self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
@@ -263,6 +265,25 @@ class ProgramRuntime(ABC):
     @abstractmethod
     def release(self) -> None:
         """Free the program's own resources; called once, after every run has ended."""
+
+    def track(self, pending: PendingGeneration) -> PendingGeneration:
+        """Count `pending` among the program's calls until it ends, for `cancel_all` (every backend's `submit` does)."""
+        with self._state:
+            self._calls.add(pending)
+        pending.add_done_callback(self._forget)
+        return pending
+
+    def _forget(self, pending: Future[Generation]) -> None:
+        with self._state:
+            self._calls.discard(pending)
+
+    def cancel_all(self) -> None:
+        """Cancel every call of this program that has not ended: queued ones never start, running ones stop at their
+        next token (a remote one when its connection closes)."""
+        with self._state:
+            calls = list(self._calls)
+        for call in calls:
+            call.cancel()
 
     def _enter_run(self) -> None:
         """Count a run that starts (refused once the program is closed); pair with `_exit_run`."""
@@ -348,7 +369,7 @@ class DecodingRuntime(ProgramRuntime):
 
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Run the call before returning (calls run one by one here); its error comes with the result."""
-        pending = PendingGeneration()
+        pending = self.track(PendingGeneration())
         self.run_pending(pending, text, options, on_token)
         return pending
 
@@ -447,8 +468,15 @@ class TextStream:
 
 
 def results_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:
-    """The results of `pendings` in order, after all have ended; the first failed one's error is raised."""
-    wait(pendings)
+    """The results of `pendings` in order, after all have ended; the first failed one's error is raised. Interrupted
+    while it waits (Ctrl-C: KeyboardInterrupt, or any other exception raised in this thread), it cancels them all,
+    so a scheduler drops their rows at the next token instead of decoding for nobody, and raises again."""
+    try:
+        wait(pendings)
+    except BaseException:
+        for pending in pendings:
+            pending.cancel()
+        raise
     return [pending.result() for pending in pendings]
 
 

@@ -66,13 +66,13 @@ class RemoteProgram(ProgramRuntime):
         """Send the call from a worker thread and return at once; `cancel()` stops a call not yet sent."""
         if on_token is not None:
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
-        pending = PendingGeneration()
+        pending = self.track(PendingGeneration())
         self._dispatch([pending], lambda: [self._client.run(self._served.name, text, options).generation])
         return pending
 
     def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
-        pending = PendingGeneration()
+        pending = self.track(PendingGeneration())
 
         def request() -> list[Generation]:
             with self._client.stream(self._served.name, text, options) as events:
@@ -89,7 +89,7 @@ class RemoteProgram(ProgramRuntime):
 
     def submit_batch(self, texts: Sequence[str], options: RuntimeOptions) -> list[PendingGeneration]:
         """One request for the whole batch (the server decodes it together)."""
-        pendings = [PendingGeneration() for _ in texts]
+        pendings = [self.track(PendingGeneration()) for _ in texts]
         inputs = list(texts)
         self._dispatch(pendings, lambda: self._client.run_batch(self._served.name, inputs, options).generations)
         return pendings

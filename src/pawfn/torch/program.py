@@ -122,7 +122,7 @@ class TorchProgram(DecodingRuntime):
 
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
-        pending = PendingGeneration()
+        pending = self.track(PendingGeneration())
         try:
             decoding = Decoding(self._prompt, text, options, on_token)
             self._enter_run()
