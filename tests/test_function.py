@@ -405,7 +405,8 @@ def test_an_interrupt_leaving_the_with_block_cancels_the_calls(qwen3_program: Ti
     for pending in pendings:
         with pytest.raises(CancelledError):
             pending.result(timeout=0)
+    waited: list[PendingGeneration] = []
     with pytest.raises(ValueError, match="the caller's own"), _open(qwen3_program) as program:
-        pending = program.submit("hello", RuntimeOptions(max_tokens=40))
+        waited.append(program.submit("hello", RuntimeOptions(max_tokens=40)))
         raise ValueError("the caller's own")
-    assert len(pending.result(timeout=0).token_ids) == 40
+    assert len(waited[0].result(timeout=0).token_ids) == 40

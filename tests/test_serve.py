@@ -265,3 +265,57 @@ def test_serving_on_the_llamacpp_backend_gives_its_tokens(
             assert pieces == local.runtime.decode_tokens(expected[0])
     finally:
         assert server.stop() == -signal.SIGTERM, server.output()
+
+
+def _decode_steps(server: ServeProcess) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_steps_total"))
+
+
+def test_a_client_that_leaves_cancels_its_calls_and_sigterm_cancels_what_outlasts_the_grace(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path: Path,
+) -> None:
+    """Calls to the end of the context (~2,000 steps each), one at a time: a run_batch whose client gives up stops
+    decoding; then, with 24 such calls running and queued, SIGTERM ends the server once its 1 s of grace is over."""
+    server = start_server(
+        "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
+        "--max-tokens-limit", "2048", "--graceful-timeout", "1", "--api-key-env", "PAWFN_TEST_KEY",
+        environment={"PAW_CACHE_DIR": str(tmp_path), "PAWFN_TEST_KEY": KEY},
+    )
+    try:
+        before = _decode_steps(server)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH,
+                       timeout=httpx.Timeout(60, read=0.5))
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{server.url}/healthz").json()["queued"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        settled = _decode_steps(server)
+        time.sleep(0.3)
+        assert _decode_steps(server) == settled  # nothing decodes for the departed client
+        assert settled - before < 1000  # the batch would have taken ~4,000 steps
+
+        answers: list[int] = []
+
+        def batch() -> None:
+            try:
+                answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8},
+                                          headers=AUTH, timeout=120).status_code)
+            except httpx.TransportError:
+                answers.append(0)
+
+        threads = [threading.Thread(target=batch) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stopping = time.monotonic()
+        status = server.stop(timeout_s=60)
+        stopped_s = time.monotonic() - stopping
+        for thread in threads:
+            thread.join()
+    finally:
+        server.stop()
+    assert status == -signal.SIGTERM, server.output()
+    assert stopped_s < 10, server.output()  # the 24 calls would take over a minute
+    assert "timeout graceful shutdown exceeded" in server.output() and len(answers) == 3 and 200 not in answers

@@ -205,8 +205,9 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"most tokens a call may generate, more get 422 (default: {limits.max_tokens})")
     serve.add_argument("--max-batch-inputs", type=int, default=limits.max_batch_inputs, metavar="N",
                        help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})")
-    serve.add_argument("--graceful-timeout", type=float, metavar="S",
-                       help="on SIGTERM, longest wait for running requests in seconds (default: no limit)")
+    serve.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
+                       help="on SIGTERM or Ctrl-C, longest wait for running requests in seconds, after which their "
+                            "calls are cancelled (default: 30)")
     serve.add_argument("--ray", action="store_true",
                        help="serve on Ray Serve (RAY_ADDRESS's cluster, else a local Ray; needs pawfn[ray])")
     serve.add_argument("--replicas", type=int, default=1, metavar="N", help="Ray: program replicas (default: 1)")

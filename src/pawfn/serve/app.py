@@ -8,12 +8,14 @@ events), `/tokenize`; `GET /healthz`, `GET /metrics`; the OpenAPI schema at `/op
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager, contextmanager
 from importlib import metadata
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -133,6 +135,30 @@ class _BodyLimit:
         await response(scope, no_body, send)
 
 
+T = TypeVar("T")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or, where the client disconnects first, `work` cancelled (its calls then stop at their next
+    token instead of decoding for nobody) and a 499 that nobody reads."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # this request's own cancellation (server shutdown) takes both with it
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        raise ApiError(499, "client_closed", "the client closed the connection; its calls were cancelled")
+    return task.result()
+
+
 @contextmanager
 def _answered() -> Generator[None, None, None]:
     """pawfn errors raised inside become their error responses."""
@@ -225,12 +251,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     api = APIRouter(dependencies=[Depends(authorize)])
 
     @api.post("/api/v1/infer", response_model=InferResponse, tags=["official"])
-    async def infer(body: InferRequest) -> InferResponse:
+    async def infer(body: InferRequest, request: Request) -> InferResponse:
         """The official hosted inference: `program_id` is a program id or slug."""
         started = time.perf_counter()
         options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
         with admission.hold(1), _answered():
-            result = await service.run(body.program_id, body.input, options)
+            result = await _unless_disconnected(request, service.run(body.program_id, body.input, options))
         counted(result)
         latency_ms = (time.perf_counter() - started) * 1e3
         return InferResponse(output=result.generation.text, tokens_generated=len(result.generation.token_ids), latency_ms=latency_ms)
@@ -248,16 +274,18 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         return ServedPrograms(programs=await service.programs())
 
     @api.post("/v1/programs/{reference:path}/run", response_model=RunResponse, tags=["programs"])
-    async def run(reference: str, body: RunRequest) -> RunResponse:
-        """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings."""
+    async def run(reference: str, body: RunRequest, request: Request) -> RunResponse:
+        """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
+        disconnects cancels its call."""
         options = checked(body.input, body.options)
         with admission.hold(1), _answered():
-            result = await service.run(reference, body.input, options)
+            result = await _unless_disconnected(request, service.run(reference, body.input, options))
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
-    async def run_batch(reference: str, body: RunBatchRequest) -> RunBatchResponse:
-        """Inputs decoded together (each with the tokens it gets alone), results in input order."""
+    async def run_batch(reference: str, body: RunBatchRequest, request: Request) -> RunBatchResponse:
+        """Inputs decoded together (each with the tokens it gets alone), results in input order. A client that
+        disconnects cancels its calls."""
         if len(body.inputs) > settings.max_batch_inputs:
             raise ApiError(
                 413, "batch_too_large",
@@ -268,7 +296,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         options = capped(body.options)
         metrics.batch_inputs.observe(len(body.inputs))
         with admission.hold(len(body.inputs)), _answered():
-            result = await service.run_batch(reference, body.inputs, options)
+            result = await _unless_disconnected(request, service.run_batch(reference, body.inputs, options))
         for generation in result.generations:
             counted(RunResponse(program=result.program, generation=generation))
         return result

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ def serve_programs(
 ) -> None:
     """Load `references` (each base once; on `base` weights if given; `NAME=REF` also serves REF as NAME), then
     serve them until a signal: on SIGTERM/SIGINT the server stops accepting, finishes the requests it holds (at most
-    `graceful_timeout_s` seconds, None: no limit), then closes the programs."""
+    `graceful_timeout_s` seconds, None: no limit; then their calls are cancelled), then closes the programs."""
     try:  # the `serve` extra: imported when a server starts, never with pawfn
         import uvicorn
 
@@ -42,7 +43,7 @@ def serve_programs(
         logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
     uvicorn.run(
         create_app(service, settings), host=host, port=port, log_level="info",
-        timeout_graceful_shutdown=None if graceful_timeout_s is None else int(graceful_timeout_s),
+        timeout_graceful_shutdown=None if graceful_timeout_s is None else math.ceil(graceful_timeout_s),
     )
 
 
