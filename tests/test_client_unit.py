@@ -8,7 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pawfn import HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError
+from pawfn import (
+    CallTimeoutError, HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError,
+)
 from pawfn.hub.client import ServerClient
 
 
@@ -74,6 +76,41 @@ def test_a_servers_failed_call_is_not_sent_again_but_an_unavailable_server_is_re
     config = _config(tmp_path, server_url="http://127.0.0.1:9", max_retries=2)
     with ServerClient(config, transport=httpx.MockTransport(answer), backoff_s=0.001) as client:
         with pytest.raises(ServerError, match="logits went NaN") as failed:
-            client.run("a/b", "x", RuntimeOptions())
+            client.run("a/b", "x", RuntimeOptions(), timeout_s=60)
     assert failed.value.code == "run_failed"
     assert attempts == ["/v1/programs/a%2Fb/run"] * sent
+
+
+@pytest.mark.parametrize(
+    ("error", "sent", "expected"),
+    [(httpx.ReadTimeout("slow"), 1, CallTimeoutError), (httpx.RemoteProtocolError("dropped"), 1, ServerError),
+     (httpx.ConnectError("refused"), 3, HubConnectionError)],
+)
+def test_a_call_is_sent_once_unless_it_never_reached_the_server(
+    tmp_path: Path, error: httpx.TransportError, sent: int, expected: type[Exception]
+) -> None:
+    """A call the server may be running (a read timeout, a connection lost after sending) is not sent again: a
+    second copy would run beside it; one that never connected is retried."""
+    attempts: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        attempts.append(request.url.path)
+        raise error
+
+    config = _config(tmp_path, server_url="http://127.0.0.1:9", max_retries=2)
+    with ServerClient(config, transport=httpx.MockTransport(answer), backoff_s=0.001) as client:
+        with pytest.raises(expected):
+            client.run("a", "x", RuntimeOptions(), timeout_s=5)
+        assert len(attempts) == sent
+        attempts.clear()
+        with pytest.raises(HubConnectionError):
+            client.programs()  # a GET is retried as before: it cannot run anything twice
+    assert len(attempts) == 3
+
+
+def test_a_calls_timeout_follows_its_budget(tmp_path: Path) -> None:
+    with ServerClient(_config(tmp_path, server_url="http://127.0.0.1:9")) as client:
+        assert client.call_timeout(RuntimeOptions(max_tokens=10), n_ctx=2048) == 70.0
+        assert client.call_timeout(RuntimeOptions(), n_ctx=2048, inputs=2) == 60.0 + 4096.0
+    with ServerClient(_config(tmp_path, server_url="http://127.0.0.1:9", run_timeout_s=5.0)) as fixed:
+        assert fixed.call_timeout(RuntimeOptions(), n_ctx=2048) == 5.0

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
-from pawfn import LlamaCpp, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import CallTimeoutError, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, Remote, RuntimeOptions, Torch
 from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -272,50 +273,78 @@ def _decode_steps(server: ServeProcess) -> float:
     return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_steps_total"))
 
 
-def test_a_client_that_leaves_cancels_its_calls_and_sigterm_cancels_what_outlasts_the_grace(
-    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path: Path,
-) -> None:
-    """Calls to the end of the context (~2,000 steps each), one at a time: a run_batch whose client gives up stops
-    decoding; then, with 24 such calls running and queued, SIGTERM ends the server once its 1 s of grace is over."""
+@pytest.fixture(scope="module")
+def long_calls_server(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """A server whose calls may run to the end of the context (~2,000 steps each), one at a time, with 1 s of grace."""
     server = start_server(
         "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
         "--max-tokens-limit", "2048", "--graceful-timeout", "1", "--api-key-env", "PAWFN_TEST_KEY",
-        environment={"PAW_CACHE_DIR": str(tmp_path), "PAWFN_TEST_KEY": KEY},
+        environment={"PAW_CACHE_DIR": str(tmp_path_factory.mktemp("long-calls")), "PAWFN_TEST_KEY": KEY},
     )
-    try:
-        before = _decode_steps(server)
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH,
-                       timeout=httpx.Timeout(60, read=0.5))
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{server.url}/healthz").json()["queued"] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        settled = _decode_steps(server)
-        time.sleep(0.3)
-        assert _decode_steps(server) == settled  # nothing decodes for the departed client
-        assert settled - before < 1000  # the batch would have taken ~4,000 steps
+    yield server
+    server.stop()
 
-        answers: list[int] = []
 
-        def batch() -> None:
-            try:
-                answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8},
-                                          headers=AUTH, timeout=120).status_code)
-            except httpx.TransportError:
-                answers.append(0)
+def _settled_steps(server: ServeProcess) -> float:
+    """The decode steps once the queue is empty and nothing decodes any more."""
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    settled = _decode_steps(server)
+    time.sleep(0.3)
+    assert _decode_steps(server) == settled
+    return settled
 
-        threads = [threading.Thread(target=batch) for _ in range(3)]
-        for thread in threads:
-            thread.start()
-        while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        stopping = time.monotonic()
-        status = server.stop(timeout_s=60)
-        stopped_s = time.monotonic() - stopping
-        for thread in threads:
-            thread.join()
-    finally:
-        server.stop()
+
+def _run_requests(server: ServeProcess) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    prefix = 'pawfn_requests_total{route="/v1/programs/{reference:path}/run",'
+    return sum(float(line.split()[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_client_that_leaves_cancels_its_calls(long_calls_server: ServeProcess) -> None:
+    """A run_batch whose client gives up stops decoding; a `Remote` call that times out is not sent again and is
+    cancelled on the server too."""
+    server = long_calls_server
+    before = _decode_steps(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH,
+                   timeout=httpx.Timeout(60, read=0.5))
+    assert _settled_steps(server) - before < 1000  # the batch would have taken ~4,000 steps
+    config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY), run_timeout_s=0.5, max_retries=3)
+    with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config) as program:
+        runs = _run_requests(server)
+        with pytest.raises(CallTimeoutError, match="not sent again"):
+            program.run("hello")
+    _settled_steps(server)
+    assert _run_requests(server) == runs + 1  # one request, answered 499 once its client had gone
+
+
+def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:
+    """24 calls to the end of the context, running and queued: SIGTERM ends the server once its 1 s is over."""
+    server = long_calls_server
+    answers: list[int] = []
+
+    def batch() -> None:
+        try:
+            answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8},
+                                      headers=AUTH, timeout=120).status_code)
+        except httpx.TransportError:
+            answers.append(0)
+
+    threads = [threading.Thread(target=batch) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stopping = time.monotonic()
+    status = server.stop(timeout_s=60)
+    stopped_s = time.monotonic() - stopping
+    for thread in threads:
+        thread.join()
     assert status == -signal.SIGTERM, server.output()
     assert stopped_s < 10, server.output()  # the 24 calls would take over a minute
     assert "timeout graceful shutdown exceeded" in server.output() and len(answers) == 3 and 200 not in answers

@@ -25,6 +25,7 @@ from .errors import (
     RateLimitError,
     RequestError,
     ServerError,
+    CallTimeoutError,
     TokenizerError,
 )
 from .function import PawFn
@@ -78,6 +79,7 @@ __all__ = [
     "RequestError",
     "RuntimeOptions",
     "ServerError",
+    "CallTimeoutError",
     "SpecCompiler",
     "TextStream",
     "Timings",

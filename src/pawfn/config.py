@@ -24,7 +24,7 @@ _ENV_VARIABLES = {
     "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
     "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
     "lock_timeout_s": "PAW_LOCK_TIMEOUT_S", "server_url": "PAW_SERVER_URL", "server_api_key": "PAW_SERVER_API_KEY",
-    "llamacpp_repack": "PAW_LLAMACPP_REPACK", "numerics": "PAW_NUMERICS",
+    "llamacpp_repack": "PAW_LLAMACPP_REPACK", "numerics": "PAW_NUMERICS", "run_timeout_s": "PAW_RUN_TIMEOUT_S",
 }
 
 
@@ -109,8 +109,10 @@ class PawConfig(BaseModel):
     """Root of a `pawfn serve` or Ray Serve server, where the `Remote` backend runs programs."""
     server_api_key: SecretStr | None = None
     """The key that server requires (`--api-key-env` there), sent as `X-API-Key` to its origin only."""
-    run_timeout_s: float = Field(default=600.0, gt=0)
-    """Read timeout of one call on a server (`Remote`), in seconds."""
+    run_timeout_s: float | None = Field(default=None, gt=0)
+    """Read timeout of one call on a server (`Remote`), in seconds; None follows the call's budget: 60 s plus 1 s
+    for each token it may generate (its `max_tokens`, else the program's context), times its inputs. A call that
+    times out is a `CallTimeoutError`, never sent again (the server may still be running it)."""
 
     @field_validator("api_url", "server_url")
     @classmethod

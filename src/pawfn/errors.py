@@ -196,6 +196,11 @@ class ServerError(HubError):
     """The server failed (HTTP 5xx) or could not be reached, after the retries."""
 
 
+class CallTimeoutError(ServerError, TimeoutError):
+    """A call sent to a server got no answer within its timeout (`PawConfig.run_timeout_s`). It is not sent again:
+    the server may still be running it."""
+
+
 class CompileError(HubError):
     """The compiler refused the spec or failed to compile it."""
 

@@ -31,6 +31,7 @@ from ..bundle import MAX_ARCHIVE_BYTES
 from ..config import PawConfig
 from ..errors import (
     AuthenticationError,
+    CallTimeoutError,
     CompileError,
     ConfigError,
     HubConnectionError,
@@ -59,6 +60,10 @@ __all__ = ["AsyncPawClient", "PawClient", "ServerClient", "StreamEvent"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _SERVER_RETRY_STATUSES = _RETRY_STATUSES - {500}
+_CALL_RETRY_STATUSES = _SERVER_RETRY_STATUSES - {504}
+"""A server call is sent again only on answers that say it did not run (a gateway's 504 may hide one that does)."""
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport errors before a request reached the server: sending it again cannot run it twice."""
 """A pawfn server's 500 is a call that failed (e.g. non-finite logits): sending it again fails again."""
 _MAX_RETRY_AFTER_S = 120.0
 _MAX_REDIRECTS = 5
@@ -227,6 +232,9 @@ class _Request:
     """How this call names the server's errors (e.g. a refused spec is a `CompileError`)."""
     retry_statuses: frozenset[int] = _RETRY_STATUSES
     """Answers worth sending the request again for (with connection errors)."""
+    once: bool = False
+    """A call that must not run twice (a server's run): sent again only where it never reached the server (no
+    connection); a timeout or a connection lost afterwards is the caller's error (`CallTimeoutError` for timeouts)."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +312,17 @@ class _ClientBase:
                 outcome.close()
                 (url, method), redirects = hop, redirects + 1
             if isinstance(outcome, httpx.TransportError):
+                if request.once and not isinstance(outcome, _NOT_SENT):
+                    if isinstance(outcome, httpx.TimeoutException):
+                        raise CallTimeoutError(
+                            f"{request.what}: no answer from {url} within {request.timeout} s; it was not sent again (the "
+                            "server may still be running it): give the call a max_tokens, or a longer "
+                            "PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=url,
+                        ) from outcome
+                    raise ServerError(
+                        f"{request.what}: the connection to {url} failed after the call was sent ({outcome}); it was "
+                        "not sent again (the server may have run it)", url=url,
+                    ) from outcome
                 if attempt >= self.config.max_retries:
                     raise HubConnectionError(f"{request.what}: cannot reach {url} ({outcome})", url=url) from outcome
                 delay = _backoff(attempt, self._backoff_s)
@@ -750,17 +769,28 @@ class ServerClient(_SyncClient):
         """The server's root URL."""
         return self._root
 
-    def _v1_request(self, method: str, what: str, *parts: str, json: object = None, stream: bool = False) -> _Request:
-        """A request to `/v1/...`: the server's errors and retries; calls may take long (`run_timeout_s`)."""
-        timeout = self.config.run_timeout_s if method == "POST" else None
-        return _Request(
-            method, self._url("v1", *parts), what, json=json, timeout=timeout, stream=stream,
-            map_error=_as_server_error, retry_statuses=_SERVER_RETRY_STATUSES,
-        )
+    def _v1_request(
+        self, method: str, what: str, *parts: str, json: object = None, stream: bool = False, call_s: float | None = None
+    ) -> _Request:
+        """A request to `/v1/...`: the server's errors and retries. A call (`call_s`: its timeout) is sent once."""
+        if call_s is None:
+            return _Request(method, self._url("v1", *parts), what, json=json, stream=stream, map_error=_as_server_error,
+                            retry_statuses=_SERVER_RETRY_STATUSES)
+        return _Request(method, self._url("v1", *parts), what, json=json, timeout=call_s, stream=stream,
+                        map_error=_as_server_error, retry_statuses=_CALL_RETRY_STATUSES, once=True)
 
-    def _v1(self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None) -> _Endpoint[_ModelT]:
+    def call_timeout(self, options: RuntimeOptions, n_ctx: int, inputs: int = 1) -> float:
+        """Seconds to wait for a call's answer: `PawConfig.run_timeout_s`, else 60 s plus 1 s per token of its budget
+        (`max_tokens`, else the context) per input."""
+        if self.config.run_timeout_s is not None:
+            return self.config.run_timeout_s
+        return 60.0 + float(options.max_tokens if options.max_tokens is not None else n_ctx) * inputs
+
+    def _v1(
+        self, kind: type[_ModelT], method: str, what: str, *parts: str, json: object = None, call_s: float | None = None
+    ) -> _Endpoint[_ModelT]:
         """A `/v1/...` endpoint answered by one model."""
-        request = self._v1_request(method, what, *parts, json=json)
+        request = self._v1_request(method, what, *parts, json=json, call_s=call_s)
         return _Endpoint(request, lambda response: _parse(kind, response, what))
 
     def program(self, reference: str) -> ServedProgram:
@@ -771,15 +801,19 @@ class ServerClient(_SyncClient):
         """Every program the server holds now."""
         return self._call(self._v1(ServedPrograms, "GET", "programs", "programs")).programs
 
-    def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
-        """One call: `POST /v1/programs/{ref}/run`."""
+    def run(self, reference: str, text: str, options: RuntimeOptions, timeout_s: float) -> RunResponse:
+        """One call (`POST /v1/programs/{ref}/run`), sent once, its answer awaited `timeout_s` (`call_timeout`)."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
-        return self._call(self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body))
+        endpoint = self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body,
+                            call_s=timeout_s)
+        return self._call(endpoint)
 
-    def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
-        """Calls decoded together on the server, results in input order: `POST /v1/programs/{ref}/run_batch`."""
+    def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions, timeout_s: float) -> RunBatchResponse:
+        """Calls decoded together on the server, results in input order (`POST /v1/programs/{ref}/run_batch`), sent
+        once, the answer awaited `timeout_s`."""
         body = RunBatchRequest(inputs=list(texts), options=options).model_dump(mode="json")
-        endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch", json=body)
+        endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch",
+                            json=body, call_s=timeout_s)
         return self._call(endpoint)
 
     def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
@@ -789,11 +823,15 @@ class ServerClient(_SyncClient):
         return self._call(self._v1(TokenizeResponse, "POST", what, "programs", reference, "tokenize", json=body)).token_ids
 
     @contextmanager
-    def stream(self, reference: str, text: str, options: RuntimeOptions) -> Generator[Iterator[StreamEvent], None, None]:
+    def stream(
+        self, reference: str, text: str, options: RuntimeOptions, timeout_s: float
+    ) -> Generator[Iterator[StreamEvent], None, None]:
         """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
-        `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors."""
+        `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors.
+        Sent once; `timeout_s` bounds the wait for each event."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
-        request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body, stream=True)
+        request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body,
+                                   stream=True, call_s=timeout_s)
         response = self._send(request)
         try:
             yield _stream_events(response.iter_lines(), request.url)

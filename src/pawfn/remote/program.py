@@ -67,7 +67,8 @@ class RemoteProgram(ProgramRuntime):
         if on_token is not None:
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
         pending = self.track(PendingGeneration())
-        self._dispatch([pending], lambda: [self._client.run(self._served.name, text, options).generation])
+        timeout_s = self._client.call_timeout(options, self.n_ctx)
+        self._dispatch([pending], lambda: [self._client.run(self._served.name, text, options, timeout_s).generation])
         return pending
 
     def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
@@ -75,7 +76,7 @@ class RemoteProgram(ProgramRuntime):
         pending = self.track(PendingGeneration())
 
         def request() -> list[Generation]:
-            with self._client.stream(self._served.name, text, options) as events:
+            with self._client.stream(self._served.name, text, options, self._client.call_timeout(options, self.n_ctx)) as events:
                 for event in events:
                     if isinstance(event, RunResponse):
                         return [event.generation]
@@ -91,7 +92,8 @@ class RemoteProgram(ProgramRuntime):
         """One request for the whole batch (the server decodes it together)."""
         pendings = [self.track(PendingGeneration()) for _ in texts]
         inputs = list(texts)
-        self._dispatch(pendings, lambda: self._client.run_batch(self._served.name, inputs, options).generations)
+        timeout_s = self._client.call_timeout(options, self.n_ctx, len(inputs))
+        self._dispatch(pendings, lambda: self._client.run_batch(self._served.name, inputs, options, timeout_s).generations)
         return pendings
 
     def _dispatch(self, pendings: list[PendingGeneration], request: Callable[[], list[Generation]]) -> None:
