@@ -16,7 +16,7 @@ from ..runtime import (
     Decoding, DecodingRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
 )
 from .converted import ConvertedStore
-from .compute import on_compute_thread, set_threads, trim_heap
+from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from .engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
@@ -54,6 +54,8 @@ class TorchProgram(DecodingRuntime):
         device = _check_device(config.device)
         if config.threads is not None:
             set_threads(config.threads)  # process-wide: only when the caller asked for it
+        elif device.type == "cpu":
+            share_cores()  # the cores other processes leave idle (see `FreeCores`)
         key = BaseKey(
             model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype,
             weight_dtype=config.weight_dtype, numerics=config.numerics,
