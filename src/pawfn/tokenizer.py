@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from enum import IntEnum
 from functools import lru_cache
@@ -63,6 +64,19 @@ def _piece_bytes(token: str) -> bytes:
     return token.encode()
 
 
+def _all_piece_bytes(tokens: list[str]) -> list[bytes]:
+    """`_piece_bytes` of every token: the whole vocabulary translated and encoded in one pass, then cut by the
+    tokens' lengths (one byte per table character); token by token where any falls outside the table."""
+    try:
+        joined = "".join(tokens).translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return [_piece_bytes(token) for token in tokens]
+    if len(joined) != sum(map(len, tokens)) or not _BYTE_CHARS.issuperset("".join(tokens)):
+        return [_piece_bytes(token) for token in tokens]  # Latin-1 text outside the byte table: token by token
+    ends = list(itertools.accumulate(map(len, tokens)))
+    return [joined[end - len(token) : end] for token, end in zip(tokens, ends, strict=True)]
+
+
 def scalar_text(text: str) -> str:
     """`text` with its surrogate code points read as UTF-16, which tokenizers cannot take: a high-low pair becomes
     its character, a lone surrogate U+FFFD (e.g. from undecodable bytes under Python's surrogateescape)."""
@@ -76,8 +90,11 @@ def scalar_text(text: str) -> str:
 class TextCodec:
     """Byte-level BPE tokenizer with llama.cpp's special-token rules; encode/decode are thread-safe."""
 
-    def __init__(self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str) -> None:
-        """`tokenizer` becomes the codec's own (its callers build it for the codec and keep no reference)."""
+    def __init__(
+        self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str, texts: list[str] | None = None
+    ) -> None:
+        """`tokenizer` becomes the codec's own (its callers build it for the codec and keep no reference); `kinds`
+        the ids whose kind is not NORMAL; `texts` each id's token text where the caller has them in id order."""
         self.source = source
         self.eos_id = eos_id
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -86,17 +103,19 @@ class TextCodec:
         self._special.encode_special_tokens = False
         self._plain = Tokenizer.from_str(tokenizer.to_str())
         self._plain.encode_special_tokens = True
-        texts = [""] * self.vocab_size
-        for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-            if 0 <= token_id < self.vocab_size:
-                texts[token_id] = text
-        silent = {TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED}
-        self._pieces: list[bytes] = [
-            b"" if kind in silent  # llama.cpp renders these as nothing unless asked for special text
-            else text.encode() if kind == TokenKind.USER_DEFINED
-            else _piece_bytes(text)
-            for text, kind in ((texts[i], kinds.get(i, TokenKind.NORMAL)) for i in range(self.vocab_size))
-        ]
+        if texts is None or len(texts) != self.vocab_size:
+            texts = [""] * self.vocab_size
+            for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+                if 0 <= token_id < self.vocab_size:
+                    texts[token_id] = text
+        self._pieces: list[bytes] = _all_piece_bytes(texts)
+        for token_id, kind in kinds.items():
+            if not 0 <= token_id < self.vocab_size:
+                continue
+            if kind in (TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED):
+                self._pieces[token_id] = b""  # llama.cpp renders these as nothing unless asked for special text
+            elif kind == TokenKind.USER_DEFINED:
+                self._pieces[token_id] = texts[token_id].encode()
         controls = sorted(
             (tokenizer.id_to_token(i) or "" for i, k in kinds.items() if k == TokenKind.CONTROL),
             key=len,
@@ -174,7 +193,8 @@ class TextCodec:
             raise TokenizerError(path, f"tokenizer.ggml.tokens and merges do not form a BPE vocabulary: {exc}") from exc
         tokenizer.pre_tokenizer = pre_tokenizer
         tokenizer.decoder = decoders.ByteLevel()
-        kinds = {i: TokenKind(t) if t in TokenKind._value2member_map_ else TokenKind.NORMAL for i, t in enumerate(types or [])}
+        known = TokenKind._value2member_map_
+        kinds = {i: TokenKind(t) for i, t in enumerate(types or []) if t != TokenKind.NORMAL and t in known}
         controls = [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
         user_defined = [
             AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED
@@ -183,7 +203,7 @@ class TextCodec:
         tokenizer.add_tokens(user_defined)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
         if eos_id is None or not 0 <= eos_id < len(tokens):
             raise TokenizerError(path, f"tokenizer.ggml.eos_token_id is missing or out of range ({eos_id})")
-        return cls(tokenizer, kinds, eos_id, str(path))
+        return cls(tokenizer, kinds, eos_id, str(path), list(tokens))
 
     @classmethod
     def from_hf_folder(cls, folder: Path, model: type[InterpreterModel]) -> TextCodec:
