@@ -126,6 +126,28 @@ class _Cursor:
         except UnicodeDecodeError as exc:
             raise GGUFFormatError(f"{what} is not UTF-8") from exc
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """`count` strings in a row: `string` in one tight loop (a 151,936-token vocabulary and its merges are
+        ~300,000 strings, whose method calls took ~0.5 s of a load)."""
+        buffer, offset, size, length_at = self.buffer, self.offset, self.size, _U64.unpack_from
+        items: list[str] = []
+        append = items.append
+        try:
+            for _ in range(count):
+                (length,) = length_at(buffer, offset)
+                offset += 8
+                end = offset + length
+                if end > size:
+                    raise GGUFFormatError(f"{what} runs past the end of the file (truncated or corrupt)")
+                append(buffer[offset:end].decode("utf-8"))
+                offset = end
+        except struct.error as exc:
+            raise GGUFFormatError(f"{what} runs past the end of the file (truncated or corrupt)") from exc
+        except UnicodeDecodeError as exc:
+            raise GGUFFormatError(f"{what} is not UTF-8") from exc
+        self.offset = offset
+        return items
+
     def value(self, kind: int, what: str) -> object:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind], what)
@@ -142,7 +164,7 @@ class _Cursor:
             return cast("list[object]", items.tolist())  # cast: tolist() is untyped
         if item_kind == _STRING:
             self.need(count * _U64.size, what)  # each string takes at least its 8-byte length
-            return [self.string(what) for _ in range(count)]
+            return self.strings(count, what)
         raise GGUFFormatError(f"{what} is an array of unsupported type {item_kind}")
 
 
