@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,41 @@ from tests.helpers.programs import TinyProgram, make_program
 from tests.helpers.servers import FIRST_ID, KEY, SECOND_ID, ServeProcess, start_server
 from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
 from tests.helpers.trained import TrainedProgram, load_trained
+
+
+_REAL_CACHE = Path.home() / ".cache" / "programasweights"
+"""The user's own cache (the official SDK's too): no test may write there."""
+
+
+def _snapshot(folder: Path) -> set[tuple[str, int, int]]:
+    if not folder.is_dir():
+        return set()
+    return {(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
+            for path in folder.rglob("*") if path.is_file()}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any fixture runs (session- and module-scoped ones too), the session's default cache is a temporary
+    folder (each test still gets its own, `private_cache`), and the user's real cache is noted for the guard."""
+    config.stash[_CACHE_SNAPSHOT] = _snapshot(_REAL_CACHE)
+    if "PAW_CACHE_DIR" not in os.environ:
+        os.environ["PAW_CACHE_DIR"] = tempfile.mkdtemp(prefix="pawfn-tests-cache-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The guard: the run fails if anything was written to the user's real cache."""
+    empty: set[tuple[str, int, int]] = set()
+    before = session.config.stash.get(_CACHE_SNAPSHOT, empty)
+    changed = sorted({entry[0] for entry in _snapshot(_REAL_CACHE) ^ before})
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"tests wrote to the user's cache {_REAL_CACHE}: {', '.join(changed[:10])}"
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_CACHE_SNAPSHOT = pytest.StashKey[set[tuple[str, int, int]]]()
 
 
 @pytest.fixture(scope="session")
