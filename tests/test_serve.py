@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -199,6 +199,17 @@ def test_metrics_count_requests_tokens_and_batches(server: ServeProcess) -> None
     assert rows >= steps > 0
 
 
+def _three_batches_queued(server: ServeProcess, batch: Callable[[], None]) -> list[threading.Thread]:
+    """`batch` (a request of 8 calls) from three threads, returned once the server holds all 24 calls (or 30 s)."""
+    threads = [threading.Thread(target=batch) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return threads
+
+
 def test_sigterm_finishes_every_accepted_request(
     served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local_runs: LocalRuns,
     tmp_path: Path,
@@ -215,12 +226,7 @@ def test_sigterm_finishes_every_accepted_request(
         answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch",
                                   json={"inputs": inputs, "options": {"max_tokens": 64}}, timeout=120))
 
-    threads = [threading.Thread(target=batch) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    threads = _three_batches_queued(server, batch)
     status = server.stop()
     for thread in threads:
         thread.join()
@@ -334,12 +340,7 @@ def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: Ser
         except httpx.TransportError:
             answers.append(0)
 
-    threads = [threading.Thread(target=batch) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(f"{server.url}/healthz").json()["queued"] < 24 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    threads = _three_batches_queued(server, batch)
     stopping = time.monotonic()
     status = server.stop(timeout_s=60)
     stopped_s = time.monotonic() - stopping
