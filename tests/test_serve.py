@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -349,3 +351,33 @@ def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: Ser
     assert status == -signal.SIGTERM, server.output()
     assert stopped_s < 10, server.output()  # the 24 calls would take over a minute
     assert "timeout graceful shutdown exceeded" in server.output() and len(answers) == 3 and 200 not in answers
+
+
+def test_a_body_sent_as_a_form_gets_415_naming_the_content_type(server: ServeProcess) -> None:
+    """curl's -d without a JSON Content-Type (form encoding): the answer says what to send."""
+    response = httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run", content=b'{"input": "x"}',
+                          headers=AUTH | {"content-type": "application/x-www-form-urlencoded"})
+    assert response.status_code == 415 and response.json()["error"] == "unsupported_media_type"
+    assert "application/x-www-form-urlencoded" in response.json()["message"] and "Content-Type: application/json" in response.json()["message"]
+
+
+def _readme_curl_commands() -> list[str]:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.strip().startswith("curl ")]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl here")
+def test_the_readmes_curl_commands_work_as_written(server: ServeProcess) -> None:
+    """The README's curl lines, run by a shell against a real server (its address, program and key put in)."""
+    commands = _readme_curl_commands()
+    assert len(commands) >= 3
+    for command in commands:
+        line = (command.replace("localhost:8000", server.url.removeprefix("http://"))
+                .replace("/programs/triage/", f"/programs/{FIRST_ID}/").replace('"program_id": "triage"', f'"program_id": "{FIRST_ID}"'))
+        result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, check=False,
+                                env={"PATH": os.environ["PATH"], "PAWFN_KEY": KEY})
+        assert result.returncode == 0, result.stderr
+        if "/stream" in line:
+            assert "event: done" in result.stdout, result.stdout
+        else:
+            assert "error" not in json.loads(result.stdout), result.stdout

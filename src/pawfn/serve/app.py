@@ -372,6 +372,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
 
     async def on_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
+        content_type = request.headers.get("content-type", "")
+        media_type = content_type.split(";", 1)[0].strip().lower()
+        if content_type and media_type != "application/json" and not media_type.endswith("+json"):
+            return error_response(request, ApiError(  # FastAPI reads such a body as no body at all
+                415, "unsupported_media_type",
+                f"the request body must be JSON sent with Content-Type: application/json (Content-Type "
+                f"{content_type!r} was sent; with curl add -H 'Content-Type: application/json')",
+            ))
         problems = "; ".join(
             f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {item['msg']}" for item in exc.errors()
         )
