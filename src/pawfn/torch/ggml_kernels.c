@@ -202,11 +202,14 @@ static int has_avx512_vnni(void) {
 
 static int avx512_allowed = 1;
 
+/* Whether the AVX-512 VNNI kernels run: the CPU has them and `paw_use_avx512` has not turned them off. */
+static inline int avx512_on(void) { return avx512_allowed && has_avx512_vnni(); }
+
 /* Let the AVX-512 kernels run (1, the default) or not (0: the AVX2 ones, as on CPUs without AVX-512); returns
    whether they now run. For tests of both on one machine. */
 int paw_use_avx512(int allowed) {
     avx512_allowed = allowed;
-    return allowed && has_avx512_vnni();
+    return avx512_on();
 }
 
 #ifndef PAW_BASELINE  /* kernels for instruction sets an older compiler may not know (built again without) */
@@ -712,6 +715,12 @@ static inline void dot4_tiled(const float *a, const float *const b[4], int64_t k
     for (int j = 0; j < 4; ++j) result[j] = sum_halves(W == 16 ? _mm256_add_ps(acc[j][1], acc[j][0]) : acc[j][0]);
 }
 
+/* A 16-lane register summed by halves: lanes 8..15 onto 0..7, then as sum_halves. */
+__attribute__((target("avx512f"))) static inline float sum_halves_512(__m512 lanes) {
+    __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1));
+    return sum_halves(_mm256_add_ps(upper, _mm512_castps512_ps256(lanes)));
+}
+
 /* dot4_tiled for W = 16 on AVX-512 (a CPU whose llama.cpp has 16 lanes has it): one register a dot, 8 at once. */
 __attribute__((target("avx512f"))) static void dot8_tiled_512(const float *a, const float *const b[8], int64_t k,
                                                                 float result[8]) {
@@ -721,13 +730,7 @@ __attribute__((target("avx512f"))) static void dot8_tiled_512(const float *a, co
         __m512 av = _mm512_loadu_ps(a + s);
         for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(av, _mm512_loadu_ps(b[j] + s), acc[j]);
     }
-    for (int j = 0; j < 8; ++j) {  /* by halves: lanes 8..15 onto 0..7, then as sum_halves */
-        __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1));
-        __m256 eight = _mm256_add_ps(upper, _mm512_castps512_ps256(acc[j]));
-        __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-        __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-        result[j] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-    }
+    for (int j = 0; j < 8; ++j) result[j] = sum_halves_512(acc[j]);
 }
 
 /* dot8_tiled_512 for two rows a0, a1 at once (each b chunk loaded once for both, half the cache traffic): the
@@ -745,14 +748,8 @@ __attribute__((target("avx512f"))) static void dot8x2_tiled_512(const float *a0,
         }
     }
     for (int j = 0; j < 8; ++j) {
-        for (int row = 0; row < 2; ++row) {
-            __m512 lanes = row ? acc1[j] : acc0[j];
-            __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1));
-            __m256 eight = _mm256_add_ps(upper, _mm512_castps512_ps256(lanes));
-            __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-            __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-            (row ? r1 : r0)[j] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
-        }
+        r0[j] = sum_halves_512(acc0[j]);
+        r1[j] = sum_halves_512(acc1[j]);
     }
 }
 
@@ -989,7 +986,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     switch (kernel) {
     case KERNEL_Q6_K_ROWS:
     case KERNEL_Q6_K_TILED:
-        (kernel == KERNEL_Q6_K_ROWS ? (avx512_allowed && has_avx512_vnni() ? q6_k_rows_512 : q6_k_rows) : q6_k_tiled)(
+        (kernel == KERNEL_Q6_K_ROWS ? (avx512_on() ? q6_k_rows_512 : q6_k_rows) : q6_k_tiled)(
             a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_ROWS:
@@ -998,7 +995,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
             a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_EIGHTS:
-        (avx512_allowed && has_avx512_vnni() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
+        (avx512_on() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
