@@ -60,11 +60,11 @@ __all__ = ["AsyncPawClient", "PawClient", "ServerClient", "StreamEvent"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _SERVER_RETRY_STATUSES = _RETRY_STATUSES - {500}
+"""A pawfn server's 500 is a call that failed (e.g. non-finite logits): sending it again fails again."""
 _CALL_RETRY_STATUSES = _SERVER_RETRY_STATUSES - {504}
 """A server call is sent again only on answers that say it did not run (a gateway's 504 may hide one that does)."""
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 """Transport errors before a request reached the server: sending it again cannot run it twice."""
-"""A pawfn server's 500 is a call that failed (e.g. non-finite logits): sending it again fails again."""
 _MAX_RETRY_AFTER_S = 120.0
 _MAX_REDIRECTS = 5
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
@@ -773,11 +773,10 @@ class ServerClient(_SyncClient):
         self, method: str, what: str, *parts: str, json: object = None, stream: bool = False, call_s: float | None = None
     ) -> _Request:
         """A request to `/v1/...`: the server's errors and retries. A call (`call_s`: its timeout) is sent once."""
-        if call_s is None:
-            return _Request(method, self._url("v1", *parts), what, json=json, stream=stream, map_error=_as_server_error,
-                            retry_statuses=_SERVER_RETRY_STATUSES)
+        once = call_s is not None
         return _Request(method, self._url("v1", *parts), what, json=json, timeout=call_s, stream=stream,
-                        map_error=_as_server_error, retry_statuses=_CALL_RETRY_STATUSES, once=True)
+                        map_error=_as_server_error, retry_statuses=_CALL_RETRY_STATUSES if once else _SERVER_RETRY_STATUSES,
+                        once=once)
 
     def call_timeout(self, options: RuntimeOptions, n_ctx: int, inputs: int = 1) -> float:
         """Seconds to wait for a call's answer: `PawConfig.run_timeout_s`, else 60 s plus 1 s per token of its budget

@@ -37,8 +37,9 @@ __all__ = [
 _SOURCE = Path(__file__).with_name("ggml_kernels.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
 _THREADED = ["-fopenmp"]
-_BASELINE = "-DPAW_BASELINE"
 """Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
+_BASELINE = "-DPAW_BASELINE"
+"""Leaves out the AMX and AVX-512 VNNI kernels, for compilers that do not know those instructions."""
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
@@ -469,9 +470,10 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
     alike = all(
         part.kind == first.kind and part.repacked == first.repacked and part.codes.shape[1:] == first.codes.shape[1:]
         and (part.sub_scales is None) == (first.sub_scales is None) and (part.split is None) == (first.split is None)
+        and part.amx == first.amx
         for part in parts
     )
-    if not alike or any(part.packed is not None or part.amx != first.amx for part in parts):
+    if not alike or any(part.packed is not None for part in parts):
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
     split = None
