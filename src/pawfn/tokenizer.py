@@ -67,12 +67,10 @@ def _piece_bytes(token: str) -> bytes:
 def _all_piece_bytes(tokens: list[str]) -> list[bytes]:
     """`_piece_bytes` of every token: the whole vocabulary translated and encoded in one pass, then cut by the
     tokens' lengths (one byte per table character); token by token where any falls outside the table."""
-    try:
-        joined = "".join(tokens).translate(_TO_LATIN1).encode("latin-1")
-    except UnicodeEncodeError:
+    text = "".join(tokens)
+    if not _BYTE_CHARS.issuperset(text):
         return [_piece_bytes(token) for token in tokens]
-    if len(joined) != sum(map(len, tokens)) or not _BYTE_CHARS.issuperset("".join(tokens)):
-        return [_piece_bytes(token) for token in tokens]  # Latin-1 text outside the byte table: token by token
+    joined = text.translate(_TO_LATIN1).encode("latin-1")  # every character now below 256: one byte each
     ends = list(itertools.accumulate(map(len, tokens)))
     return [joined[end - len(token) : end] for token, end in zip(tokens, ends, strict=True)]
 
