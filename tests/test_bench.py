@@ -48,4 +48,4 @@ def test_bench_calls_compute_what_plain_calls_compute(qwen3_program: TinyProgram
 
 def test_bench_refuses_zero_runs(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--program", str(qwen3_program.folder), "--runs", "0"]) == 2
-    assert capsys.readouterr().err == "pawfn: error: invalid --runs=0: Input should be greater than or equal to 1\n"
+    assert capsys.readouterr().err == "pawfn: error: invalid --runs=0: expected an integer >= 1\n"

@@ -72,11 +72,11 @@ def test_batch_size_decodes_inputs_together_in_input_order(qwen3_program: TinyPr
     [
         (["--program", "{missing}"], "no such bundle", 1),
         (["--program", "{program}", "--base", "{missing}"], "base weights not found", 1),
-        (["--program", "{program}", "--temperature", "-1"], "invalid --temperature=-1.0: Input should be greater than", 2),
-        (["--program", "{program}", "--device", "tpu"], "invalid --device='tpu': Input should be 'cpu', 'mps', 'cuda'", 2),
+        (["--program", "{program}", "--temperature", "-1"], "invalid --temperature=-1.0: expected a finite number >= 0", 2),
+        (["--program", "{program}", "--device", "tpu"], "invalid --device='tpu': expected one of 'cpu', 'mps', 'cuda'", 2),
         (["--program", "{program}", "--input-file", "{missing}"], "--input-file {missing}: cannot read it", 2),
         (["--program", "{program}", "--n-ctx", "8"], "context overflow", 1),
-        (["--program", "{program}", "--batch-size", "0"], "invalid --batch-size=0: Input should be greater", 2),
+        (["--program", "{program}", "--batch-size", "0"], "invalid --batch-size=0: expected an integer >= 1", 2),
     ],
 )
 def test_errors_are_one_line(
@@ -187,9 +187,9 @@ def test_backend_llamacpp_gives_the_torch_tokens(gpt2_program: TinyProgram, caps
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
-        ("PAW_DTYPE", "fp16", "invalid PAW_DTYPE='fp16': Input should be 'float32', 'bfloat16' or 'float16'"),
-        ("PAW_N_CTX", "big", "invalid PAW_N_CTX='big': not an integer"),
-        ("PAW_API_URL", "ftp://x", "invalid PAW_API_URL='ftp://x': Value error, api_url must be an http(s) URL"),
+        ("PAW_DTYPE", "fp16", "invalid PAW_DTYPE='fp16': expected one of 'float32', 'bfloat16', 'float16'"),
+        ("PAW_N_CTX", "big", "invalid PAW_N_CTX='big': expected an integer > 0"),
+        ("PAW_API_URL", "ftp://x", "invalid PAW_API_URL='ftp://x': api_url must be an http(s) URL"),
     ],
 )
 def test_option_errors_name_the_environment_variable(
@@ -236,3 +236,20 @@ def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProg
     assert "Traceback" not in err and out == ""
     assert len(first["tokens"]) > 1000  # the call the signal cut short would have been as long
     assert stopped_s < max(0.5, first_call_s / 3), (stopped_s, first_call_s)
+
+
+def test_option_errors_read_the_same_from_the_api_and_the_cli(
+    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pawfn import OptionError, RuntimeOptions
+
+    with pytest.raises(OptionError) as raised:
+        RuntimeOptions(top_p=2.0, seed=-1)
+    argv = ["run", "--program", str(qwen3_program.folder), "--input", "x", "--top-p", "2", "--seed", "-1"]
+    assert main(argv) == 2
+    expected = raised.value.labeled({"top_p": "--top-p", "seed": "--seed"})
+    assert capsys.readouterr().err == f"pawfn: error: {expected}\n"
+    assert str(expected) == (
+        "invalid --top-p=2.0: expected a finite number in (0, 1]; invalid --seed=-1: expected an integer in "
+        "[0, 2**64), or None"
+    )

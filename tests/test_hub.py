@@ -335,7 +335,7 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PAW_N_CTX", "lots")
     from pawfn import ConfigError
 
-    with pytest.raises(ConfigError, match="invalid PAW_N_CTX='lots': not an integer"):
+    with pytest.raises(ConfigError, match="invalid PAW_N_CTX='lots': expected an integer > 0"):
         PawConfig.from_env()
 
 

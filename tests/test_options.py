@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from pawfn import GPT2, PawConfig, Qwen3_0_6B, RuntimeOptions
+from pawfn import GPT2, OptionError, PawConfig, PawError, Qwen3_0_6B, RuntimeOptions
 from pawfn.models import model_for_interpreter
 
 
@@ -23,38 +23,64 @@ def test_defaults_are_the_official_runtime_s() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"max_tokens": -1}, "greater than or equal to 0"),
-        ({"max_tokens": "5"}, "Input should be a valid integer"),
-        ({"temperature": -0.1}, "greater than or equal to 0"),
-        ({"temperature": float("nan")}, "greater than or equal to 0"),
-        ({"temperature": float("inf")}, "must be a finite number"),
-        ({"temperature": "hot"}, "Input should be a valid number"),
-        ({"top_p": 0.0}, "greater than 0"),
-        ({"top_p": 1.5}, "less than or equal to 1"),
-        ({"seed": 1.5}, "Input should be a valid integer"),
-        ({"parse_special_in_input": "yes"}, "Input should be a valid boolean"),
-        ({"max_token": 3}, "Extra inputs are not permitted"),
+        ({"max_tokens": -1}, "invalid max_tokens=-1: expected an integer >= 0, or None"),
+        ({"max_tokens": "5"}, "invalid max_tokens='5': expected an integer >= 0, or None"),
+        ({"temperature": -0.1}, "invalid temperature=-0.1: expected a finite number >= 0"),
+        ({"temperature": float("nan")}, "invalid temperature=nan: expected a finite number >= 0"),
+        ({"temperature": float("inf")}, "invalid temperature=inf: expected a finite number >= 0"),
+        ({"temperature": "hot"}, "invalid temperature='hot': expected a finite number >= 0"),
+        ({"top_p": 0.0}, r"invalid top_p=0.0: expected a finite number in \(0, 1\]"),
+        ({"top_p": 1.5}, r"invalid top_p=1.5: expected a finite number in \(0, 1\]"),
+        ({"seed": 1.5}, r"invalid seed=1.5: expected an integer in \[0, 2\*\*64\), or None"),
+        ({"parse_special_in_input": "yes"}, "invalid parse_special_in_input='yes': expected true or false"),
+        ({"max_token": 3}, "invalid max_token=3: unknown option; the options are max_tokens, temperature"),
     ],
 )
-def test_invalid_runtime_options(fields: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
+def test_invalid_runtime_options_are_paw_errors(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionError, match=f"^{message}") as raised:
         RuntimeOptions(**fields)
+    assert isinstance(raised.value, PawError) and isinstance(raised.value, ValueError)
+    (field, value), = fields.items()
+    assert (raised.value.field, raised.value.value) == (field, value) or raised.value.value != raised.value.value
+
+
+def test_option_error_names_every_invalid_field_and_its_range() -> None:
+    with pytest.raises(OptionError) as raised:
+        RuntimeOptions(max_tokens=-2, top_p=2.0)
+    assert [(item.field, item.value, item.allowed) for item in raised.value.problems] == [
+        ("max_tokens", -2, "an integer >= 0, or None"), ("top_p", 2.0, "a finite number in (0, 1]"),
+    ]
+    relabeled = raised.value.labeled({"top_p": "--top-p"})
+    assert str(relabeled).endswith("; invalid --top-p=2.0: expected a finite number in (0, 1]")
+
+
+def test_options_nested_in_a_request_keep_pydantic_s_error_with_the_same_wording() -> None:
+    class Body(BaseModel):
+        options: RuntimeOptions = RuntimeOptions()
+
+    with pytest.raises(ValidationError, match="invalid max_tokens=-1: expected an integer >= 0, or None"):
+        Body.model_validate_json('{"options": {"max_tokens": -1}}')
+    assert Body.model_validate_json('{"options": {"temperature": 0, "top_p": 0.5}}').options.temperature == 0.0
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"device": "gpu"}, "device\n  Input should be 'cpu', 'mps', 'cuda', 'cuda:0'"),
-        ({"device": "cuda:16"}, "Input should be 'cpu'"),
-        ({"dtype": "int8"}, "Input should be 'float32', 'bfloat16' or 'float16'"),
-        ({"n_ctx": 0}, "greater than 0"),
-        ({"max_model_copies": 0}, "greater than or equal to 1"),
-        ({"threads": 0}, "greater than or equal to 1"),
+        ({"device": "gpu"}, "invalid device='gpu': expected one of 'cpu', 'mps', 'cuda', 'cuda:0', .*'cuda:15'"),
+        ({"device": "cuda:16"}, "invalid device='cuda:16': expected one of 'cpu'"),
+        ({"dtype": "int8"}, "invalid dtype='int8': expected one of 'float32', 'bfloat16', 'float16'"),
+        ({"n_ctx": 0}, "invalid n_ctx=0: expected an integer > 0"),
+        ({"max_model_copies": 0}, "invalid max_model_copies=0: expected an integer >= 1"),
+        ({"threads": 0}, "invalid threads=0: expected an integer >= 1, or None"),
+        ({"api_key": 3}, "invalid api_key=<hidden>: expected text, or None"),
+        ({"api_url": "ftp://x"}, "invalid api_url='ftp://x': api_url must be an http"),
     ],
 )
 def test_invalid_config(fields: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
+    with pytest.raises(OptionError, match=message):
         PawConfig(**fields)
+    with pytest.raises(OptionError, match=message):
+        PawConfig().with_options(**fields)
 
 
 def test_valid_devices() -> None:

@@ -157,6 +157,9 @@ def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:
     for response, status, code in cases:
         assert (response.status_code, response.json()["error"]) == (status, code), response.text
         assert response.json()["message"]
+    assert cases[3][0].json()["message"] == (  # the wording of RuntimeOptions(temperature=-1) in Python and the CLI
+        "invalid request body: options: invalid temperature=-1: expected a finite number >= 0"
+    )
     assert _post(server, path, {"input": "still fine"}).status_code == 200  # the server took all that in its stride
 
 

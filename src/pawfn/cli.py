@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import get_args
 
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr
 
 from .backends import Backend, LlamaCpp, Remote, Torch
 from .bench import run_bench
 from .bundle import open_bundle
 from .config import PawConfig, save_api_key
-from .errors import ConfigError, PawError, describe_option_errors
+from .errors import OptionError, OptionProblem, PawError
 from .function import PawFn
 from .hub.cache import PawCache
 from .hub.client import PawClient
@@ -233,7 +233,7 @@ def _config(args: argparse.Namespace) -> PawConfig:
             overrides[name] = Path(value) if name == "cache_dir" else value
     try:
         return PawConfig.from_sources(overrides, _OPTION_FLAGS)
-    except ConfigError as exc:
+    except OptionError as exc:
         raise _CliError(str(exc)) from exc
 
 
@@ -243,8 +243,15 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
             parse_special_in_input=args.parse_special,
         )
-    except ValidationError as exc:
-        raise _CliError(describe_option_errors(exc, _OPTION_FLAGS)) from exc
+    except OptionError as exc:
+        raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
+
+
+def _positive(flag: str, value: int) -> None:
+    """Refuse a count below 1 in the wording of every option error."""
+    if value < 1:
+        allowed = "an integer >= 1"
+        raise _CliError(str(OptionError([OptionProblem(flag, value, f"expected {allowed}", allowed)])))
 
 
 def _input_line(line: str, number: int, source: str, jsonl: bool) -> str:
@@ -299,8 +306,7 @@ def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[Interpre
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.batch_size < 1:
-        raise _CliError(f"invalid --batch-size={args.batch_size!r}: Input should be greater than or equal to 1")
+    _positive("--batch-size", args.batch_size)
     config = _config(args)
     copies = max(config.max_model_copies, args.batch_size)  # every row of a batch holds a copy while it runs
     config = config.with_options(max_batch_rows=args.batch_size, max_model_copies=copies)
@@ -339,9 +345,8 @@ def _bench(args: argparse.Namespace) -> int:
     config = _config(args)
     options = _options(args)
     inputs = _inputs(args) if args.input_file is not None or args.input else [_BENCH_INPUT]
-    for flag, value in (("--runs", args.runs), ("--concurrency", args.concurrency)):
-        if value < 1:
-            raise _CliError(f"invalid {flag}={value!r}: Input should be greater than or equal to 1")
+    _positive("--runs", args.runs)
+    _positive("--concurrency", args.concurrency)
     started = time.perf_counter()
     with _load_program(args, config) as program:
         load_s = time.perf_counter() - started
@@ -480,9 +485,9 @@ def _serve(args: argparse.Namespace) -> int:
             api_key=None if key is None else SecretStr(key), max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
             max_tokens=args.max_tokens_limit, max_batch_inputs=args.max_batch_inputs,
         )
-    except ValidationError as exc:
-        labels = {"max_tokens": "--max-tokens-limit"} | {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields}
-        raise _CliError(describe_option_errors(exc, labels)) from exc
+    except OptionError as exc:
+        labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {"max_tokens": "--max-tokens-limit"}
+        raise _CliError(str(exc.labeled(labels))) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     base = None if args.base is None else Path(args.base)
     if args.ray:

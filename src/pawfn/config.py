@@ -7,12 +7,13 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
-from .errors import ConfigError, describe_option_errors
+from .errors import ConfigError, OptionError, OptionProblem, allowed_values
 from .jsonio import read_json_object
-from .options import Device, DType, Numerics, WeightDType
+from .options import Device, DType, Numerics, OptionsModel, WeightDType
 
 __all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
 
@@ -44,7 +45,7 @@ DEFAULT_LOCK_TIMEOUT_S = 600.0
 """`PawConfig.lock_timeout_s`'s default, in seconds."""
 
 
-class PawConfig(BaseModel):
+class PawConfig(OptionsModel):
     """Where programs come from and how they run; `PawConfig.from_env()` reads the official variables."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -150,26 +151,27 @@ class PawConfig(BaseModel):
             if isinstance(raw, str):
                 try:
                     values[name] = int(raw)
-                except ValueError as exc:
-                    raise ConfigError(f"invalid {origins[name]}={raw!r}: not an integer") from exc
+                except ValueError:
+                    field = cls.model_fields[name]
+                    allowed = allowed_values(field.annotation, field.metadata)
+                    raise OptionError([OptionProblem(name, raw, f"expected {allowed}", allowed)], origins) from None
         if isinstance(values.get("offline"), str):
             values["offline"] = str(values["offline"]).strip().lower() in _TRUTHY
         if isinstance(values.get("llamacpp_repack"), str):
-            values["llamacpp_repack"] = _auto_or_bool(str(values["llamacpp_repack"]), origins["llamacpp_repack"])
+            values["llamacpp_repack"] = _auto_or_bool(str(values["llamacpp_repack"]), origins)
         values.setdefault("cache_dir", default_cache_dir())
         values.update(overrides)  # pydantic turns str into SecretStr and Path
         origins.update({name: (labels or {}).get(name, name) for name in overrides})
+        checked: dict[str, Any] = values  # Any: the constructor validates each value against its field
         try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            raise ConfigError(describe_option_errors(exc, origins)) from exc
+            return cls(**checked)
+        except OptionError as exc:
+            raise exc.labeled(origins) from None
 
     def with_options(self, **changes: object) -> PawConfig:
         """A copy with `changes` applied and validated."""
-        try:
-            return self.model_validate(self.model_dump() | changes)
-        except ValidationError as exc:
-            raise ConfigError(describe_option_errors(exc, {})) from exc
+        checked: dict[str, Any] = self.model_dump() | changes  # Any: the constructor validates them
+        return type(self)(**checked)
 
     def key_value(self) -> str | None:
         """The API key in clear, for the one header that carries it."""
@@ -180,7 +182,7 @@ class PawConfig(BaseModel):
         return None if self.server_api_key is None else self.server_api_key.get_secret_value()
 
 
-def _auto_or_bool(raw: str, origin: str) -> bool | None:
+def _auto_or_bool(raw: str, origins: Mapping[str, str]) -> bool | None:
     word = raw.strip().lower()
     if word == "auto":
         return None
@@ -188,7 +190,8 @@ def _auto_or_bool(raw: str, origin: str) -> bool | None:
         return True
     if word in _FALSY:
         return False
-    raise ConfigError(f"invalid {origin}={raw!r}: use auto, 1 or 0")
+    allowed = "auto, 1 or 0"
+    raise OptionError([OptionProblem("llamacpp_repack", raw, f"expected {allowed}", allowed)], origins)
 
 
 class _StoredConfig(BaseModel):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
+import annotated_types
+from pydantic import BaseModel, SecretStr, ValidationError
 
 __all__ = [
     "AdapterError",
@@ -26,10 +30,11 @@ __all__ = [
     "ContextOverflowError",
     "InterpreterMismatchError",
     "NonFiniteError",
+    "OptionError",
+    "OptionProblem",
     "PawError",
     "ProgramClosedError",
     "TokenizerError",
-    "describe_option_errors",
     "describe_validation_error",
 ]
 
@@ -37,18 +42,6 @@ __all__ = [
 def describe_validation_error(error: ValidationError) -> str:
     """One line naming each invalid field and its problem (`field: message; ...`)."""
     return "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
-
-
-def describe_option_errors(error: ValidationError, labels: Mapping[str, str]) -> str:
-    """One line per invalid option in one wording, `invalid LABEL=VALUE: problem`, where LABEL says where the
-    value came from (e.g. ``--dtype``, ``PAW_DTYPE``; the field name otherwise); secrets are never echoed."""
-    parts: list[str] = []
-    for item in error.errors():
-        field = str(item["loc"][0]) if item["loc"] else "value"
-        label = labels.get(field, field)
-        shown = "<hidden>" if "key" in field else repr(item.get("input"))
-        parts.append(f"invalid {label}={shown}: {item['msg']}")
-    return "; ".join(parts)
 
 
 class PawError(Exception):
@@ -126,6 +119,122 @@ class ProgramClosedError(PawError, RuntimeError):
 
 class ConfigError(PawError, ValueError):
     """A configuration value (argument, environment variable or config file) is invalid."""
+
+
+class _Hidden:
+    """Stands for a secret's value in messages."""
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+
+_HIDDEN = _Hidden()
+
+
+@dataclass(frozen=True)
+class OptionProblem:
+    """One invalid option: its field, the value given (``<hidden>`` for secrets), what is wrong and what it allows."""
+
+    field: str
+    value: object
+    problem: str
+    allowed: str | None = None
+    """The values the field takes, e.g. ``an integer >= 0, or None``; None where a custom check said what is wrong."""
+
+    def describe(self, label: str | None = None) -> str:
+        """`invalid LABEL=VALUE: problem`, LABEL where the value came from (``--top-p``, ``PAW_DTYPE``) or the field."""
+        return f"invalid {label or self.field}={self.value!r}: {self.problem}"
+
+
+class OptionError(ConfigError):
+    """Options (`RuntimeOptions`, `PawConfig`, a CLI flag or a variable) with values outside what they allow; one
+    `OptionProblem` per invalid field, in the same wording from the API, the CLI and a server."""
+
+    def __init__(self, problems: Sequence[OptionProblem], labels: Mapping[str, str] | None = None) -> None:
+        self.problems = tuple(problems)
+        self.labels = dict(labels or {})
+        super().__init__("; ".join(item.describe(self.labels.get(item.field)) for item in self.problems))
+
+    @property
+    def field(self) -> str:
+        """The first invalid field's name."""
+        return self.problems[0].field
+
+    @property
+    def value(self) -> object:
+        """The first invalid field's value."""
+        return self.problems[0].value
+
+    @property
+    def allowed(self) -> str | None:
+        """What the first invalid field allows."""
+        return self.problems[0].allowed
+
+    def labeled(self, labels: Mapping[str, str]) -> OptionError:
+        """The same problems named by where their values came from (e.g. ``{"top_p": "--top-p"}``)."""
+        return OptionError(self.problems, {**self.labels, **labels})
+
+    @classmethod
+    def from_validation(
+        cls, error: ValidationError, model: type[BaseModel], labels: Mapping[str, str] | None = None
+    ) -> OptionError:
+        """The problems of pydantic's `error` on `model`, each with the range its field allows."""
+        problems: list[OptionProblem] = []
+        for item in error.errors():
+            field = str(item["loc"][0]) if item["loc"] else "value"
+            value: object = _HIDDEN if "key" in field else item.get("input")
+            info = model.model_fields.get(field)
+            if info is None and item["type"] == "extra_forbidden":
+                problems.append(OptionProblem(field, value, f"unknown option; the options are {', '.join(model.model_fields)}"))
+            elif info is None or item["type"] == "value_error":  # a field's own check words its problem itself
+                problems.append(OptionProblem(field, value, str(item["msg"]).removeprefix("Value error, ")))
+            else:
+                allowed = allowed_values(info.annotation, info.metadata)
+                problems.append(OptionProblem(field, value, f"expected {allowed}", allowed))
+        return cls(problems, labels)
+
+
+def allowed_values(annotation: object, metadata: Sequence[object] = ()) -> str:
+    """What a field typed `annotation` with pydantic constraints `metadata` accepts, in words."""
+    choices = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        others = [choice for choice in choices if choice is not type(None)]
+        described = " or ".join(allowed_values(choice, metadata) for choice in others)
+        return f"{described}, or None" if len(others) < len(choices) else described
+    if typing.get_origin(annotation) is typing.Literal:
+        shown = [repr(choice) for choice in choices]
+        return "one of " + ", ".join(shown if len(shown) <= 8 else [*shown[:6], "...", shown[-1]])
+    bounds: list[str] = []
+    finite = False
+    for item in metadata:
+        if isinstance(item, annotated_types.Ge):
+            bounds.append(f">= {_number(item.ge)}")
+        elif isinstance(item, annotated_types.Gt):
+            bounds.append(f"> {_number(item.gt)}")
+        elif isinstance(item, annotated_types.Le):
+            bounds.append(f"<= {_number(item.le)}")
+        elif isinstance(item, annotated_types.Lt):
+            bounds.append(f"< {_number(item.lt)}")
+        elif getattr(item, "allow_inf_nan", None) is False:
+            finite = True
+    if len(bounds) == 2 and bounds[0][0] == ">" and bounds[1][0] == "<":  # an interval: [0, 2**64), (0, 1]
+        low, high = (bound.split(" ", 1) for bound in bounds)
+        bound_text = f" in {'[' if low[0] == '>=' else '('}{low[1]}, {high[1]}{']' if high[0] == '<=' else ')'}"
+    else:
+        bound_text = "".join(f" {bound}" for bound in bounds[:1]) + "".join(f" and {bound}" for bound in bounds[1:])
+    names = {bool: "true or false", int: "an integer", float: "a finite number" if finite else "a number",
+             str: "text", SecretStr: "text", Path: "a path"}
+    name = names.get(annotation, getattr(annotation, "__name__", str(annotation))) if isinstance(annotation, type) else str(annotation)
+    return name + bound_text
+
+
+def _number(value: object) -> str:
+    """`value` as written in docs: ``2**64`` rather than twenty digits, ``0`` rather than ``0.0``."""
+    if isinstance(value, int) and value >= 2**32 and value & (value - 1) == 0:
+        return f"2**{value.bit_length() - 1}"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 class CacheLockError(PawError, TimeoutError):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["DType", "Device", "Numerics", "RuntimeOptions", "WeightDType"]
+from .errors import OptionError
+
+__all__ = ["DType", "Device", "Numerics", "OptionsModel", "RuntimeOptions", "WeightDType"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
@@ -23,25 +24,32 @@ Device = Literal[
 """Devices of the Torch backend."""
 
 
-class RuntimeOptions(BaseModel):
+class OptionsModel(BaseModel):
+    """Options a user writes: constructing one with invalid values raises `OptionError` (a `PawError` naming each
+    field, its value and its range) rather than pydantic's `ValidationError`."""
+
+    if not TYPE_CHECKING:  # the checkers keep pydantic's typed __init__ (fields as keyword arguments)
+
+        def __init__(self, **values: object) -> None:
+            try:
+                super().__init__(**values)
+            except ValidationError as exc:
+                raise OptionError.from_validation(exc, type(self)) from None
+
+
+class RuntimeOptions(OptionsModel):
     """How one call generates: greedy by default, like the official runtime."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     max_tokens: int | None = Field(default=None, ge=0)
     """Most tokens to generate; None runs to EOS or the end of the context window."""
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """Sampling temperature; 0 is greedy decoding."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     """Nucleus-sampling mass in (0, 1]; used only when temperature > 0."""
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     """Seed of the sampler (one generator per call), in [0, 2**64); None draws a fresh one."""
     parse_special_in_input: bool = False
     """Parse special-token text (e.g. ``<|im_end|>``) inside the input as control tokens, like the official SDK."""
 
-    @field_validator("temperature", "top_p")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value

@@ -380,8 +380,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                 f"the request body must be JSON sent with Content-Type: application/json (Content-Type "
                 f"{content_type!r} was sent; with curl add -H 'Content-Type: application/json')",
             ))
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {item['msg']}" for item in exc.errors()
+        problems = "; ".join(  # an OptionError inside the body reads as it does from the API: no pydantic prefix
+            f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {str(item['msg']).removeprefix('Value error, ')}"
+            for item in exc.errors()
         )
         return error_response(request, ApiError(422, "invalid_request", f"invalid request body: {problems}"))
 

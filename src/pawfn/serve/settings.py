@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import ConfigDict, Field, SecretStr
+
+from ..options import OptionsModel
 
 __all__ = ["ServeSettings"]
 
 
-class ServeSettings(BaseModel):
+class ServeSettings(OptionsModel):
     """What a server accepts; a request past a limit gets a JSON error (413, 422 or 429), never a crash."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
