@@ -71,6 +71,8 @@ def test_batch_size_decodes_inputs_together_in_input_order(qwen3_program: TinyPr
     ("args", "message", "status"),
     [
         (["--program", "{missing}"], "no such bundle", 1),
+        (["--program", "./missing"], "no such bundle: ./missing; pass a .paw file, a bundle folder", 1),
+        (["--program", "../missing-folder"], "no such bundle: ../missing-folder", 1),
         (["--program", "{program}", "--base", "{missing}"], "base weights not found", 1),
         (["--program", "{program}", "--temperature", "-1"], "invalid --temperature=-1.0: expected a finite number >= 0", 2),
         (["--program", "{program}", "--device", "tpu"], "invalid --device='tpu': expected one of 'cpu', 'mps', 'cuda'", 2),

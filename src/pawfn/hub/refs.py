@@ -73,7 +73,7 @@ def parse_reference(text: str) -> ProgramReference:
         return ProgramReference("id", text)
     if _SLUG.match(text):
         return ProgramReference("slug", text)
-    if text.endswith(".paw") or "/" in text and text.count("/") > 1:
+    if text.endswith(".paw") or text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or text.count("/") > 1:
         raise ConfigError(f"no such bundle: {text}; pass a .paw file, a bundle folder, a program id or a slug")
     raise ConfigError(
         f"invalid program reference {text!r}: use a program id (hex), user/slug, a bare official slug, "
