@@ -295,8 +295,9 @@ def test_cli_against_the_hub(hub: Hub, capsys: pytest.CaptureFixture[str], monke
     record = json.loads(capsys.readouterr().out)
     assert tuple(record["tokens"]) == hub.expected("hello") and record["program"] == PROGRAM_ID
     assert main(["cache", "list", "--json", *common]) == 0
-    listed = json.loads(capsys.readouterr().out)
-    assert listed["program_id"] == PROGRAM_ID and listed["slugs"] == [SLUG]
+    listed, *others = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert listed["kind"] == "program" and listed["program_id"] == PROGRAM_ID and listed["slugs"] == [SLUG]
+    assert {other["kind"] for other in others} == {"base_model", "prefix"}  # the downloaded base, the stored prefix
     assert main(["info", SLUG, "--json", *common]) == 0
     assert json.loads(capsys.readouterr().out)["id"] == PROGRAM_ID
     assert main(["compile", "--spec", "Classify the urgency of a message", "--json", *common]) == 0

@@ -25,6 +25,7 @@ from .config import PawConfig, save_api_key
 from .errors import OptionError, OptionProblem, PawError
 from .function import PawFn
 from .hub.cache import PawCache
+from .hub.usage import cache_files, clear_derived
 from .hub.client import PawClient
 from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
@@ -168,10 +169,16 @@ def _parser() -> argparse.ArgumentParser:
 
     cache = commands.add_parser("cache", help="list, clear or fill the cache shared with the official SDK")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    listing = cache_commands.add_parser("list", parents=[common], help="list cached programs")
-    listing.add_argument("--json", action="store_true", help="print JSON Lines")
+    listing = cache_commands.add_parser(
+        "list", parents=[common], help="list cached programs, base models and pawfn's derived files with their sizes"
+    )
+    listing.add_argument("--json", action="store_true", help="print JSON Lines, each with a \"kind\"")
     clear = cache_commands.add_parser("clear", parents=[common], help="delete every cached program and base model")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    clear.add_argument(
+        "--derived", action="store_true",
+        help="delete only pawfn's derived files (converted bases, stored prefixes, kernels), which it rebuilds",
+    )
     prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
     prepare.add_argument("program", metavar="REF", help="program id or slug")
     prepare.add_argument("--json", action="store_true", help="print JSON")
@@ -422,23 +429,19 @@ def _cache(args: argparse.Namespace) -> int:
     config = _config(args)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     if args.cache_command == "list":
-        programs = cache.list_programs()
-        if not programs and not args.json:
-            print(f"no programs in the cache ({cache.root}); `pawfn cache prepare REF` fetches one")
-        for program in programs:
-            if args.json:
-                _print_json(
-                    {"program_id": program.program_id, "slugs": list(program.slugs), "interpreter": program.interpreter,
-                     "spec": program.spec, "runtime_id": program.runtime_id, "path": str(program.path)}
-                )
-            else:
-                names = f" ({', '.join(program.slugs)})" if program.slugs else ""
-                print(f"{program.program_id}{names}  {program.interpreter}  {(program.spec or '')[:60]}")
+        _list_cache(cache, args.json)
+        return 0
+    if args.cache_command == "clear" and args.derived:
+        removed = clear_derived(cache)
+        print(f"removed {len(removed)} derived files ({_size(sum(item.size_bytes for item in removed))}) from {cache.root}")
         return 0
     if args.cache_command == "clear":
         if not args.yes:
             if not sys.stdin.isatty():
-                raise _CliError("`pawfn cache clear` deletes every cached program and base model; add --yes to confirm")
+                raise _CliError(
+                    "`pawfn cache clear` deletes every cached program and base model; add --yes to confirm "
+                    "(or --derived to delete only pawfn's derived files)"
+                )
             if input(f"delete everything in {cache.root}? [y/N] ").strip().lower() not in ("y", "yes"):
                 print("nothing deleted")
                 return 0
@@ -454,6 +457,53 @@ def _cache(args: argparse.Namespace) -> int:
     else:
         print(f"{args.program}: ready offline ({prepared.bundle}; base {prepared.base})")
     return 0
+
+
+def _list_cache(cache: PawCache, as_json: bool) -> None:
+    """Programs, then base models and pawfn's derived files with their sizes (JSON Lines with ``kind``)."""
+    programs = cache.list_programs()
+    files = cache_files(cache)
+    if as_json:
+        for program in programs:
+            _print_json(
+                {"kind": "program", "program_id": program.program_id, "slugs": list(program.slugs),
+                 "interpreter": program.interpreter, "spec": program.spec, "runtime_id": program.runtime_id,
+                 "path": str(program.path)}
+            )
+        for item in files:
+            _print_json({"kind": item.kind, "path": str(item.path), "size_bytes": item.size_bytes, "detail": item.detail})
+        return
+    if not programs:
+        print(f"no programs in the cache ({cache.root}); `pawfn cache prepare REF` fetches one")
+    for program in programs:
+        names = f" ({', '.join(program.slugs)})" if program.slugs else ""
+        print(f"{program.program_id}{names}  {program.interpreter}  {(program.spec or '')[:60]}")
+    bases = [item for item in files if item.kind == "base_model"]
+    if bases:
+        print("base models:")
+        for item in bases:
+            print(f"  {_size(item.size_bytes):>9}  {item.path.name}")
+    derived = [item for item in files if item.derived]
+    if derived:
+        print("derived by pawfn (rebuilt when missing; `pawfn cache clear --derived` deletes them):")
+        for item in derived:
+            if item.kind == "converted_base":
+                print(f"  {_size(item.size_bytes):>9}  converted base: {item.detail or item.path.name}")
+        for kind, name in (("prefix", "stored prefixes"), ("kernel", "compiled kernel libraries")):
+            group = [item for item in derived if item.kind == kind]
+            if group:
+                print(f"  {_size(sum(item.size_bytes for item in group)):>9}  {len(group)} {name}")
+    if files:
+        print(f"total {_size(sum(item.size_bytes for item in files))} besides programs, in {cache.root}")
+
+
+def _size(size_bytes: int) -> str:
+    """`size_bytes` in decimal units: ``598.3 MB``, ``1.19 GB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size_bytes >= scale:
+            value = size_bytes / scale
+            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}"
+    return f"{size_bytes} B"
 
 
 def _login(args: argparse.Namespace) -> int:
