@@ -146,3 +146,33 @@ def test_adapter_layer_beyond_the_base(qwen3_program: TinyProgram, tmp_path: Pat
     bundle = write_bundle(tmp_path / "bundle", path, "Qwen/Qwen3-0.6B", qwen3_program.template)
     with pytest.raises(AdapterError, match="adapts blk.7.attn_q.weight, which the base model does not have"):
         PawFn[Qwen3_0_6B, Torch].from_path(bundle, base=qwen3_program.interpreter.gguf_path)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
+@pytest.mark.parametrize("scale", [np.float16(np.nan), np.float16(np.inf)])
+def test_a_non_finite_block_scale_is_refused_without_dequantizing(
+    qwen3: TinyInterpreter, tmp_path: Path, qtype: Q, scale: np.float16
+) -> None:
+    path = tmp_path / "adapter.gguf"
+    pairs = random_lora(qwen3)
+    write_adapter_gguf(path, "qwen3", pairs, qtype=qtype)
+    target = sorted(pairs)[-1]
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == f"{target}.lora_b")
+    data = bytearray(path.read_bytes())
+    block = gguf.GGML_QUANT_SIZES[qtype][1]
+    offset = tensor.data_offset + 3 * block  # the fourth block's float16 scale
+    data[offset:offset + 2] = scale.tobytes()
+    path.write_bytes(bytes(data))
+    with pytest.raises(AdapterError, match=rf"{target}\.lora_b holds non-finite values"):
+        read_lora_adapter(path, Qwen3_0_6B)
+
+
+def test_quantized_halves_are_dequantized_only_when_used(qwen3: TinyInterpreter, tmp_path: Path) -> None:
+    path = tmp_path / "adapter.gguf"
+    pairs = random_lora(qwen3)
+    write_adapter_gguf(path, "qwen3", pairs, qtype=Q.Q4_0)
+    adapter = read_lora_adapter(path, Qwen3_0_6B)
+    pair = adapter.pairs[sorted(pairs)[0]]
+    assert "values" not in vars(pair.a_half) and pair.blocks is not None  # what llama.cpp's arithmetic multiplies
+    np.testing.assert_array_equal(pair.a, dequantized(pairs, Q.Q4_0)[sorted(pairs)[0]][0])
+    assert "values" in vars(pair.a_half) and adapter.rank == pair.rank == pair.a.shape[0]

@@ -21,7 +21,7 @@ from pawfn.options import WeightDType
 from pawfn.torch import kernels
 from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
 from pawfn.torch.families import Architecture, Family
-from pawfn.torch.weights import Array, BaseWeights, read_base_weights
+from pawfn.torch.weights import Array, BaseWeights, built, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cpp
 from tests.helpers.trained import TrainedProgram
 
@@ -51,7 +51,7 @@ def test_fp16_kernel_equals_float32_on_rounded_weights(family: str, request: pyt
             matrix = array.ndim == 2 and not name.endswith("embd.weight")
             yield name, array.astype(np.float16).astype(np.float32) if matrix else array
 
-    plain_weights = BaseWeights(weights.source, weights.architecture, weights.family, weights.codec, rounded, weights.shapes)
+    plain_weights = BaseWeights(weights.source, weights.architecture, weights.family, built(weights.codec), rounded, weights.shapes)
     plain = TorchInterpreter(plain_weights, torch.device("cpu"), torch.float32)
     assert plain.tied
     output = plain.tensors["token_embd.weight"].to(torch.float16).to(torch.float32)

@@ -1,10 +1,11 @@
-"""GGUF LoRA adapters: read, validate against the interpreter's module map, dequantize to float32."""
+"""GGUF LoRA adapters: read, validate against the interpreter's module map, dequantize to float32 when asked."""
 
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import gguf
@@ -12,31 +13,82 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import AdapterError
-from .ggufio import GGUFFile, GGUFFormatError
+from .ggufio import SUPPORTED_TENSOR_TYPES, GGUFFile, GGUFFormatError, dequantize_bytes
 from .models import InterpreterModel
 
-__all__ = ["LoraAdapter", "LoraPair", "read_lora_adapter"]
+__all__ = ["LoraAdapter", "LoraHalf", "LoraPair", "read_lora_adapter"]
 
 RawTensor = tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType]
 """A tensor's stored bytes and its GGML type."""
 _FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16})
 _LORA_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
+_Q = gguf.GGMLQuantizationType
+_BLOCK_SCALES: dict[gguf.GGMLQuantizationType, tuple[int, tuple[int, ...]]] = {
+    _Q.Q4_0: (18, (0,)), _Q.Q8_0: (34, (0,)), _Q.Q5_0: (22, (0,)), _Q.Q4_1: (20, (0, 2)), _Q.Q5_1: (24, (0, 2)),
+}
+"""Block bytes and the offsets of its float16 scale (and minimum): a block's values are finite exactly when these
+are, as the rest are small integer codes."""
+
+
+@dataclass(frozen=True, eq=False)
+class LoraHalf:
+    """One LoRA tensor as the file stores it: its bytes (a copy), GGML type and numpy shape; `values` dequantizes
+    on first use (llama.cpp's arithmetic multiplies the blocks and never needs them)."""
+
+    data: npt.NDArray[np.uint8]
+    qtype: gguf.GGMLQuantizationType
+    shape: tuple[int, int]
+
+    @cached_property
+    def values(self) -> npt.NDArray[np.float32]:
+        """The tensor dequantized to float32, `[rows, columns]`."""
+        return dequantize_bytes(self.data, self.qtype, self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        """Stored as F32 or F16 (no blocks to keep)."""
+        return self.qtype in _FLOAT_TYPES
+
+    def all_finite(self) -> bool:
+        """No NaN or infinity among the values, checked on the block scales where that suffices."""
+        scales = _BLOCK_SCALES.get(self.qtype)
+        if scales is None:
+            return bool(np.isfinite(self.values).all())
+        size, offsets = scales
+        blocks = self.data.reshape(-1, size)
+        return all(bool(np.isfinite(blocks[:, offset:offset + 2].copy().view(np.float16)).all()) for offset in offsets)
 
 
 @dataclass(frozen=True)
 class LoraPair:
     """One adapted weight: delta W = scale * (b @ a), `a` is `[rank, in]`, `b` is `[out, rank]`."""
 
-    a: npt.NDArray[np.float32]
-    b: npt.NDArray[np.float32]
+    a_half: LoraHalf
+    b_half: LoraHalf
     scale: float
-    blocks: tuple[RawTensor, RawTensor] | None = None
-    """`a` and `b` as stored (bytes and GGML type) when quantized: what llama.cpp's arithmetic multiplies."""
+
+    @property
+    def a(self) -> npt.NDArray[np.float32]:
+        """`lora_a` in float32 (dequantized on first use)."""
+        return self.a_half.values
+
+    @property
+    def b(self) -> npt.NDArray[np.float32]:
+        """`lora_b` in float32 (dequantized on first use)."""
+        return self.b_half.values
+
+    @property
+    def blocks(self) -> tuple[RawTensor, RawTensor] | None:
+        """`a` and `b` as stored (bytes and GGML type) when either is quantized: what llama.cpp's arithmetic
+        multiplies; None for float files."""
+        if self.a_half.is_float and self.b_half.is_float:
+            return None
+        return (self.a_half.data, self.a_half.qtype), (self.b_half.data, self.b_half.qtype)
 
     @property
     def rank(self) -> int:
         """LoRA rank (rows of `a`)."""
-        return int(self.a.shape[0])
+        return self.a_half.shape[0]
 
 
 @dataclass(frozen=True)
@@ -56,7 +108,7 @@ class LoraAdapter:
     @property
     def n_parameters(self) -> int:
         """Number of LoRA parameters."""
-        return sum(pair.a.size + pair.b.size for pair in self.pairs.values())
+        return sum(math.prod(pair.a_half.shape) + math.prod(pair.b_half.shape) for pair in self.pairs.values())
 
 
 def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
@@ -102,28 +154,32 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
             missing = "lora_b" if "a" in names else "lora_a"
             raise AdapterError(path, f"{target} has no {missing} tensor; every adapted weight needs lora_a and lora_b")
         try:
-            a = file.read_f32(names["a"])
-            b = file.read_f32(names["b"])
-            raw_a, raw_b = file.raw(names["a"]), file.raw(names["b"])
+            a, b = _half(file, names["a"]), _half(file, names["b"])
         except GGUFFormatError as exc:
             raise AdapterError(path, str(exc)) from exc
-        types.add(file.tensor_type_name(names["a"]))
-        types.add(file.tensor_type_name(names["b"]))
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+        types.update((a.qtype.name, b.qtype.name))
+        if a.shape[0] != b.shape[1]:
             raise AdapterError(
                 path, f"{target}: lora_a {a.shape} and lora_b {b.shape} do not share a rank (want [r, in] and [out, r])"
             )
         rank = a.shape[0]
         if rank == 0:
             raise AdapterError(path, f"{target}: lora_a and lora_b have rank 0 (no rows); the adapter file is damaged")
-        for half, values in (("lora_a", a), ("lora_b", b)):
-            if not np.isfinite(values).all():
+        for half, stored in (("lora_a", a), ("lora_b", b)):
+            if not stored.all_finite():
                 raise AdapterError(path, f"{target}.{half} holds non-finite values (NaN or infinity); the adapter file is damaged")
-        scale = alpha / rank if alpha else 1.0
-        blocks = None
-        if raw_a[1] not in _FLOAT_TYPES or raw_b[1] not in _FLOAT_TYPES:  # copies: the file's map is closed with it
-            blocks = ((np.array(raw_a[0]), raw_a[1]), (np.array(raw_b[0]), raw_b[1]))
-        pairs[target] = LoraPair(a=a, b=b, scale=scale, blocks=blocks)
+        pairs[target] = LoraPair(a_half=a, b_half=b, scale=alpha / rank if alpha else 1.0)
     if not pairs:
         raise AdapterError(path, "adapter holds no LoRA tensors")
     return LoraAdapter(path=path, alpha=alpha, pairs=pairs, tensor_types=frozenset(types))
+
+
+def _half(file: GGUFFile, name: str) -> LoraHalf:
+    """Tensor `name`'s bytes copied out of the file's map (closed with it), checked to be a 2-D matrix."""
+    shape = file.tensor_shape(name)
+    raw, qtype = file.raw(name)
+    if qtype not in SUPPORTED_TENSOR_TYPES:
+        raise GGUFFormatError(f"tensor {name} has unsupported type {qtype.name}")
+    if len(shape) != 2:
+        raise GGUFFormatError(f"{name} has shape {shape}; a LoRA tensor is a matrix")
+    return LoraHalf(np.array(raw), qtype, (shape[0], shape[1]))

@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["GGUFFile", "GGUFFormatError", "SUPPORTED_TENSOR_TYPES"]
+__all__ = ["GGUFFile", "GGUFFormatError", "SUPPORTED_TENSOR_TYPES", "dequantize_bytes"]
 
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
@@ -315,12 +315,18 @@ class GGUFFile:
         tensor = self._tensors[name]
         if tensor.qtype not in SUPPORTED_TENSOR_TYPES:
             raise GGUFFormatError(f"tensor {name} has unsupported type {tensor.qtype.name}")
-        shape = self.tensor_shape(name)
         raw, _ = self.raw(name)
-        if math.prod(shape) <= _ONE_GROUP_VALUES:  # gguf decodes 16 rows at a time; one group is ~10x faster here
-            blocks = raw.reshape(1, -1)
-        else:
-            blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, tensor.qtype))
-        dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
-        values = np.array(dequantize(blocks, tensor.qtype), dtype=np.float32)  # a copy: never the read-only map
-        return values.reshape(shape)
+        return dequantize_bytes(raw, tensor.qtype, self.tensor_shape(name))
+
+
+def dequantize_bytes(
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]
+) -> npt.NDArray[np.float32]:
+    """A tensor's stored bytes (`qtype`, one of `SUPPORTED_TENSOR_TYPES`) as a fresh float32 array of `shape`."""
+    if math.prod(shape) <= _ONE_GROUP_VALUES:  # gguf decodes 16 rows at a time; one group is ~10x faster here
+        blocks = raw.reshape(1, -1)
+    else:
+        blocks = raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, qtype))
+    dequantize: Callable[..., npt.NDArray[np.float32]] = gguf.quants.dequantize
+    values = np.array(dequantize(blocks, qtype), dtype=np.float32)  # a copy: never the read-only map
+    return values.reshape(shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from enum import IntEnum
 from functools import lru_cache
 from pathlib import Path
@@ -96,11 +97,12 @@ class TextCodec:
         self.source = source
         self.eos_id = eos_id
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        # Two copies: one splits special-token text into control tokens, one treats it as text.
+        # Two copies: one splits special-token text into control tokens, one treats it as text. They differ only on
+        # text holding a control token's text, so the second is made when such a text first comes (~0.2 s).
         self._special = tokenizer
         self._special.encode_special_tokens = False
-        self._plain = Tokenizer.from_str(tokenizer.to_str())
-        self._plain.encode_special_tokens = True
+        self._plain: Tokenizer | None = None
+        self._plain_lock = threading.Lock()
         if texts is None or len(texts) != self.vocab_size:
             texts = [""] * self.vocab_size
             for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
@@ -127,8 +129,19 @@ class TextCodec:
         """Token ids of `text` with no BOS; `parse_special` turns control-token text into control tokens."""
         if not text:
             return []
-        encoder = self._special if parse_special else self._plain
-        return list(encoder.encode(scalar_text(text), add_special_tokens=False).ids)
+        text = scalar_text(text)
+        plain = not parse_special and self._control_pattern is not None and self._control_pattern.search(text) is not None
+        encoder = self._plain_tokenizer() if plain else self._special
+        return list(encoder.encode(text, add_special_tokens=False).ids)
+
+    def _plain_tokenizer(self) -> Tokenizer:
+        """The copy that reads control-token text as plain text, made on first use."""
+        with self._plain_lock:
+            if self._plain is None:
+                plain = Tokenizer.from_str(self._special.to_str())
+                plain.encode_special_tokens = True
+                self._plain = plain
+            return self._plain
 
     def split_at_first_control(self, text: str) -> tuple[str, str]:
         """`text` split before its first control-token text: (plain head, rest)."""

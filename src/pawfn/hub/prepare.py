@@ -158,8 +158,16 @@ def prepare_program(
     config = config or PawConfig.from_env()
     parsed = parse_reference(reference)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
-    own_client = client is None
-    client = client or PawClient(config)
+    opened: list[PawClient] = []
+
+    def hub() -> PawClient:
+        """The caller's client, else one made on first use (a local bundle with its base needs none)."""
+        if client is not None:
+            return client
+        if not opened:
+            opened.append(PawClient(config))
+        return opened[0]
+
     try:
         if parsed.kind == "path":
             folder = parsed.path
@@ -167,19 +175,19 @@ def prepare_program(
                 meta = bundle.meta
             program_id = meta.program_id
         else:
-            program_id = _resolve_id(parsed, cache, client, config)
-            folder = _ensure_program(program_id, reference, cache, client, config)
+            program_id = _resolve_id(parsed, cache, hub(), config)
+            folder = _ensure_program(program_id, reference, cache, hub(), config)
             with open_bundle(folder) as bundle:
                 meta = bundle.meta
         if check is not None:
             check(meta)
         runtime: RuntimeManifest | None = None
         if base is None and fetch_base:
-            runtime = resolve_runtime(meta, cache, None if config.offline else client)
-            base = _ensure_base(runtime, reference, cache, client, config)
+            runtime = resolve_runtime(meta, cache, None if config.offline else hub())
+            base = _ensure_base(runtime, reference, cache, hub(), config)
     finally:
-        if own_client:
-            client.close()
+        for made in opened:
+            made.close()
     return PreparedProgram(
         reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base,
         derived_dir=cache.derived_dir(folder),

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from ..adapter import LoraAdapter, RawTensor
+from ..adapter import LoraAdapter, LoraHalf
 from ..errors import AdapterError, BaseModelError, ConfigError
 from ..options import Numerics, WeightDType
 from ..progress import track
@@ -189,7 +189,6 @@ class TorchInterpreter:
         matrices as their codes, multiplied as llama.cpp does (`PawConfig.numerics`)."""
         self.architecture = weights.architecture
         self.family = weights.family
-        self.codec = weights.codec
         self.device = device
         self.dtype = dtype
         self.weight_dtype = weight_dtype
@@ -233,6 +232,7 @@ class TorchInterpreter:
         self.rope_frequencies = self.family.rope_frequencies(self.architecture)
         if self.rope_frequencies is not None:
             self.rope_frequencies = self.rope_frequencies.to(device)
+        self.codec = weights.codec  # built meanwhile on a thread of its own
 
     def _check_shapes(self, weights: BaseWeights) -> None:
         """Every tensor the family needs, with its shape, before anything is converted; hyperparameters no file of
@@ -418,16 +418,19 @@ class TorchInterpreter:
             if shape is None or len(shape) != 2:
                 raise AdapterError(adapter.path, f"adapts {name}, which the base model does not have")
             out_features, in_features = shape
-            if pair.a.shape[1] != in_features or pair.b.shape[0] != out_features:
+            if pair.a_half.shape[1] != in_features or pair.b_half.shape[0] != out_features:
                 raise AdapterError(
                     adapter.path,
-                    f"{name}: lora_a {pair.a.shape} / lora_b {pair.b.shape} do not fit the base weight "
+                    f"{name}: lora_a {pair.a_half.shape} / lora_b {pair.b_half.shape} do not fit the base weight "
                     f"[{out_features}, {in_features}]; the adapter was made for another model size",
                 )
         groups: dict[tuple[str, ...], GroupLora] = {}
         if self.numerics == "llamacpp":
             for name, pair in adapter.pairs.items():
-                pairs[name] = LoraWeights(a=self._llamacpp_lora(pair.a, pair.blocks, 0), b=self._llamacpp_lora(pair.b, pair.blocks, 1), scale=pair.scale)
+                quantized = pair.blocks is not None
+                pairs[name] = LoraWeights(
+                    a=self._llamacpp_lora(pair.a_half, quantized), b=self._llamacpp_lora(pair.b_half, quantized), scale=pair.scale
+                )
             for group in self.groups:
                 joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
                 if joined_lora is not None:
@@ -449,10 +452,11 @@ class TorchInterpreter:
                 )
         return DeviceAdapter(pairs, groups)
 
-    def _llamacpp_lora(self, values: npt.NDArray[np.float32], blocks: tuple[RawTensor, RawTensor] | None, half: int) -> Product:
-        """One half of a side path for `numerics="llamacpp"`: its blocks where quantized, else float32."""
-        matrix = None if blocks is None else block_matrix(blocks[half][0], blocks[half][1], values.shape[0], native=self.ggml_kernels is not None)
-        return plain(self._on_device(values), None) if matrix is None else matrix
+    def _llamacpp_lora(self, half: LoraHalf, quantized: bool) -> Product:
+        """One half of a side path for `numerics="llamacpp"`: its blocks where the pair is quantized, else float32
+        (dequantized only then)."""
+        matrix = block_matrix(half.data, half.qtype, half.shape[0], native=self.ggml_kernels is not None) if quantized else None
+        return plain(self._on_device(half.values), None) if matrix is None else matrix
 
     def _on_device(self, array: npt.NDArray[np.float32] | torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(array).to(device=self.device, dtype=self.dtype)

@@ -4,7 +4,9 @@ names, `[out, in]`) and tokenizer. What differs per architecture comes from its 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from .dequant import RowTable, dequantize
 from .families import Architecture, Family, family_for
 from .families.base import parse_hf_config
 
-__all__ = ["BaseWeights", "non_finite", "read_base_weights"]
+__all__ = ["BaseWeights", "built", "non_finite", "read_base_weights"]
 
 Array = npt.NDArray[np.float32]
 
@@ -36,13 +38,41 @@ class BaseWeights:
     source: Path
     architecture: Architecture
     family: Family
-    codec: TextCodec
+    pending_codec: Future[TextCodec]
+    """The tokenizer, built beside the weights (its Python work overlaps the kernels' unpacking, which frees the
+    GIL); `codec` waits for it."""
     tensors: Callable[[], Iterator[tuple[str, Array]]]
     shapes: Callable[[], dict[str, tuple[int, ...]]]
     rows: Callable[[str], RowTable | None] = lambda name: None
     raw: Callable[[str], tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType] | None] = lambda name: None
     tensor: Callable[[str], Array] | None = None
     """One tensor by name as float32 (GGUF only): a loader that keeps some tensors as their blocks reads the rest."""
+
+    @property
+    def codec(self) -> TextCodec:
+        """The tokenizer (raises its `TokenizerError` if it could not be built)."""
+        return self.pending_codec.result()
+
+
+def built(value: TextCodec) -> Future[TextCodec]:
+    """A finished future holding `value`."""
+    future: Future[TextCodec] = Future()
+    future.set_result(value)
+    return future
+
+
+def _in_background(build: Callable[[], TextCodec]) -> Future[TextCodec]:
+    """`build()` on a thread of its own; its result or error comes through the future."""
+    future: Future[TextCodec] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(build())
+        except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits for the tokenizer
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="pawfn-tokenizer", daemon=True).start()
+    return future
 
 
 def read_base_weights(source: Path, model: type[InterpreterModel]) -> BaseWeights:
@@ -120,7 +150,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
             raise BaseModelError(path, "attention.value_length differs from attention.key_length; not supported")
     except GGUFFormatError as exc:
         raise BaseModelError(path, str(exc)) from exc
-    codec = TextCodec.from_gguf(file)
+    codec = _in_background(lambda: TextCodec.from_gguf(file))
 
     def tensor(name: str) -> Array:
         try:
@@ -148,7 +178,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
             raise BaseModelError(path, str(exc)) from exc
 
     return BaseWeights(
-        source=path, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes, rows=rows,
+        source=path, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes, rows=rows,
         raw=raw, tensor=tensor,
     )
 
@@ -178,7 +208,7 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise BaseModelError(folder, "no *.safetensors weights in the folder")
-    codec = TextCodec.from_hf_folder(folder, model)
+    codec = built(TextCodec.from_hf_folder(folder, model))
     conv1d = {f"{module}.weight" for module in model.conv1d_modules}
 
     def entries() -> Iterator[tuple[safe_open, str, str, bool, Path]]:
@@ -207,4 +237,6 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
             found[name] = shape[::-1] if transposed else shape
         return found
 
-    return BaseWeights(source=folder, architecture=architecture, family=family, codec=codec, tensors=tensors, shapes=shapes)
+    return BaseWeights(
+        source=folder, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes
+    )
