@@ -4,7 +4,7 @@ program's LoRA, its prompt prefix evaluated once and kept in a state file as the
 Each configuration is a fresh process; rounds alternate them, after one process each that fills the caches.
 Prints the median wall time and the ratio to llama.cpp's.
 
-    python benchmarks/one_shot.py [--workdir /tmp/pawfn-qwen3-shape] [--rounds 3]
+    python benchmarks/one_shot.py [--workdir /tmp/pawfn-qwen3-shape] [--rounds 3] [--modes numerics int8 ...]
 """
 
 from __future__ import annotations
@@ -64,12 +64,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", nargs="*", default=None, help="run only the pawfn modes whose name holds one of these")
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     state = args.workdir / "llama-cpp-prefix.state"
     state.unlink(missing_ok=True)
     commands = {"llama.cpp alone": [sys.executable, "-c", _LLAMA_CPP, str(base), str(bundle), INPUT, str(state)]}
     for name, flags in MODES.items():
+        if args.modes is not None and not any(word in name for word in args.modes):
+            continue
         commands[name] = [sys.executable, "-m", "pawfn", "run", "--program", str(bundle), "--base", str(base), "--input",
                           INPUT, "--max-tokens", "10", *flags]
     for command in commands.values():  # caches: the prefix state, converted weights, built kernels
