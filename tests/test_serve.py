@@ -309,10 +309,11 @@ def _settled_steps(server: ServeProcess) -> float:
     return settled
 
 
-def _run_requests(server: ServeProcess) -> float:
+def _call_requests(server: ServeProcess) -> float:
+    """Requests to the routes a `Remote` call goes over (`run`, and `stream` for one call)."""
     text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
-    prefix = 'pawfn_requests_total{route="/v1/programs/{reference:path}/run",'
-    return sum(float(line.split()[1]) for line in text.splitlines() if line.startswith(prefix))
+    prefixes = tuple(f'pawfn_requests_total{{route="/v1/programs/{{reference:path}}/{route}",' for route in ("run", "stream"))
+    return sum(float(line.split()[1]) for line in text.splitlines() if line.startswith(prefixes))
 
 
 def test_a_client_that_leaves_cancels_its_calls(long_calls_server: ServeProcess) -> None:
@@ -326,11 +327,51 @@ def test_a_client_that_leaves_cancels_its_calls(long_calls_server: ServeProcess)
     assert _settled_steps(server) - before < 1000  # the batch would have taken ~4,000 steps
     config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY), run_timeout_s=0.5, max_retries=3)
     with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config) as program:
-        runs = _run_requests(server)
+        runs, before = _call_requests(server), _decode_steps(server)
         with pytest.raises(CallTimeoutError, match="not sent again"):
             program.run("hello")
+    assert _settled_steps(server) - before < 1000  # stopped, not decoded to its end
+    assert _call_requests(server) == runs + 1  # one request, ended once its client had gone
+
+
+def _decoding(server: ServeProcess, before: float) -> None:
+    """Wait until the server decodes a call that started after `before` steps."""
+    deadline = time.monotonic() + 60
+    while _decode_steps(server) < before + 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_cancelled_remote_call_stops_on_the_server_and_close_does_not_wait(long_calls_server: ServeProcess) -> None:
+    """A call to the end of the context (~2,000 steps), cancelled while the server decodes it: closing the program
+    returns without its answer, and the server, its connection closed, stops decoding."""
+    server = long_calls_server
     _settled_steps(server)
-    assert _run_requests(server) == runs + 1  # one request, answered 499 once its client had gone
+    before = _decode_steps(server)
+    config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY))
+    program = PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config)
+    pending = program.submit("hello")
+    _decoding(server, before)
+    pending.cancel()
+    program.close()
+    assert _settled_steps(server) - before < 1000  # not the ~2,000 the call would have decoded
+
+
+def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_server: ServeProcess) -> None:
+    server = long_calls_server
+    _settled_steps(server)
+    before = _decode_steps(server)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PAW_SERVER_API_KEY=KEY)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pawfn", "run", "--backend", "remote", "--server-url", server.url, "--program", FIRST_ID,
+         "--input", "hello"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    _decoding(server, before)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted", err
+    assert out == "" and "Traceback" not in err
+    assert _settled_steps(server) - before < 1000
 
 
 def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:

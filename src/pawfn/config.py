@@ -111,9 +111,9 @@ class PawConfig(OptionsModel):
     server_api_key: SecretStr | None = None
     """The key that server requires (`--api-key-env` there), sent as `X-API-Key` to its origin only."""
     run_timeout_s: float | None = Field(default=None, gt=0)
-    """Read timeout of one call on a server (`Remote`), in seconds; None follows the call's budget: 60 s plus 1 s
+    """The most seconds one call on a server (`Remote`) may take; None follows the call's budget: 60 s plus 1 s
     for each token it may generate (its `max_tokens`, else the program's context), times its inputs. A call that
-    times out is a `CallTimeoutError`, never sent again (the server may still be running it)."""
+    times out is a `CallTimeoutError`, never sent again (a single call's connection closes, which stops it there)."""
 
     @field_validator("api_url", "server_url")
     @classmethod

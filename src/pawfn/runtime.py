@@ -188,10 +188,24 @@ class PendingGeneration(Future[Generation]):
         super().__init__()
         self.abandoned = threading.Event()
         """Set by `cancel()`; a scheduler drops the call's row when it sees it."""
+        self._on_abandon: list[Callable[[], None]] = []
+        self._abandon_lock = threading.Lock()
 
     def cancel(self) -> bool:
-        self.abandoned.set()
+        with self._abandon_lock:
+            self.abandoned.set()
+            callbacks, self._on_abandon = self._on_abandon, []
+        for callback in callbacks:
+            callback()
         return super().cancel()
+
+    def when_abandoned(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once `cancel()` is called (at once if it was), on the cancelling thread."""
+        with self._abandon_lock:
+            if not self.abandoned.is_set():
+                self._on_abandon.append(callback)
+                return
+        callback()
 
 
 class ProgramRuntime(ABC):

@@ -827,13 +827,32 @@ class ServerClient(_SyncClient):
     ) -> Generator[Iterator[StreamEvent], None, None]:
         """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
         `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors.
-        Sent once; `timeout_s` bounds the wait for each event."""
+        Sent once; past `timeout_s` in all, or as long without an event, a `CallTimeoutError` (leaving the block
+        closes the connection, so the server stops the call)."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
         request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body,
                                    stream=True, call_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
         response = self._send(request)
+
+        def lines() -> Iterator[str]:
+            try:
+                for line in response.iter_lines():
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the call's time ran out")
+                    yield line
+            except httpx.TimeoutException as exc:
+                raise CallTimeoutError(
+                    f"{request.what}: no answer from {request.url} within {timeout_s} s; it was not sent again (the "
+                    "server stops it as the connection closes): give the call a max_tokens, or a longer "
+                    "PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=request.url,
+                ) from exc
+            except httpx.TransportError as exc:
+                raise ServerError(f"{request.what}: the connection to {request.url} failed mid-stream ({exc})",
+                                  url=request.url) from exc
+
         try:
-            yield _stream_events(response.iter_lines(), request.url)
+            yield _stream_events(lines(), request.url)
         finally:
             response.close()
 
