@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import importlib.util
 import json
+import re
+import shutil
 import os
 import signal
 import stat
@@ -587,3 +589,44 @@ def test_pawfn_serve_allow_load_loads_a_hub_program_once_on_its_first_requests(h
         assert refused.status_code == 404 and "only program ids and slugs" in refused.json()["message"]
     finally:
         assert server.stop() == -signal.SIGTERM, server.output()
+
+
+def _readme_command_lines() -> list[str]:
+    """The README's `pawfn` command lines (its Command line block), optional parts filled in, alternatives split."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("### Command line", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    commands: list[str] = []
+    for line in block.splitlines():
+        line = line.split("   #", 1)[0].strip()
+        line = re.sub(r"\[([^\]]*)\]", r"\1", line)  # [--runs 10] -> --runs 10
+        commands += line.split(" | ") if line.startswith("pawfn cache") else [line]
+    return commands
+
+
+def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> None:
+    """Each line of the README's Command line block, run by a shell against the test hub: its official slug, file
+    names and placeholders put in (`email-triage` is the hub's slug, `triage.paw` its program, the base the tiny
+    Qwen3's GGUF); every line exits 0."""
+    hub.server.state.compiled["Classify sentiment: POSITIVE or NEGATIVE"] = PROGRAM_ID
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copyfile(hub.archive, work / "triage.paw")
+    shutil.copyfile(hub.base, work / "qwen3-0.6b-q6_k.gguf")
+    (work / "inputs.txt").write_text("Server down!\nLunch?\n")
+    (work / "inputs.jsonl").write_text('"Server down!"\n{"input": "Lunch?"}\n')
+    names = {"email-triage": SLUG, "--compiler NAME": "--compiler paw-4b-qwen3-0.6b", "--slug SLUG": "--slug tester/s",
+             "--concurrency N": "--concurrency 2", "prepare REF": f"prepare {SLUG}", "login KEY": "login secret-key"}
+    env = dict(os.environ, PAW_API_URL=hub.server.api_url, PAW_CACHE_DIR=str(hub.cache_dir), PYTHONWARNINGS="ignore",
+               PAW_CONFIG_FILE=str(tmp_path / "config.json"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    commands = _readme_command_lines()
+    assert len(commands) >= 14
+    for command in commands:
+        if "--backend llamacpp" in command and importlib.util.find_spec("llama_cpp") is None:
+            continue
+        for name, value in names.items():
+            command = command.replace(name, value)
+        result = subprocess.run(["bash", "-c", command + " --max-tokens 4" * ("run " in command and "--max-tokens" not in command)],
+                                cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr, (command, result.stderr[-2000:])
+    assert json.loads((tmp_path / "config.json").read_text())["api_key"] == "secret-key"

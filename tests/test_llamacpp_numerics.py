@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.errors import ConfigError
 from pawfn.torch.ggml import (
     BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table,
@@ -333,3 +333,33 @@ def test_numerics_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_NUMERICS", "fast")
     with pytest.raises(ConfigError, match="PAW_NUMERICS"):
         PawConfig.from_env()
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_llamacpp_numerics_on_narrow_heads(family: str, qwen3_program: TinyProgram, gpt2_program: TinyProgram) -> None:
+    """The tiny models' heads (Qwen3 32 wide) are narrower than one step of llama.cpp's one-row f16 dot (4 x 16 lanes on
+    AVX-512): it adds those products in double after its vector part, and so must pawfn (it read past the row and
+    decoded NaN)."""
+    program = qwen3_program if family == "qwen3" else gpt2_program
+    model = Qwen3_0_6B if family == "qwen3" else GPT2
+    base = program.interpreter.gguf_path
+    expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS, 12, n_ctx=2048, kv="f16")
+    with PawFn.specialize(model, Torch).from_path(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
+        found = [list(function.generate(text, RuntimeOptions(max_tokens=12)).token_ids) for text in TINY_INPUTS]
+    differ = differences(tuple(TINY_INPUTS), expected, found)
+    assert not differ, f"sequences that differ: {differ}"
+
+
+@pytest.mark.parametrize("dim", [32, 64, 96])
+def test_one_row_attention_on_narrow_heads_agrees_in_c_and_torch(dim: int) -> None:
+    """A decode step's attention over 59 cached positions, heads of `dim` (not all a whole 4 x 16-lane step): the C
+    kernels and the torch emulation give the same bits, and finite ones."""
+    random = torch.Generator().manual_seed(dim)
+    width = 16 if "avx512f" in cpu_flags() else 8
+    keys, values = torch.randn(2, 59, dim, generator=random).half(), torch.randn(2, 59, dim, generator=random).half()
+    q = torch.randn(1, 4, dim, generator=random)
+    emulated = ggml_attention(q, keys, values, width)
+    native = native_attention(_kernels(), q, None, keys, values, width)
+    assert torch.isfinite(native).all() and torch.equal(native, emulated)

@@ -218,6 +218,11 @@ class TorchInterpreter:
         """llama.cpp's products, attention and exp in C (`numerics="llamacpp"`; None: the torch emulation)."""
         if numerics == "llamacpp":
             check_llamacpp_numerics(device, dtype, weight_dtype)
+            if self.architecture.head_dim % self.simd_width:  # llama.cpp then leaves tinyBLAS for other loops
+                raise ConfigError(
+                    f"numerics='llamacpp' needs an attention head size that is a multiple of {self.simd_width} on this "
+                    f"CPU, and {weights.source}'s is {self.architecture.head_dim}; use numerics='native'"
+                )
             self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
             self._join_llamacpp(self.family.fused_groups(self.architecture))

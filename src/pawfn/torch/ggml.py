@@ -443,21 +443,31 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
     """Dot products over the last axis of f16 values `a` [..., K] and `b` [..., K] (broadcast), as llama.cpp sums
     them in float32: llamafile's tinyBLAS for products of 2 rows or more (`width` lanes each summing one element of
     every `width` in order, then the lanes), `ggml_vec_dot_f16` for one row (4 accumulators of `width` lanes, added
-    (0+2)+(1+3), then the lanes: by halves with AVX-512, by `hadd` with AVX2). K must be a multiple of 4 * width
-    (pad with zeros)."""
+    (0+2)+(1+3), then the lanes: by halves with AVX-512, by `hadd` with AVX2; the last K % (4 * width) products
+    added to that in double). For two rows or more K must be a multiple of `width`."""
     a, b = a.float(), b.float()  # f16 x f16 is exact in float32: each step adds an exact product, rounded once
     k = a.shape[-1]
     if one_row:
         step = 4 * width
-        acc = a[..., :step] * b[..., :step]
-        for start in range(step, k, step):
+        whole = k - k % step
+        first = a[..., :1] * b[..., :1]  # the broadcast shape, one value wide
+        acc = torch.zeros((*first.shape[:-1], step), dtype=torch.float32, device=a.device)
+        for start in range(0, whole, step):
             acc = torch.addcmul(acc, a[..., start : start + step], b[..., start : start + step])
         parts = acc.reshape(*acc.shape[:-1], 4, width)
         lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
         if width == 16:
-            return _halves(lanes)
-        quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
-        return (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
+            reduced = _halves(lanes)
+        else:
+            quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
+            reduced = (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
+        if whole == k:
+            return reduced
+        leftovers = (a[..., whole:] * b[..., whole:]).double()  # ggml's leftover loop sums in double
+        total = reduced.double()
+        for index in range(k - whole):
+            total = total + leftovers[..., index]
+        return total.float()
     acc = a[..., :width] * b[..., :width]
     for start in range(width, k, width):
         acc = torch.addcmul(acc, a[..., start : start + width], b[..., start : start + width])

@@ -680,15 +680,18 @@ static inline float reduce_hadd(__m256 lanes) {
     return _mm_cvtss_f32(_mm_hadd_ps(pairs, pairs));
 }
 
-/* q (float32 of f16 values) . k (f16), `dim` a multiple of 4W. tinyBLAS (2 rows or more): W lanes, lane l summing
-   element l of every W in order, then the lanes by halves. `ggml_vec_dot_f16` (one row): 4 accumulators of W lanes
-   over steps of 4W, added (0+2)+(1+3), then the lanes by halves (AVX-512) or GGML_F32x8_REDUCE (AVX2). f16 x f16
-   products are exact in float32, so each FMA rounds once, as the kernels' do. */
+/* q (float32 of f16 values) . k (f16). tinyBLAS (2 rows or more, `dim` a multiple of W): W lanes, lane l summing
+   element l of every W in order, then the lanes by halves. `ggml_vec_dot_f16` (one row, or a `dim` tinyBLAS
+   declines): 4 accumulators of W lanes over the whole steps of 4W, added (0+2)+(1+3), then the lanes by halves
+   (AVX-512) or GGML_F32x8_REDUCE (AVX2); the last `dim % 4W` products added to that in double. f16 x f16 products
+   are exact in float32, so each FMA rounds once, as the kernels' do. */
 static inline float dot_f16(const float *q, const uint16_t *k, int64_t dim, int W, int one_row) {
+    if (dim % W) one_row = 1;  /* tinyBLAS takes only whole vectors; ggml then dots row by row */
     int registers = (one_row ? 4 * W : W) / 8;  /* 8-lane registers a step: 1, 2, 4 or 8 */
+    int64_t whole = dim - dim % (8 * registers);
     __m256 acc[8];
     for (int j = 0; j < registers; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < dim; s += 8 * registers)
+    for (int64_t s = 0; s < whole; s += 8 * registers)
         for (int j = 0; j < registers; ++j)
             acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + s + 8 * j), load_f16(k + s + 8 * j), acc[j]);
     if (!one_row) return sum_halves(W == 16 ? _mm256_add_ps(acc[1], acc[0]) : acc[0]);
@@ -696,7 +699,9 @@ static inline float dot_f16(const float *q, const uint16_t *k, int64_t dim, int 
     __m256 lanes[2];
     for (int j = 0; j < per; ++j)
         lanes[j] = _mm256_add_ps(_mm256_add_ps(acc[j], acc[2 * per + j]), _mm256_add_ps(acc[per + j], acc[3 * per + j]));
-    return W == 16 ? sum_halves(_mm256_add_ps(lanes[1], lanes[0])) : reduce_hadd(lanes[0]);
+    double total = W == 16 ? sum_halves(_mm256_add_ps(lanes[1], lanes[0])) : reduce_hadd(lanes[0]);
+    for (int64_t i = whole; i < dim; ++i) total += (double)(q[i] * f16_value(k[i]));
+    return (float)total;
 }
 
 /* Four tinyBLAS dots at once, a . b[j] for j < 4 over k values (a multiple of W): each W lanes, lane l summing
