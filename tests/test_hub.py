@@ -630,3 +630,27 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
         assert result.returncode == 0, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr, (command, result.stderr[-2000:])
     assert json.loads((tmp_path / "config.json").read_text())["api_key"] == "secret-key"
+
+
+def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: TinyProgram, tmp_path: Path) -> None:
+    """Each Python block of the README but the server one, as a script against the test hub, in a folder holding
+    the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku)."""
+    hub.server.state.slugs["email-triage"] = PROGRAM_ID
+    for spec in ("Classify sentiment", "Classify sentiment: POSITIVE or NEGATIVE"):
+        hub.server.state.compiled[spec] = PROGRAM_ID
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("triage.paw", "email-triage.paw"):
+        shutil.copyfile(hub.archive, work / name)
+    shutil.copyfile(hub.base, work / "qwen3-0.6b-q6_k.gguf")
+    shutil.copyfile(gpt2_program.archive, work / "haiku.paw")
+    shutil.copyfile(gpt2_program.interpreter.gguf_path, work / "gpt2-q8_0.gguf")
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "Remote" not in block]
+    assert len(blocks) >= 6
+    env = dict(os.environ, PAW_API_URL=hub.server.api_url, PAW_CACHE_DIR=str(hub.cache_dir), PYTHONWARNINGS="ignore",
+               PAW_API_KEY="secret-key", PAW_CONFIG_FILE=str(tmp_path / "config.json"))
+    for block in blocks:
+        result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True,
+                                timeout=300, check=False)
+        assert result.returncode == 0, (block, result.stderr[-2000:])
