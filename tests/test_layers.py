@@ -9,6 +9,8 @@ builder <- cli <- the package's own `__init__`.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,9 +34,10 @@ LAYERS: tuple[frozenset[str], ...] = (
 )
 SEPARATE = frozenset({"torch", "llamacpp", "hub"})
 """Units of one layer that must not import each other."""
-OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.ray"})
-"""Modules that need an optional extra (fastapi, ray) at import: imported inside the function that uses them, so
-`import pawfn` and the CLI work without the extra."""
+OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.ray", "pawfn.torch"})
+"""Modules imported inside the function that uses them: those that need an optional extra (fastapi, ray), so
+`import pawfn` and the CLI work without the extra, and the Torch backend (torch takes 1-2 s to import), so `import
+pawfn`, `pawfn --help` and a Remote client do without it."""
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -168,3 +171,13 @@ def test_an_optional_module_may_be_imported_inside_a_function_and_only_it(tmp_pa
     layers = (frozenset({"low", "extra", "other"}), frozenset({"__init__"}))
     problems = check_layers(tmp_path, "pkg", layers, frozenset(), frozenset({"pkg.extra"}))
     assert problems == ["pkg.low imports pkg.other inside a function; import it at the top (or fix the cycle)"]
+
+
+@pytest.mark.parametrize("statement", ["import pawfn", "import pawfn.cli", "from pawfn import PawFn, Remote, Qwen3_0_6B"])
+def test_importing_pawfn_does_not_import_torch(statement: str) -> None:
+    """torch comes with the first Torch load (`pawfn --help`: 2.0 s -> 0.5 s here)."""
+    code = f"import sys; {statement}; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert result.stdout.strip() == "False"
+    loaded = "import sys, pawfn; pawfn.ModelRegistry; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, check=True, timeout=120).stdout.strip() == "True"

@@ -1,5 +1,7 @@
 """pawfn: typed Python SDK for ProgramAsWeights neural programs."""
 
+from typing import TYPE_CHECKING
+
 from .backends import Backend, LlamaCpp, Remote, Torch
 from .batch import arun_many, generate_many, run_many
 from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
@@ -36,7 +38,9 @@ from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
 from .config import PawConfig
 from .options import RuntimeOptions
 from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
-from .torch import ModelRegistry
+
+if TYPE_CHECKING:
+    from .torch import ModelRegistry
 
 __version__ = "0.1.0"
 
@@ -94,3 +98,13 @@ __all__ = [
     "prepare_program",
     "run_many",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`ModelRegistry` imported on first use: `import pawfn` does not import torch (a Remote-only client, `pawfn
+    --help`)."""
+    if name == "ModelRegistry":
+        from .torch import ModelRegistry
+
+        return ModelRegistry
+    raise AttributeError(f"module 'pawfn' has no attribute {name!r}")

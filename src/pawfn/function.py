@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -30,7 +30,6 @@ from .runtime import (
     PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, TextStream, TokenListener, gather_in_order,
     results_in_order,
 )
-from .torch import TorchProgram
 
 __all__ = ["PawFn", "runtime_opener"]
 
@@ -40,7 +39,16 @@ OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
 
 _DEFAULT_OPTIONS = RuntimeOptions()
-_OPENERS: Mapping[type[Backend], RuntimeOpener] = {Torch: TorchProgram.open, LlamaCpp: LlamaCppProgram.open}
+
+
+def _torch_opener() -> RuntimeOpener:
+    from .torch import TorchProgram  # torch comes with the first Torch load, not with `import pawfn`
+
+    return TorchProgram.open
+
+
+_OPENERS: Mapping[type[Backend], Callable[[], RuntimeOpener]] = {Torch: _torch_opener, LlamaCpp: lambda: LlamaCppProgram.open}
+"""Each backend's opener, imported when first asked for (a Remote-only client never imports torch)."""
 
 
 def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
@@ -48,7 +56,7 @@ def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
     for kind in backend.__mro__:
         opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
         if opener is not None:
-            return opener
+            return opener()
     if issubclass(backend, Remote):
         raise ConfigError(
             f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, "

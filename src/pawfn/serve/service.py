@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..backends import Backend
+from ..backends import Backend, Torch
 from ..config import PawConfig
 from ..errors import ConfigError, NotFoundError
 from ..function import PawFn
@@ -21,7 +21,6 @@ from ..hub.refs import is_hub_reference
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
-from ..torch import TorchProgram
 
 __all__ = [
     "LocalPrograms", "ProgramService", "ServiceCounters", "check_loadable", "program_info", "run_call", "run_calls", "split_alias",
@@ -219,6 +218,10 @@ class LocalPrograms:
         return program.prompt_token_ids(text, options)
 
     def counters(self) -> ServiceCounters:
+        if not issubclass(self._backend, Torch):
+            return ServiceCounters()  # only Torch's scheduler counts its steps
+        from ..torch import TorchProgram  # loaded by now: `pawfn serve --help` imports no torch
+
         schedulers = {
             id(runtime.base.scheduler): runtime.base.scheduler
             for program in self._by_reference.values()
