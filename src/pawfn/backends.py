@@ -1,7 +1,7 @@
 """Backend types: type-level markers of where and how a program's forward pass runs.
 
-The implementations live in `pawfn.torch` and `pawfn.llamacpp`; `pawfn.loading` maps a marker to its opener,
-so this module (a core type) imports no backend.
+The implementations live in `pawfn.torch`, `pawfn.llamacpp` and `pawfn.remote`; `pawfn.function` maps a marker
+to its opener (Torch's imported on first use), so this module (a core type) imports no backend.
 """
 
 from __future__ import annotations

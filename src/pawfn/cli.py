@@ -1,4 +1,4 @@
-"""The `pawfn` command line: run, compile, info, cache and login."""
+"""The `pawfn` command line: run, bench, compile, info, cache, login and serve."""
 
 from __future__ import annotations
 

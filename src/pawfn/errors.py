@@ -116,6 +116,9 @@ class ContextOverflowError(PawError, ValueError):
 class ProgramClosedError(PawError, RuntimeError):
     """The program was closed and can no longer run."""
 
+    def __init__(self, message: str = "this program was closed; load it again to run it") -> None:
+        super().__init__(message)
+
 
 class ConfigError(PawError, ValueError):
     """A configuration value (argument, environment variable or config file) is invalid."""

@@ -386,10 +386,7 @@ class PawFn(Generic[M, B]):
 
     def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
         """Run the program and return text, token ids and timings."""
-        text, checked = _checked_input(input), _checked_options(options)
-        if self._runtime.closed:  # before tokenizing, so a closed program says so whatever the input
-            raise ProgramClosedError("this program was closed; load it again to run it")
-        return self._runtime.generate(text, checked)
+        return self._runtime.generate(*self._checked_call(input, options))
 
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
@@ -410,16 +407,23 @@ class PawFn(Generic[M, B]):
         return self._runtime.submit(*self._checked_call(input, options))
 
     def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
+        """The input and options checked, and the program open (before tokenizing: a closed program says so
+        whatever the input)."""
         text, checked = _checked_input(input), _checked_options(options)
-        if self._runtime.closed:
-            raise ProgramClosedError("this program was closed; load it again to run it")
+        self._check_open()
         return text, checked
 
+    def _check_open(self) -> None:
+        if self._runtime.closed:
+            raise ProgramClosedError()
+
+    async def agenerate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
+        """`generate` without blocking the event loop; cancelling the task stops the call at its next token."""
+        return await asyncio.wrap_future(await self.asubmit(input, options))
+
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
-        """`run` without blocking the event loop; cancelling the task stops the call at its next token (Torch)."""
-        pending = await self.asubmit(input, options)
-        generation = await asyncio.wrap_future(pending)
-        return generation.text
+        """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
+        return (await self.agenerate(input, options)).text
 
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """`submit` for the event loop, returning at once: a backend that runs calls one by one (llama.cpp) runs it
@@ -454,8 +458,7 @@ class PawFn(Generic[M, B]):
 
     def _checked_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> tuple[list[str], RuntimeOptions]:
         texts, checked = _checked_inputs(inputs), _checked_options(options)
-        if self._runtime.closed:
-            raise ProgramClosedError("this program was closed; load it again to run it")
+        self._check_open()
         return texts, checked
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:

@@ -303,7 +303,7 @@ class ProgramRuntime(ABC):
         """Count a run that starts (refused once the program is closed); pair with `_exit_run`."""
         with self._state:
             if self._closed:
-                raise ProgramClosedError("this program was closed; load it again to run it")
+                raise ProgramClosedError()
             self._active_runs += 1
 
     def _exit_run(self) -> None:

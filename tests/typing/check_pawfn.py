@@ -7,7 +7,7 @@ from typing import TypeVar
 from typing_extensions import assert_type
 
 from pawfn import (
-    GPT2, Backend, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch,
+    GPT2, Backend, Generation, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch,
 )
 from pawfn.builder import ProgramLoader, SpecCompiler
 
@@ -59,6 +59,7 @@ async def async_loads() -> None:
     )
     function = await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage")
     assert_type(await function.arun("text"), str)
+    assert_type(await function.agenerate("text"), Generation)
 
 
 def type_arguments() -> None:

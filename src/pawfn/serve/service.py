@@ -113,8 +113,7 @@ def program_info(name: str, references: Sequence[str], program: AnyPawFn) -> Ser
 
 async def run_call(program: AnyPawFn, name: str, text: str, options: RuntimeOptions) -> RunResponse:
     """One call on a loaded program, answered under `name`."""
-    generation = await asyncio.wrap_future(await program.asubmit(text, options))
-    return RunResponse(program=name, generation=generation)
+    return RunResponse(program=name, generation=await program.agenerate(text, options))
 
 
 async def run_calls(program: AnyPawFn, name: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
