@@ -193,9 +193,10 @@ class PawFn(Generic[M, B]):
         model = cls.model_type()
         opener = runtime_opener(cls.backend_type())
         started = time.perf_counter()
-        with open_bundle(bundle, PawCache(config.cache_dir).staging_dir()) as opened:
+        cache = PawCache(config.cache_dir, config.lock_timeout_s)
+        with open_bundle(bundle, cache.staging_dir()) as opened:
             cls._check_meta(opened.meta, opened.name)
-            base = base or find_cached_base(model, opened.meta, PawCache(config.cache_dir))
+            base = base or find_cached_base(model, opened.meta, cache)
             if base is None:
                 raise BaseModelError(
                     None,
@@ -203,7 +204,7 @@ class PawFn(Generic[M, B]):
                     f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
                     f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
                 )
-            files = ProgramFiles(opened, base, derived_dir, PawCache(config.cache_dir).base_derived_dir())
+            files = ProgramFiles(opened, base, derived_dir, cache.base_derived_dir())
             runtime = opener(model, files, config)
         return cls(runtime, opened.meta, bundle, config, (time.perf_counter() - started) * 1e3)
 
