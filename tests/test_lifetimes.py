@@ -151,3 +151,45 @@ def test_closing_a_llama_cpp_program_releases_its_handles(gpt2_program: TinyProg
     assert not _all_released(native_spy)
     program.close()
     assert _all_released(native_spy) and len(native_spy["made"]) == 1
+
+
+_RSS_SCRIPT = """
+import sys
+import torch  # its own libraries are not the load's memory
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+
+def rss_mb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+
+before = rss_mb()
+config = PawConfig() if sys.argv[3] == "float32" else PawConfig(weight_dtype=sys.argv[3])
+with PawFn[Qwen3_0_6B, Torch].from_path(sys.argv[1], base=sys.argv[2], config=config) as program:
+    program.generate("hello", RuntimeOptions(max_tokens=4))
+    loaded = rss_mb()
+print(before, loaded, rss_mb())
+"""
+
+
+@pytest.fixture(scope="module")
+def big_qwen3_program(tmp_path_factory: pytest.TempPathFactory) -> TinyProgram:
+    """A Qwen3 of ~230 MB of float32 weights (hidden 1536), big enough for its memory to show in RSS."""
+    from tests.helpers.programs import make_program
+    from tests.helpers.tiny_models import build_interpreter
+
+    root = tmp_path_factory.mktemp("big")
+    return make_program(build_interpreter("qwen3", root, width=1536), root, "program")
+
+
+@pytest.mark.parametrize("mode", ["float32", "int8"])
+def test_closing_the_last_program_returns_its_memory(big_qwen3_program: TinyProgram, mode: str) -> None:
+    """Closing the last program on a base gives back at least 80% of the RSS its load took, in the same process
+    (the base and its scheduler held each other, and the load's weights their file, until a garbage collection;
+    glibc kept the freed pages until trimmed: 65% came back)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-c", _RSS_SCRIPT, str(big_qwen3_program.folder), str(big_qwen3_program.interpreter.gguf_path), mode]
+    before, loaded, closed = map(float, subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout.split())
+    assert loaded - before > 200  # the weights' float32 copy at least
+    assert (loaded - closed) / (loaded - before) >= 0.8, (before, loaded, closed)

@@ -152,3 +152,5 @@ class TorchProgram(DecodingRuntime):
             ModelRegistry.release(base)
             if base.users <= 0:  # the last program: its scheduler's thread lets go of the base as it ends
                 base.scheduler.wait_idle()
+                del base  # the weights go with this last reference; glibc keeps the pages unless trimmed
+                trim_heap()

@@ -3,6 +3,7 @@ dtype), reference counted by the programs that use them: the last program to clo
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
@@ -13,7 +14,7 @@ from ..models import InterpreterModel
 from .engine import KVCache, TorchInterpreter
 from .scheduler import Scheduler
 
-__all__ = ["BaseKey", "ModelCopy", "ModelRegistry", "SharedBase"]
+__all__ = ["BaseKey", "ModelCopies", "ModelCopy", "ModelRegistry", "SharedBase"]
 
 
 @dataclass(frozen=True)
@@ -37,54 +38,43 @@ class ModelCopy:
         self.runs = 0
 
 
-class SharedBase:
-    """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
+class ModelCopies:
+    """A base's bounded set of copies (KV caches over the shared weights), created as runs overlap. The scheduler
+    holds this, not the `SharedBase`, so the base and its scheduler form no reference cycle: the weights go with
+    the last program's reference, not at some later garbage collection."""
 
-    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
-        self.key = key
-        self.interpreter = interpreter
-        self._max_copies = max_copies
-        self._max_rows = max_rows
+    def __init__(self, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
+        self._interpreter = interpreter
+        self.max_copies = max_copies
+        """Upper bound on copies (and so on concurrent runs)."""
+        self.max_rows = max_rows
+        """Most rows in one decode step."""
         self._copies: list[ModelCopy] = []
         self._free: list[ModelCopy] = []
         self._available = threading.Condition()
-        self.users = 0
-        """Programs holding this base (guarded by the registry's lock)."""
-        self.scheduler = Scheduler(interpreter, self._acquire_cache, lambda: self._max_copies, lambda: self._max_rows)
-        """Batches every call on this base."""
 
     @property
-    def max_copies(self) -> int:
-        """Upper bound on copies (and so on concurrent runs)."""
-        return self._max_copies
-
-    @property
-    def n_copies(self) -> int:
-        """Copies created so far (they are created lazily)."""
+    def count(self) -> int:
+        """Copies created so far."""
         return len(self._copies)
 
-    def allow_copies(self, max_copies: int, max_rows: int) -> None:
-        """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
+    def allow(self, max_copies: int, max_rows: int) -> None:
+        """Raise the bounds (never lowered while programs use the base)."""
         with self._available:
-            self._max_copies = max(self._max_copies, max_copies)
-            self._max_rows = max(self._max_rows, max_rows)
+            self.max_copies = max(self.max_copies, max_copies)
+            self.max_rows = max(self.max_rows, max_rows)
             self._available.notify_all()
-
-    @contextmanager
-    def _acquire_cache(self) -> Generator[KVCache, None, None]:
-        with self.acquire() as copy:
-            yield copy.cache
 
     @contextmanager
     def acquire(self) -> Generator[ModelCopy, None, None]:
         """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
         with self._available:
-            while not self._free and len(self._copies) >= self._max_copies:
+            while not self._free and len(self._copies) >= self.max_copies:
                 self._available.wait()
             if self._free:
                 copy = self._free.pop()
             else:
-                copy = ModelCopy(len(self._copies), self.interpreter.new_cache())
+                copy = ModelCopy(len(self._copies), self._interpreter.new_cache())
                 self._copies.append(copy)
         try:
             copy.runs += 1
@@ -93,6 +83,44 @@ class SharedBase:
             with self._available:
                 self._free.append(copy)
                 self._available.notify()
+
+    @contextmanager
+    def acquire_cache(self) -> Generator[KVCache, None, None]:
+        """`acquire`, yielding the copy's KV cache (what the scheduler needs)."""
+        with self.acquire() as copy:
+            yield copy.cache
+
+
+class SharedBase:
+    """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
+
+    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
+        self.key = key
+        self.interpreter = interpreter
+        self._copies = ModelCopies(interpreter, max_copies, max_rows)
+        self.users = 0
+        """Programs holding this base (guarded by the registry's lock)."""
+        copies = self._copies
+        self.scheduler = Scheduler(interpreter, copies.acquire_cache, lambda: copies.max_copies, lambda: copies.max_rows)
+        """Batches every call on this base."""
+
+    @property
+    def max_copies(self) -> int:
+        """Upper bound on copies (and so on concurrent runs)."""
+        return self._copies.max_copies
+
+    @property
+    def n_copies(self) -> int:
+        """Copies created so far (they are created lazily)."""
+        return self._copies.count
+
+    def allow_copies(self, max_copies: int, max_rows: int) -> None:
+        """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
+        self._copies.allow(max_copies, max_rows)
+
+    def acquire(self) -> contextlib.AbstractContextManager[ModelCopy]:
+        """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
+        return self._copies.acquire()
 
 
 class ModelRegistry:

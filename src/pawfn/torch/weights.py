@@ -102,11 +102,11 @@ def _readable(file: Path) -> Generator[None, None, None]:
 
 def _finite_tensors(weights: BaseWeights) -> BaseWeights:
     """`weights` whose `tensors` refuse a tensor holding NaN or infinity, by name (it would make every logit NaN)."""
-    read = weights.tensors
+    read, source = weights.tensors, weights.source  # not `weights`: its own closures would hold it in a cycle
 
     def checked(name: str, array: Array) -> Array:
         if not _all_finite(array):
-            raise non_finite(weights.source, name)
+            raise non_finite(source, name)
         return array
 
     def tensors() -> Iterator[tuple[str, Array]]:
