@@ -17,7 +17,6 @@ import torch
 from tokenizers import Tokenizer, models
 
 from pawfn.adapter import LoraAdapter, LoraPair
-from pawfn.models import Qwen3_0_6B
 from pawfn.tokenizer import TextCodec
 from pawfn.torch.engine import TorchInterpreter
 from pawfn.torch.families import Architecture
@@ -113,8 +112,8 @@ def main() -> None:
         for target, pair in pairs.items():
             _, layer_text, module, _ = target.split(".")
             path = f"base_model.model.model.layers.{layer_text}.{hf_names[module]}"
-            getattr(peft_model.get_submodule(f"{path}.lora_A.default"), "weight").copy_(torch.as_tensor(pair.a))
-            getattr(peft_model.get_submodule(f"{path}.lora_B.default"), "weight").copy_(torch.as_tensor(pair.b))
+            peft_model.get_submodule(f"{path}.lora_A.default").weight.copy_(torch.as_tensor(pair.a))
+            peft_model.get_submodule(f"{path}.lora_B.default").weight.copy_(torch.as_tensor(pair.b))
     with torch.inference_mode():
         hf_cache = DynamicCache(config=config)
         peft_model(input_ids=torch.tensor([prefix + prompt]), cache=hf_cache, use_cache=True)

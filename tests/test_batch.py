@@ -14,7 +14,9 @@ from tests.helpers.programs import TinyProgram, requires_llama_cpp
 INPUTS = ["hello", "Urgent: the server is down! Customers wait and wait.", "a", "numbers 1 2 3"]
 
 
-def _load(program: TinyProgram, backend: type[Torch] | type[LlamaCpp] = Torch, n_ctx: int = 2048) -> PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp]:
+def _load(
+    program: TinyProgram, backend: type[Torch] | type[LlamaCpp] = Torch, n_ctx: int = 2048
+) -> PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp]:
     config = PawConfig(n_ctx=n_ctx)
     if backend is Torch:
         return PawFn.load_any_sync(str(program.folder), Torch, base=program.interpreter.gguf_path, config=config)

@@ -8,12 +8,13 @@ import typing
 from collections.abc import Iterator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 import torch
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
+from tests.helpers.tiny_models import TinyInterpreter
 from pawfn import (
     GPT2,
     Backend,
@@ -226,7 +227,7 @@ def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_
         PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)
 
 
-def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: Any) -> None:
+def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: TinyInterpreter) -> None:
     with pytest.raises(BaseModelError, match="GGUF architecture is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):
         PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=gpt2.gguf_path)
     with pytest.raises(BaseModelError, match="model_type is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from pawfn import GPT2, ContextOverflowError, InterpreterMismatchError, LlamaCpp, ModelRegistry, PawConfig, PawFn, ProgramClosedError, Qwen3_0_6B, Torch
+from pawfn import (
+    GPT2, ContextOverflowError, InterpreterMismatchError, LlamaCpp, ModelRegistry, PawConfig, PawFn, ProgramClosedError, Qwen3_0_6B, Torch,
+)
 from pawfn.errors import AdapterError
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 
@@ -158,12 +160,12 @@ import sys
 import torch  # its own libraries are not the load's memory
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 
-def rss_mb():
+def rss_mb():  # the anonymous part: mapped file pages come and go with the page cache under memory pressure
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS"))
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("RssAnon"))
 
 before = rss_mb()
-config = PawConfig() if sys.argv[3] == "float32" else PawConfig(weight_dtype=sys.argv[3])
+config = {"float32": PawConfig(), "numerics": PawConfig(numerics="llamacpp"), "int8": PawConfig(weight_dtype="int8")}[sys.argv[3]]
 with PawFn[Qwen3_0_6B, Torch].from_path(sys.argv[1], base=sys.argv[2], config=config) as program:
     program.generate("hello", RuntimeOptions(max_tokens=4))
     loaded = rss_mb()
@@ -181,9 +183,9 @@ def big_qwen3_program(tmp_path_factory: pytest.TempPathFactory) -> TinyProgram:
     return make_program(build_interpreter("qwen3", root, width=1536), root, "program")
 
 
-@pytest.mark.parametrize("mode", ["float32", "int8"])
+@pytest.mark.parametrize("mode", ["float32", "numerics"])
 def test_closing_the_last_program_returns_its_memory(big_qwen3_program: TinyProgram, mode: str) -> None:
-    """Closing the last program on a base gives back at least 80% of the RSS its load took, in the same process
+    """Closing the last program on a base gives back at least 80% of the (anonymous) RSS its load took, in the same process
     (the base and its scheduler held each other, and the load's weights their file, until a garbage collection;
     glibc kept the freed pages until trimmed: 65% came back)."""
     import subprocess
@@ -191,5 +193,6 @@ def test_closing_the_last_program_returns_its_memory(big_qwen3_program: TinyProg
 
     argv = [sys.executable, "-c", _RSS_SCRIPT, str(big_qwen3_program.folder), str(big_qwen3_program.interpreter.gguf_path), mode]
     before, loaded, closed = map(float, subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout.split())
-    assert loaded - before > 200  # the weights' float32 copy at least
+    assert loaded - before > (200 if mode == "float32" else 50)  # the weights at least: float32 ~230 MB
     assert (loaded - closed) / (loaded - before) >= 0.8, (before, loaded, closed)
+    print(f"{mode}: {before:.0f} MB, loaded {loaded:.0f} MB, closed {closed:.0f} MB: {(loaded - closed) / (loaded - before):.0%} back")

@@ -146,7 +146,10 @@ def test_int8_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
         assert _agreement(exact, compact, 32, trained.inputs) >= INT8_TRAINED_FLOORS[family]
 
 
-@pytest.mark.xfail(strict=True, reason="per-row int8 weights (use --numerics llamacpp for the official tokens): on the trained Qwen3 pawfn's int8 keeps 0.56 of float32's tokens, llama.cpp's Q8_0 0.79")
+@pytest.mark.xfail(strict=True, reason=(
+    "per-row int8 weights (use --numerics llamacpp for the official tokens): on the trained Qwen3 pawfn's int8 keeps "
+    "0.56 of float32's tokens, llama.cpp's Q8_0 0.79"
+))
 @requires_llama_cpp
 def test_int8_is_as_faithful_as_llama_cpps_q8_0_base(trained_qwen3_program: TrainedProgram, tmp_path: Path) -> None:
     """What the fast mode owes: lose no more of float32's tokens than llama.cpp's own 8-bit base does."""
@@ -162,7 +165,9 @@ def test_int8_is_as_faithful_as_llama_cpps_q8_0_base(trained_qwen3_program: Trai
 
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "int8"])
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
-def test_fused_matrices_change_no_bit(family: str, weight_dtype: WeightDType | None, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_matrices_change_no_bit(
+    family: str, weight_dtype: WeightDType | None, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """q/k/v and gate/up multiplied as one matrix (with their LoRA `a` matrices joined) give the separate products' bits."""
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     model = _model(program)

@@ -533,7 +533,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
         settings = ServeSettings(
-            api_key=None if key is None else SecretStr(key), max_queue=args.max_queue, max_body_bytes=args.max_body_bytes, max_input_chars=args.max_input_chars,
+            api_key=None if key is None else SecretStr(key), max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+            max_input_chars=args.max_input_chars,
             max_tokens=args.max_tokens_limit, max_batch_inputs=args.max_batch_inputs,
         )
     except OptionError as exc:

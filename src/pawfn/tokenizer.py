@@ -49,7 +49,7 @@ def _byte_decoder() -> dict[str, int]:
             printable.append(byte)
             codes.append(256 + shifted)
             shifted += 1
-    return {chr(code): byte for byte, code in zip(printable, codes)}
+    return {chr(code): byte for byte, code in zip(printable, codes, strict=True)}
 
 
 _BYTE_CHARS = frozenset(_byte_decoder())

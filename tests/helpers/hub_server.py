@@ -83,9 +83,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _injected_failure(self, path: str) -> bool:
         state = self.hub.state
         with state.lock:
-            for prefix, status in list(state.fail_once.items()):
+            for prefix in list(state.fail_once):
                 if path.startswith(prefix):
-                    del state.fail_once[prefix]
+                    status = state.fail_once.pop(prefix)
                     break
             else:
                 return False

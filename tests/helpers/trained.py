@@ -87,7 +87,7 @@ def pawfn_tokens(fixture: TrainedProgram, program: Path, base: BaseType, config:
 
 def first_difference(expected: list[int], found: list[int]) -> int | None:
     """The first step where two token sequences differ (a missing token counts), or None when equal."""
-    for step, (a, b) in enumerate(zip(expected, found)):
+    for step, (a, b) in enumerate(zip(expected, found, strict=False)):
         if a != b:
             return step
     return None if len(expected) == len(found) else min(len(expected), len(found))

@@ -2,8 +2,9 @@
 
 Calls go out on daemon threads, at most `PawConfig.max_model_copies` requests in flight at once (the server
 batches them); a batch is one request. A cancelled call stops counting at once: closing the program (or the
-process, after Ctrl-C) does not wait for its answer, and the server, seeing the connection close, stops it. The server's program info (interpreter, context, prefix) is read
-once, when the program opens, so a wrong interpreter type fails before any run.
+process, after Ctrl-C) does not wait for its answer, and the server, seeing the connection close, stops it. The
+server's program info (interpreter, context, prefix) is read once, when the program opens, so a wrong interpreter
+type fails before any run.
 """
 
 from __future__ import annotations

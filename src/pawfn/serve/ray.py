@@ -191,7 +191,7 @@ class RayPrograms:
             if self._routes is None:
                 infos = [await self._ask(name, "info") for name in self._references]
                 self._routes = {}
-                for name, info in zip(self._references, infos):
+                for name, info in zip(self._references, infos, strict=True):
                     if info.program_id:  # a program named twice at start answers its id under the first name
                         self._routes.setdefault(info.program_id, name)
         return self._routes.get(reference, reference)

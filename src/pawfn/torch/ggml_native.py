@@ -30,7 +30,8 @@ from ..config import default_cache_dir
 from ..files import write_atomically
 
 __all__ = [
-    "TILED_MIN_ROWS", "NativeBlockMatrix", "NativeKernels", "int8_mm", "join_blocks", "native_attention", "native_expf", "native_kernels", "native_rms_norm", "native_rope",
+    "TILED_MIN_ROWS", "NativeBlockMatrix", "NativeKernels", "int8_mm", "join_blocks", "native_attention", "native_expf",
+    "native_kernels", "native_rms_norm", "native_rope",
     "native_swiglu",
 ]
 
@@ -121,7 +122,9 @@ class NativeKernels:
         self._run(kernel, ctypes.byref(args), count, _threads(count, work))
 
     @staticmethod
-    def _declare(function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]) -> Callable[..., None]:
+    def _declare(
+        function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]
+    ) -> Callable[..., None]:
         function.argtypes = arguments  # type: ignore[attr-defined]  # ctypes function pointers take these attributes
         function.restype = None  # type: ignore[attr-defined]
         return function
