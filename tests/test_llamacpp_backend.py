@@ -143,3 +143,25 @@ def test_an_invalid_repack_setting_names_the_variable(monkeypatch: pytest.Monkey
     monkeypatch.setenv("PAW_LLAMACPP_REPACK", "sometimes")
     with pytest.raises(ConfigError, match="PAW_LLAMACPP_REPACK='sometimes'.*auto, 1 or 0"):
         PawConfig.from_env()
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_submit_returns_before_the_call_runs_and_calls_run_in_order(qwen3_program: TinyProgram) -> None:
+    """llama.cpp runs a program's calls one by one on the program's own worker: `submit` queues and returns at once;
+    a cancelled queued call never starts; the others finish in order with the tokens they get alone."""
+    import threading
+
+    from pawfn import RuntimeOptions
+
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
+        alone = program.generate("hello", RuntimeOptions(max_tokens=8)).token_ids
+        caller = threading.get_ident()
+        seen: list[int] = []
+        first = program.runtime.submit("hello", RuntimeOptions(max_tokens=400), lambda token: seen.append(threading.get_ident()))
+        assert not first.done()  # queued, not run on the caller's thread
+        second = program.submit("hello", RuntimeOptions(max_tokens=8))
+        third = program.submit("hello", RuntimeOptions(max_tokens=8))
+        assert second.cancel() and second.cancelled()
+        assert third.result(timeout=120).token_ids == alone
+        assert first.done() and caller not in seen

@@ -27,7 +27,7 @@ from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
 from .results import Generation
 from .runtime import (
-    PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, TextStream, TokenListener, gather_in_order,
+    PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, TextStream, gather_in_order,
     results_in_order,
 )
 
@@ -402,9 +402,9 @@ class PawFn(Generic[M, B]):
         return self.generate(input, options).text
 
     def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """Start a call and return a future of its `Generation`. The Torch backend queues it on its base's scheduler
-        and returns at once (calls in flight are decoded together, each with the tokens it gets alone);
-        llama.cpp runs it before returning. `cancel()` stops a call that is still decoding."""
+        """Start a call and return a future of its `Generation`, at once on every backend: Torch queues it on its
+        base's scheduler (calls in flight are decoded together, each with the tokens it gets alone), llama.cpp on the
+        program's own worker (its calls run in turn), Remote sends it. `cancel()` stops a call that is still decoding."""
         return self._runtime.submit(*self._checked_call(input, options))
 
     def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
@@ -427,28 +427,15 @@ class PawFn(Generic[M, B]):
         return (await self.agenerate(input, options)).text
 
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop, returning at once: a backend that runs calls one by one (llama.cpp) runs it
-        on a worker thread, which `cancel()` stops at its next token."""
-        text, checked = self._checked_call(input, options)
-        if self._runtime.queues_calls:
-            return self._runtime.submit(text, checked)
-        return self._on_worker(text, checked, None)
-
-    def _on_worker(self, text: str, options: RuntimeOptions, on_token: TokenListener | None) -> PendingGeneration:
-        """A call of a backend that runs calls one by one, on a worker thread of the running loop."""
-        pending = self._runtime.track(PendingGeneration())
-        asyncio.get_running_loop().run_in_executor(None, self._runtime.run_pending, pending, text, options, on_token)
-        return pending
+        """`submit` for the event loop (it returns at once on every backend)."""
+        return self._runtime.submit(*self._checked_call(input, options))
 
     async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
         """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then
         `await stream.generation()`; leaving `async with stream` early cancels the call."""
         text, checked = self._checked_call(input, options)
         stream = TextStream(self._runtime.decode_tokens)
-        if self._runtime.queues_calls:
-            stream.follow(self._runtime.submit_streaming(text, checked, stream))
-        else:
-            stream.follow(self._on_worker(text, checked, stream.on_token))
+        stream.follow(self._runtime.submit_streaming(text, checked, stream))
         return stream
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
@@ -468,11 +455,7 @@ class PawFn(Generic[M, B]):
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
-        texts, checked = self._checked_batch(inputs, options)
-        if self._runtime.queues_calls:
-            pendings = self._runtime.submit_batch(texts, checked)
-        else:
-            pendings = [self._on_worker(text, checked, None) for text in texts]
+        pendings = self._runtime.submit_batch(*self._checked_batch(inputs, options))
         return [generation.text for generation in await gather_in_order(pendings)]
 
     def close(self) -> None:

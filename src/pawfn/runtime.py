@@ -11,12 +11,13 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Generator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import CancelledError, Future, wait
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from .bundle import ProgramBundle, PromptTemplate
 from .config import PawConfig
@@ -214,9 +215,6 @@ class ProgramRuntime(ABC):
     `DecodingRuntime` runs programs in this process (Torch, llama.cpp); `pawfn.remote` runs them on a server.
     """
 
-    queues_calls: ClassVar[bool] = False
-    """Whether `submit` returns at once (calls queued for batching) rather than after running the call."""
-
     def __init__(self) -> None:
         self._state = threading.Condition()
         self._active_runs = 0
@@ -253,8 +251,8 @@ class ProgramRuntime(ABC):
 
     @abstractmethod
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
-        """Start a call and return at once where the backend queues calls (its errors come with the result); a
-        backend that runs calls one by one runs it before returning. `on_token` sees each generated token."""
+        """Start a call and return at once, on every backend: its result or error comes through the future, and
+        `cancel()` stops it at its next token. `on_token` sees each generated token."""
 
     def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Start a call that `stream` follows: its tokens as they are taken (a remote backend sends text instead)."""
@@ -268,13 +266,6 @@ class ProgramRuntime(ABC):
         """Run the program on `text`; safe to call from several threads. Interrupted while it waits (Ctrl-C), it
         cancels the call, which stops at its next token."""
         return results_in_order([self.submit(text, options)])[0]
-
-    def run_pending(
-        self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
-    ) -> None:
-        """Run a call on this thread into `pending`, for backends that run calls one by one (`asubmit` runs it on a
-        worker thread); `pending.cancel()` from another thread stops it at its next token."""
-        raise NotImplementedError(f"{type(self).__name__} queues its calls: use submit")
 
     @abstractmethod
     def release(self) -> None:
@@ -311,20 +302,13 @@ class ProgramRuntime(ABC):
             self._active_runs -= 1
             self._state.notify_all()
 
-    @contextmanager
-    def _running(self) -> Generator[None, None, None]:
-        self._enter_run()
-        try:
-            yield
-        finally:
-            self._exit_run()
-
     def close(self) -> None:
         """Wait for running calls, then free the program (the shared base goes with its last program)."""
         with self._state:
             if self._closed:
                 return
             self._closed = True
+            self._state.notify_all()  # an idle worker ends
             while self._active_runs:
                 self._state.wait()
         self.release()
@@ -340,6 +324,9 @@ class DecodingRuntime(ProgramRuntime):
     def __init__(self, prompt: Prompt) -> None:
         super().__init__()
         self._prompt = prompt
+        self._queue: deque[tuple[PendingGeneration, str, RuntimeOptions, TokenListener | None]] = deque()
+        """Calls waiting for the worker (guarded by `_state`)."""
+        self._worker: threading.Thread | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -368,26 +355,48 @@ class DecodingRuntime(ProgramRuntime):
     ) -> Generation:
         """The one-call decode loop; once `abandoned` is set the call stops at its next token (`CancelledError`)."""
         decoding = Decoding(self._prompt, text, options, on_token)
-        with self._running():
-            if decoding.budget.limit > 0:
-                with self.session(options) as session:
-                    session.prefill(decoding.prompt_ids)
-                    decoding.prefilled()
+        if decoding.budget.limit > 0:
+            with self.session(options) as session:
+                session.prefill(decoding.prompt_ids)
+                decoding.prefilled()
+                token = session.sample()
+                while decoding.take(token):
+                    if abandoned.is_set():
+                        raise CancelledError()
+                    session.advance(token)
                     token = session.sample()
-                    while decoding.take(token):
-                        if abandoned.is_set():
-                            raise CancelledError()
-                        session.advance(token)
-                        token = session.sample()
         return decoding.result()
 
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
-        """Run the call before returning (calls run one by one here); its error comes with the result."""
+        """Queue the call on the program's own worker thread (its calls run one by one, in order) and return at once;
+        its error comes with the result, and `cancel()` stops it at its next token."""
         pending = self.track(PendingGeneration())
-        self.run_pending(pending, text, options, on_token)
+        self._enter_run()  # counted from now: close() waits for queued calls too
+        with self._state:
+            self._queue.append((pending, text, options, on_token))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="pawfn-calls", daemon=True)
+                self._worker.start()
+            self._state.notify_all()
         return pending
 
-    def run_pending(
+    def _work(self) -> None:
+        """The worker: the queued calls in order, until the program closes with nothing queued."""
+        while True:
+            with self._state:
+                while not self._queue and not self._closed:
+                    self._state.wait()
+                if not self._queue:
+                    return
+                pending, text, options, on_token = self._queue.popleft()
+            try:
+                self._run_pending(pending, text, options, on_token)
+            except BaseException:  # noqa: BLE001 - delivered to the waiter; the worker serves the next call
+                pass
+            finally:
+                self._exit_run()
+
+    def _run_pending(
         self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
     ) -> None:
         """Run a call on this thread into `pending`; `pending.cancel()` from another thread stops it at its next
@@ -396,11 +405,8 @@ class DecodingRuntime(ProgramRuntime):
             return
         try:
             pending.set_result(self._decode(text, options, pending.abandoned, on_token))
-        except Exception as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
             pending.set_exception(exc)
-        except BaseException as exc:  # KeyboardInterrupt and the like: the waiter learns of it, the thread still ends
-            pending.set_exception(exc)
-            raise
 
 
 class TextStream:

@@ -27,8 +27,6 @@ __all__ = ["RemoteProgram"]
 class RemoteProgram(ProgramRuntime):
     """A program on a server; safe to call from many threads and tasks."""
 
-    queues_calls = True
-
     def __init__(self, client: ServerClient, served: ServedProgram, concurrency: int) -> None:
         super().__init__()
         self._client = client

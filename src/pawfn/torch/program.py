@@ -38,8 +38,6 @@ def _check_device(device: str) -> torch.device:
 class TorchProgram(DecodingRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
 
-    queues_calls = True
-
     def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt) -> None:
         super().__init__(prompt)
         self._base: SharedBase | None = base
