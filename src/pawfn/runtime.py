@@ -1,8 +1,8 @@
-"""The runtime interface every backend implements, and the one decode loop they all run.
+"""The runtime interface every backend implements, and what every call shares.
 
-A backend supplies a `DecodeSession` (prefill, sample, advance) per call; a `Decoding` does the rest once: prompt
-encoding, the context budget, stopping, timings and the `Generation`. `ProgramRuntime.generate` drives one call
-to its end; a batching backend (Torch) drives many `Decoding`s through shared steps and overrides `submit`.
+`ProgramRuntime` is the contract: `submit` returns a future at once on every backend. A `Decoding` is one call's
+bookkeeping whatever runs it: prompt encoding, the context budget, stopping, timings and the `Generation`; Torch's
+scheduler steps many of them together, llama.cpp's worker one at a time.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import asyncio
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import CancelledError, Future, wait
-from contextlib import AbstractContextManager
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -29,9 +27,8 @@ from .tokenizer import TextCodec
 
 __all__ = [
     "Budget",
-    "DecodeSession",
     "Decoding",
-    "DecodingRuntime",
+    "PromptRuntime",
     "PendingGeneration",
     "ProgramFiles",
     "ProgramRuntime",
@@ -110,22 +107,6 @@ class Prompt:
         if options.max_tokens is not None and options.max_tokens <= remaining:
             return Budget(options.max_tokens, "max_tokens")
         return Budget(remaining, "context")
-
-
-class DecodeSession(Protocol):
-    """One call's state on a backend, positioned after the program's cached prefix."""
-
-    def prefill(self, prompt_ids: list[int]) -> None:
-        """Evaluate the call's prompt ids after the prefix (none: continue from the prefix's last logits)."""
-        ...
-
-    def sample(self) -> int:
-        """The next token from the current logits (greedy or the call's seeded sampler)."""
-        ...
-
-    def advance(self, token: int) -> None:
-        """Evaluate `token` at the next position."""
-        ...
 
 
 TokenListener = Callable[[int], None]
@@ -314,19 +295,13 @@ class ProgramRuntime(ABC):
         self.release()
 
 
-class DecodingRuntime(ProgramRuntime):
-    """A program decoded in this process: its template's `Prompt` on the interpreter's tokenizer, and the one-call
-    decode loop over the backend's `DecodeSession` (a batching backend overrides `submit`).
-
-    Subclasses give `session` and `release`.
-    """
+class PromptRuntime(ProgramRuntime):
+    """A program run in this process: its template's `Prompt` on the interpreter's tokenizer (the Torch and
+    llama.cpp backends; each schedules its calls itself)."""
 
     def __init__(self, prompt: Prompt) -> None:
         super().__init__()
         self._prompt = prompt
-        self._queue: deque[tuple[PendingGeneration, str, RuntimeOptions, TokenListener | None]] = deque()
-        """Calls waiting for the worker (guarded by `_state`)."""
-        self._worker: threading.Thread | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -345,68 +320,6 @@ class DecodingRuntime(ProgramRuntime):
     def decode_tokens(self, token_ids: Sequence[int]) -> str:
         """Text of generated token ids, unstripped (incomplete UTF-8 as U+FFFD)."""
         return self._prompt.codec.decode(list(token_ids))
-
-    @abstractmethod
-    def session(self, options: RuntimeOptions) -> AbstractContextManager[DecodeSession]:
-        """A decode session for one call, holding whatever the backend needs (a model copy, a lock)."""
-
-    def _decode(
-        self, text: str, options: RuntimeOptions, abandoned: threading.Event, on_token: TokenListener | None
-    ) -> Generation:
-        """The one-call decode loop; once `abandoned` is set the call stops at its next token (`CancelledError`)."""
-        decoding = Decoding(self._prompt, text, options, on_token)
-        if decoding.budget.limit > 0:
-            with self.session(options) as session:
-                session.prefill(decoding.prompt_ids)
-                decoding.prefilled()
-                token = session.sample()
-                while decoding.take(token):
-                    if abandoned.is_set():
-                        raise CancelledError()
-                    session.advance(token)
-                    token = session.sample()
-        return decoding.result()
-
-    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
-        """Queue the call on the program's own worker thread (its calls run one by one, in order) and return at once;
-        its error comes with the result, and `cancel()` stops it at its next token."""
-        pending = self.track(PendingGeneration())
-        self._enter_run()  # counted from now: close() waits for queued calls too
-        with self._state:
-            self._queue.append((pending, text, options, on_token))
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="pawfn-calls", daemon=True)
-                self._worker.start()
-            self._state.notify_all()
-        return pending
-
-    def _work(self) -> None:
-        """The worker: the queued calls in order, until the program closes with nothing queued."""
-        while True:
-            with self._state:
-                while not self._queue and not self._closed:
-                    self._state.wait()
-                if not self._queue:
-                    return
-                pending, text, options, on_token = self._queue.popleft()
-            try:
-                self._run_pending(pending, text, options, on_token)
-            except BaseException:  # noqa: BLE001 - delivered to the waiter; the worker serves the next call
-                pass
-            finally:
-                self._exit_run()
-
-    def _run_pending(
-        self, pending: PendingGeneration, text: str, options: RuntimeOptions, on_token: TokenListener | None = None
-    ) -> None:
-        """Run a call on this thread into `pending`; `pending.cancel()` from another thread stops it at its next
-        token."""
-        if not pending.set_running_or_notify_cancel():
-            return
-        try:
-            pending.set_result(self._decode(text, options, pending.abandoned, on_token))
-        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the result, as from a batching backend
-            pending.set_exception(exc)
 
 
 class TextStream:

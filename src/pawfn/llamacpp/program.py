@@ -13,7 +13,9 @@ import functools
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Generator
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +25,8 @@ from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..runtime import DecodingRuntime, ProgramFiles, Prompt, context_window
+from ..results import Generation
+from ..runtime import Decoding, PendingGeneration, ProgramFiles, Prompt, PromptRuntime, TokenListener, context_window
 from ..tokenizer import TextCodec
 from . import cpu
 
@@ -135,14 +138,64 @@ class LlamaCppSession:
         self._llm.eval([token])
 
 
-class LlamaCppProgram(DecodingRuntime):
-    """One program on its own llama.cpp context; the base GGUF is memory-mapped, so the OS shares it."""
+class LlamaCppProgram(PromptRuntime):
+    """One program on its own llama.cpp context (the base GGUF is memory-mapped, so the OS shares it); its calls
+    queue for the program's own worker thread and run one by one, in order."""
 
     def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt) -> None:
         super().__init__(prompt)
         self._resources = resources
         self.llm = llm
         self._lock = threading.Lock()
+        self._queue: deque[tuple[PendingGeneration, str, RuntimeOptions, TokenListener | None]] = deque()
+        """Calls waiting for the worker (guarded by `_state`)."""
+        self._worker: threading.Thread | None = None
+
+    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+        """Queue the call for the program's worker and return at once; its error comes with the result, and
+        `cancel()` stops it at its next token (a queued one never starts)."""
+        pending = self.track(PendingGeneration())
+        self._enter_run()  # counted from now: close() waits for queued calls too
+        with self._state:
+            self._queue.append((pending, text, options, on_token))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="pawfn-llamacpp", daemon=True)
+                self._worker.start()
+            self._state.notify_all()
+        return pending
+
+    def _work(self) -> None:
+        """The worker: the queued calls in order, until the program closes with nothing queued."""
+        while True:
+            with self._state:
+                while not self._queue and not self._closed:
+                    self._state.wait()
+                if not self._queue:
+                    return
+                pending, text, options, on_token = self._queue.popleft()
+            try:
+                if pending.set_running_or_notify_cancel():
+                    pending.set_result(self._decode(text, options, pending, on_token))
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it from the result, as from any backend
+                pending.set_exception(exc)
+            finally:
+                self._exit_run()
+
+    def _decode(self, text: str, options: RuntimeOptions, pending: PendingGeneration, on_token: TokenListener | None) -> Generation:
+        """One call to its end on the program's context; once the call is cancelled it stops at its next token."""
+        decoding = Decoding(self._prompt, text, options, on_token)
+        if decoding.budget.limit > 0:
+            with self._lock:  # the context is the program's: release() takes it too
+                session = LlamaCppSession(self, options)
+                session.prefill(decoding.prompt_ids)
+                decoding.prefilled()
+                token = session.sample()
+                while decoding.take(token):
+                    if pending.abandoned.is_set():
+                        raise CancelledError()
+                    session.advance(token)
+                    token = session.sample()
+        return decoding.result()
 
     @property
     def engine(self) -> str:
@@ -207,11 +260,6 @@ class LlamaCppProgram(DecodingRuntime):
             if prompt.prefix_ids:
                 llm.eval(prompt.prefix_ids)
             return cls(resources.pop_all(), llm, prompt)
-
-    @contextlib.contextmanager
-    def session(self, options: RuntimeOptions) -> Generator[LlamaCppSession, None, None]:
-        with self._lock:  # one llama.cpp context per program: its calls take turns
-            yield LlamaCppSession(self, options)
 
     def release(self) -> None:
         with self._lock:

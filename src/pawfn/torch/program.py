@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator
 
 import torch
 
@@ -13,7 +12,7 @@ from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import (
-    Decoding, DecodingRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
+    Decoding, PromptRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
 )
 from .converted import ConvertedStore
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
@@ -21,7 +20,6 @@ from .engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
 from .scheduler import ScheduledCall
-from .session import TorchSession
 from .weights import read_base_weights
 
 __all__ = ["TorchProgram"]
@@ -35,7 +33,7 @@ def _check_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TorchProgram(DecodingRuntime):
+class TorchProgram(PromptRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
 
     def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt) -> None:
@@ -136,12 +134,6 @@ class TorchProgram(DecodingRuntime):
             return pending
         self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self._prefix, pending, self._exit_run))
         return pending
-
-    @contextlib.contextmanager
-    def session(self, options: RuntimeOptions) -> Generator[TorchSession, None, None]:
-        base = self.base
-        with base.acquire() as copy:
-            yield TorchSession(base.interpreter, self._adapter, self._prefix, copy.cache, options)
 
     def release(self) -> None:
         self._adapter.release()

@@ -46,10 +46,6 @@ class TorchSession:
             )
         return on_compute_thread(pick_token, logits, self._options, self._generator)
 
-    def advance(self, token: int) -> None:
-        self._logits = on_compute_thread(self.interpreter.step, [self.step_row(token)])[0]
-        self._position += 1
-
     def step_row(self, token: int) -> StepRow:
         """This call's row in a decode step that evaluates `token` next."""
         return StepRow(token, self._position, self._cache, self.adapter)
