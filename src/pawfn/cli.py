@@ -258,8 +258,7 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
 def _positive(flag: str, value: int) -> None:
     """Refuse a count below 1 in the wording of every option error."""
     if value < 1:
-        allowed = "an integer >= 1"
-        raise _CliError(str(OptionError([OptionProblem(flag, value, f"expected {allowed}", allowed)])))
+        raise _CliError(str(OptionError([OptionProblem.outside(flag, value, "an integer >= 1")])))
 
 
 def _input_line(line: str, number: int, source: str, jsonl: bool) -> str:

@@ -153,8 +153,8 @@ class PawConfig(OptionsModel):
                     values[name] = int(raw)
                 except ValueError:
                     field = cls.model_fields[name]
-                    allowed = allowed_values(field.annotation, field.metadata)
-                    raise OptionError([OptionProblem(name, raw, f"expected {allowed}", allowed)], origins) from None
+                    problem = OptionProblem.outside(name, raw, allowed_values(field.annotation, field.metadata))
+                    raise OptionError([problem], origins) from None
         if isinstance(values.get("offline"), str):
             values["offline"] = str(values["offline"]).strip().lower() in _TRUTHY
         if isinstance(values.get("llamacpp_repack"), str):
@@ -190,8 +190,7 @@ def _auto_or_bool(raw: str, origins: Mapping[str, str]) -> bool | None:
         return True
     if word in _FALSY:
         return False
-    allowed = "auto, 1 or 0"
-    raise OptionError([OptionProblem("llamacpp_repack", raw, f"expected {allowed}", allowed)], origins)
+    raise OptionError([OptionProblem.outside("llamacpp_repack", raw, "auto, 1 or 0")], origins)
 
 
 class _StoredConfig(BaseModel):

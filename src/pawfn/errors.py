@@ -144,6 +144,11 @@ class OptionProblem:
     allowed: str | None = None
     """The values the field takes, e.g. ``an integer >= 0, or None``; None where a custom check said what is wrong."""
 
+    @classmethod
+    def outside(cls, field: str, value: object, allowed: str) -> OptionProblem:
+        """`value` is not among what `field` allows (``an integer >= 1``): the problem reads ``expected ...``."""
+        return cls(field, value, f"expected {allowed}", allowed)
+
     def describe(self, label: str | None = None) -> str:
         """`invalid LABEL=VALUE: problem`, LABEL where the value came from (``--top-p``, ``PAW_DTYPE``) or the field."""
         return f"invalid {label or self.field}={self.value!r}: {self.problem}"
@@ -192,8 +197,7 @@ class OptionError(ConfigError):
             elif info is None or item["type"] == "value_error":  # a field's own check words its problem itself
                 problems.append(OptionProblem(field, value, str(item["msg"]).removeprefix("Value error, ")))
             else:
-                allowed = allowed_values(info.annotation, info.metadata)
-                problems.append(OptionProblem(field, value, f"expected {allowed}", allowed))
+                problems.append(OptionProblem.outside(field, value, allowed_values(info.annotation, info.metadata)))
         return cls(problems, labels)
 
 
