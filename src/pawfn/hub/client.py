@@ -89,6 +89,14 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
 
 
+def _call_timeout(what: str, url: str, timeout_s: float | None, where: str) -> CallTimeoutError:
+    """A call that got no answer in time, never sent again; `where` says what the server does with it now."""
+    return CallTimeoutError(
+        f"{what}: no answer from {url} within {timeout_s} s; it was not sent again ({where}): give the call a "
+        "max_tokens, or a longer PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=url,
+    )
+
+
 def _backoff(attempt: int, base_s: float) -> float:
     """Exponential backoff with jitter: base * 2^attempt, capped at 8 s, times a factor in [0.75, 1]."""
     return min(base_s * 2.0**attempt, 8.0) * (1.0 - 0.25 * random.random())
@@ -314,11 +322,7 @@ class _ClientBase:
             if isinstance(outcome, httpx.TransportError):
                 if request.once and not isinstance(outcome, _NOT_SENT):
                     if isinstance(outcome, httpx.TimeoutException):
-                        raise CallTimeoutError(
-                            f"{request.what}: no answer from {url} within {request.timeout} s; it was not sent again (the "
-                            "server may still be running it): give the call a max_tokens, or a longer "
-                            "PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=url,
-                        ) from outcome
+                        raise _call_timeout(request.what, url, request.timeout, "the server may still be running it") from outcome
                     raise ServerError(
                         f"{request.what}: the connection to {url} failed after the call was sent ({outcome}); it was "
                         "not sent again (the server may have run it)", url=url,
@@ -842,11 +846,7 @@ class ServerClient(_SyncClient):
                         raise httpx.ReadTimeout("the call's time ran out")
                     yield line
             except httpx.TimeoutException as exc:
-                raise CallTimeoutError(
-                    f"{request.what}: no answer from {request.url} within {timeout_s} s; it was not sent again (the "
-                    "server stops it as the connection closes): give the call a max_tokens, or a longer "
-                    "PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=request.url,
-                ) from exc
+                raise _call_timeout(request.what, request.url, timeout_s, "the server stops it as the connection closes") from exc
             except httpx.TransportError as exc:
                 raise ServerError(f"{request.what}: the connection to {request.url} failed mid-stream ({exc})",
                                   url=request.url) from exc
