@@ -105,15 +105,11 @@ class RemoteProgram(ProgramRuntime):
         """Run `request` on a daemon thread and hand its results to `pendings` (cancelled ones are skipped). The call
         counts as running until it answers or every one of its pendings is cancelled, whichever comes first."""
         self._enter_run()
-        ended = threading.Event()
-        guard = threading.Lock()
+        counted = threading.Lock()  # held once the run has stopped counting
 
         def end() -> None:
-            with guard:
-                if ended.is_set():
-                    return
-                ended.set()
-            self._exit_run()
+            if counted.acquire(blocking=False):
+                self._exit_run()
 
         def on_abandon() -> None:
             if all(pending.abandoned.is_set() for pending in pendings):
