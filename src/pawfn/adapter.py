@@ -18,8 +18,6 @@ from .models import InterpreterModel
 
 __all__ = ["LoraAdapter", "LoraHalf", "LoraPair", "read_lora_adapter"]
 
-RawTensor = tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType]
-"""A tensor's stored bytes and its GGML type."""
 _FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16})
 _LORA_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
 _Q = gguf.GGMLQuantizationType
@@ -78,12 +76,9 @@ class LoraPair:
         return self.b_half.values
 
     @property
-    def blocks(self) -> tuple[RawTensor, RawTensor] | None:
-        """`a` and `b` as stored (bytes and GGML type) when either is quantized: what llama.cpp's arithmetic
-        multiplies; None for float files."""
-        if self.a_half.is_float and self.b_half.is_float:
-            return None
-        return (self.a_half.data, self.a_half.qtype), (self.b_half.data, self.b_half.qtype)
+    def quantized(self) -> bool:
+        """Either half is stored in blocks (Q4_0, Q8_0, ...): what llama.cpp's arithmetic multiplies as stored."""
+        return not (self.a_half.is_float and self.b_half.is_float)
 
     @property
     def rank(self) -> int:

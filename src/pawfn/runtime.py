@@ -193,7 +193,7 @@ class PendingGeneration(Future[Generation]):
 class ProgramRuntime(ABC):
     """A loaded program, wherever it runs: what `PawFn` calls, and the bookkeeping of running and closing.
 
-    `DecodingRuntime` runs programs in this process (Torch, llama.cpp); `pawfn.remote` runs them on a server.
+    `PromptRuntime` runs programs in this process (Torch, llama.cpp); `pawfn.remote` runs them on a server.
     """
 
     def __init__(self) -> None:

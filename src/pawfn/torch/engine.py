@@ -432,9 +432,9 @@ class TorchInterpreter:
         groups: dict[tuple[str, ...], GroupLora] = {}
         if self.numerics == "llamacpp":
             for name, pair in adapter.pairs.items():
-                quantized = pair.blocks is not None
                 pairs[name] = LoraWeights(
-                    a=self._llamacpp_lora(pair.a_half, quantized), b=self._llamacpp_lora(pair.b_half, quantized), scale=pair.scale
+                    a=self._llamacpp_lora(pair.a_half, pair.quantized), b=self._llamacpp_lora(pair.b_half, pair.quantized),
+                    scale=pair.scale,
                 )
             for group in self.groups:
                 joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
