@@ -187,7 +187,7 @@ def big_qwen3_program(tmp_path_factory: pytest.TempPathFactory) -> TinyProgram:
 def test_closing_the_last_program_returns_its_memory(big_qwen3_program: TinyProgram, mode: str) -> None:
     """Closing the last program on a base gives back at least 80% of the (anonymous) RSS its load took, in the same process
     (the base and its scheduler held each other, and the load's weights their file, until a garbage collection;
-    glibc kept the freed pages until trimmed: 65% came back)."""
+    glibc kept the freed pages until trimmed: nothing came back at close, 65% after a gc.collect() in issue 21's run)."""
     import subprocess
     import sys
 
