@@ -18,9 +18,9 @@ from tokenizers import Tokenizer, models
 
 from pawfn.adapter import LoraAdapter, LoraPair
 from pawfn.tokenizer import TextCodec
-from pawfn.torch.engine import TorchInterpreter
 from pawfn.torch.families import Architecture
 from pawfn.torch.families.qwen3 import Qwen3Family
+from pawfn.torch.network import TorchInterpreter
 from pawfn.torch.weights import BaseWeights
 
 QWEN3_0_6B = Architecture(

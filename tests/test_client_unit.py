@@ -11,7 +11,7 @@ import pytest
 from pawfn import (
     CallTimeoutError, HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError,
 )
-from pawfn.hub.client import ServerClient
+from pawfn.remote.client import ServerClient
 
 
 def _config(tmp_path: Path, **changes: object) -> PawConfig:

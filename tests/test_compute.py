@@ -11,7 +11,9 @@ import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.compute import FreeCores, on_compute_thread, set_threads, sharing_cores
-from pawfn.torch.engine import DeviceAdapter, KVCache, TorchInterpreter
+from pawfn.torch.kvcache import KVCache
+from pawfn.torch.lora import DeviceAdapter
+from pawfn.torch.network import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 

@@ -13,9 +13,9 @@ import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.options import WeightDType
-from pawfn.torch.engine import TorchInterpreter
-from pawfn.torch.weights import BaseWeights
+from pawfn.torch.network import TorchInterpreter
 from pawfn.torch.program import TorchProgram
+from pawfn.torch.weights import BaseWeights
 from tests.helpers.programs import TinyProgram
 
 INPUT = "Urgent: the server is down!"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.torch.engine import attention_by_matmul, merge_attention, partial_attention
+from pawfn.torch.attention import attention_by_matmul, merge_attention, partial_attention
 from pawfn.torch.families import Architecture
 from tests.helpers.programs import TinyProgram, torch_program
 

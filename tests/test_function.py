@@ -13,17 +13,15 @@ from typing import TypeVar
 import pytest
 import torch
 
-from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
-from tests.helpers.tiny_models import TinyInterpreter
 from pawfn import (
     GPT2,
     Backend,
     BaseModelError,
-    LlamaCpp,
-    ModelRegistry,
     ContextOverflowError,
     InterpreterMismatchError,
     InterpreterModel,
+    LlamaCpp,
+    ModelRegistry,
     PawConfig,
     PawFn,
     ProgramClosedError,
@@ -33,7 +31,11 @@ from pawfn import (
 )
 from pawfn.models import WeightFile
 from pawfn.runtime import PendingGeneration
-from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
+from pawfn.torch.kvcache import KVCache, PrefixState
+from pawfn.torch.lora import DeviceAdapter
+from pawfn.torch.network import StepRow, TorchInterpreter
+from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
+from tests.helpers.tiny_models import TinyInterpreter
 
 GREEDY_24 = RuntimeOptions(max_tokens=24)
 INPUTS = ["Urgent: the server is down!", "hello", "I love this product", "", "the lazy dog"]

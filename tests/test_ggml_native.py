@@ -16,7 +16,7 @@ from gguf.quants import quantize
 
 from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.adapter import read_lora_adapter
-from pawfn.torch import engine, ggml_native
+from pawfn.torch import ggml_native, loading, network
 from pawfn.torch.ggml import (
     block_matrix, ggml_attention, ggml_expf, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul, quantize_q8_0,
     quantize_q8_k,
@@ -201,16 +201,16 @@ def test_the_engine_computes_the_same_logits_on_both(monkeypatch: pytest.MonkeyP
     fixture = load_trained("qwen3")
     runs: list[list[torch.Tensor]] = []
     for choice in (kernels, None):
-        monkeypatch.setattr(engine, "native_kernels", lambda choice=choice: choice)
+        monkeypatch.setattr(loading, "native_kernels", lambda choice=choice: choice)
         weights = read_base_weights(fixture.base("q6_k"), fixture.model)
-        interpreter = engine.TorchInterpreter(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
+        interpreter = network.TorchInterpreter(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
         assert (interpreter.ggml_kernels is None) == (choice is None)
         adapter = interpreter.attach(read_lora_adapter(fixture.adapter_q4_0, fixture.model))
         cache = interpreter.new_cache()
         cache.begin(interpreter.prefill_prefix(list(range(40, 70)), adapter, cache))
         logits = [interpreter.forward(list(range(100, 125)), 30, cache, adapter)]
         for step in range(3):
-            logits.append(interpreter.step([engine.StepRow(200 + step, 55 + step, cache, adapter)])[0])
+            logits.append(interpreter.step([network.StepRow(200 + step, 55 + step, cache, adapter)])[0])
         runs.append(logits)
     for native, emulated in zip(*runs, strict=True):
         assert torch.equal(native, emulated)
@@ -284,7 +284,7 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in cpu_flags())
         assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
-    monkeypatch.setattr(engine, "native_kernels", lambda: None)
+    monkeypatch.setattr(loading, "native_kernels", lambda: None)
     ModelRegistry.clear()
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine

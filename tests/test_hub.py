@@ -6,9 +6,9 @@ import asyncio
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
-import os
 import signal
 import stat
 import subprocess
@@ -23,12 +23,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.programs import TinyProgram
-from tests.helpers.bounded import CliRun, run_cli
-from tests.helpers.hub_server import HubServer
-from tests.helpers.locks import lock_held_elsewhere
-from tests.helpers.servers import start_server
-from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
 from pawfn import (
     GPT2,
     AsyncPawClient,
@@ -47,6 +41,12 @@ from pawfn import (
     Torch,
 )
 from pawfn.cli import main
+from tests.helpers.bounded import CliRun, run_cli
+from tests.helpers.hub_server import HubServer
+from tests.helpers.locks import lock_held_elsewhere
+from tests.helpers.official_layout import official_base_ok, official_program_problems, official_slug_cache, write_official_cache
+from tests.helpers.programs import TinyProgram
+from tests.helpers.servers import start_server
 from tests.helpers.tiny_models import write_bundle, zip_bundle
 
 PROGRAM_ID = "a6b454023d41ac9ca845"
@@ -392,7 +392,9 @@ def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> No
 
 
 def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+    from pawfn.torch.kvcache import KVCache, PrefixState
+    from pawfn.torch.lora import DeviceAdapter
+    from pawfn.torch.network import TorchInterpreter
 
     reference = hub.expected("hello")
     prefills: list[int] = []

@@ -17,11 +17,24 @@ import torch
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.errors import ConfigError
 from pawfn.torch.ggml import (
-    BlockMatrix, block_matrix, ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table,
+    BlockMatrix,
+    block_matrix,
+    ggml_attention,
+    ggml_gelu,
+    ggml_layer_norm,
+    ggml_rms_norm,
+    ggml_rope,
+    ggml_rope_table,
     ggml_silu_mul,
 )
 from pawfn.torch.ggml_native import (
-    NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu,
+    NativeBlockMatrix,
+    NativeKernels,
+    native_attention,
+    native_kernels,
+    native_rms_norm,
+    native_rope,
+    native_swiglu,
 )
 from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -310,7 +323,7 @@ def test_llamacpp_numerics_on_quantized_tiny_bases(ftype: str, quantized_bases: 
 
 
 def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Path) -> None:
-    from pawfn.torch.engine import check_llamacpp_numerics
+    from pawfn.torch.loading import check_llamacpp_numerics
 
     check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
     with pytest.raises(ConfigError, match="numerics='llamacpp' runs on the CPU"):
@@ -320,11 +333,11 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
 
 
 def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch import engine
+    from pawfn.torch import loading
 
-    monkeypatch.setattr(engine, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
+    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
     with pytest.raises(ConfigError, match="x86 CPU kernels"):
-        engine.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
+        loading.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
 
 
 def test_numerics_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,9 @@ import pytest
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.hub.cache import PawCache
-from pawfn.torch.engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+from pawfn.torch.kvcache import KVCache, PrefixState
+from pawfn.torch.lora import DeviceAdapter
+from pawfn.torch.network import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 OPTIONS = RuntimeOptions(max_tokens=12)

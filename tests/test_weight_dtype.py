@@ -19,8 +19,9 @@ from pawfn import GPT2, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawF
 from pawfn.adapter import read_lora_adapter
 from pawfn.options import WeightDType
 from pawfn.torch import kernels
-from pawfn.torch.engine import DeviceAdapter, TorchInterpreter
 from pawfn.torch.families import Architecture, Family
+from pawfn.torch.lora import DeviceAdapter
+from pawfn.torch.network import TorchInterpreter
 from pawfn.torch.weights import Array, BaseWeights, built, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cpp
 from tests.helpers.trained import TrainedProgram

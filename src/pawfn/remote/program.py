@@ -15,7 +15,7 @@ from concurrent.futures import CancelledError
 
 from ..config import PawConfig
 from ..errors import ConfigError
-from ..hub.client import ServerClient
+from .client import ServerClient
 from ..options import RuntimeOptions
 from ..protocol import RunResponse, ServedProgram
 from ..results import Generation

@@ -19,8 +19,8 @@ import torch
 
 from ..files import write_atomically
 from ..hashing import file_sha256
-from .engine import PrefixState
 from .families import Architecture
+from .kvcache import PrefixState
 
 __all__ = ["PrefixStore"]
 

@@ -12,11 +12,20 @@ from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import (
-    Decoding, PromptRuntime, PendingGeneration, ProgramFiles, Prompt, TokenListener, context_window,
+    Decoding,
+    PendingGeneration,
+    ProgramFiles,
+    Prompt,
+    PromptRuntime,
+    TokenListener,
+    context_window,
 )
-from .converted import ConvertedStore
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
-from .engine import DeviceAdapter, PrefixState, TorchInterpreter, torch_dtype
+from .converted import ConvertedStore
+from .kvcache import PrefixState
+from .loading import torch_dtype
+from .lora import DeviceAdapter
+from .network import TorchInterpreter
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
 from .scheduler import ScheduledCall

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..models import InterpreterModel
-from .engine import KVCache, TorchInterpreter
+from .kvcache import KVCache
+from .network import TorchInterpreter
 from .scheduler import Scheduler
 
 __all__ = ["BaseKey", "ModelCopies", "ModelCopy", "ModelRegistry", "SharedBase"]

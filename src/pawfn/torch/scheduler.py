@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from concurrent.futures import CancelledError
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
 from ..runtime import Decoding, PendingGeneration
 from .compute import on_compute_thread
-from .engine import DeviceAdapter, KVCache, PrefixState, TorchInterpreter
+from .kvcache import KVCache, PrefixState
+from .lora import DeviceAdapter
+from .network import TorchInterpreter
 from .session import TorchSession
 
 __all__ = ["Scheduler", "ScheduledCall"]

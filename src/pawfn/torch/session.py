@@ -7,7 +7,9 @@ import torch
 from ..errors import NonFiniteError
 from ..options import RuntimeOptions
 from .compute import on_compute_thread
-from .engine import DeviceAdapter, KVCache, PrefixState, StepRow, TorchInterpreter
+from .kvcache import KVCache, PrefixState
+from .lora import DeviceAdapter
+from .network import StepRow, TorchInterpreter
 from .sampling import make_generator, pick_token
 
 __all__ = ["TorchSession"]

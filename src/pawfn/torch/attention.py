@@ -1,0 +1,95 @@
+"""Attention over a sequence's own KV cache and its program's shared prefix, merged by log-sum-exp."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from .families import Architecture
+from .ggml import ggml_attention
+from .ggml_native import native_attention
+from .kvcache import KVCache
+
+if TYPE_CHECKING:
+    from .loading import LoadedBase
+
+__all__ = ["attend", "attend_llamacpp", "attention_by_matmul", "merge_attention", "partial_attention"]
+
+
+def attend(
+    arch: Architecture, cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """Store k/v [new, kv_heads, D] at `position...` in `cache`, then attend q [new, heads, D] over the cache's own
+    positions (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
+    end = cache.store(layer, position, k, v)
+    queries = _grouped(arch, q)
+    out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], mask)
+    prefix = cache.prefix
+    if prefix is not None and prefix.length:
+        shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
+        out = merge_attention(*shared, out, lse)
+    return _ungrouped(arch, out)
+
+
+def attend_llamacpp(
+    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    interpreter: LoadedBase,
+) -> torch.Tensor:
+    """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
+    end = cache.store(layer, position, k, v)
+    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
+    prefix = cache.prefix
+    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+    if interpreter.ggml_kernels is not None:
+        return native_attention(interpreter.ggml_kernels, q, shared, keys, values, interpreter.simd_width)
+    if shared is not None:
+        keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
+    return ggml_attention(q, keys, values, interpreter.simd_width)
+
+
+def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:
+    """Queries [n, heads, D] as [1, n_kv_heads, group * n, D]: the query heads that share a KV head are rows of
+    one block, so K and V are never copied per head."""
+    n, group = q.shape[0], arch.n_heads // arch.n_kv_heads
+    return q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n, arch.head_dim)
+
+
+def _ungrouped(arch: Architecture, out: torch.Tensor) -> torch.Tensor:
+    """`_grouped`'s inverse for attention outputs: [1, n_kv_heads, group * n, D] as [n, heads * D]."""
+    n = out.shape[2] * arch.n_kv_heads // arch.n_heads
+    return out.reshape(arch.n_heads, n, arch.head_dim).transpose(0, 1).reshape(n, arch.n_heads * arch.head_dim)
+
+
+def partial_attention(
+    arch: Architecture, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `queries` [1, kv_heads, m, D] over some positions (`keys`/`values` [1, kv_heads, L, D],
+    additive `mask` [m, L]): the output [1, kv_heads, m, D] and its log-sum-exp [1, kv_heads, m] for `merge_attention`."""
+    scale = 1.0 / math.sqrt(arch.head_dim)
+    if queries.device.type == "cpu":  # torch's fused CPU kernel (what scaled_dot_product_attention runs), with its lse
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            queries, keys, values, 0.0, False, attn_mask=mask, scale=scale
+        )
+        return out, lse
+    return attention_by_matmul(queries, keys, values, mask, scale)
+
+
+def attention_by_matmul(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`partial_attention` in plain products, in float32 (other devices: torch has no public kernel that gives the
+    log-sum-exp)."""
+    scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values.float()).to(queries.dtype), lse
+
+
+def merge_attention(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint sets of positions, joined into attention over both: the outputs weighted by
+    each set's share of the softmax mass, exp(lse1) / (exp(lse1) + exp(lse2)) for the first."""
+    return torch.lerp(out2, out1, torch.sigmoid(lse1 - lse2).unsqueeze(-1).to(out1.dtype))

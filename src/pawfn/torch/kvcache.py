@@ -1,0 +1,75 @@
+"""A sequence's keys and values: a program's evaluated prefix, shared in place, and each sequence's own cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .families import Architecture
+
+__all__ = ["KVCache", "PrefixState"]
+
+_CACHE_GRANULE = 256  # tokens; the KV buffer grows in steps of this size
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    """A program's evaluated prompt prefix: its KV per layer and the logits after its last token."""
+
+    token_ids: tuple[int, ...]
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    last_logits: torch.Tensor | None
+
+    @property
+    def length(self) -> int:
+        """Prefix length in tokens."""
+        return len(self.token_ids)
+
+
+
+class KVCache:
+    """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]` for
+    positions `prefix.length...`, grown on demand. The prefix's KV is read where it lies (every sequence of a
+    program shares it; nothing is copied per sequence)."""
+
+    def __init__(self, architecture: Architecture, device: torch.device, dtype: torch.dtype) -> None:
+        self._arch = architecture
+        self._device = device
+        self._dtype = dtype
+        self.capacity = 0
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.prefix: PrefixState | None = None
+        """The program's prefix this sequence continues (None: the sequence starts at position 0)."""
+
+    @property
+    def offset(self) -> int:
+        """The first position this cache stores (the prefix's length)."""
+        return 0 if self.prefix is None else self.prefix.length
+
+    def begin(self, prefix: PrefixState | None) -> None:
+        """Start a new sequence after `prefix` (None: from position 0); what was stored is written over."""
+        self.prefix = prefix
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for `n_tokens` positions after the prefix, keeping what is stored."""
+        if n_tokens <= self.capacity:
+            return
+        capacity = -(-n_tokens // _CACHE_GRANULE) * _CACHE_GRANULE
+        shape = (self._arch.n_kv_heads, capacity, self._arch.head_dim)
+        keys = [torch.empty(shape, device=self._device, dtype=self._dtype) for _ in range(self._arch.n_layers)]
+        values = [torch.empty(shape, device=self._device, dtype=self._dtype) for _ in range(self._arch.n_layers)]
+        for layer in range(len(self.keys)):
+            keys[layer][:, : self.capacity] = self.keys[layer]
+            values[layer][:, : self.capacity] = self.values[layer]
+        self.keys, self.values, self.capacity = keys, values, capacity
+
+    def store(self, layer: int, position: int, keys: torch.Tensor, values: torch.Tensor) -> int:
+        """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at `position...`; returns the stored length."""
+        start = position - self.offset
+        end = start + keys.shape[0]
+        self.keys[layer][:, start:end] = keys.transpose(0, 1)
+        self.values[layer][:, start:end] = values.transpose(0, 1)
+        return end

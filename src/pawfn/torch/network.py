@@ -1,0 +1,286 @@
+"""The interpreter's network in plain torch: the forward pass over a prompt, the decode step over rows of any
+programs, and the operations every model family's blocks are written in (products with LoRA side paths, norms,
+rotary embeddings, attention).
+
+The per-architecture parts (embedding, block, final norm) come from the model's family module; this module holds
+what every family shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..adapter import LoraAdapter
+from ..errors import BaseModelError
+from .attention import attend, attend_llamacpp
+from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
+from .ggml_native import NativeBlockMatrix, native_rms_norm, native_rope, native_swiglu
+from .kvcache import KVCache, PrefixState
+from .loading import LoadedBase, Product
+from .lora import DeviceAdapter, attach
+
+__all__ = ["StepRow", "TorchInterpreter"]
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One sequence's next token in a decode step: where it goes and the program whose side paths it takes."""
+
+    token: int
+    position: int
+    cache: KVCache
+    adapter: DeviceAdapter
+
+
+class TorchInterpreter(LoadedBase):
+    """Base weights of one interpreter on one device and the passes that run them; read-only, shared by every
+    program and model copy."""
+
+    def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
+        """Check `adapter` against these weights and move it to the device."""
+        return attach(self, adapter)
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for this interpreter (f16 with `numerics="llamacpp"`, like the official runtime's)."""
+        return KVCache(self.architecture, self.device, torch.float16 if self.numerics == "llamacpp" else self.dtype)
+
+    @torch.inference_mode()
+    def prefill_prefix(self, token_ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
+        """Evaluate a program's prefix once and keep its KV (the adapter changes K and V, so it is per program)."""
+        arch, n = self.architecture, len(token_ids)
+        logits: torch.Tensor | None = None
+        cache.begin(None)
+        if n:
+            logits = self.forward(token_ids, 0, cache, adapter).clone()
+            keys = tuple(cache.keys[layer][:, :n].clone() for layer in range(arch.n_layers))
+            values = tuple(cache.values[layer][:, :n].clone() for layer in range(arch.n_layers))
+        else:
+            empty = torch.empty((arch.n_kv_heads, 0, arch.head_dim), device=self.device, dtype=self.dtype)
+            keys = values = tuple(empty for _ in range(arch.n_layers))
+        return PrefixState(token_ids=tuple(token_ids), keys=keys, values=values, last_logits=logits)
+
+    @torch.inference_mode()
+    def forward(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
+        """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]."""
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(token_ids), device=self.device)
+        cache.reserve(start - cache.offset + len(token_ids))
+        ops = _ForwardPass(self, adapter, cache, start)
+        hidden = self.family.embed(ops, ids, positions)
+        for layer in range(self.architecture.n_layers):
+            hidden = self.family.block(ops, layer, hidden, positions)
+        last = self.family.final_norm(ops, hidden[-1:])
+        return self.matrices["output.weight"](last)[0].float()
+
+    @torch.inference_mode()
+    def step(self, rows: list[StepRow]) -> torch.Tensor:
+        """One decode step for several sequences (any programs): each row's token at its position into its cache;
+        returns logits [rows, vocab], each row bit-identical to the row stepped alone. Rows of one program should
+        be adjacent: each run of them takes the program's side paths in one product."""
+        ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
+        for row in rows:
+            row.cache.reserve(row.position - row.cache.offset + 1)
+        ops = _StepPass(self, rows)
+        hidden = self.family.embed(ops, ids, positions)
+        for layer in range(self.architecture.n_layers):
+            hidden = self.family.block(ops, layer, hidden, positions)
+        return self.matrices["output.weight"].rows(self.family.final_norm(ops, hidden)).float()
+
+
+class _Pass:
+    """What every pass's `Ops` share: the base's tensors, embeddings, norms, one rotary table per pass, and the
+    linear layers with their side paths, taken per segment of rows of one program (`_product` multiplies)."""
+
+    def __init__(self, interpreter: LoadedBase, segments: list[tuple[int, int | None, DeviceAdapter]]) -> None:
+        self.architecture = interpreter.architecture
+        self._interpreter = interpreter
+        self._tensors = interpreter.tensors
+        self._matrices = interpreter.matrices
+        self._groups = interpreter.groups
+        self._segments = segments
+        """Runs of rows of one program: (start, end or None for all, adapter)."""
+        self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._llamacpp = interpreter.numerics == "llamacpp"
+
+    _by_rows = False
+    """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
+
+    def _product(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
+        return matrix.rows(x) if self._by_rows else matrix(x)
+
+    def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """`x` [T, ...] kept to the rows whose outputs the pass returns, from the last layer's attention output on
+        (llama.cpp drops the other rows there, so the feed-forward's kernels see one row; `numerics="llamacpp"`)."""
+        return x
+
+    def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if self._llamacpp:
+            return self._llamacpp_linear(x, name)
+        y = self._product(self._matrices[name], x)
+        for start, end, adapter in self._segments:
+            self._add_side_path(y, x, start, end, adapter, name)
+        return y
+
+    def _llamacpp_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """llama.cpp's graph: the base product, each side path as b(a(x)) scaled then added, then the bias."""
+        y = self._product(self._matrices[name], x)
+        for start, end, adapter in self._segments:
+            self._add_side_path(y, x, start, end, adapter, name)
+        bias = self._interpreter.bias(name)
+        return y if bias is None else y + bias
+
+    def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
+        widths = self._groups.get(names)
+        if widths is None:
+            return [self.linear(x, name) for name in names]
+        outputs = list(torch.split(self._product(self._matrices[names[0]], x), widths, dim=-1))
+        for start, end, adapter in self._segments:
+            group = adapter.groups.get(names)
+            if group is None:
+                for y, name in zip(outputs, names, strict=True):
+                    self._add_side_path(y, x, start, end, adapter, name)
+                continue
+            projected = torch.split(self._product(group.a, x[start:end]), group.ranks, dim=-1)
+            for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
+                b.accumulate(y[start:end], p, scale, self._by_rows)
+        return outputs
+
+    def _add_side_path(
+        self, y: torch.Tensor, x: torch.Tensor, start: int, end: int | None, adapter: DeviceAdapter, name: str
+    ) -> None:
+        """Add weight `name`'s side path of `adapter`, if adapted, to rows `start:end` of its product `y`."""
+        lora = adapter.get(name)
+        if lora is None:
+            return
+        if self._llamacpp and not isinstance(lora.b, (BlockMatrix, NativeBlockMatrix)):
+            # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` would fuse the scaling in)
+            side = self._product(lora.b, self._product(lora.a, x[start:end]))
+            y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
+            return
+        lora.b.accumulate(y[start:end], self._product(lora.a, x[start:end]), lora.scale, self._by_rows)
+
+    def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
+        rows = self._interpreter.rows.get(name)
+        if rows is not None:
+            decoded = rows(ids)
+            if not bool(torch.isfinite(decoded).all()):  # rows decoded on demand were not checked at load
+                raise BaseModelError(None, f"base tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
+            return decoded.to(self._interpreter.dtype)
+        return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if not self._llamacpp:
+            return F.silu(gate) * up
+        kernels = self._interpreter.ggml_kernels
+        if kernels is None:
+            return ggml_silu_mul(gate, up, self._interpreter.simd_width)
+        return native_swiglu(kernels, gate, up, self._interpreter.simd_width)
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")
+
+    def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
+        if self._llamacpp:
+            kernels = self._interpreter.ggml_kernels
+            if kernels is not None:
+                return native_rms_norm(kernels, x, self._tensors[weight], self.architecture.norm_eps)
+            return ggml_rms_norm(x, self._tensors[weight], self.architecture.norm_eps)
+        variance = x.pow(2).mean(dim=-1, keepdim=True)
+        return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
+
+    def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        weight, bias = self._tensors[prefix + ".weight"], self._tensors[prefix + ".bias"]
+        if self._llamacpp:
+            return ggml_layer_norm(x, weight, bias, self.architecture.norm_eps, self._interpreter.simd_width)
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.architecture.norm_eps)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self._rotation is None:  # one table per pass: every layer rotates the same positions
+            self._rotation = self._rotation_table(positions, x.dtype)
+        cos, sin = self._rotation
+        if self._llamacpp:
+            kernels = self._interpreter.ggml_kernels
+            if kernels is not None and x.dim() == 3 and cos.shape[0] == x.shape[0]:
+                return native_rope(kernels, x, cos, sin)
+            return ggml_rope(x, cos, sin)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D/2] of `positions` [T]."""
+        frequencies = self._interpreter.rope_frequencies
+        if frequencies is None:
+            raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
+        if self._llamacpp:
+            return ggml_rope_table(positions, self.architecture.head_dim, self.architecture.rope_theta)
+        angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
+        return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
+
+
+class _ForwardPass(_Pass):
+    """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
+
+    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, start: int) -> None:
+        super().__init__(interpreter, [(0, None, adapter)])
+        self._cache = cache
+        self._start = start
+        self._mask: torch.Tensor | None = None
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        n_new, arch = q.shape[0], self.architecture
+        if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
+            group, end = arch.n_heads // arch.n_kv_heads, self._start - self._cache.offset + n_new
+            query_at = torch.arange(end - n_new, end, device=q.device).unsqueeze(1)
+            hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
+            self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
+            self._mask = self._mask.repeat(group, 1)
+        if self._llamacpp:
+            return attend_llamacpp(self._cache, layer, self._start, q, k, v, self._interpreter)
+        return attend(arch, self._cache, layer, self._start, q, k, v, self._mask)
+
+    def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return x[-1:] if self._llamacpp and layer == self.architecture.n_layers - 1 else x
+
+
+class _StepPass(_Pass):
+    """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program.
+    Every product goes through `Matrix.rows`, so a row's numbers never depend on the other rows."""
+
+    def __init__(self, interpreter: LoadedBase, rows: list[StepRow]) -> None:
+        segments: list[tuple[int, int | None, DeviceAdapter]] = []
+        for index, row in enumerate(rows):
+            if segments and segments[-1][2] is row.adapter:
+                segments[-1] = (segments[-1][0], index + 1, row.adapter)
+            else:
+                segments.append((index, index + 1, row.adapter))
+        super().__init__(interpreter, segments)
+        self._rows = rows
+
+    _by_rows = True
+
+    def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # row by row: a vectorized cos/sin may round a lane differently from a lone value's
+        one_row = super()._rotation_table
+        tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
+        return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """Row by row (the kernels round by shape), over the row's own positions and its program's prefix, which
+        every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
+        arch = self.architecture
+        if self._llamacpp:
+            return torch.cat([
+                attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
+                for i, row in enumerate(self._rows)
+            ])
+        return torch.cat([
+            attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
+            for i, row in enumerate(self._rows)
+        ])
+
