@@ -30,7 +30,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.models import WeightFile
-from pawfn.runtime import PendingGeneration
+from pawfn.calls import PendingGeneration
 from pawfn.torch.kvcache import KVCache, PrefixState
 from pawfn.torch.lora import DeviceAdapter
 from pawfn.torch.network import StepRow, TorchInterpreter

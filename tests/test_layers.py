@@ -24,7 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
         "protocol",
     }),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
-    frozenset({"runtime"}),
+    frozenset({"runtime", "calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
     frozenset({"function", "batch", "builder", "bench"}),

@@ -33,7 +33,7 @@ from .errors import (
 )
 from .function import PawFn
 from .results import Generation, Timings
-from .runtime import TextStream
+from .calls import TextStream
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
 from .config import PawConfig
 from .options import RuntimeOptions

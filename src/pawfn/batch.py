@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 from .function import PawFn
 from .options import RuntimeOptions
 from .results import Generation
-from .runtime import gather_in_order, results_in_order
+from .calls import gather_in_order, results_in_order
 
 __all__ = ["arun_many", "generate_many", "run_many"]
 

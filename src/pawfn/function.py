@@ -26,10 +26,8 @@ from .remote import RemoteProgram
 from .models import InterpreterModel, model_for_interpreter
 from .options import RuntimeOptions
 from .results import Generation
-from .runtime import (
-    PendingGeneration, ProgramFiles, ProgramRuntime, RuntimeOpener, TextStream, gather_in_order,
-    results_in_order,
-)
+from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
+from .calls import PendingGeneration, TextStream, gather_in_order, results_in_order
 
 __all__ = ["PawFn", "runtime_opener"]
 

@@ -26,7 +26,8 @@ from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..results import Generation
-from ..runtime import Decoding, PendingGeneration, ProgramFiles, Prompt, PromptRuntime, TokenListener, context_window
+from ..runtime import Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..calls import PendingGeneration, TokenListener
 from ..tokenizer import TextCodec
 from . import cpu
 

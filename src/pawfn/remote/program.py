@@ -19,7 +19,8 @@ from .client import ServerClient
 from ..options import RuntimeOptions
 from ..protocol import RunResponse, ServedProgram
 from ..results import Generation
-from ..runtime import PendingGeneration, ProgramRuntime, TextStream, TokenListener
+from ..runtime import ProgramRuntime
+from ..calls import PendingGeneration, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
 

@@ -11,15 +11,8 @@ from ..config import PawConfig
 from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..runtime import (
-    Decoding,
-    PendingGeneration,
-    ProgramFiles,
-    Prompt,
-    PromptRuntime,
-    TokenListener,
-    context_window,
-)
+from ..runtime import Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..calls import PendingGeneration, TokenListener
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from .converted import ConvertedStore
 from .kvcache import PrefixState

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
-from ..runtime import Decoding, PendingGeneration
+from ..runtime import Decoding
+
+from ..calls import PendingGeneration
 from .compute import on_compute_thread
 from .kvcache import KVCache, PrefixState
 from .lora import DeviceAdapter
