@@ -44,9 +44,7 @@ print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(ti
 """
 
 
-def measure(
-    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10
-) -> dict[str, float]:
+def measure(backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10) -> dict[str, float]:
     """One fresh process: load `bundles`, then `calls` calls from `concurrency` threads; its figures."""
     arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), *map(str, bundles)]
     return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
@@ -79,13 +77,19 @@ def main() -> None:
     after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
     print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
     reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
-    print(f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
-          f"{'vs llama.cpp':>12} {'same tokens as alone':>21}")
+    print(
+        f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+        f"{'vs llama.cpp':>12} {'same tokens as alone':>21}"
+    )
     for label, concurrency, figures in rows:
-        print(f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
-              f"{figures['calls_per_s'] / reference:11.2f}x {str(bool(figures['exact'])):>21}")
-    print(f"{'prompts only (1 token)':22} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
-          f"{prompt_only['calls_per_s'] / reference:11.2f}x   (no number of callers exceeds this)")
+        print(
+            f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
+            f"{figures['calls_per_s'] / reference:11.2f}x {str(bool(figures['exact'])):>21}"
+        )
+    print(
+        f"{'prompts only (1 token)':22} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
+        f"{prompt_only['calls_per_s'] / reference:11.2f}x   (no number of callers exceeds this)"
+    )
 
 
 if __name__ == "__main__":

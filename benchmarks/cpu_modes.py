@@ -27,8 +27,23 @@ MODES: dict[str, list[str]] = {
 
 
 def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | None) -> dict[str, object]:
-    command = [sys.executable, "-m", "pawfn", "bench", "--program", str(bundle), "--base", str(base), "--input", INPUT,
-               "--runs", str(runs), "--json", *flags, *(["--threads", str(threads)] if threads else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "pawfn",
+        "bench",
+        "--program",
+        str(bundle),
+        "--base",
+        str(base),
+        "--input",
+        INPUT,
+        "--runs",
+        str(runs),
+        "--json",
+        *flags,
+        *(["--threads", str(threads)] if threads else []),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(flags) or 'torch'} failed: {result.stderr.strip()}")
@@ -56,15 +71,19 @@ def main() -> None:
         return float(str(figures[key]))
 
     print(llama_cpp_build())
-    print(f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   "
-          "ratios to llama.cpp (call, load, RSS), median of the rounds' ratios")
+    print(
+        f"{'mode':24} {'median call':>12} {'ms/token':>9} {'load':>8} {'peak RSS':>9}   "
+        "ratios to llama.cpp (call, load, RSS), median of the rounds' ratios"
+    )
     for mode in modes:
-        figures = {key: statistics.median(value(r[mode], key) for r in rounds)
-                   for key in ("median_ms", "ms_per_token", "load_s", "peak_rss_mb")}
-        ratios = [statistics.median(value(r[mode], key) / value(r["llama.cpp"], key) for r in rounds)
-                  for key in ("median_ms", "load_s", "peak_rss_mb")]
-        print(f"{mode:24} {figures['median_ms']:9.0f} ms {figures['ms_per_token']:9.1f} {figures['load_s']:6.2f} s "
-              f"{figures['peak_rss_mb']:6.0f} MiB   " + ", ".join(f"{ratio:.2f}x" for ratio in ratios))
+        figures = {key: statistics.median(value(r[mode], key) for r in rounds) for key in ("median_ms", "ms_per_token", "load_s", "peak_rss_mb")}
+        ratios = [
+            statistics.median(value(r[mode], key) / value(r["llama.cpp"], key) for r in rounds) for key in ("median_ms", "load_s", "peak_rss_mb")
+        ]
+        print(
+            f"{mode:24} {figures['median_ms']:9.0f} ms {figures['ms_per_token']:9.1f} {figures['load_s']:6.2f} s "
+            f"{figures['peak_rss_mb']:6.0f} MiB   " + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+        )
     for mode in modes:
         if mode != "llama.cpp":
             calls = ", ".join(f"{value(r[mode], 'median_ms') / value(r['llama.cpp'], 'median_ms'):.2f}x" for r in rounds)

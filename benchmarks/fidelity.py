@@ -22,7 +22,14 @@ sys.path.insert(0, str(REPOSITORY))
 from pawfn import PawConfig  # noqa: E402
 from pawfn.llamacpp.cpu import llama_cpp_system_info  # noqa: E402
 from tests.helpers.trained import (  # noqa: E402
-    FIXTURES, MAX_TOKENS, OFFICIAL_BASE, BaseType, first_difference, llama_tokens, load_trained, pawfn_tokens,
+    FIXTURES,
+    MAX_TOKENS,
+    OFFICIAL_BASE,
+    BaseType,
+    first_difference,
+    llama_tokens,
+    load_trained,
+    pawfn_tokens,
 )
 
 OTHER_BASE: dict[str, BaseType] = {"qwen3": "q8_0", "gpt2": "q6_k"}
@@ -50,8 +57,10 @@ def main() -> None:
             exact = llama_tokens(fixture, "f32", fixture.adapter_f32, kv="f32")
             f32_program = fixture.program_with_f32_adapter(Path(scratch))
             rows.append(("pawfn float32 vs llama.cpp, F32 files", exact, pawfn_tokens(fixture, f32_program, "f32", PawConfig())))
-        print(f"\n{family}: official runtime = llama.cpp, {official_base.upper()} base, Q4_0 adapter, f16 KV; "
-              f"{len(inputs)} inputs x {MAX_TOKENS} tokens")
+        print(
+            f"\n{family}: official runtime = llama.cpp, {official_base.upper()} base, Q4_0 adapter, f16 KV; "
+            f"{len(inputs)} inputs x {MAX_TOKENS} tokens"
+        )
         print(f"{'mode':40} {'sequences equal':>16}   first differences (step)")
         for name, expected, found in rows:
             equal = sum(a == b for a, b in zip(expected, found, strict=True))

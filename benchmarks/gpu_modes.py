@@ -35,9 +35,11 @@ def main() -> None:
             figures = bench(base, bundle, [*flags, "--concurrency", str(callers)], args.runs, None)
             median = float(str(figures["median_ms"]))
             reference = reference or median
-            print(f"{mode:18} {callers:7d} {median:9.1f} ms {float(str(figures['ms_per_token'])):9.2f} "
-                  f"{float(str(figures['calls_per_s'])):8.2f} {float(str(figures['load_s'])):6.2f} s "
-                  f"{float(str(figures['peak_rss_mb'])):6.0f} MiB   call {median / reference:.2f}x of the first row")
+            print(
+                f"{mode:18} {callers:7d} {median:9.1f} ms {float(str(figures['ms_per_token'])):9.2f} "
+                f"{float(str(figures['calls_per_s'])):8.2f} {float(str(figures['load_s'])):6.2f} s "
+                f"{float(str(figures['peak_rss_mb'])):6.0f} MiB   call {median / reference:.2f}x of the first row"
+            )
 
 
 if __name__ == "__main__":

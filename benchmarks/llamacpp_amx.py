@@ -54,8 +54,9 @@ def _environment(build: Path | None) -> dict[str, str]:
 def system_info(build: Path | None) -> str:
     """The system info line of `build`'s llama.cpp (read in a child: loading it is safe, running it may not be)."""
     script = "from pawfn.llamacpp.cpu import llama_cpp_system_info; print(llama_cpp_system_info())"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300,
-                          env=_environment(build)).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300, env=_environment(build)
+    ).stdout.strip()
 
 
 def measure(bundle: Path, base: Path, repack: bool, runs: int, build: Path | None) -> dict[str, Any]:
@@ -79,16 +80,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every configuration once, in turn")
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
-    configurations: dict[str, tuple[Path | None, bool]] = {
-        "this build, repacking on": (None, True),
-        "this build, repacking off": (None, False),
-    }
+    configurations: dict[str, tuple[Path | None, bool]] = {"this build, repacking on": (None, True), "this build, repacking off": (None, False)}
     if args.amx_build is not None:
         configurations |= {"AMX build, repacking off": (args.amx_build, False), "AMX build, repacking on": (args.amx_build, True)}
-    rounds = [
-        {name: measure(bundle, base, repack, args.runs, build) for name, (build, repack) in configurations.items()}
-        for _ in range(args.rounds)
-    ]
+    rounds = [{name: measure(bundle, base, repack, args.runs, build) for name, (build, repack) in configurations.items()} for _ in range(args.rounds)]
     reference = "this build, repacking on"
     print(f"this build: llama.cpp {system_info(None)}")
     if args.amx_build is not None:

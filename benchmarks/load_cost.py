@@ -29,8 +29,13 @@ import numpy.typing as npt
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 1024, 28, 16, 8, 128, 3072, 151936
 PROJECTIONS = {
-    "attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
-    "attn_output": (HIDDEN, HEADS * HEAD_DIM), "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN),
+    "attn_q": (HEADS * HEAD_DIM, HIDDEN),
+    "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+    "ffn_gate": (FFN, HIDDEN),
+    "ffn_up": (FFN, HIDDEN),
+    "ffn_down": (HIDDEN, FFN),
 }
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The benchmark vocabulary has only a few merges, so a character is about a token: ~290 tokens of prefix.
@@ -185,8 +190,7 @@ def llama_cpp_build() -> str:
     return f"llama.cpp build: {info}; weight repacking {'on' if uses_repack(PawConfig()) else 'off'}"
 
 
-MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch float16": ("torch", "float16"),
-         "torch int8": ("torch", "int8")}
+MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch float16": ("torch", "float16"), "torch int8": ("torch", "int8")}
 
 
 def run_script(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
@@ -223,12 +227,16 @@ def main() -> None:
             results[mode] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             results[mode] |= {"first_load_s": first["load_s"], "first_peak_rss_mb": first["peak_rss_mb"]}
     reference = results["llama.cpp"]
-    print(f"{'mode':14} {'load':>7} {'first load':>10} {'peak RSS':>9} {'first RSS':>9} {'first call':>10}   "
-          "ratios to llama.cpp (load, first load, RSS, call)")
+    print(
+        f"{'mode':14} {'load':>7} {'first load':>10} {'peak RSS':>9} {'first RSS':>9} {'first call':>10}   "
+        "ratios to llama.cpp (load, first load, RSS, call)"
+    )
     for mode, figures in results.items():
         ratios = [figures[key] / reference[key] for key in ("load_s", "first_load_s", "peak_rss_mb", "call_ms")]
-        print(f"{mode:14} {figures['load_s']:5.2f} s {figures['first_load_s']:8.2f} s {figures['peak_rss_mb']:5.0f} MB "
-              f"{figures['first_peak_rss_mb']:6.0f} MB {figures['call_ms']:7.0f} ms   " + ", ".join(f"{r:.2f}x" for r in ratios))
+        print(
+            f"{mode:14} {figures['load_s']:5.2f} s {figures['first_load_s']:8.2f} s {figures['peak_rss_mb']:5.0f} MB "
+            f"{figures['first_peak_rss_mb']:6.0f} MB {figures['call_ms']:7.0f} ms   " + ", ".join(f"{r:.2f}x" for r in ratios)
+        )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,7 @@ print(model.detokenize(out).decode(errors="replace").strip())
 def timed(command: list[str]) -> float:
     """Seconds from the process's start to its end (its output printed)."""
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command[:6])}... failed: {result.stderr.strip()[-800:]}")
     return time.perf_counter() - started
@@ -73,8 +72,21 @@ def main() -> None:
     for name, flags in MODES.items():
         if args.modes is not None and not any(word in name for word in args.modes):
             continue
-        commands[name] = [sys.executable, "-m", "pawfn", "run", "--program", str(bundle), "--base", str(base), "--input",
-                          INPUT, "--max-tokens", "10", *flags]
+        commands[name] = [
+            sys.executable,
+            "-m",
+            "pawfn",
+            "run",
+            "--program",
+            str(bundle),
+            "--base",
+            str(base),
+            "--input",
+            INPUT,
+            "--max-tokens",
+            "10",
+            *flags,
+        ]
     for command in commands.values():  # caches: the prefix state, converted weights, built kernels
         timed(command)
     times: dict[str, list[float]] = {name: [] for name in commands}

@@ -116,11 +116,26 @@ def drive(url: str, program: str, calls: int, concurrency: int, max_tokens: int,
     return Measured(wall, [r[0] for r in results], all(r[1] for r in results))
 
 
-def serve_uvicorn(bundle: Path, base: Path, weight_dtype: str, calls: int, concurrency: int, max_tokens: int,
-                  tokens: list[int], timeout_s: float) -> Measured:
+def serve_uvicorn(
+    bundle: Path, base: Path, weight_dtype: str, calls: int, concurrency: int, max_tokens: int, tokens: list[int], timeout_s: float
+) -> Measured:
     port = _free_port()
-    command = [sys.executable, "-m", "pawfn", "serve", "--program", f"bench={bundle}", "--base", str(base),
-               "--port", str(port), "--max-model-copies", str(concurrency), "--max-batch-rows", str(concurrency)]
+    command = [
+        sys.executable,
+        "-m",
+        "pawfn",
+        "serve",
+        "--program",
+        f"bench={bundle}",
+        "--base",
+        str(base),
+        "--port",
+        str(port),
+        "--max-model-copies",
+        str(concurrency),
+        "--max-batch-rows",
+        str(concurrency),
+    ]
     if weight_dtype:
         command += ["--weight-dtype", weight_dtype]
     with tempfile.TemporaryFile() as log:
@@ -134,8 +149,9 @@ def serve_uvicorn(bundle: Path, base: Path, weight_dtype: str, calls: int, concu
             process.wait(60)
 
 
-def serve_ray(bundle: Path, base: Path, weight_dtype: str, calls: int, concurrency: int, max_tokens: int,
-              tokens: list[int], timeout_s: float, replicas: int) -> Measured:
+def serve_ray(
+    bundle: Path, base: Path, weight_dtype: str, calls: int, concurrency: int, max_tokens: int, tokens: list[int], timeout_s: float, replicas: int
+) -> Measured:
     import ray
     from ray import serve
 
@@ -148,8 +164,7 @@ def serve_ray(bundle: Path, base: Path, weight_dtype: str, calls: int, concurren
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = PawConfig(weight_dtype=weight_dtype or None, max_model_copies=concurrency, max_batch_rows=concurrency)
-        args = RayAppArgs(programs=[f"bench={bundle}"], base=str(base), replicas=replicas, replica_cpus=cores / replicas,
-                          config=config)
+        args = RayAppArgs(programs=[f"bench={bundle}"], base=str(base), replicas=replicas, replica_cpus=cores / replicas, config=config)
         serve.run(ray_app(args), name="bench", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         _wait_healthy(url, timeout_s)
@@ -174,8 +189,11 @@ def _row(label: str, result: Measured, calls: int, reference: float | None) -> f
     rate = calls / result.wall_s
     cuts = statistics.quantiles(result.latencies_s, n=100, method="inclusive")
     ratio = "" if reference is None else f"  {rate / reference:5.2f}x local"
-    print(f"  {label:24} {rate:6.2f} calls/s  p50 {cuts[49] * 1e3:7.0f} ms  p90 {cuts[89] * 1e3:7.0f} ms  "
-          f"p99 {cuts[98] * 1e3:7.0f} ms  exact {result.exact}{ratio}", flush=True)
+    print(
+        f"  {label:24} {rate:6.2f} calls/s  p50 {cuts[49] * 1e3:7.0f} ms  p90 {cuts[89] * 1e3:7.0f} ms  "
+        f"p99 {cuts[98] * 1e3:7.0f} ms  exact {result.exact}{ratio}",
+        flush=True,
+    )
     return rate
 
 
@@ -196,15 +214,16 @@ def main() -> None:
         else:
             base, bundle = prepare(args.workdir)
         local, tokens = run_local(bundle, base, args.weight_dtype, args.calls, args.concurrency, args.max_tokens)
-        print(f"{args.calls} calls of {args.max_tokens} tokens from {args.concurrency} client threads, "
-              f"weights {args.weight_dtype or 'float32'}, {os.cpu_count()} cores")
+        print(
+            f"{args.calls} calls of {args.max_tokens} tokens from {args.concurrency} client threads, "
+            f"weights {args.weight_dtype or 'float32'}, {os.cpu_count()} cores"
+        )
         reference = _row("local calls (PawFn)", local, args.calls, None)
         common = (bundle, base, args.weight_dtype, args.calls, args.concurrency, args.max_tokens, tokens, args.timeout_s)
         _row("pawfn serve (uvicorn)", serve_uvicorn(*common), args.calls, reference)
         if not args.skip_ray:
             for replicas in (1, 2):
-                _row(f"Ray Serve, {replicas} replica{'s' if replicas > 1 else ''}", serve_ray(*common, replicas=replicas),
-                     args.calls, reference)
+                _row(f"Ray Serve, {replicas} replica{'s' if replicas > 1 else ''}", serve_ray(*common, replicas=replicas), args.calls, reference)
     print(json.dumps({"note": "ratios are throughput over local calls, measured in this run"}))
 
 

@@ -30,10 +30,23 @@ def bench(base: Path, bundle: Path, flags: list[str], runs: int, busy: int) -> f
     """The median call (ms) of one `pawfn bench` process, with `busy` busy-looping processes beside it."""
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
-        command = [sys.executable, "-m", "pawfn", "bench", "--program", str(bundle), "--base", str(base), "--input",
-                   INPUT, "--runs", str(runs), "--json", *flags]
-        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600,
-                                env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        command = [
+            sys.executable,
+            "-m",
+            "pawfn",
+            "bench",
+            "--program",
+            str(bundle),
+            "--base",
+            str(base),
+            "--input",
+            INPUT,
+            "--runs",
+            str(runs),
+            "--json",
+            *flags,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     finally:
         for loop in loops:
             loop.kill()
@@ -49,8 +62,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed calls per process, after a warm-up call")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--busy", type=int, default=1, help="busy-looping processes beside the busy runs")
-    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES)[:3],
-                        help="modes to run (llama.cpp always)")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES)[:3], help="modes to run (llama.cpp always)")
     args = parser.parse_args()
     modes = {name: flags for name, flags in MODES.items() if name == "llama.cpp" or name in args.modes}
     base, bundle = prepare(args.workdir)
@@ -68,8 +80,7 @@ def main() -> None:
     reference = statistics.median(b / i for b, i in zip(busy["llama.cpp"], idle["llama.cpp"], strict=True))
     for mode in modes:
         ratio = statistics.median(b / i for b, i in zip(busy[mode], idle[mode], strict=True))
-        print(f"{mode:24} {statistics.median(idle[mode]):8.0f} ms {statistics.median(busy[mode]):8.0f} ms "
-              f"{ratio:9.2f}x {ratio / reference:12.2f}x")
+        print(f"{mode:24} {statistics.median(idle[mode]):8.0f} ms {statistics.median(busy[mode]):8.0f} ms {ratio:9.2f}x {ratio / reference:12.2f}x")
 
 
 if __name__ == "__main__":

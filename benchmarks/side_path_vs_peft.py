@@ -24,8 +24,17 @@ from pawfn.torch.network import TorchInterpreter
 from pawfn.torch.weights import BaseWeights
 
 QWEN3_0_6B = Architecture(
-    family="qwen3", vocab_size=151936, hidden_size=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
-    ffn_size=3072, norm_eps=1e-6, rope_theta=1000000.0, max_positions=40960,
+    family="qwen3",
+    vocab_size=151936,
+    hidden_size=1024,
+    n_layers=28,
+    n_heads=16,
+    n_kv_heads=8,
+    head_dim=128,
+    ffn_size=3072,
+    norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_positions=40960,
 )
 
 
@@ -53,9 +62,15 @@ def main() -> None:
 
     arch = QWEN3_0_6B
     config = Qwen3Config(
-        vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.ffn_size,
-        num_hidden_layers=arch.n_layers, num_attention_heads=arch.n_heads, num_key_value_heads=arch.n_kv_heads,
-        head_dim=arch.head_dim, max_position_embeddings=arch.max_positions, tie_word_embeddings=True,
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.ffn_size,
+        num_hidden_layers=arch.n_layers,
+        num_attention_heads=arch.n_heads,
+        num_key_value_heads=arch.n_kv_heads,
+        head_dim=arch.head_dim,
+        max_position_embeddings=arch.max_positions,
+        tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
     )
     torch.manual_seed(0)  # pyright: ignore[reportUnknownMemberType]  # torch leaves `seed` unannotated
@@ -74,8 +89,15 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     pairs: dict[str, LoraPair] = {}
-    shapes = {"attn_q": (2048, 1024), "attn_k": (1024, 1024), "attn_v": (1024, 1024), "attn_output": (1024, 2048),
-              "ffn_gate": (3072, 1024), "ffn_up": (3072, 1024), "ffn_down": (1024, 3072)}
+    shapes = {
+        "attn_q": (2048, 1024),
+        "attn_k": (1024, 1024),
+        "attn_v": (1024, 1024),
+        "attn_output": (1024, 2048),
+        "ffn_gate": (3072, 1024),
+        "ffn_up": (3072, 1024),
+        "ffn_down": (1024, 3072),
+    }
     for layer in range(arch.n_layers):
         for module, (out_f, in_f) in shapes.items():
             a = rng.normal(0, 0.02, (args.rank, in_f)).astype(np.float32)
@@ -106,8 +128,15 @@ def main() -> None:
     # transformers + peft: the same adapter as an unmerged peft LoRA.
     lora = LoraConfig(r=args.rank, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     peft_model = get_peft_model(hf, lora)
-    hf_names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    hf_names = {
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     with torch.no_grad():
         for target, pair in pairs.items():
             _, layer_text, module, _ = target.split(".")
@@ -120,10 +149,7 @@ def main() -> None:
         length = args.prefix + args.prompt
 
         def peft_step(index: int) -> None:
-            peft_model(
-                input_ids=torch.tensor([[7]]), cache=hf_cache, use_cache=True,
-                position_ids=torch.tensor([[length + index]]),
-            )
+            peft_model(input_ids=torch.tensor([[7]]), cache=hf_cache, use_cache=True, position_ids=torch.tensor([[length + index]]))
 
         peft_ms = _best_ms_per_token(peft_step, args.tokens)
 

@@ -51,9 +51,7 @@ def _status(field: str) -> int:
 
 def _cycle(bundles: list[Path], base: Path, calls: int, config: PawConfig) -> tuple[int, int]:
     """One load-run-close cycle; (calls that ran, calls cancelled)."""
-    programs: list[PawFn[InterpreterModel, Torch]] = [
-        PawFn.load_any_sync(str(bundle), Torch, base=base, config=config) for bundle in bundles
-    ]
+    programs: list[PawFn[InterpreterModel, Torch]] = [PawFn.load_any_sync(str(bundle), Torch, base=base, config=config) for bundle in bundles]
     options = RuntimeOptions(max_tokens=6)
     done = 0
     with ThreadPoolExecutor(8) as pool:
@@ -87,8 +85,13 @@ def soak(bundles: list[Path], base: Path, cycles: int, calls: int) -> list[Cycle
         ran, cancelled = _cycle(bundles, base, calls, config)
         measured.append(
             Cycle(
-                calls=ran, cancelled=cancelled, rss_mb=_status("VmRSS") / 1024, open_files=len(os.listdir("/proc/self/fd")),
-                python_threads=threading.active_count(), os_threads=_status("Threads"), seconds=time.perf_counter() - started,
+                calls=ran,
+                cancelled=cancelled,
+                rss_mb=_status("VmRSS") / 1024,
+                open_files=len(os.listdir("/proc/self/fd")),
+                python_threads=threading.active_count(),
+                os_threads=_status("Threads"),
+                seconds=time.perf_counter() - started,
             )
         )
     return measured
@@ -139,12 +142,16 @@ def main() -> None:
         print(f"{'cycle':>5} {'calls':>6} {'cancelled':>9} {'RSS MB':>7} {'open files':>10} {'py threads':>10} {'OS threads':>10} {'s':>6}")
         cycles = soak(bundles, base, args.cycles, args.calls)
         for index, cycle in enumerate(cycles, start=1):
-            print(f"{index:5} {cycle.calls:6} {cycle.cancelled:9} {cycle.rss_mb:7.0f} {cycle.open_files:10} "
-                  f"{cycle.python_threads:10} {cycle.os_threads:10} {cycle.seconds:6.1f}")
+            print(
+                f"{index:5} {cycle.calls:6} {cycle.cancelled:9} {cycle.rss_mb:7.0f} {cycle.open_files:10} "
+                f"{cycle.python_threads:10} {cycle.os_threads:10} {cycle.seconds:6.1f}"
+            )
         total = sum(cycle.calls for cycle in cycles)
         problems = check_bounds(cycles, args.rss_growth_mb)
-        print(f"{total} calls in {len(cycles)} cycles; bounds after cycle 1: RSS +{args.rss_growth_mb:.0f} MB, no new open "
-              f"files or Python threads, at most 1 more OS thread: {'held' if not problems else 'BROKEN: ' + '; '.join(problems)}")
+        print(
+            f"{total} calls in {len(cycles)} cycles; bounds after cycle 1: RSS +{args.rss_growth_mb:.0f} MB, no new open "
+            f"files or Python threads, at most 1 more OS thread: {'held' if not problems else 'BROKEN: ' + '; '.join(problems)}"
+        )
         if problems:
             raise SystemExit(1)
 

@@ -1,6 +1,6 @@
 """One program on both backends, side by side: outputs and time per call (no API key needed).
 
-    python examples/compare_backends.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
+python examples/compare_backends.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Builder, compile then run: a spec compiled on the PAW hub, loaded with the interpreter it names (API key).
 
-    PAW_API_KEY=... python examples/high_level.py --spec "Classify sentiment: POSITIVE or NEGATIVE" --input "I love it"
+PAW_API_KEY=... python examples/high_level.py --spec "Classify sentiment: POSITIVE or NEGATIVE" --input "I love it"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Typed program functions for libraries: accept any Qwen3 program on any backend, or any program at all.
 
-    python examples/library_functions.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
+python examples/library_functions.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
 """
 
 from __future__ import annotations

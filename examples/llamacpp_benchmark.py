@@ -1,6 +1,6 @@
 """Latency of one program on llama.cpp (the official runtime) behind pawfn's typed API (no API key needed).
 
-    python examples/llamacpp_benchmark.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --runs 10
+python examples/llamacpp_benchmark.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --runs 10
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ def main() -> int:
         return 1
     per_call = [r.timings.total_ms for r in results]
     tokens = sum(len(r.token_ids) for r in results)
-    print(f"{program.interpreter} on llama.cpp: load {program.load_ms:.0f} ms, median {statistics.median(per_call):.1f} ms "
-          f"per call over {args.runs} calls, {1e3 * tokens / sum(per_call):.1f} tokens/s")
+    print(
+        f"{program.interpreter} on llama.cpp: load {program.load_ms:.0f} ms, median {statistics.median(per_call):.1f} ms "
+        f"per call over {args.runs} calls, {1e3 * tokens / sum(per_call):.1f} tokens/s"
+    )
     return 0
 
 

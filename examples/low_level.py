@@ -1,6 +1,6 @@
 """Builder, load then run: an existing program by slug or id, narrowed to its precise type (network, no key).
 
-    python examples/low_level.py --slug email-triage --input "Urgent: the server is down!"
+python examples/low_level.py --slug email-triage --input "Urgent: the server is down!"
 """
 
 from __future__ import annotations

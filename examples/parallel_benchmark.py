@@ -44,8 +44,10 @@ def main() -> int:
         print(f"parallel_benchmark: {exc}", file=sys.stderr)
         return 1
     exact = all(result.token_ids == alone.token_ids for result in results)
-    print(f"{program.interpreter}: {sequential:.2f} calls/s one after another, {concurrent:.2f} calls/s from "
-          f"{args.concurrency} callers ({concurrent / sequential:.2f}x); same tokens as alone: {exact}")
+    print(
+        f"{program.interpreter}: {sequential:.2f} calls/s one after another, {concurrent:.2f} calls/s from "
+        f"{args.concurrency} callers ({concurrent / sequential:.2f}x); same tokens as alone: {exact}"
+    )
     return 0 if exact else 1
 
 

@@ -1,6 +1,6 @@
 """Run an existing Qwen3 program on a few inputs and print each output with its timings (no API key needed).
 
-    python examples/qwen3_inference.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
+python examples/qwen3_inference.py --program triage.paw --base qwen3-0.6b-q6_k.gguf --input "Server down!"
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ def main() -> int:
             print(f"loaded in {program.load_ms:.0f} ms; prefix {program.prefix_tokens} tokens, context {program.n_ctx}")
             for text in args.input:
                 result = program.generate(text, options)
-                print(f"{text!r} -> {result.text!r} ({len(result.token_ids)} tokens, {result.stop_reason}, "
-                      f"{result.timings.total_ms:.0f} ms)")
+                print(f"{text!r} -> {result.text!r} ({len(result.token_ids)} tokens, {result.stop_reason}, {result.timings.total_ms:.0f} ms)")
     except PawError as exc:
         print(f"qwen3_inference: {exc}", file=sys.stderr)
         return 1

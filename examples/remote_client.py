@@ -34,8 +34,7 @@ def main() -> int:
     try:
         config = PawConfig.from_env(server_url=args.server, server_api_key=key)
         with PawFn[Qwen3_0_6B, Remote].load_sync(args.program, config=config) as program:
-            print(f"{program.program_id or args.program} on {args.server}: {program.interpreter}, "
-                  f"{program.prefix_tokens}-token prefix")
+            print(f"{program.program_id or args.program} on {args.server}: {program.interpreter}, {program.prefix_tokens}-token prefix")
             batch = program.run_batch(args.input, options)  # one request
             for text, output in zip(args.input, batch, strict=True):
                 print(f"{text!r} -> {output!r}")

@@ -35,7 +35,9 @@ def main() -> int:
                     continue
                 mismatches += 1
                 first = next((i for i, (a, b) in enumerate(zip(ours, reference, strict=False)) if a != b), min(len(ours), len(reference)))
-                print(f"DIFF  {text!r}: first difference at token {first} (torch {ours[first:first + 3]}, llama.cpp {reference[first:first + 3]})")
+                print(
+                    f"DIFF  {text!r}: first difference at token {first} (torch {ours[first : first + 3]}, llama.cpp {reference[first : first + 3]})"
+                )
     except PawError as exc:
         print(f"verify_backend: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Inspect a program bundle without base weights: meta.json, the template split and the LoRA adapter.
 
-    python examples/verify_bundle.py --program triage.paw
+python examples/verify_bundle.py --program triage.paw
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def main() -> int:
             print(f"program {bundle.meta.program_id} for {bundle.meta.interpreter} ({model.__name__})")
             print(f"template: prefix {len(bundle.template.prefix)} chars, suffix {len(bundle.template.suffix)} chars")
             modules = sorted({name.split(".")[2] for name in adapter.pairs})
-            print(f"adapter: rank {adapter.rank}, alpha {adapter.alpha}, {len(adapter.pairs)} weights "
-                  f"({', '.join(modules)}), {adapter.n_parameters} parameters, types {', '.join(sorted(adapter.tensor_types))}")
+            print(
+                f"adapter: rank {adapter.rank}, alpha {adapter.alpha}, {len(adapter.pairs)} weights "
+                f"({', '.join(modules)}), {adapter.n_parameters} parameters, types {', '.join(sorted(adapter.tensor_types))}"
+            )
     except PawError as exc:
         print(f"verify_bundle: {exc}", file=sys.stderr)
         return 1

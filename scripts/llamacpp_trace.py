@@ -87,8 +87,9 @@ def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True, st
     native.llama_model_default_params = with_repack
     try:
         kv_type = {"f16": 1, "f32": 0}[kv]
-        llm = llama_cpp.Llama(model_path=str(base), lora_path=str(program / "adapter.gguf"), n_ctx=2048, n_threads=1,
-                              type_k=kv_type, type_v=kv_type, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(base), lora_path=str(program / "adapter.gguf"), n_ctx=2048, n_threads=1, type_k=kv_type, type_v=kv_type, verbose=False
+        )
     finally:
         native.llama_context_default_params = defaults
         native.llama_model_default_params = model_defaults

@@ -72,16 +72,28 @@ def new_model(family: str, tokenizer: Tokenizer) -> torch.nn.Module:
 
     eos = tokenizer.token_to_id(EOS[family])
     if family == "qwen3":
-        return Qwen3ForCausalLM(Qwen3Config(
-            vocab_size=tokenizer.get_vocab_size(), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048, rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
-            bos_token_id=tokenizer.token_to_id("<|endoftext|>"), eos_token_id=eos,
-        ))
-    return GPT2LMHeadModel(GPT2Config(
-        vocab_size=tokenizer.get_vocab_size(), n_embd=256, n_layer=4, n_head=4, n_positions=1024, n_ctx=1024,
-        bos_token_id=eos, eos_token_id=eos,
-    ))
+        return Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=tokenizer.get_vocab_size(),
+                hidden_size=256,
+                intermediate_size=768,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=64,
+                max_position_embeddings=2048,
+                rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                tie_word_embeddings=True,
+                bos_token_id=tokenizer.token_to_id("<|endoftext|>"),
+                eos_token_id=eos,
+            )
+        )
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=tokenizer.get_vocab_size(), n_embd=256, n_layer=4, n_head=4, n_positions=1024, n_ctx=1024, bos_token_id=eos, eos_token_id=eos
+        )
+    )
 
 
 def _schedule(step: int, steps: int, peak: float) -> float:
@@ -138,7 +150,9 @@ def _prompt_ids(tokenizer: Tokenizer, family: str, text: str) -> list[int]:
     return tokenizer.encode(prefix, add_special_tokens=False).ids + tokenizer.encode(text + suffix, add_special_tokens=False).ids
 
 
-def train_program(model: torch.nn.Module, tokenizer: Tokenizer, family: str, pairs: list[tuple[str, str]], steps: int, seed: int) -> tuple[torch.nn.Module, list[float]]:
+def train_program(
+    model: torch.nn.Module, tokenizer: Tokenizer, family: str, pairs: list[tuple[str, str]], steps: int, seed: int
+) -> tuple[torch.nn.Module, list[float]]:
     """A rank-32 LoRA on every projection, trained to continue the passage after the template (loss on the answer)."""
     from peft import LoraConfig, get_peft_model
 
@@ -202,8 +216,10 @@ def llama_cpp_source(given: Path | None, workdir: Path) -> Path:
     if given is not None:
         return given
     version = importlib.metadata.version("llama-cpp-python")
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={version}", "-d", str(workdir)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(workdir)],
+        check=True,
+    )
     archive = next(workdir.glob("llama_cpp_python-*.tar.gz"))
     with tarfile.open(archive) as tar:
         tar.extractall(workdir, filter="data")
@@ -262,7 +278,9 @@ def requantize_adapter(source: Path, destination: Path, qtype: gguf.GGMLQuantiza
     writer.close()
 
 
-def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int, program_steps: int, work: Path) -> dict[str, Any]:  # Any: the manifest's JSON facts (numbers, lists, strings)
+def make_family(
+    family: str, out: Path, source: Path, seed: int, base_steps: int, program_steps: int, work: Path
+) -> dict[str, Any]:  # Any: the manifest's JSON facts (numbers, lists, strings)
     started = time.perf_counter()
     train_texts, held_out = corpus()
     torch.manual_seed(seed)
@@ -288,21 +306,39 @@ def make_family(family: str, out: Path, source: Path, seed: int, base_steps: int
     convert(source, family, "convert_hf_to_gguf.py", [str(hf_dir), "--outfile", str(folder / "base-f32.gguf"), "--outtype", "f32"])
     for ftype in ("Q8_0", "Q6_K"):
         llama_quantize(folder / "base-f32.gguf", folder / f"base-{ftype.lower()}.gguf", ftype)
-    convert(source, family, "convert_lora_to_gguf.py", ["--base", str(hf_dir), "--outfile", str(folder / "adapter-f32.gguf"), "--outtype", "f32", str(lora_dir)])
+    convert(
+        source,
+        family,
+        "convert_lora_to_gguf.py",
+        ["--base", str(hf_dir), "--outfile", str(folder / "adapter-f32.gguf"), "--outtype", "f32", str(lora_dir)],
+    )
     adapter_q4 = work / f"{family}-adapter-q4_0.gguf"
     requantize_adapter(folder / "adapter-f32.gguf", adapter_q4, gguf.GGMLQuantizationType.Q4_0)
     # The converted files hold the trained model: llama.cpp on them gives transformers + peft's tokens.
     converted = llama_generate_each(folder / "base-f32.gguf", folder / "adapter-f32.gguf", TEMPLATES[family], inputs, 32, kv="f32")
     agreeing = sum(a == b for a, b in zip(converted, reference, strict=True))
     print(f"  llama.cpp on the F32 files: {agreeing}/{len(inputs)} sequences equal to transformers + peft", flush=True)
-    write_bundle(folder / "program", adapter_q4, INTERPRETERS[family], TEMPLATES[family],
-                 {"program_id": f"trained{family}{seed:04d}".ljust(20, "0")[:20], "spec": "Continue a passage of the Python documentation."})
+    write_bundle(
+        folder / "program",
+        adapter_q4,
+        INTERPRETERS[family],
+        TEMPLATES[family],
+        {"program_id": f"trained{family}{seed:04d}".ljust(20, "0")[:20], "spec": "Continue a passage of the Python documentation."},
+    )
     return {
         "parameters": parameters,
-        "vocab_size": tokenizer.get_vocab_size(), "corpus_tokens": len(ids), "base_steps": base_steps,
-        "base_losses_every_100_steps": base_losses, "program_steps": program_steps,
-        "program_losses_every_50_steps": program_losses, "lora_rank": RANK, "lora_alpha": ALPHA,
-        "mean_greedy_probability": peak, "llama_cpp_f32_equal_to_peft": f"{agreeing}/{len(inputs)}", "inputs": inputs, "template": TEMPLATES[family],
+        "vocab_size": tokenizer.get_vocab_size(),
+        "corpus_tokens": len(ids),
+        "base_steps": base_steps,
+        "base_losses_every_100_steps": base_losses,
+        "program_steps": program_steps,
+        "program_losses_every_50_steps": program_losses,
+        "lora_rank": RANK,
+        "lora_alpha": ALPHA,
+        "mean_greedy_probability": peak,
+        "llama_cpp_f32_equal_to_peft": f"{agreeing}/{len(inputs)}",
+        "inputs": inputs,
+        "template": TEMPLATES[family],
         "seconds": round(time.perf_counter() - started),
     }
 

@@ -26,8 +26,7 @@ _REAL_CACHE = Path.home() / ".cache" / "programasweights"
 def _snapshot(folder: Path) -> set[tuple[str, int, int]]:
     if not folder.is_dir():
         return set()
-    return {(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
-            for path in folder.rglob("*") if path.is_file()}
+    return {(str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*") if path.is_file()}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -154,9 +153,24 @@ def server(
         pytest.skip("pawfn serve needs the serve extra")
     first, second = served_programs
     process = start_server(
-        "--program", str(first.archive), "--program", f"tiny-second={second.archive}", "--base", str(qwen3.hf_dir),
-        "--api-key-env", "PAWFN_TEST_KEY", "--max-queue", "16", "--max-body-bytes", "4096", "--max-input-chars", "300",
-        "--max-tokens-limit", "24", "--max-batch-inputs", "8",
+        "--program",
+        str(first.archive),
+        "--program",
+        f"tiny-second={second.archive}",
+        "--base",
+        str(qwen3.hf_dir),
+        "--api-key-env",
+        "PAWFN_TEST_KEY",
+        "--max-queue",
+        "16",
+        "--max-body-bytes",
+        "4096",
+        "--max-input-chars",
+        "300",
+        "--max-tokens-limit",
+        "24",
+        "--max-batch-inputs",
+        "8",
         environment={"PAWFN_TEST_KEY": KEY, "PAW_CACHE_DIR": str(tmp_path_factory.mktemp("serve-cache"))},
     )
     yield process

@@ -150,9 +150,7 @@ def test_adapter_layer_beyond_the_base(qwen3_program: TinyProgram, tmp_path: Pat
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])
 @pytest.mark.parametrize("scale", [np.float16(np.nan), np.float16(np.inf)])
-def test_a_non_finite_block_scale_is_refused_without_dequantizing(
-    qwen3: TinyInterpreter, tmp_path: Path, qtype: Q, scale: np.float16
-) -> None:
+def test_a_non_finite_block_scale_is_refused_without_dequantizing(qwen3: TinyInterpreter, tmp_path: Path, qtype: Q, scale: np.float16) -> None:
     path = tmp_path / "adapter.gguf"
     pairs = random_lora(qwen3)
     write_adapter_gguf(path, "qwen3", pairs, qtype=qtype)
@@ -161,7 +159,7 @@ def test_a_non_finite_block_scale_is_refused_without_dequantizing(
     data = bytearray(path.read_bytes())
     block = gguf.GGML_QUANT_SIZES[qtype][1]
     offset = tensor.data_offset + 3 * block  # the fourth block's float16 scale
-    data[offset:offset + 2] = scale.tobytes()
+    data[offset : offset + 2] = scale.tobytes()
     path.write_bytes(bytes(data))
     with pytest.raises(AdapterError, match=rf"{target}\.lora_b holds non-finite values"):
         read_lora_adapter(path, Qwen3_0_6B)

@@ -14,11 +14,23 @@ from tests.helpers.programs import TinyProgram
 FIGURES = {"load_s", "median_ms", "p90_ms", "ms_per_token", "tokens_per_call", "calls_per_s", "peak_rss_mb"}
 
 
-def test_bench_json_has_the_figures_and_the_configuration(
-    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = ["bench", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
-            "--runs", "4", "--concurrency", "2", "--max-model-copies", "2", "--max-tokens", "5", "--json"]
+def test_bench_json_has_the_figures_and_the_configuration(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "bench",
+        "--program",
+        str(qwen3_program.folder),
+        "--base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--runs",
+        "4",
+        "--concurrency",
+        "2",
+        "--max-model-copies",
+        "2",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]
     assert main(argv) == 0
     record = json.loads(capsys.readouterr().out)
     assert FIGURES <= set(record)
@@ -30,8 +42,7 @@ def test_bench_json_has_the_figures_and_the_configuration(
 
 
 def test_bench_table(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
-            "--runs", "2", "--input", "hello"]
+    argv = ["bench", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path), "--runs", "2", "--input", "hello"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "on torch, cpu, float32" in out and "median call" in out and "peak RSS" in out

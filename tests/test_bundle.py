@@ -160,9 +160,7 @@ def test_template_split() -> None:
     assert (template.prefix, template.suffix) == ("a", "b")
 
 
-@pytest.mark.parametrize(
-    "name", ["../evil.txt", "/etc/passwd", "a/../../evil", "a\\b", "C:/evil", "./meta.json", "a//b", ""]
-)
+@pytest.mark.parametrize("name", ["../evil.txt", "/etc/passwd", "a/../../evil", "a\\b", "C:/evil", "./meta.json", "a//b", ""])
 def test_zip_unsafe_paths(qwen3_program: TinyProgram, tmp_path: Path, name: str) -> None:
     members = _members(qwen3_program) | {name: b"x"}
     archive = _zip(tmp_path / "evil.paw", members)

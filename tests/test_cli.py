@@ -28,8 +28,21 @@ def _expected(program: TinyProgram, text: str, max_tokens: int) -> tuple[str, tu
 
 def test_text_output(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     base = str(qwen3_program.interpreter.gguf_path)
-    status = main(["run", "--program", str(qwen3_program.archive), "--base", base, "--input", "hello",
-                   "--input", "Urgent: the server is down!", "--max-tokens", "8"])
+    status = main(
+        [
+            "run",
+            "--program",
+            str(qwen3_program.archive),
+            "--base",
+            base,
+            "--input",
+            "hello",
+            "--input",
+            "Urgent: the server is down!",
+            "--max-tokens",
+            "8",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0
     expected = [_expected(qwen3_program, text, 8)[0] for text in ("hello", "Urgent: the server is down!")]
@@ -39,8 +52,24 @@ def test_text_output(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[s
 def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     base = str(gpt2_program.interpreter.hf_dir)
     threads = on_compute_thread(torch.get_num_threads)
-    status = main(["run", "--program", str(gpt2_program.folder), "--base", base, "--input", "a", "--input", "b c",
-                   "--max-tokens", "6", "--json", "--threads", "1"])
+    status = main(
+        [
+            "run",
+            "--program",
+            str(gpt2_program.folder),
+            "--base",
+            base,
+            "--input",
+            "a",
+            "--input",
+            "b c",
+            "--max-tokens",
+            "6",
+            "--json",
+            "--threads",
+            "1",
+        ]
+    )
     assert on_compute_thread(torch.get_num_threads) == 1  # the thread that computes
     set_threads(threads)
     lines = capsys.readouterr().out.strip().split("\n")
@@ -57,8 +86,18 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
 
 def test_batch_size_decodes_inputs_together_in_input_order(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     texts = ["hello", "Urgent: the server is down!", "a", "numbers 1 2 3", "x"]
-    argv = ["run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
-            "--max-tokens", "6", "--json", "--batch-size", "2"]
+    argv = [
+        "run",
+        "--program",
+        str(qwen3_program.folder),
+        "--base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--max-tokens",
+        "6",
+        "--json",
+        "--batch-size",
+        "2",
+    ]
     for text in texts:
         argv += ["--input", text]
     assert main(argv) == 0
@@ -106,9 +145,26 @@ def test_console_script_runs(qwen3_program: TinyProgram) -> None:
     base = str(qwen3_program.interpreter.gguf_path)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     result = subprocess.run(
-        [sys.executable, "-m", "pawfn", "run", "--program", str(qwen3_program.folder), "--base", base,
-         "--input", "hello", "--max-tokens", "5", "--json"],
-        capture_output=True, text=True, check=False, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pawfn",
+            "run",
+            "--program",
+            str(qwen3_program.folder),
+            "--base",
+            base,
+            "--input",
+            "hello",
+            "--max-tokens",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
@@ -155,12 +211,10 @@ def test_input_from_stdin(qwen3_program: TinyProgram, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
-    [(b'"ok"\n42\n', "stdin: line 2 is not a JSON string or an object"), (b"\xff\xfe", "stdin: not UTF-8 text")],
+    ("content", "message"), [(b'"ok"\n42\n', "stdin: line 2 is not a JSON string or an object"), (b"\xff\xfe", "stdin: not UTF-8 text")]
 )
 def test_bad_input_files_are_usage_errors(
-    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, content: bytes,
-    message: str,
+    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, content: bytes, message: str
 ) -> None:
     import io
 
@@ -178,8 +232,18 @@ def test_no_input_is_a_usage_error(qwen3_program: TinyProgram, capsys: pytest.Ca
 
 @requires_llama_cpp
 def test_backend_llamacpp_gives_the_torch_tokens(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["run", "--program", str(gpt2_program.folder), "--base", str(gpt2_program.interpreter.gguf_path),
-            "--input", "hello", "--max-tokens", "6", "--json"]
+    argv = [
+        "run",
+        "--program",
+        str(gpt2_program.folder),
+        "--base",
+        str(gpt2_program.interpreter.gguf_path),
+        "--input",
+        "hello",
+        "--max-tokens",
+        "6",
+        "--json",
+    ]
     assert main([*argv, "--backend", "llamacpp"]) == 0
     llama = _records(capsys)
     assert main([*argv, "--backend", "torch"]) == 0
@@ -195,8 +259,7 @@ def test_backend_llamacpp_gives_the_torch_tokens(gpt2_program: TinyProgram, caps
     ],
 )
 def test_option_errors_name_the_environment_variable(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str,
-    message: str,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
 ) -> None:
     monkeypatch.setenv(variable, value)
     assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 2
@@ -223,9 +286,25 @@ def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProg
     inputs.write_text("hello\nUrgent: the server is down!\n")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pawfn", "run", "--program", str(qwen3_program.folder), "--base",
-         str(qwen3_program.interpreter.gguf_path), "--input-file", str(inputs), "--batch-size", "1", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pawfn",
+            "run",
+            "--program",
+            str(qwen3_program.folder),
+            "--base",
+            str(qwen3_program.interpreter.gguf_path),
+            "--input-file",
+            str(inputs),
+            "--batch-size",
+            "1",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert process.stdout is not None
     first = json.loads(process.stdout.readline())
@@ -240,9 +319,7 @@ def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProg
     assert stopped_s < max(0.5, first_call_s / 3), (stopped_s, first_call_s)
 
 
-def test_option_errors_read_the_same_from_the_api_and_the_cli(
-    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_option_errors_read_the_same_from_the_api_and_the_cli(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     from pawfn import OptionError, RuntimeOptions
 
     with pytest.raises(OptionError) as raised:
@@ -251,7 +328,4 @@ def test_option_errors_read_the_same_from_the_api_and_the_cli(
     assert main(argv) == 2
     expected = raised.value.labeled({"top_p": "--top-p", "seed": "--seed"})
     assert capsys.readouterr().err == f"pawfn: error: {expected}\n"
-    assert str(expected) == (
-        "invalid --top-p=2.0: expected a finite number in (0, 1]; invalid --seed=-1: expected an integer in "
-        "[0, 2**64), or None"
-    )
+    assert str(expected) == ("invalid --top-p=2.0: expected a finite number in (0, 1]; invalid --seed=-1: expected an integer in [0, 2**64), or None")

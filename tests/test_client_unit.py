@@ -8,9 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pawfn import (
-    CallTimeoutError, HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError,
-)
+from pawfn import CallTimeoutError, HubConnectionError, OfflineError, PawClient, PawConfig, RateLimitError, RuntimeOptions, ServerError
 from pawfn.remote.client import ServerClient
 
 
@@ -63,9 +61,7 @@ def test_offline_client_sends_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("status", "sent"), [(500, 1), (503, 3)])
-def test_a_servers_failed_call_is_not_sent_again_but_an_unavailable_server_is_retried(
-    tmp_path: Path, status: int, sent: int
-) -> None:
+def test_a_servers_failed_call_is_not_sent_again_but_an_unavailable_server_is_retried(tmp_path: Path, status: int, sent: int) -> None:
     """A pawfn server's 500 is a call that failed (sending it again fails again); 503 and the like are retried."""
     attempts: list[str] = []
 
@@ -83,8 +79,11 @@ def test_a_servers_failed_call_is_not_sent_again_but_an_unavailable_server_is_re
 
 @pytest.mark.parametrize(
     ("error", "sent", "expected"),
-    [(httpx.ReadTimeout("slow"), 1, CallTimeoutError), (httpx.RemoteProtocolError("dropped"), 1, ServerError),
-     (httpx.ConnectError("refused"), 3, HubConnectionError)],
+    [
+        (httpx.ReadTimeout("slow"), 1, CallTimeoutError),
+        (httpx.RemoteProtocolError("dropped"), 1, ServerError),
+        (httpx.ConnectError("refused"), 3, HubConnectionError),
+    ],
 )
 def test_a_call_is_sent_once_unless_it_never_reached_the_server(
     tmp_path: Path, error: httpx.TransportError, sent: int, expected: type[Exception]

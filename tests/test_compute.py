@@ -46,9 +46,7 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
     seen: set[int] = set()
     forward = TorchInterpreter.forward
 
-    def recorded(
-        self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter
-    ) -> torch.Tensor:
+    def recorded(self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
         seen.add(threading.get_ident())
         return forward(self, token_ids, start, cache, adapter)
 
@@ -56,6 +54,7 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
     with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
         options = RuntimeOptions(max_tokens=4)
         expected = program.generate("hello", options).token_ids
+
         def tokens(text: str) -> tuple[int, ...]:
             return program.generate(text, options).token_ids
 
@@ -109,8 +108,7 @@ class _Machine:
 
 def test_free_cores_leave_out_what_other_processes_hold(tmp_path: Path) -> None:
     machine = _Machine(tmp_path / "stat")
-    cores = FreeCores(2, interval_s=0.2, stat=machine.path, cpus={0, 1}, clock=lambda: machine.now,
-                      own_cpu_s=lambda: machine.own)
+    cores = FreeCores(2, interval_s=0.2, stat=machine.path, cpus={0, 1}, clock=lambda: machine.now, own_cpu_s=lambda: machine.own)
     assert cores.threads() == 2  # nothing measured yet
     machine.run(0.5, {0: 0.5, 1: 0.5}, own_s=1.0)  # pawfn alone on both
     assert cores.threads() == 2

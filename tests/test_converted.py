@@ -33,8 +33,7 @@ class _Conversions:
         convert = TorchInterpreter._convert  # pyright: ignore[reportPrivateUsage]  # a spy on the conversion step
 
         def counted(
-            interpreter: TorchInterpreter, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str],
-            progress: bool | None,
+            interpreter: TorchInterpreter, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], progress: bool | None
         ) -> dict[str, torch.Tensor]:
             self.count += 1
             return convert(interpreter, weights, weight_dtype, matrix_names, progress)
@@ -42,9 +41,7 @@ class _Conversions:
         monkeypatch.setattr(TorchInterpreter, "_convert", counted)
 
 
-def _tokens(
-    program: TinyProgram, base: Path, weight_dtype: WeightDType, check: Callable[[TorchProgram], bool] | None = None
-) -> tuple[int, ...]:
+def _tokens(program: TinyProgram, base: Path, weight_dtype: WeightDType, check: Callable[[TorchProgram], bool] | None = None) -> tuple[int, ...]:
     """The program's tokens for INPUT in `weight_dtype` on `base`, after `check` holds for its runtime."""
     model = GPT2 if program.interpreter.family == "gpt2" else Qwen3_0_6B
     config = PawConfig(weight_dtype=weight_dtype)
@@ -55,8 +52,7 @@ def _tokens(
 
 
 def _converted_once(
-    program: TinyProgram, base: Path, weight_dtype: WeightDType, conversions: _Conversions,
-    check: Callable[[TorchProgram], bool] | None = None,
+    program: TinyProgram, base: Path, weight_dtype: WeightDType, conversions: _Conversions, check: Callable[[TorchProgram], bool] | None = None
 ) -> None:
     """A first load converts and stores; a second reads the store and gives the same tokens."""
     first = _tokens(program, base, weight_dtype, check)
@@ -66,9 +62,7 @@ def _converted_once(
 
 
 @pytest.mark.parametrize("weight_dtype", ["float16", "int8"])
-def test_a_later_load_reads_the_converted_weights(
-    weight_dtype: WeightDType, qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_later_load_reads_the_converted_weights(weight_dtype: WeightDType, qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
     conversions, base = _Conversions(monkeypatch), qwen3_program.interpreter.gguf_path
     _converted_once(qwen3_program, base, weight_dtype, conversions)
     other: WeightDType = "int8" if weight_dtype == "float16" else "float16"
@@ -148,6 +142,7 @@ def test_a_hugging_face_folder_base_converts_and_stores_too(
     weight_dtype: WeightDType, gpt2_program: TinyProgram, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No GGUF to decode embedding rows from: the table is stored float16 with the rest, and read back."""
+
     def table_kept(runtime: TorchProgram) -> bool:
         return "token_embd.weight" in runtime.base.interpreter.tensors
 

@@ -22,9 +22,7 @@ def test_cuda_float32_matches_cpu(name: str, request: pytest.FixtureRequest) -> 
     program: TinyProgram = request.getfixturevalue(name)
     kind = PawFn.specialize(_model(program), Torch)
     base = program.interpreter.gguf_path
-    with kind.from_path(program.folder, base=base) as cpu, kind.from_path(
-        program.folder, base=base, config=PawConfig(device="cuda")
-    ) as gpu:
+    with kind.from_path(program.folder, base=base) as cpu, kind.from_path(program.folder, base=base, config=PawConfig(device="cuda")) as gpu:
         for text in INPUTS:
             assert gpu.generate(text, OPTIONS).token_ids == cpu.generate(text, OPTIONS).token_ids, text
 

@@ -21,10 +21,7 @@ def _blocks(qtype: gguf.GGMLQuantizationType, n_blocks: int, scale_at: slice) ->
     return blocks
 
 
-@pytest.mark.parametrize(
-    ("qtype", "scale_at"),
-    [(gguf.GGMLQuantizationType.Q6_K, slice(208, 210)), (gguf.GGMLQuantizationType.Q8_0, slice(0, 2))],
-)
+@pytest.mark.parametrize(("qtype", "scale_at"), [(gguf.GGMLQuantizationType.Q6_K, slice(208, 210)), (gguf.GGMLQuantizationType.Q8_0, slice(0, 2))])
 def test_torch_kernels_match_gguf_bit_for_bit(qtype: gguf.GGMLQuantizationType, scale_at: slice) -> None:
     block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     rows, blocks_per_row = 12, 4
@@ -42,8 +39,12 @@ def test_other_types_are_left_to_gguf() -> None:
 
 @pytest.mark.parametrize(
     ("qtype", "scale_at"),
-    [(gguf.GGMLQuantizationType.Q6_K, slice(208, 210)), (gguf.GGMLQuantizationType.Q8_0, slice(0, 2)),
-     (gguf.GGMLQuantizationType.F16, None), (gguf.GGMLQuantizationType.F32, None)],
+    [
+        (gguf.GGMLQuantizationType.Q6_K, slice(208, 210)),
+        (gguf.GGMLQuantizationType.Q8_0, slice(0, 2)),
+        (gguf.GGMLQuantizationType.F16, None),
+        (gguf.GGMLQuantizationType.F32, None),
+    ],
 )
 def test_row_table_decodes_the_rows_the_full_dequantization_gives(qtype: gguf.GGMLQuantizationType, scale_at: slice | None) -> None:
     rows, cols = 12, 512

@@ -18,8 +18,17 @@ HEAD_DIM = 16
 
 def _arch(n_heads: int = 4, n_kv_heads: int = 2) -> Architecture:
     return Architecture(
-        family="qwen3", n_layers=1, hidden_size=n_heads * HEAD_DIM, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        head_dim=HEAD_DIM, ffn_size=8, vocab_size=8, max_positions=64, norm_eps=1e-6, rope_theta=10000.0,
+        family="qwen3",
+        n_layers=1,
+        hidden_size=n_heads * HEAD_DIM,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=HEAD_DIM,
+        ffn_size=8,
+        vocab_size=8,
+        max_positions=64,
+        norm_eps=1e-6,
+        rope_theta=10000.0,
     )
 
 

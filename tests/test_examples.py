@@ -18,18 +18,24 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _run(name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
-        capture_output=True, text=True, check=False, timeout=300, env=env,
-    )
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], capture_output=True, text=True, check=False, timeout=300, env=env)
 
 
 def test_typed_api_example(qwen3_program: TinyProgram, gpt2_program: TinyProgram) -> None:
     result = _run(
         "typed_api",
-        "--qwen3-program", str(qwen3_program.archive), "--qwen3-base", str(qwen3_program.interpreter.gguf_path),
-        "--gpt2-program", str(gpt2_program.folder), "--gpt2-base", str(gpt2_program.interpreter.hf_dir),
-        "--input", "Urgent: the server is down!", "--max-tokens", "6",
+        "--qwen3-program",
+        str(qwen3_program.archive),
+        "--qwen3-base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--gpt2-program",
+        str(gpt2_program.folder),
+        "--gpt2-base",
+        str(gpt2_program.interpreter.hf_dir),
+        "--input",
+        "Urgent: the server is down!",
+        "--max-tokens",
+        "6",
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().split("\n")
@@ -38,8 +44,13 @@ def test_typed_api_example(qwen3_program: TinyProgram, gpt2_program: TinyProgram
 
 def test_library_functions_example(qwen3_program: TinyProgram) -> None:
     result = _run(
-        "library_functions", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
-        "--input", "Urgent: the server is down!",
+        "library_functions",
+        "--program",
+        str(qwen3_program.folder),
+        "--base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--input",
+        "Urgent: the server is down!",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("0123456789abcdef0123 on Qwen/Qwen3-0.6B, 2048-token context\n")
@@ -47,8 +58,17 @@ def test_library_functions_example(qwen3_program: TinyProgram) -> None:
 
 def test_qwen3_inference_example(qwen3_program: TinyProgram) -> None:
     result = _run(
-        "qwen3_inference", "--program", str(qwen3_program.archive), "--base", str(qwen3_program.interpreter.gguf_path),
-        "--input", "hello", "--input", "Server down!", "--max-tokens", "4",
+        "qwen3_inference",
+        "--program",
+        str(qwen3_program.archive),
+        "--base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--input",
+        "hello",
+        "--input",
+        "Server down!",
+        "--max-tokens",
+        "4",
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().split("\n")
@@ -58,8 +78,17 @@ def test_qwen3_inference_example(qwen3_program: TinyProgram) -> None:
 
 def test_parallel_benchmark_example(qwen3_program: TinyProgram) -> None:
     result = _run(
-        "parallel_benchmark", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path),
-        "--concurrency", "4", "--calls", "8", "--max-tokens", "5",
+        "parallel_benchmark",
+        "--program",
+        str(qwen3_program.folder),
+        "--base",
+        str(qwen3_program.interpreter.gguf_path),
+        "--concurrency",
+        "4",
+        "--calls",
+        "8",
+        "--max-tokens",
+        "5",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("Qwen/Qwen3-0.6B: ") and result.stdout.strip().endswith("same tokens as alone: True")
@@ -126,8 +155,20 @@ def test_low_level_example_says_the_hub_is_unreachable(tmp_path: Path) -> None:
 
 def test_remote_client_example(server: ServeProcess, local_runs: dict[str, PawFn[Qwen3_0_6B, Torch]]) -> None:
     result = _run(
-        "remote_client", "--server", server.url, "--program", "tiny-second", "--key-env", "PAWFN_TEST_KEY",
-        "--input", "hello world", "--input", "Server down!", "--max-tokens", "6", env={**os.environ, "PAWFN_TEST_KEY": KEY},
+        "remote_client",
+        "--server",
+        server.url,
+        "--program",
+        "tiny-second",
+        "--key-env",
+        "PAWFN_TEST_KEY",
+        "--input",
+        "hello world",
+        "--input",
+        "Server down!",
+        "--max-tokens",
+        "6",
+        env={**os.environ, "PAWFN_TEST_KEY": KEY},
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().split("\n")
@@ -137,6 +178,5 @@ def test_remote_client_example(server: ServeProcess, local_runs: dict[str, PawFn
 
 
 def test_remote_client_example_without_a_server_says_so() -> None:
-    result = _run("remote_client", "--server", "http://127.0.0.1:9", "--program", "x", "--input", "y",
-                  env=dict(os.environ))
+    result = _run("remote_client", "--server", "http://127.0.0.1:9", "--program", "x", "--input", "y", env=dict(os.environ))
     assert result.returncode == 1 and result.stderr.startswith("remote_client: ") and "cannot reach" in result.stderr

@@ -168,9 +168,7 @@ def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copie
     assert 1 <= shared.n_copies <= copies
 
 
-def test_two_programs_share_one_base_and_keep_their_own_state(
-    qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram
-) -> None:
+def test_two_programs_share_one_base_and_keep_their_own_state(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
     alone_a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
     expected_a = [alone_a.generate(t, GREEDY_24).token_ids for t in INPUTS]
@@ -242,9 +240,7 @@ def test_unavailable_device_is_a_clear_error(qwen3_program: TinyProgram) -> None
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(BaseModelError, match="torch sees no CUDA device; use device='cpu'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(device="cuda")
-        )
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(device="cuda"))
 
 
 def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,8 +275,10 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
     assert first.token_ids == second.token_ids
     # Each call evaluates only input + suffix at position n_prefix, then one token per decode step.
     prompt = (first.prompt_tokens, n_prefix)
-    assert forwards == [prompt, (1, n_prefix + first.prompt_tokens), (1, n_prefix + first.prompt_tokens + 1),
-                        (1, n_prefix + first.prompt_tokens + 2)] * 2
+    assert (
+        forwards
+        == [prompt, (1, n_prefix + first.prompt_tokens), (1, n_prefix + first.prompt_tokens + 1), (1, n_prefix + first.prompt_tokens + 2)] * 2
+    )
 
 
 def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
@@ -333,9 +331,7 @@ def test_context_overflow(qwen3_program: TinyProgram) -> None:
             f.run("word " * 100)
         assert info.value.n_ctx == 64 and info.value.prefix_tokens == f.prefix_tokens
     with pytest.raises(ContextOverflowError):
-        PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8)
-        )
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
 
 
 def test_gpt2_context_is_capped_by_its_position_table(gpt2_program: TinyProgram) -> None:

@@ -28,7 +28,10 @@ from tests.helpers.programs import TinyProgram
 SECONDS, PEAK_MB = 10.0, 256.0
 """Per example: the damage these readers were fixed for grew past 2 GB in seconds."""
 FUZZ = settings(
-    max_examples=int(os.environ.get("PAWFN_FUZZ_EXAMPLES", "60")), derandomize=True, deadline=None, database=None,
+    max_examples=int(os.environ.get("PAWFN_FUZZ_EXAMPLES", "60")),
+    derandomize=True,
+    deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 

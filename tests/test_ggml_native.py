@@ -18,12 +18,26 @@ from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.adapter import read_lora_adapter
 from pawfn.torch import ggml_native, loading, network
 from pawfn.torch.ggml import (
-    block_matrix, ggml_attention, ggml_expf, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul, quantize_q8_0,
+    block_matrix,
+    ggml_attention,
+    ggml_expf,
+    ggml_rms_norm,
+    ggml_rope,
+    ggml_rope_table,
+    ggml_silu_mul,
+    quantize_q8_0,
     quantize_q8_k,
 )
 from pawfn.torch.ggml_native import (
-    NativeBlockMatrix, NativeKernels, join_blocks, native_attention, native_expf, native_kernels, native_rms_norm,
-    native_rope, native_swiglu,
+    NativeBlockMatrix,
+    NativeKernels,
+    join_blocks,
+    native_attention,
+    native_expf,
+    native_kernels,
+    native_rms_norm,
+    native_rope,
+    native_swiglu,
 )
 from pawfn.torch.kernels import cpu_flags
 from pawfn.torch.weights import read_base_weights
@@ -170,8 +184,12 @@ def test_attention_equals_the_emulation(width: int, n: int, prefix: int, own: in
 def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     """ggml_v_expf over its whole range (far ends, infinities, NaN), rms_norm, rope and swiglu."""
     generator = torch.Generator().manual_seed(width)
-    x = torch.cat([torch.randn(100_000, generator=generator) * 40, torch.tensor(
-        [-float("inf"), float("inf"), 0.0, -0.0, -200.0, -100.0, -88.0, -87.5, 88.0, 89.0, -103.0, -126.5])])
+    x = torch.cat(
+        [
+            torch.randn(100_000, generator=generator) * 40,
+            torch.tensor([-float("inf"), float("inf"), 0.0, -0.0, -200.0, -100.0, -88.0, -87.5, 88.0, 89.0, -103.0, -126.5]),
+        ]
+    )
     assert torch.equal(native_expf(_kernels(), x, width), ggml_expf(x, width))
     gate, up = torch.randn(21, 3072, generator=generator) * 6, torch.randn(21, 3072, generator=generator)
     assert torch.equal(native_swiglu(_kernels(), gate, up, width), ggml_silu_mul(gate, up, width))

@@ -16,9 +16,7 @@ from tests.helpers.tiny_models import TinyInterpreter
 
 
 @pytest.mark.parametrize("which", ["qwen3-base", "gpt2-base", "q4-adapter"])
-def test_values_and_tensors_match_ggufs_reader(
-    which: str, qwen3: TinyInterpreter, gpt2: TinyInterpreter, qwen3_program_q4: TinyProgram
-) -> None:
+def test_values_and_tensors_match_ggufs_reader(which: str, qwen3: TinyInterpreter, gpt2: TinyInterpreter, qwen3_program_q4: TinyProgram) -> None:
     path = {"qwen3-base": qwen3.gguf_path, "gpt2-base": gpt2.gguf_path, "q4-adapter": qwen3_program_q4.folder / "adapter.gguf"}[which]
     ours, theirs = GGUFFile(path), gguf.GGUFReader(path)
     for key, field in theirs.fields.items():

@@ -20,40 +20,22 @@ import pytest
 from safetensors import safe_open
 
 import pawfn
-from pawfn import (
-    AdapterError,
-    BaseModelError,
-    InterpreterModel,
-    LlamaCpp,
-    NonFiniteError,
-    PawConfig,
-    PawFn,
-    RuntimeOptions,
-    Torch,
-)
+from pawfn import AdapterError, BaseModelError, InterpreterModel, LlamaCpp, NonFiniteError, PawConfig, PawFn, RuntimeOptions, Torch
 from pawfn.backends import Backend
 from tests.helpers.bounded import PEAK_RSS_MB, SECONDS, run_cli
 from tests.helpers.locks import lock_held_elsewhere
 from tests.helpers.programs import HAS_LLAMA_CPP, INTERPRETER_IDS, TinyProgram, requires_llama_cpp
-from tests.helpers.tiny_models import (
-    Array, TinyInterpreter, random_lora, write_adapter_gguf, write_base_gguf, write_bundle, zip_bundle,
-)
+from tests.helpers.tiny_models import Array, TinyInterpreter, random_lora, write_adapter_gguf, write_base_gguf, write_bundle, zip_bundle
 
 
-
-def _base(
-    interpreter: TinyInterpreter, path: Path, edit: Callable[[dict[str, Array]], None] | None = None,
-    **config: object,
-) -> Path:
+def _base(interpreter: TinyInterpreter, path: Path, edit: Callable[[dict[str, Array]], None] | None = None, **config: object) -> Path:
     """The tiny interpreter's GGUF rewritten with its tensors passed through `edit` and `config` overriding its
     hyperparameters (HF names)."""
     with safe_open(str(interpreter.hf_dir / "model.safetensors"), framework="pt") as handle:
         state = {name: handle.get_tensor(name).float().numpy() for name in handle.keys()}
     if edit is not None:
         edit(state)
-    write_base_gguf(
-        interpreter.family, interpreter.config() | config, interpreter.tokenizer(), state, path, interpreter.eos_token
-    )
+    write_base_gguf(interpreter.family, interpreter.config() | config, interpreter.tokenizer(), state, path, interpreter.eos_token)
     return path
 
 
@@ -111,9 +93,7 @@ def test_a_rank_zero_adapter_is_refused(qwen3_program: TinyProgram, tmp_path: Pa
 
 
 @pytest.mark.parametrize("weight_dtype", [None, "int8"])
-def test_a_non_finite_base_tensor_is_refused_by_name(
-    gpt2_program: TinyProgram, tmp_path: Path, weight_dtype: str | None
-) -> None:
+def test_a_non_finite_base_tensor_is_refused_by_name(gpt2_program: TinyProgram, tmp_path: Path, weight_dtype: str | None) -> None:
     def poison(state: dict[str, Array]) -> None:
         state["transformer.h.1.mlp.c_fc.weight"][3, 5] = np.nan
 
@@ -340,9 +320,7 @@ def test_a_base_whose_merges_name_unknown_tokens_is_a_tokenizer_error(
     run_cli(*_cli_run(qwen3_program.folder, base)).assert_one_line_error(1, "merges")
 
 
-def test_archives_are_extracted_in_the_cache_and_a_dead_processs_folder_removed(
-    qwen3_program: TinyProgram, tmp_path: Path
-) -> None:
+def test_archives_are_extracted_in_the_cache_and_a_dead_processs_folder_removed(qwen3_program: TinyProgram, tmp_path: Path) -> None:
     """A .paw opened from a path was extracted into the system temp dir, and a kill -9 left it there for good."""
     cache = tmp_path / "cache"
     staging = cache / ".staging"
@@ -384,6 +362,7 @@ def test_a_prefix_that_cannot_fit_is_refused_before_it_is_tokenized(
 
 def _huge_array_gguf(path: Path, architecture: str, general_type: str) -> Path:
     """A ~1 KB GGUF whose metadata claims an array of 2**40 strings (gguf's reader looped over the claim)."""
+
     def key(name: str) -> bytes:
         return struct.pack("<Q", len(name)) + name.encode()
 

@@ -66,9 +66,7 @@ class Hub:
     cache_dir: Path
 
     def config(self, **changes: object) -> PawConfig:
-        values: dict[str, object] = {
-            "api_url": self.server.api_url, "api_key": "secret-key", "cache_dir": self.cache_dir, "progress": False,
-        }
+        values: dict[str, object] = {"api_url": self.server.api_url, "api_key": "secret-key", "cache_dir": self.cache_dir, "progress": False}
         return PawConfig.model_validate(values | changes)
 
     def expected(self, text: str) -> tuple[int, ...]:
@@ -80,17 +78,28 @@ class Hub:
 def hub(qwen3_program: TinyProgram, tmp_path: Path) -> Iterator[Hub]:
     server = HubServer()
     bundle = write_bundle(
-        tmp_path / "bundle", qwen3_program.adapter, "Qwen/Qwen3-0.6B", qwen3_program.template,
-        {"program_id": PROGRAM_ID, "runtime_id": RUNTIME_ID},
+        tmp_path / "bundle", qwen3_program.adapter, "Qwen/Qwen3-0.6B", qwen3_program.template, {"program_id": PROGRAM_ID, "runtime_id": RUNTIME_ID}
     )
     archive = zip_bundle(bundle, tmp_path / "program.paw")
     base = qwen3_program.interpreter.gguf_path
     data = base.read_bytes()
     runtime: dict[str, object] = {
-        "runtime_id": RUNTIME_ID, "manifest_version": 1, "interpreter": "Qwen/Qwen3-0.6B", "adapter_format": "gguf_lora",
-        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": {
-            "provider": None, "repo": None, "file": BASE_FILE, "url": f"{server.cdn_url}/files/{BASE_FILE}",
-            "size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}},
+        "runtime_id": RUNTIME_ID,
+        "manifest_version": 1,
+        "interpreter": "Qwen/Qwen3-0.6B",
+        "adapter_format": "gguf_lora",
+        "local_sdk": {
+            "supported": True,
+            "n_ctx": 2048,
+            "base_model": {
+                "provider": None,
+                "repo": None,
+                "file": BASE_FILE,
+                "url": f"{server.cdn_url}/files/{BASE_FILE}",
+                "size_bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            },
+        },
     }
     state = server.state
     state.programs[PROGRAM_ID] = archive.read_bytes()
@@ -224,8 +233,17 @@ def test_a_cache_written_by_the_official_sdk_is_used_without_requests(hub: Hub) 
 
 def test_two_processes_install_once(hub: Hub) -> None:
     command = [
-        sys.executable, "-m", "pawfn", "cache", "prepare", PROGRAM_ID, "--api-url", hub.server.api_url,
-        "--cache-dir", str(hub.cache_dir), "--json",
+        sys.executable,
+        "-m",
+        "pawfn",
+        "cache",
+        "prepare",
+        PROGRAM_ID,
+        "--api-url",
+        hub.server.api_url,
+        "--cache-dir",
+        str(hub.cache_dir),
+        "--json",
     ]
     env = dict(os.environ, PAW_API_KEY="secret-key", PYTHONWARNINGS="ignore")
     processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
@@ -333,7 +351,11 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PAW_N_CTX", "512")
     config = PawConfig.from_env(max_model_copies=2)
     assert (config.api_url, config.cache_dir, config.offline, config.n_ctx, config.max_model_copies) == (
-        "http://127.0.0.1:9", tmp_path / "c", True, 512, 2
+        "http://127.0.0.1:9",
+        tmp_path / "c",
+        True,
+        512,
+        2,
     )
     monkeypatch.setenv("PAW_N_CTX", "lots")
     from pawfn import ConfigError
@@ -457,9 +479,7 @@ def test_waits_for_the_official_sdk_installing_the_same_program(hub: Hub, tmp_pa
         "    time.sleep(1.0)\n"
         "    shutil.copytree(staged, cache, dirs_exist_ok=True)\n"
     )
-    official = subprocess.Popen(
-        [sys.executable, "-c", script, str(hub.cache_dir), str(staged), PROGRAM_ID], stdout=subprocess.PIPE, text=True
-    )
+    official = subprocess.Popen([sys.executable, "-c", script, str(hub.cache_dir), str(staged), PROGRAM_ID], stdout=subprocess.PIPE, text=True)
     assert official.stdout is not None and official.stdout.readline().strip() == "locked"
     with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
@@ -492,8 +512,18 @@ def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytes
             PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
         assert time.perf_counter() - started < 10
         assert any(f"waiting for the cache lock on programs/{PROGRAM_ID}" in record.getMessage() for record in caplog.records)
-        run = run_cli("run", "--program", PROGRAM_ID, "--input", "hello", "--api-url", hub.server.api_url,
-                      "--cache-dir", str(hub.cache_dir), environment={"PAW_LOCK_TIMEOUT_S": "1"})
+        run = run_cli(
+            "run",
+            "--program",
+            PROGRAM_ID,
+            "--input",
+            "hello",
+            "--api-url",
+            hub.server.api_url,
+            "--cache-dir",
+            str(hub.cache_dir),
+            environment={"PAW_LOCK_TIMEOUT_S": "1"},
+        )
         assert f"waiting for the cache lock on programs/{PROGRAM_ID}" in run.stderr.splitlines()[0]
         CliRun(run.status, run.stdout, run.stderr.splitlines()[-1] + "\n", run.seconds, run.peak_rss_mb).assert_one_line_error(
             1, "gave up after 1 s waiting for the cache lock"
@@ -527,17 +557,30 @@ def test_a_runtime_naming_another_runtimes_base_file_gets_a_file_of_its_own(hub:
     other_program, other_runtime = "b6b454023d41ac9ca846", "tiny-qwen3-other"
     other_base = hub.base.read_bytes() + bytes(64)  # the same weights, other bytes: another sha256
     bundle = write_bundle(
-        tmp_path / "other-bundle", hub.program.adapter, "Qwen/Qwen3-0.6B", hub.program.template,
+        tmp_path / "other-bundle",
+        hub.program.adapter,
+        "Qwen/Qwen3-0.6B",
+        hub.program.template,
         {"program_id": other_program, "runtime_id": other_runtime},
     )
     state = hub.server.state
     state.programs[other_program] = zip_bundle(bundle, tmp_path / "other.paw").read_bytes()
     state.files["other-base.gguf"] = other_base
     state.runtimes[other_runtime] = {
-        **hub.runtime, "runtime_id": other_runtime,
-        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": {
-            "provider": None, "repo": None, "file": BASE_FILE, "url": f"{hub.server.cdn_url}/files/other-base.gguf",
-            "size_bytes": len(other_base), "sha256": hashlib.sha256(other_base).hexdigest()}},
+        **hub.runtime,
+        "runtime_id": other_runtime,
+        "local_sdk": {
+            "supported": True,
+            "n_ctx": 2048,
+            "base_model": {
+                "provider": None,
+                "repo": None,
+                "file": BASE_FILE,
+                "url": f"{hub.server.cdn_url}/files/other-base.gguf",
+                "size_bytes": len(other_base),
+                "sha256": hashlib.sha256(other_base).hexdigest(),
+            },
+        },
     }
     PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
     PawFn[Qwen3_0_6B, Torch].load_id_sync(other_program, config=hub.config()).close()
@@ -571,10 +614,10 @@ def test_pawfn_serve_allow_load_loads_a_hub_program_once_on_its_first_requests(h
     if importlib.util.find_spec("fastapi") is None:
         pytest.skip("pawfn serve needs the serve extra")
     server = start_server(
-        "--allow-load", "--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir),
-        environment={"PAW_API_KEY": "secret-key"},
+        "--allow-load", "--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir), environment={"PAW_API_KEY": "secret-key"}
     )
     try:
+
         def run(text: str) -> httpx.Response:
             return httpx.post(f"{server.url}/v1/programs/{SLUG}/run", json={"input": text, "options": {"max_tokens": 12}}, timeout=120)
 
@@ -616,10 +659,22 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
     shutil.copyfile(hub.base, work / "qwen3-0.6b-q6_k.gguf")
     (work / "inputs.txt").write_text("Server down!\nLunch?\n")
     (work / "inputs.jsonl").write_text('"Server down!"\n{"input": "Lunch?"}\n')
-    names = {"email-triage": SLUG, "--compiler NAME": "--compiler paw-4b-qwen3-0.6b", "--slug SLUG": "--slug tester/s",
-             "--concurrency N": "--concurrency 2", "prepare REF": f"prepare {SLUG}", "login KEY": "login secret-key"}
-    env = dict(os.environ, PAW_API_URL=hub.server.api_url, PAW_CACHE_DIR=str(hub.cache_dir), PYTHONWARNINGS="ignore",
-               PAW_CONFIG_FILE=str(tmp_path / "config.json"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    names = {
+        "email-triage": SLUG,
+        "--compiler NAME": "--compiler paw-4b-qwen3-0.6b",
+        "--slug SLUG": "--slug tester/s",
+        "--concurrency N": "--concurrency 2",
+        "prepare REF": f"prepare {SLUG}",
+        "login KEY": "login secret-key",
+    }
+    env = dict(
+        os.environ,
+        PAW_API_URL=hub.server.api_url,
+        PAW_CACHE_DIR=str(hub.cache_dir),
+        PYTHONWARNINGS="ignore",
+        PAW_CONFIG_FILE=str(tmp_path / "config.json"),
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     commands = _readme_command_lines()
     assert len(commands) >= 14
     for command in commands:
@@ -627,8 +682,15 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
             continue
         for name, value in names.items():
             command = command.replace(name, value)
-        result = subprocess.run(["bash", "-c", command + " --max-tokens 4" * ("run " in command and "--max-tokens" not in command)],
-                                cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
+        result = subprocess.run(
+            ["bash", "-c", command + " --max-tokens 4" * ("run " in command and "--max-tokens" not in command)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert result.returncode == 0, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr, (command, result.stderr[-2000:])
     assert json.loads((tmp_path / "config.json").read_text())["api_key"] == "secret-key"
@@ -650,9 +712,14 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     blocks = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "Remote" not in block]
     assert len(blocks) >= 6
-    env = dict(os.environ, PAW_API_URL=hub.server.api_url, PAW_CACHE_DIR=str(hub.cache_dir), PYTHONWARNINGS="ignore",
-               PAW_API_KEY="secret-key", PAW_CONFIG_FILE=str(tmp_path / "config.json"))
+    env = dict(
+        os.environ,
+        PAW_API_URL=hub.server.api_url,
+        PAW_CACHE_DIR=str(hub.cache_dir),
+        PYTHONWARNINGS="ignore",
+        PAW_API_KEY="secret-key",
+        PAW_CONFIG_FILE=str(tmp_path / "config.json"),
+    )
     for block in blocks:
-        result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True,
-                                timeout=300, check=False)
+        result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert result.returncode == 0, (block, result.stderr[-2000:])

@@ -19,10 +19,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({
-        "errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress",
-        "protocol",
-    }),
+    frozenset({"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol"}),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
     frozenset({"runtime", "calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
@@ -82,8 +79,7 @@ def _unit(module: str, top: str) -> str:
 
 
 def check_layers(
-    root: Path, top: str, layers: tuple[frozenset[str], ...], separate: frozenset[str],
-    optional: frozenset[str] = frozenset(),
+    root: Path, top: str, layers: tuple[frozenset[str], ...], separate: frozenset[str], optional: frozenset[str] = frozenset()
 ) -> list[str]:
     """Every violation of the layering in the package `root / top`, as readable lines."""
     layer_of: Mapping[str, int] = {unit: index for index, units in enumerate(layers) for unit in units}
@@ -126,7 +122,7 @@ def _cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
         path.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                cycles.append([*path[path.index(target):], target])
+                cycles.append([*path[path.index(target) :], target])
             elif target not in state:
                 visit(target)
         path.pop()
@@ -154,8 +150,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
     [
         ({"low.py": "from .high import x\n", "high.py": ""}, "pkg.low (layer 0) imports pkg.high from a layer above"),
         ({"low.py": "def f():\n    from . import other\n", "other.py": ""}, "pkg.low imports pkg.other inside a function"),
-        ({"a/__init__.py": "", "a/m.py": "from ..b import m\n", "b/__init__.py": "", "b/m.py": ""},
-         "pkg.a.m imports pkg.b: a and b must stay independent"),
+        (
+            {"a/__init__.py": "", "a/m.py": "from ..b import m\n", "b/__init__.py": "", "b/m.py": ""},
+            "pkg.a.m imports pkg.b: a and b must stay independent",
+        ),
         ({"low.py": "from .other import y\n", "other.py": "from .low import z\n"}, "import cycle: pkg.low -> pkg.other -> pkg.low"),
     ],
 )

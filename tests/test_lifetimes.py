@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 
 from pawfn import (
-    GPT2, ContextOverflowError, InterpreterMismatchError, LlamaCpp, ModelRegistry, PawConfig, PawFn, ProgramClosedError, Qwen3_0_6B, Torch,
+    GPT2,
+    ContextOverflowError,
+    InterpreterMismatchError,
+    LlamaCpp,
+    ModelRegistry,
+    PawConfig,
+    PawFn,
+    ProgramClosedError,
+    Qwen3_0_6B,
+    Torch,
 )
 from pawfn.errors import AdapterError
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
@@ -45,9 +54,7 @@ def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qw
 def test_a_failed_open_releases_its_base(qwen3_program: TinyProgram) -> None:
     """A prefix longer than the context fails after the base loaded: the base goes with it."""
     with pytest.raises(ContextOverflowError):
-        PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8)
-        )
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
     assert ModelRegistry.load_count() == 1 and ModelRegistry.loaded() == []
 
 
@@ -128,6 +135,7 @@ def test_a_failing_llama_cpp_load_leaves_no_live_handle(
     import llama_cpp
 
     if failure == "apply":
+
         def refuse(*args: object) -> int:
             return 1  # llama.cpp's "could not apply"
 

@@ -9,8 +9,18 @@ from pathlib import Path
 import pytest
 
 from pawfn import (
-    GPT2, BaseModelError, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawError, PawFn, ProgramClosedError, Qwen3_0_6B,
-    RuntimeOptions, Torch,
+    GPT2,
+    BaseModelError,
+    ConfigError,
+    InterpreterModel,
+    LlamaCpp,
+    PawConfig,
+    PawError,
+    PawFn,
+    ProgramClosedError,
+    Qwen3_0_6B,
+    RuntimeOptions,
+    Torch,
 )
 from pawfn.llamacpp import cpu
 from pawfn.llamacpp import program as llamacpp_program
@@ -30,9 +40,10 @@ def test_llama_cpp_backend_matches_torch(family: str, request: pytest.FixtureReq
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     base = program.interpreter.gguf_path
     model = _model(program)
-    with PawFn.specialize(model, LlamaCpp).from_path(program.folder, base=base) as llama, PawFn.specialize(
-        model, Torch
-    ).from_path(program.folder, base=base) as torch_fn:
+    with (
+        PawFn.specialize(model, LlamaCpp).from_path(program.folder, base=base) as llama,
+        PawFn.specialize(model, Torch).from_path(program.folder, base=base) as torch_fn,
+    ):
         assert type(llama).backend_type() is LlamaCpp
         for _ in range(2):  # the second round checks the rewind to the cached prefix
             for text in INPUTS:
@@ -93,8 +104,14 @@ def _extra_bufts(function: PawFn[Qwen3_0_6B, LlamaCpp]) -> bool:
     ids=["amx-cpu-amx-build", "amx-cpu-plain-build", "zen4-amx-build", "zen4-plain-build", "forced-on", "forced-off", "auto"],
 )
 def test_weight_repacking_is_refused_where_amx_would_crash(
-    cpuinfo: str, system_info: str, setting: str | None, repack: bool, qwen3_program: TinyProgram,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    cpuinfo: str,
+    system_info: str,
+    setting: str | None,
+    repack: bool,
+    qwen3_program: TinyProgram,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _fake_machine(monkeypatch, tmp_path, cpuinfo, system_info)
     vars(llamacpp_program)["_log_amx_refusal"].cache_clear()  # logged once per process; this test reads the log
@@ -104,9 +121,10 @@ def test_weight_repacking_is_refused_where_amx_would_crash(
     config = PawConfig.from_env()
     assert llamacpp_program.uses_repack(config) is repack
     base = qwen3_program.interpreter.gguf_path
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=base, config=config) as function, PawFn[
-        Qwen3_0_6B, Torch
-    ].from_path(qwen3_program.folder, base=base) as torch_fn:
+    with (
+        PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=base, config=config) as function,
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base) as torch_fn,
+    ):
         assert _extra_bufts(function) is repack
         assert function.generate(INPUTS[0], OPTIONS).token_ids == torch_fn.generate(INPUTS[0], OPTIONS).token_ids
     assert (cpu.AMX_ISSUE in caplog.text) == (not repack and setting != "0")
@@ -134,9 +152,7 @@ def test_a_llama_cpp_python_without_the_setting_is_refused_where_it_is_needed(qw
 
     monkeypatch.setattr(llama_cpp, "llama_model_params", OldParams)
     with pytest.raises(PawError, match="cannot load without weight repacking.*20824.*pip install -U llama-cpp-python"):
-        PawFn[Qwen3_0_6B, LlamaCpp].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(llamacpp_repack=False)
-        )
+        PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(llamacpp_repack=False))
 
 
 def test_an_invalid_repack_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

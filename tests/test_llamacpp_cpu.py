@@ -52,8 +52,17 @@ def test_an_amx_cpu_gets_its_features_named_and_no_amx(tmp_path: Path) -> None:
     assert args[0] == "-DGGML_NATIVE=OFF"
     on = {arg.removeprefix("-D").removesuffix("=ON") for arg in args if arg.endswith("=ON")}
     assert on == {
-        "GGML_SSE42", "GGML_F16C", "GGML_FMA", "GGML_BMI2", "GGML_AVX", "GGML_AVX2", "GGML_AVX_VNNI", "GGML_AVX512",
-        "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16",
+        "GGML_SSE42",
+        "GGML_F16C",
+        "GGML_FMA",
+        "GGML_BMI2",
+        "GGML_AVX",
+        "GGML_AVX2",
+        "GGML_AVX_VNNI",
+        "GGML_AVX512",
+        "GGML_AVX512_VBMI",
+        "GGML_AVX512_VNNI",
+        "GGML_AVX512_BF16",
     }
     assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(args)
 
@@ -79,12 +88,18 @@ def test_cmake_args_print_from_the_file_alone(tmp_path: Path) -> None:
     script = REPOSITORY / "src" / "pawfn" / "llamacpp" / "cpu.py"
     printed = subprocess.run(
         [sys.executable, "-I", str(script), "cmake-args", "--cpuinfo", str(_cpuinfo(tmp_path, SAPPHIRE_RAPIDS))],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout.split()
     assert printed == cpu.cmake_args_without_amx(SAPPHIRE_RAPIDS.split())
     empty = subprocess.run(
         [sys.executable, "-I", str(script), "cmake-args", "--cpuinfo", str(_cpuinfo(tmp_path, EPYC_ZEN2))],
-        capture_output=True, text=True, check=True, timeout=60,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     assert empty.stdout.strip() == ""
 

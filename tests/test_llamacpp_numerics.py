@@ -27,15 +27,7 @@ from pawfn.torch.ggml import (
     ggml_rope_table,
     ggml_silu_mul,
 )
-from pawfn.torch.ggml_native import (
-    NativeBlockMatrix,
-    NativeKernels,
-    native_attention,
-    native_kernels,
-    native_rms_norm,
-    native_rope,
-    native_swiglu,
-)
+from pawfn.torch.ggml_native import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
 from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
@@ -48,8 +40,7 @@ STEPS = 3
 """Decode steps traced after the input (evaluations 2, 3, 4: one row each)."""
 IMPLEMENTATIONS = ["torch", "c"]
 """The mode's two implementations of each rule: the torch emulation (the fallback) and the C kernels."""
-TINY_INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab",
-               "I love this product, it works great."]
+TINY_INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab", "I love this product, it works great."]
 
 
 class Trace:
@@ -75,9 +66,22 @@ class Trace:
 
 def _trace(program: Path, base: Path, text: str, out: Path) -> Trace:
     subprocess.run(
-        [sys.executable, str(REPOSITORY / "scripts" / "llamacpp_trace.py"), "--program", str(program), "--base", str(base),
-         "--input", text, "--out", str(out), "--steps", str(STEPS)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            str(REPOSITORY / "scripts" / "llamacpp_trace.py"),
+            "--program",
+            str(program),
+            "--base",
+            str(base),
+            "--input",
+            text,
+            "--out",
+            str(out),
+            "--steps",
+            str(STEPS),
+        ],
+        check=True,
+        capture_output=True,
     )
     return Trace(out)
 
@@ -90,8 +94,9 @@ def _matrices(path: Path, base: bool, implementation: str) -> dict[str, BlockMat
     for tensor in gguf.GGUFReader(path).tensors:
         if len(tensor.shape) == 2:
             raw: npt.NDArray[np.uint8] = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-            matrix = block_matrix(raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."),
-                                  native=implementation == "c")
+            matrix = block_matrix(
+                raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."), native=implementation == "c"
+            )
             if isinstance(matrix, NativeBlockMatrix):
                 assert implementation == "c"
                 matrix.prepack()
@@ -155,9 +160,7 @@ def test_q6_k_and_q4_0_lora_products_equal_llama_cpps(
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("evaluation", [1, 2], ids=["input", "decode"])
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_q6_k_products_over_several_blocks_equal_llama_cpps(
-    qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, implementation: str
-) -> None:
+def test_q6_k_products_over_several_blocks_equal_llama_cpps(qwen3_trace: tuple[TrainedProgram, Trace], evaluation: int, implementation: str) -> None:
     """ffn_down (3 blocks of 256 per row): the tiled kernel adds each block by FMA, the one-row kernel by lanes."""
     fixture, trace = qwen3_trace
     base = _matrices(fixture.base("q6_k"), True, implementation)

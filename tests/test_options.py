@@ -40,7 +40,7 @@ def test_invalid_runtime_options_are_paw_errors(fields: dict[str, Any], message:
     with pytest.raises(OptionError, match=f"^{message}") as raised:
         RuntimeOptions(**fields)
     assert isinstance(raised.value, PawError) and isinstance(raised.value, ValueError)
-    (field, value), = fields.items()
+    ((field, value),) = fields.items()
     assert (raised.value.field, raised.value.value) == (field, value) or raised.value.value != raised.value.value
 
 
@@ -48,7 +48,8 @@ def test_option_error_names_every_invalid_field_and_its_range() -> None:
     with pytest.raises(OptionError) as raised:
         RuntimeOptions(max_tokens=-2, top_p=2.0)
     assert [(item.field, item.value, item.allowed) for item in raised.value.problems] == [
-        ("max_tokens", -2, "an integer >= 0, or None"), ("top_p", 2.0, "a finite number in (0, 1]"),
+        ("max_tokens", -2, "an integer >= 0, or None"),
+        ("top_p", 2.0, "a finite number in (0, 1]"),
     ]
     relabeled = raised.value.labeled({"top_p": "--top-p"})
     assert str(relabeled).endswith("; invalid --top-p=2.0: expected a finite number in (0, 1]")
@@ -96,9 +97,7 @@ def test_options_are_frozen() -> None:
 def test_model_facts() -> None:
     assert Qwen3_0_6B.interpreter_id == "Qwen/Qwen3-0.6B" and GPT2.interpreter_id == "gpt2"
     assert Qwen3_0_6B.runtime_id == "qwen3-0.6b-q6_k" and GPT2.runtime_id == "gpt2-q8_0"
-    assert Qwen3_0_6B.default_gguf.url == (
-        "https://huggingface.co/programasweights/Qwen3-0.6B-GGUF-Q6_K/resolve/main/qwen3-0.6b-q6_k.gguf"
-    )
+    assert Qwen3_0_6B.default_gguf.url == ("https://huggingface.co/programasweights/Qwen3-0.6B-GGUF-Q6_K/resolve/main/qwen3-0.6b-q6_k.gguf")
     assert Qwen3_0_6B.lora_module_map["attn_q"] == "self_attn.q_proj"
     assert GPT2.lora_module_map["attn_qkv"] == "attn.c_attn" and "attn_qkv" in GPT2.conv1d_modules
     assert GPT2.max_context == 1024 and Qwen3_0_6B.eos_token == "<|im_end|>"

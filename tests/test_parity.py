@@ -12,17 +12,17 @@ import pytest
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from pawfn import GPT2, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from tests.helpers.references import (
-    llama_generate, llama_generate_each, llama_logits_each, OFFICIAL_BASE_TYPES, official_token_ids, peft_generate, peft_logits,
+    llama_generate,
+    llama_generate_each,
+    llama_logits_each,
+    OFFICIAL_BASE_TYPES,
+    official_token_ids,
+    peft_generate,
+    peft_logits,
 )
 from tests.helpers.tiny_models import dequantized
 
-INPUTS = [
-    "Urgent: the server is down!",
-    "hello",
-    "",
-    "Résumé café ünïcödé 12345\n\nnew line\tand tab",
-    "I love this product, it works great.",
-]
+INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab", "I love this product, it works great."]
 MAX_TOKENS = 24
 
 

@@ -31,7 +31,11 @@ def test_the_suite_goes_on_after_a_reference_run_crashes(tmp_path: Path) -> None
     )
     inner = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path / "test_inner.py")],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(REPOSITORY)},
     )
     assert inner.returncode == 1, inner.stdout + inner.stderr

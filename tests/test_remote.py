@@ -106,11 +106,31 @@ def test_astream_follows_the_servers_stream(server: ServeProcess, local_runs: Lo
 def test_the_cli_runs_on_a_server(server: ServeProcess, local_runs: LocalRuns) -> None:
     expected = local_runs[SECOND_ID].run_with("hello world", RuntimeOptions(max_tokens=6))
     done = run_cli(
-        "run", "--backend", "remote", "--server-url", server.url, "--program", "tiny-second", "--input", "hello world",
-        "--max-tokens", "6", environment={"PAW_SERVER_API_KEY": KEY},
+        "run",
+        "--backend",
+        "remote",
+        "--server-url",
+        server.url,
+        "--program",
+        "tiny-second",
+        "--input",
+        "hello world",
+        "--max-tokens",
+        "6",
+        environment={"PAW_SERVER_API_KEY": KEY},
     )
     assert (done.status, done.stdout) == (0, escape_control(expected) + "\n"), done.stderr
     run_cli("run", "--backend", "remote", "--program", "x", "--input", "y").assert_one_line_error(1, "PAW_SERVER_URL")
-    run_cli("run", "--backend", "remote", "--server-url", server.url, "--program", "tiny-second", "--input", "y",
-            environment={"PAW_SERVER_API_KEY": "wrong"}).assert_one_line_error(1, "PAW_SERVER_API_KEY")
+    run_cli(
+        "run",
+        "--backend",
+        "remote",
+        "--server-url",
+        server.url,
+        "--program",
+        "tiny-second",
+        "--input",
+        "y",
+        environment={"PAW_SERVER_API_KEY": "wrong"},
+    ).assert_one_line_error(1, "PAW_SERVER_API_KEY")
     run_cli("serve", "--backend", "remote", "--program", "x").assert_one_line_error(2, "--backend remote")

@@ -25,9 +25,7 @@ LIMITS = [3, 11, 1, 7, 5, 9]
 
 
 def _load(program: TinyProgram, **config: object) -> PawFn[InterpreterModel, Torch]:
-    return PawFn.load_any_sync(
-        str(program.folder), Torch, base=program.interpreter.gguf_path, config=PawConfig.model_validate(config)
-    )
+    return PawFn.load_any_sync(str(program.folder), Torch, base=program.interpreter.gguf_path, config=PawConfig.model_validate(config))
 
 
 def _scheduler(function: PawFn[InterpreterModel, Torch]) -> Scheduler:
@@ -67,8 +65,9 @@ def test_calls_of_two_programs_on_one_base_share_steps(family: str, request: pyt
     q4_program: TinyProgram = request.getfixturevalue(f"{family}_program_q4")
     with _load(f32_program) as first, _load(q4_program) as second:
         assert _scheduler(first) is _scheduler(second)  # one base, one scheduler
-        calls = [(first if i % 2 else second, text, RuntimeOptions(max_tokens=limit))
-                 for i, (text, limit) in enumerate(zip(INPUTS, LIMITS, strict=True))]
+        calls = [
+            (first if i % 2 else second, text, RuntimeOptions(max_tokens=limit)) for i, (text, limit) in enumerate(zip(INPUTS, LIMITS, strict=True))
+        ]
         alone = _alone(calls)
         assert alone[0].token_ids != _alone([(first, INPUTS[0], RuntimeOptions(max_tokens=3))])[0].token_ids
         with _counting(first) as counts:
@@ -85,8 +84,7 @@ def test_calls_of_two_programs_on_one_base_share_steps(family: str, request: pyt
 def test_threads_calling_run_at_once_get_their_tokens_alone(family: str, request: pytest.FixtureRequest) -> None:
     program: TinyProgram = request.getfixturevalue(f"{family}_program")
     with _load(program) as function:
-        calls = [(function, INPUTS[i % len(INPUTS)], RuntimeOptions(max_tokens=LIMITS[i % len(LIMITS)]))
-                 for i in range(12)]
+        calls = [(function, INPUTS[i % len(INPUTS)], RuntimeOptions(max_tokens=LIMITS[i % len(LIMITS)])) for i in range(12)]
         alone = _alone(calls)
         barrier = threading.Barrier(len(calls))
 

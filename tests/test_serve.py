@@ -22,22 +22,19 @@ from pawfn import CallTimeoutError, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, Remo
 from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
-from tests.helpers.servers import (
-    AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server,
-)
+from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server
 from tests.helpers.tiny_models import TinyInterpreter
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
 
 LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
 
+
 def _post(server: ServeProcess, path: str, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(server.url + path, json=body, headers=AUTH if headers is None else headers, timeout=60)
 
 
-def test_concurrent_requests_for_two_programs_equal_local_runs(
-    server: ServeProcess, local_runs: LocalRuns
-) -> None:
+def test_concurrent_requests_for_two_programs_equal_local_runs(server: ServeProcess, local_runs: LocalRuns) -> None:
     options = RuntimeOptions(max_tokens=12)
     calls = [(program_id, text) for text in INPUTS for program_id in (FIRST_ID, SECOND_ID)] * 2
     results = run_concurrently(server.url, calls, max_tokens=12)
@@ -49,9 +46,7 @@ def test_concurrent_requests_for_two_programs_equal_local_runs(
     assert {r.generation.token_ids for r in results[:2]} != {(), None}  # the programs generated something
 
 
-def test_run_batch_and_the_official_infer_shape_equal_local_runs(
-    server: ServeProcess, local_runs: LocalRuns
-) -> None:
+def test_run_batch_and_the_official_infer_shape_equal_local_runs(server: ServeProcess, local_runs: LocalRuns) -> None:
     response = _post(server, f"/v1/programs/{SECOND_ID}/run_batch", {"inputs": INPUTS, "options": {"max_tokens": 10}})
     assert response.status_code == 200, response.text
     batch = RunBatchResponse.model_validate_json(response.content)
@@ -68,9 +63,7 @@ def test_run_batch_and_the_official_infer_shape_equal_local_runs(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("programasweights") is None, reason="the official SDK is not installed")
-def test_the_official_sdks_remote_function_runs_against_the_server(
-    server: ServeProcess, local_runs: LocalRuns, tmp_path: Path
-) -> None:
+def test_the_official_sdks_remote_function_runs_against_the_server(server: ServeProcess, local_runs: LocalRuns, tmp_path: Path) -> None:
     """The official SDK's own request code (`paw.function(ref, remote=True)`), pointed at the server by PAW_API_URL."""
     script = (
         "import json, sys, programasweights as paw\n"
@@ -80,8 +73,7 @@ def test_the_official_sdks_remote_function_runs_against_the_server(
     environment = {"PAW_API_URL": server.url, "PAW_API_KEY": KEY, "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for reference in (FIRST_ID, "tiny-second"):  # an id, and a slug the server resolves
         done = subprocess.run(
-            [sys.executable, "-c", script, reference, json.dumps(INPUTS)], capture_output=True, text=True,
-            env=environment, timeout=120, check=False,
+            [sys.executable, "-c", script, reference, json.dumps(INPUTS)], capture_output=True, text=True, env=environment, timeout=120, check=False
         )
         assert done.returncode == 0, done.stderr
         program_id = FIRST_ID if reference == FIRST_ID else SECOND_ID
@@ -89,13 +81,10 @@ def test_the_official_sdks_remote_function_runs_against_the_server(
         assert json.loads(done.stdout) == expected
 
 
-def test_streaming_sends_text_as_generated_then_the_generation(
-    server: ServeProcess, local_runs: LocalRuns
-) -> None:
+def test_streaming_sends_text_as_generated_then_the_generation(server: ServeProcess, local_runs: LocalRuns) -> None:
     expected = local_runs[FIRST_ID].generate(INPUTS[2], RuntimeOptions(max_tokens=16))
     with httpx.stream(
-        "POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json={"input": INPUTS[2], "options": {"max_tokens": 16}},
-        headers=AUTH, timeout=60,
+        "POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json={"input": INPUTS[2], "options": {"max_tokens": 16}}, headers=AUTH, timeout=60
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -143,8 +132,7 @@ def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:
         (_post(server, path, {"input": "x", "options": {"temperature": -1}}), 422, "invalid_request"),
         (_post(server, path, {"inputs": "x"}), 422, "invalid_request"),
         (_post(server, f"/v1/programs/{FIRST_ID}/run_batch", {"inputs": ["x"] * 9}), 413, "batch_too_large"),
-        (httpx.post(server.url + path, content=b"{not json", headers=AUTH | {"content-type": "application/json"}), 422,
-         "invalid_request"),
+        (httpx.post(server.url + path, content=b"{not json", headers=AUTH | {"content-type": "application/json"}), 422, "invalid_request"),
     ]
 
     def chunked() -> Iterator[bytes]:
@@ -216,20 +204,27 @@ def _three_batches_queued(server: ServeProcess, batch: Callable[[], None]) -> li
 
 
 def test_sigterm_finishes_every_accepted_request(
-    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local_runs: LocalRuns,
-    tmp_path: Path,
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local_runs: LocalRuns, tmp_path: Path
 ) -> None:
     """One model copy, so 24 accepted calls take a while; SIGTERM while they run loses none of them."""
     server = start_server(
-        "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
-        "--max-tokens-limit", "64", environment={"PAW_CACHE_DIR": str(tmp_path)},
+        "--program",
+        str(served_programs[0].archive),
+        "--base",
+        str(qwen3.hf_dir),
+        "--max-model-copies",
+        "1",
+        "--max-tokens-limit",
+        "64",
+        environment={"PAW_CACHE_DIR": str(tmp_path)},
     )
     inputs = [f"input number {n}" for n in range(8)]
     answers: list[httpx.Response] = []
 
     def batch() -> None:
-        answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch",
-                                  json={"inputs": inputs, "options": {"max_tokens": 64}}, timeout=120))
+        answers.append(
+            httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": inputs, "options": {"max_tokens": 64}}, timeout=120)
+        )
 
     threads = _three_batches_queued(server, batch)
     status = server.stop()
@@ -260,7 +255,12 @@ def test_serving_on_the_llamacpp_backend_gives_its_tokens(
 ) -> None:
     """llama.cpp runs a program's calls in turn, on worker threads: runs, batches and streams still answer right."""
     server = start_server(
-        "--program", f"tiny={served_programs[0].archive}", "--base", str(qwen3.gguf_path), "--backend", "llamacpp",
+        "--program",
+        f"tiny={served_programs[0].archive}",
+        "--base",
+        str(qwen3.gguf_path),
+        "--backend",
+        "llamacpp",
         environment={"PAW_CACHE_DIR": str(tmp_path)},
     )
     try:
@@ -269,8 +269,9 @@ def test_serving_on_the_llamacpp_backend_gives_its_tokens(
             expected = [local.generate(text, options).token_ids for text in INPUTS]
             results = run_concurrently(server.url, [("tiny", text) for text in INPUTS], max_tokens=10, threads=4)
             assert [result.generation.token_ids for result in results] == expected
-            with httpx.stream("POST", f"{server.url}/v1/programs/tiny/stream", json={"input": INPUTS[0], "options": {"max_tokens": 10}},
-                              timeout=60) as response:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/programs/tiny/stream", json={"input": INPUTS[0], "options": {"max_tokens": 10}}, timeout=60
+            ) as response:
                 events = list(sse_events(response.iter_lines()))
             assert RunResponse.model_validate(events[-1][1]).generation.token_ids == expected[0]
             pieces = "".join(str(data["text"]) for event, data in events if event == "token")
@@ -290,8 +291,18 @@ def long_calls_server(
 ) -> Iterator[ServeProcess]:
     """A server whose calls may run to the end of the context (~2,000 steps each), one at a time, with 1 s of grace."""
     server = start_server(
-        "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1",
-        "--max-tokens-limit", "2048", "--graceful-timeout", "1", "--api-key-env", "PAWFN_TEST_KEY",
+        "--program",
+        str(served_programs[0].archive),
+        "--base",
+        str(qwen3.hf_dir),
+        "--max-model-copies",
+        "1",
+        "--max-tokens-limit",
+        "2048",
+        "--graceful-timeout",
+        "1",
+        "--api-key-env",
+        "PAWFN_TEST_KEY",
         environment={"PAW_CACHE_DIR": str(tmp_path_factory.mktemp("long-calls")), "PAWFN_TEST_KEY": KEY},
     )
     yield server
@@ -326,8 +337,7 @@ def test_a_client_that_leaves_cancels_its_calls(long_calls_server: ServeProcess)
     server = long_calls_server
     before = _decode_steps(server)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH,
-                   timeout=httpx.Timeout(60, read=0.5))
+        httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH, timeout=httpx.Timeout(60, read=0.5))
     assert _settled_steps(server) - before < 1000  # the batch would have taken ~4,000 steps
     config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY), run_timeout_s=0.5, max_retries=3)
     with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config) as program:
@@ -366,9 +376,11 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
     before = _decode_steps(server)
     env = dict(os.environ, PYTHONWARNINGS="ignore", PAW_SERVER_API_KEY=KEY)
     process = subprocess.Popen(
-        [sys.executable, "-m", "pawfn", "run", "--backend", "remote", "--server-url", server.url, "--program", FIRST_ID,
-         "--input", "hello"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-m", "pawfn", "run", "--backend", "remote", "--server-url", server.url, "--program", FIRST_ID, "--input", "hello"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     _decoding(server, before)
     process.send_signal(signal.SIGINT)
@@ -385,8 +397,9 @@ def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: Ser
 
     def batch() -> None:
         try:
-            answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8},
-                                      headers=AUTH, timeout=120).status_code)
+            answers.append(
+                httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8}, headers=AUTH, timeout=120).status_code
+            )
         except httpx.TransportError:
             answers.append(0)
 
@@ -403,8 +416,9 @@ def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: Ser
 
 def test_a_body_sent_as_a_form_gets_415_naming_the_content_type(server: ServeProcess) -> None:
     """curl's -d without a JSON Content-Type (form encoding): the answer says what to send."""
-    response = httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run", content=b'{"input": "x"}',
-                          headers=AUTH | {"content-type": "application/x-www-form-urlencoded"})
+    response = httpx.post(
+        f"{server.url}/v1/programs/{FIRST_ID}/run", content=b'{"input": "x"}', headers=AUTH | {"content-type": "application/x-www-form-urlencoded"}
+    )
     assert response.status_code == 415 and response.json()["error"] == "unsupported_media_type"
     assert "application/x-www-form-urlencoded" in response.json()["message"] and "Content-Type: application/json" in response.json()["message"]
 
@@ -420,10 +434,14 @@ def test_the_readmes_curl_commands_work_as_written(server: ServeProcess) -> None
     commands = _readme_curl_commands()
     assert len(commands) >= 3
     for command in commands:
-        line = (command.replace("localhost:8000", server.url.removeprefix("http://"))
-                .replace("/programs/triage/", f"/programs/{FIRST_ID}/").replace('"program_id": "triage"', f'"program_id": "{FIRST_ID}"'))
-        result = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, check=False,
-                                env={"PATH": os.environ["PATH"], "PAWFN_KEY": KEY})
+        line = (
+            command.replace("localhost:8000", server.url.removeprefix("http://"))
+            .replace("/programs/triage/", f"/programs/{FIRST_ID}/")
+            .replace('"program_id": "triage"', f'"program_id": "{FIRST_ID}"')
+        )
+        result = subprocess.run(
+            ["bash", "-c", line], capture_output=True, text=True, timeout=120, check=False, env={"PATH": os.environ["PATH"], "PAWFN_KEY": KEY}
+        )
         assert result.returncode == 0, result.stderr
         if "/stream" in line:
             assert "event: done" in result.stdout, result.stdout

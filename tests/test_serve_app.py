@@ -48,8 +48,9 @@ class ScriptedService:
     async def info(self, reference: str) -> ServedProgram:
         if reference != "p":
             raise NotFoundError(f"program {reference!r} is not served here", status=404)
-        return ServedProgram(name="p", program_id=None, references=["p"], interpreter="gpt2", model="GPT2",
-                             backend="torch", n_ctx=64, prefix_tokens=3)
+        return ServedProgram(
+            name="p", program_id=None, references=["p"], interpreter="gpt2", model="GPT2", backend="torch", n_ctx=64, prefix_tokens=3
+        )
 
     async def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
         await self.info(reference)
@@ -118,8 +119,12 @@ def test_errors_keep_their_status_and_shape() -> None:
             overflow = await client.post("/v1/programs/p/run", json={"input": "overflow"})
             no_route = await client.get("/v2/nothing")
             stream_missing = await client.post("/v1/programs/q/stream", json={"input": "x"})
-            for response, status, code in ((missing, 404, "program_not_found"), (overflow, 422, "context_overflow"),
-                                           (no_route, 404, "not_found"), (stream_missing, 404, "program_not_found")):
+            for response, status, code in (
+                (missing, 404, "program_not_found"),
+                (overflow, 422, "context_overflow"),
+                (no_route, 404, "not_found"),
+                (stream_missing, 404, "program_not_found"),
+            ):
                 assert (response.status_code, response.json()["error"]) == (status, code)
                 assert response.json()["request_id"] == response.headers["x-request-id"]
             assert (await client.get("/healthz")).json()["queued"] == 0  # refused streams gave their slot back
@@ -189,21 +194,38 @@ _JSON = st.recursive(
 _FIELDS = st.fixed_dictionaries(
     {},
     optional={
-        "input": _JSON | st.text(max_size=40), "inputs": _JSON | st.lists(st.text(max_size=10), max_size=70),
-        "options": _JSON | st.fixed_dictionaries({}, optional={
-            "max_tokens": _JSON | st.integers(-5, 2000), "temperature": _JSON | _FINITE, "seed": _JSON | st.integers(),
-            "top_p": _JSON | _FINITE, "parse_special_in_input": _JSON,
-        }),
-        "program_id": _JSON | st.just("p"), "max_tokens": _JSON | st.integers(), "temperature": _JSON | _FINITE,
+        "input": _JSON | st.text(max_size=40),
+        "inputs": _JSON | st.lists(st.text(max_size=10), max_size=70),
+        "options": _JSON
+        | st.fixed_dictionaries(
+            {},
+            optional={
+                "max_tokens": _JSON | st.integers(-5, 2000),
+                "temperature": _JSON | _FINITE,
+                "seed": _JSON | st.integers(),
+                "top_p": _JSON | _FINITE,
+                "parse_special_in_input": _JSON,
+            },
+        ),
+        "program_id": _JSON | st.just("p"),
+        "max_tokens": _JSON | st.integers(),
+        "temperature": _JSON | _FINITE,
     },
 )
-_ROUTES = ("/v1/programs/p/run", "/v1/programs/p/run_batch", "/v1/programs/p/tokenize", "/api/v1/infer",
-           "/v1/programs/q/run", "/v1/programs/p/stream")
+_ROUTES = (
+    "/v1/programs/p/run",
+    "/v1/programs/p/run_batch",
+    "/v1/programs/p/tokenize",
+    "/api/v1/infer",
+    "/v1/programs/q/run",
+    "/v1/programs/p/stream",
+)
 
 
 @FUZZ
 @given(
-    route=st.sampled_from(_ROUTES), body=_FIELDS | _JSON,
+    route=st.sampled_from(_ROUTES),
+    body=_FIELDS | _JSON,
     raw=st.none() | st.binary(max_size=64) | st.sampled_from([b'{"input": NaN}', b'{"input": "x", "options": {"temperature": Infinity}}']),
 )
 def test_any_body_gets_an_answer_or_a_json_error_never_a_crash(route: str, body: object, raw: bytes | None) -> None:

@@ -25,9 +25,7 @@ NAMES = {FIRST_ID: "tiny-first", SECOND_ID: "tiny-second"}
 
 
 @pytest.fixture(scope="module")
-def ray_url(
-    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def ray_url(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from pawfn.serve.ray import RayAppArgs, ray_app
 
     first, second = served_programs
@@ -37,8 +35,10 @@ def ray_url(
     args = RayAppArgs(
         # tiny-third (the first program again, under a name of its own) is asked for by the routing test alone
         programs=[f"tiny-first={first.archive}", f"tiny-second={second.archive}", f"tiny-third={first.archive}"],
-        base=str(qwen3.hf_dir), replicas=2,
-        max_programs_per_replica=3, config=PawConfig.from_env(cache_dir=tmp_path_factory.mktemp("ray-cache")),
+        base=str(qwen3.hf_dir),
+        replicas=2,
+        max_programs_per_replica=3,
+        config=PawConfig.from_env(cache_dir=tmp_path_factory.mktemp("ray-cache")),
         settings=ServeSettings(api_key=SecretStr(KEY), max_tokens=24, max_queue=64),
     )
     serve.run(ray_app(args), name="pawfn", route_prefix="/")
@@ -76,8 +76,9 @@ def test_concurrent_requests_by_name_and_id_equal_local_runs(ray_url: str, local
 
 def test_streaming_and_the_remote_backend_work_on_ray_too(ray_url: str, local_runs: LocalRuns) -> None:
     options = RuntimeOptions(max_tokens=12)
-    with httpx.stream("POST", f"{ray_url}/v1/programs/tiny-first/stream", json={"input": INPUTS[2], "options": {"max_tokens": 12}},
-                      headers=AUTH, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{ray_url}/v1/programs/tiny-first/stream", json={"input": INPUTS[2], "options": {"max_tokens": 12}}, headers=AUTH, timeout=60
+    ) as response:
         events = list(sse_events(response.iter_lines()))
     assert events[-1][0] == "done"
     assert RunResponse.model_validate(events[-1][1]).generation.token_ids == local_runs[FIRST_ID].generate(INPUTS[2], options).token_ids
@@ -91,8 +92,7 @@ def test_a_programs_requests_go_to_the_replica_that_holds_it(ray_url: str) -> No
     other programs may be on both replicas by now: concurrent calls spread them)."""
     assert httpx.get(f"{ray_url}/healthz").json()["programs"] == 3  # the programs named at start
     replicas = {
-        ServedProgram.model_validate_json(httpx.get(f"{ray_url}/v1/programs/tiny-third", headers=AUTH, timeout=60).content).replica
-        for _ in range(8)
+        ServedProgram.model_validate_json(httpx.get(f"{ray_url}/v1/programs/tiny-third", headers=AUTH, timeout=60).content).replica for _ in range(8)
     }
     assert len(replicas) == 1 and next(iter(replicas)), replicas
 
@@ -105,7 +105,8 @@ def test_a_killed_replicas_calls_are_retried_or_fail_clearly(ray_url: str, local
     assert holder is not None
     deployment = holder.rsplit("#", 1)[0]
     replicas = [
-        actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
         if actor["namespace"] == "serve" and actor["name"].rsplit("#", 1)[0] == deployment
     ]
     assert holder in replicas and len(replicas) == 2, replicas
@@ -155,7 +156,5 @@ def test_the_ray_app_checks_its_arguments_and_scales_on_ongoing_requests() -> No
         app_builder({"programs": "a", "replicas": 0})
     parsed = RayAppArgs.model_validate({"programs": "a,b=c.paw", "replicas": "2", "max_replicas": "6"})
     assert parsed.programs == ["a", "b=c.paw"]
-    assert replica_scaling(parsed) == {
-        "autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 4.0}
-    }
+    assert replica_scaling(parsed) == {"autoscaling_config": {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 4.0}}
     assert replica_scaling(RayAppArgs(replicas=3)) == {"num_replicas": 3}

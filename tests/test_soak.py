@@ -15,7 +15,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 def test_soak_keeps_memory_files_and_threads_bounded(capsys: pytest.CaptureFixture[str]) -> None:
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", "--cycles", "8", "--calls", "100", "--rss-growth-mb", "64"],
-        capture_output=True, text=True, timeout=900, check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     with capsys.disabled():  # the bounds, in CI's log
         print("\n" + result.stdout)

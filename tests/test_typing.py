@@ -48,9 +48,12 @@ def test_there_are_typing_tests() -> None:
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_mypy(path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "mypy.ini"), "--show-error-codes",
-         "--no-error-summary", "--no-pretty", str(path)],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "mypy.ini"), "--show-error-codes", "--no-error-summary", "--no-pretty", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
     )
     found: dict[int, set[str]] = {}
     for line in result.stdout.splitlines():
@@ -67,7 +70,11 @@ def test_mypy(path: Path) -> None:
 def test_pyright(path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pyright", "--outputjson", "--pythonpath", sys.executable, "--project", str(TYPING), str(path)],
-        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
     )
     report = json.loads(result.stdout)
     found: dict[int, set[str]] = {}

@@ -28,9 +28,7 @@ def _tokens(program: TinyProgram, cache: PawCache) -> tuple[int, ...]:
         return loaded.generate(INPUT, RuntimeOptions(max_tokens=6)).token_ids
 
 
-def test_derived_files_are_listed_with_sizes_and_cleared_alone(
-    qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_derived_files_are_listed_with_sizes_and_cleared_alone(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
     cache = PawCache(Path(os.environ["PAW_CACHE_DIR"]))
     shutil.copytree(qwen3_program.folder, cache.program_dir("0123456789abcdef0123"))
     cache.base_models_dir.mkdir(parents=True)

@@ -26,8 +26,7 @@ from pawfn.torch.weights import Array, BaseWeights, built, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cpp
 from tests.helpers.trained import TrainedProgram
 
-INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a",
-          "what is this?", "numbers 1 2 3"]
+INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a", "what is this?", "numbers 1 2 3"]
 FLOORS = {"qwen3": 0.95, "gpt2": 0.85}
 """On the random tiny models (nearly flat predictions): least share of greedy tokens that match float32 before a
 call's first difference (measured 1.00 and 0.99)."""
@@ -90,7 +89,8 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
 
 def _agreement(
     reference: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp],
-    compact: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp], max_tokens: int,
+    compact: PawFn[InterpreterModel, Torch] | PawFn[InterpreterModel, LlamaCpp],
+    max_tokens: int,
     inputs: Sequence[str] = INPUTS,
 ) -> float:
     """Share of `reference`'s greedy tokens that `compact` matches before each call's first difference."""
@@ -110,10 +110,7 @@ def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
     trained: TrainedProgram = request.getfixturevalue(f"trained_{family}_program")
     base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     config = PawConfig(weight_dtype="float16")
-    with (
-        PawFn.load_any_sync(program, Torch, base=base) as exact,
-        PawFn.load_any_sync(program, Torch, base=base, config=config) as compact,
-    ):
+    with PawFn.load_any_sync(program, Torch, base=base) as exact, PawFn.load_any_sync(program, Torch, base=base, config=config) as compact:
         assert type(compact).model_type() is trained.model
         assert _agreement(exact, compact, 32, trained.inputs) >= TRAINED_FLOOR
         if HAS_LLAMA_CPP:
@@ -124,8 +121,7 @@ def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
 def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
     with pytest.raises(ConfigError, match="weight_dtype='float16' runs on the CPU with dtype='float32'"):
         PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path,
-            config=PawConfig(weight_dtype="float16", dtype="bfloat16"),
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(weight_dtype="float16", dtype="bfloat16")
         )
 
 
@@ -147,10 +143,13 @@ def test_int8_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
         assert _agreement(exact, compact, 32, trained.inputs) >= INT8_TRAINED_FLOORS[family]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "per-row int8 weights (use --numerics llamacpp for the official tokens): on the trained Qwen3 pawfn's int8 keeps "
-    "0.56 of float32's tokens, llama.cpp's Q8_0 0.79"
-))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "per-row int8 weights (use --numerics llamacpp for the official tokens): on the trained Qwen3 pawfn's int8 keeps "
+        "0.56 of float32's tokens, llama.cpp's Q8_0 0.79"
+    ),
+)
 @requires_llama_cpp
 def test_int8_is_as_faithful_as_llama_cpps_q8_0_base(trained_qwen3_program: TrainedProgram, tmp_path: Path) -> None:
     """What the fast mode owes: lose no more of float32's tokens than llama.cpp's own 8-bit base does."""
@@ -175,6 +174,7 @@ def test_fused_matrices_change_no_bit(
     weights = read_base_weights(program.interpreter.gguf_path, model)
     adapter = read_lora_adapter(program.adapter, model)
     fused = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
+
     def no_groups(self: Family, arch: Architecture) -> list[tuple[str, ...]]:
         return []
 
@@ -197,8 +197,7 @@ def test_fused_matrices_change_no_bit(
 def test_int8_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
     with pytest.raises(ConfigError, match="weight_dtype='int8' runs on the CPU with dtype='float32'"):
         PawFn[Qwen3_0_6B, Torch].from_path(
-            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path,
-            config=PawConfig(weight_dtype="int8", dtype="bfloat16"),
+            qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(weight_dtype="int8", dtype="bfloat16")
         )
 
 
@@ -213,7 +212,11 @@ def test_int8_loads_without_torchs_deprecation_warning(qwen3_program: TinyProgra
     environment = {**os.environ, "PAW_CACHE_DIR": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-W", "error::UserWarning", "-c", script, str(qwen3_program.folder), str(qwen3_program.interpreter.gguf_path)],
-        capture_output=True, text=True, check=False, env=environment, timeout=300,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=environment,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "deprecated" not in result.stderr

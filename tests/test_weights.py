@@ -71,9 +71,7 @@ def test_gpt2_activation_is_checked(gpt2: TinyInterpreter, tmp_path: Path) -> No
         ("tokenizer.json", TokenizerError, "tokenizer.json is missing"),
     ],
 )
-def test_incomplete_hf_folder(
-    qwen3: TinyInterpreter, tmp_path: Path, missing: str, error: type[Exception], message: str
-) -> None:
+def test_incomplete_hf_folder(qwen3: TinyInterpreter, tmp_path: Path, missing: str, error: type[Exception], message: str) -> None:
     folder = _copy(qwen3, tmp_path / "hf")
     (folder / missing).unlink()
     with pytest.raises(error, match=message):

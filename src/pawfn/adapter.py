@@ -22,7 +22,11 @@ _FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationTy
 _LORA_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
 _Q = gguf.GGMLQuantizationType
 _BLOCK_SCALES: dict[gguf.GGMLQuantizationType, tuple[int, tuple[int, ...]]] = {
-    _Q.Q4_0: (18, (0,)), _Q.Q8_0: (34, (0,)), _Q.Q5_0: (22, (0,)), _Q.Q4_1: (20, (0, 2)), _Q.Q5_1: (24, (0, 2)),
+    _Q.Q4_0: (18, (0,)),
+    _Q.Q8_0: (34, (0,)),
+    _Q.Q5_0: (22, (0,)),
+    _Q.Q4_1: (20, (0, 2)),
+    _Q.Q5_1: (24, (0, 2)),
 }
 """Block bytes and the offsets of its float16 scale (and minimum): a block's values are finite exactly when these
 are, as the rest are small integer codes."""
@@ -54,7 +58,7 @@ class LoraHalf:
             return bool(np.isfinite(self.values).all())
         size, offsets = scales
         blocks = self.data.reshape(-1, size)
-        return all(bool(np.isfinite(blocks[:, offset:offset + 2].copy().view(np.float16)).all()) for offset in offsets)
+        return all(bool(np.isfinite(blocks[:, offset : offset + 2].copy().view(np.float16)).all()) for offset in offsets)
 
 
 @dataclass(frozen=True)
@@ -154,9 +158,7 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
             raise AdapterError(path, str(exc)) from exc
         types.update((a.qtype.name, b.qtype.name))
         if a.shape[0] != b.shape[1]:
-            raise AdapterError(
-                path, f"{target}: lora_a {a.shape} and lora_b {b.shape} do not share a rank (want [r, in] and [out, r])"
-            )
+            raise AdapterError(path, f"{target}: lora_a {a.shape} and lora_b {b.shape} do not share a rank (want [r, in] and [out, r])")
         rank = a.shape[0]
         if rank == 0:
             raise AdapterError(path, f"{target}: lora_a and lora_b have rank 0 (no rows); the adapter file is damaged")

@@ -75,8 +75,7 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def run_bench(
-    program: PawFn[M, B], inputs: Sequence[str], options: RuntimeOptions, *, runs: int, concurrency: int,
-    load_s: float, reference: str,
+    program: PawFn[M, B], inputs: Sequence[str], options: RuntimeOptions, *, runs: int, concurrency: int, load_s: float, reference: str
 ) -> tuple[BenchResult, list[Generation]]:
     """Warm up once, then time `runs` calls over `inputs` from `concurrency` threads; the figures and the calls'
     results (in call order)."""
@@ -99,12 +98,25 @@ def run_bench(
     produced = [len(g.token_ids) + (g.stop_reason == "eos") for g in generations]
     config = program.config
     result = BenchResult(
-        program=program.program_id or reference, interpreter=program.interpreter,
-        backend=type(program).backend_type().name, engine=program.runtime.engine, device=config.device, dtype=config.dtype,
-        weight_dtype=config.weight_dtype, threads=config.threads, max_model_copies=config.max_model_copies,
-        max_batch_rows=config.max_batch_rows, max_tokens=options.max_tokens, runs=runs, concurrency=concurrency,
-        load_s=load_s, median_ms=statistics.median(times), p90_ms=_percentile(times, 0.9),
+        program=program.program_id or reference,
+        interpreter=program.interpreter,
+        backend=type(program).backend_type().name,
+        engine=program.runtime.engine,
+        device=config.device,
+        dtype=config.dtype,
+        weight_dtype=config.weight_dtype,
+        threads=config.threads,
+        max_model_copies=config.max_model_copies,
+        max_batch_rows=config.max_batch_rows,
+        max_tokens=options.max_tokens,
+        runs=runs,
+        concurrency=concurrency,
+        load_s=load_s,
+        median_ms=statistics.median(times),
+        p90_ms=_percentile(times, 0.9),
         ms_per_token=statistics.median(ms / max(n, 1) for ms, n in zip(times, produced, strict=True)),
-        tokens_per_call=statistics.fmean(produced), calls_per_s=runs / wall_s, peak_rss_mb=peak_rss_mb(),
+        tokens_per_call=statistics.fmean(produced),
+        calls_per_s=runs / wall_s,
+        peak_rss_mb=peak_rss_mb(),
     )
     return result, generations

@@ -88,8 +88,7 @@ class SpecCompiler:
         settings = self._settings
         config = settings.resolved_config()
         request = compile_request(
-            self._spec, settings.compiler, ephemeral=settings.ephemeral, public=settings.public, name=settings.name,
-            slug=settings.slug,
+            self._spec, settings.compiler, ephemeral=settings.ephemeral, public=settings.public, name=settings.name, slug=settings.slug
         )
         return PawFn.load_any_sync(compile_program(request, config), Torch, config=config)
 

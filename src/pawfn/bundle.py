@@ -80,9 +80,7 @@ class PromptTemplate:
         """Split `text` at its placeholder; exactly one is required."""
         count = text.count(INPUT_PLACEHOLDER)
         if count != 1:
-            raise BundleError(
-                source, f"the prompt template must contain exactly one {INPUT_PLACEHOLDER}, found {count}"
-            )
+            raise BundleError(source, f"the prompt template must contain exactly one {INPUT_PLACEHOLDER}, found {count}")
         prefix, suffix = text.split(INPUT_PLACEHOLDER)
         return cls(prefix=prefix, suffix=suffix)
 

@@ -43,8 +43,24 @@ __all__ = ["main"]
 _BACKENDS: dict[str, type[Backend]] = {Torch.name: Torch, LlamaCpp.name: LlamaCpp, Remote.name: Remote}
 _OPTION_FLAGS = {
     name: "--" + name.replace("_", "-")
-    for name in ("offline", "api_url", "cache_dir", "device", "dtype", "n_ctx", "threads", "max_tokens", "temperature",
-                 "top_p", "seed", "max_model_copies", "max_batch_rows", "weight_dtype", "numerics", "server_url")
+    for name in (
+        "offline",
+        "api_url",
+        "cache_dir",
+        "device",
+        "dtype",
+        "n_ctx",
+        "threads",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "max_model_copies",
+        "max_batch_rows",
+        "weight_dtype",
+        "numerics",
+        "server_url",
+    )
 } | {"parse_special_in_input": "--parse-special"}
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
@@ -80,7 +96,9 @@ def _engine_options() -> argparse.ArgumentParser:
     """Where and how programs run: what `run`, `bench` and `serve` share."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
-        "--backend", choices=sorted(_BACKENDS), default="torch",
+        "--backend",
+        choices=sorted(_BACKENDS),
+        default="torch",
         help="torch (default), llamacpp, or remote (a pawfn server: --server-url, key in PAW_SERVER_API_KEY)",
     )
     options.add_argument("--server-url", metavar="URL", help="the server of --backend remote (PAW_SERVER_URL)")
@@ -88,13 +106,15 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: cpu)")
     options.add_argument("--dtype", choices=get_args(DType), help="compute dtype (default: float32)")
     options.add_argument(
-        "--weight-dtype", choices=get_args(WeightDType),
+        "--weight-dtype",
+        choices=get_args(WeightDType),
         help="compact base matrices on the CPU (Torch): float16 (near-exact) or int8 (fastest, lossy)",
     )
     options.add_argument(
-        "--numerics", choices=get_args(Numerics),
+        "--numerics",
+        choices=get_args(Numerics),
         help="Torch: native (default, torch's arithmetic) or llamacpp (llama.cpp's own arithmetic on the GGUF blocks: "
-             "the official runtime's tokens, slower)",
+        "the official runtime's tokens, slower)",
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
@@ -106,20 +126,16 @@ def _program_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False, parents=[_engine_options()])
     options.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
     options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
+    options.add_argument("--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin")
     options.add_argument(
-        "--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin"
-    )
-    options.add_argument(
-        "--input-format", choices=("lines", "jsonl"),
-        help="lines, or JSON Lines (each a JSON string or an object with an \"input\" string); "
-        "default: jsonl for *.jsonl files, else lines",
+        "--input-format",
+        choices=("lines", "jsonl"),
+        help='lines, or JSON Lines (each a JSON string or an object with an "input" string); default: jsonl for *.jsonl files, else lines',
     )
     options.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
     options.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
     options.add_argument("--seed", type=int, metavar="S", help="sampling seed")
-    options.add_argument(
-        "--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)"
-    )
+    options.add_argument("--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)")
     return options
 
 
@@ -134,25 +150,26 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common, program], help="run a program on one or more inputs")
     run.add_argument("--max-tokens", type=int, metavar="N", help="most tokens to generate (default: to EOS)")
     run.add_argument(
-        "--batch-size", type=int, default=8, metavar="N",
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="N",
         help="inputs decoded together, each with the tokens it gets alone (default: 8; llama.cpp runs them in turn)",
     )
-    run.add_argument(
-        "--json", action="store_true",
-        help="print one JSON object per input (JSON Lines); plain output escapes control characters",
-    )
+    run.add_argument("--json", action="store_true", help="print one JSON object per input (JSON Lines); plain output escapes control characters")
 
     bench = commands.add_parser("bench", parents=[common, program], help="time calls of a program (load, latency, memory)")
     bench.add_argument("--max-tokens", type=int, default=10, metavar="N", help="tokens per call (default: 10)")
     bench.add_argument("--runs", type=int, default=10, metavar="N", help="timed calls after one warm-up (default: 10)")
     bench.add_argument(
-        "--concurrency", type=int, default=1, metavar="N",
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
         help="callers at once (default: 1); Torch decodes their calls together, up to --max-model-copies",
     )
     bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 8)")
-    bench.add_argument(
-        "--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)"
-    )
+    bench.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)")
     bench.add_argument("--json", action="store_true", help="print one JSON object with the figures and the configuration")
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
@@ -170,57 +187,77 @@ def _parser() -> argparse.ArgumentParser:
 
     cache = commands.add_parser("cache", help="list, clear or fill the cache shared with the official SDK")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    listing = cache_commands.add_parser(
-        "list", parents=[common], help="list cached programs, base models and pawfn's derived files with their sizes"
-    )
-    listing.add_argument("--json", action="store_true", help="print JSON Lines, each with a \"kind\"")
+    listing = cache_commands.add_parser("list", parents=[common], help="list cached programs, base models and pawfn's derived files with their sizes")
+    listing.add_argument("--json", action="store_true", help='print JSON Lines, each with a "kind"')
     clear = cache_commands.add_parser("clear", parents=[common], help="delete every cached program and base model")
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.add_argument(
-        "--derived", action="store_true",
-        help="delete only pawfn's derived files (converted bases, stored prefixes, kernels), which it rebuilds",
+        "--derived", action="store_true", help="delete only pawfn's derived files (converted bases, stored prefixes, kernels), which it rebuilds"
     )
     prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
     prepare.add_argument("program", metavar="REF", help="program id or slug")
     prepare.add_argument("--json", action="store_true", help="print JSON")
 
     serve = commands.add_parser(
-        "serve", parents=[common, _engine_options()],
+        "serve",
+        parents=[common, _engine_options()],
         help="serve programs over HTTP: the official /api/v1/infer and pawfn's /v1 API (needs pawfn[serve])",
     )
     serve.add_argument(
-        "--program", action="append", default=[], metavar="[NAME=]REF",
+        "--program",
+        action="append",
+        default=[],
+        metavar="[NAME=]REF",
         help="program to load at start: id, user/slug, slug@vN, .paw file or folder, also served as NAME (repeatable)",
     )
-    serve.add_argument(
-        "--allow-load", action="store_true", help="also load hub programs (ids, slugs) on their first request"
-    )
+    serve.add_argument("--allow-load", action="store_true", help="also load hub programs (ids, slugs) on their first request")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    serve.add_argument(
-        "--api-key-env", metavar="NAME", help="require the key held in environment variable NAME (Bearer or X-API-Key)"
-    )
+    serve.add_argument("--api-key-env", metavar="NAME", help="require the key held in environment variable NAME (Bearer or X-API-Key)")
     serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
     serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
     limits = ServeSettings()
-    serve.add_argument("--max-queue", type=int, default=limits.max_queue, metavar="N",
-                       help=f"calls accepted at once, more get 429 (default: {limits.max_queue})")
-    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes, metavar="N",
-                       help=f"largest request body, more get 413 (default: {limits.max_body_bytes})")
-    serve.add_argument("--max-input-chars", type=int, default=limits.max_input_chars, metavar="N",
-                       help=f"longest input, more get 413 (default: {limits.max_input_chars})")
-    serve.add_argument("--max-tokens-limit", type=int, default=limits.max_tokens, metavar="N",
-                       help=f"most tokens a call may generate, more get 422 (default: {limits.max_tokens})")
-    serve.add_argument("--max-batch-inputs", type=int, default=limits.max_batch_inputs, metavar="N",
-                       help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})")
-    serve.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
-                       help="on SIGTERM or Ctrl-C, longest wait for running requests in seconds, after which their "
-                            "calls are cancelled (default: 30)")
-    serve.add_argument("--ray", action="store_true",
-                       help="serve on Ray Serve (RAY_ADDRESS's cluster, else a local Ray; needs pawfn[ray])")
+    serve.add_argument(
+        "--max-queue", type=int, default=limits.max_queue, metavar="N", help=f"calls accepted at once, more get 429 (default: {limits.max_queue})"
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=limits.max_body_bytes,
+        metavar="N",
+        help=f"largest request body, more get 413 (default: {limits.max_body_bytes})",
+    )
+    serve.add_argument(
+        "--max-input-chars",
+        type=int,
+        default=limits.max_input_chars,
+        metavar="N",
+        help=f"longest input, more get 413 (default: {limits.max_input_chars})",
+    )
+    serve.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=limits.max_tokens,
+        metavar="N",
+        help=f"most tokens a call may generate, more get 422 (default: {limits.max_tokens})",
+    )
+    serve.add_argument(
+        "--max-batch-inputs",
+        type=int,
+        default=limits.max_batch_inputs,
+        metavar="N",
+        help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or Ctrl-C, longest wait for running requests in seconds, after which their calls are cancelled (default: 30)",
+    )
+    serve.add_argument("--ray", action="store_true", help="serve on Ray Serve (RAY_ADDRESS's cluster, else a local Ray; needs pawfn[ray])")
     serve.add_argument("--replicas", type=int, default=1, metavar="N", help="Ray: program replicas (default: 1)")
-    serve.add_argument("--max-replicas", type=int, metavar="N",
-                       help="Ray: autoscale up to N replicas on ongoing requests (default: fixed)")
+    serve.add_argument("--max-replicas", type=int, metavar="N", help="Ray: autoscale up to N replicas on ongoing requests (default: fixed)")
 
     login = commands.add_parser("login", parents=[common], help="store an API key in the official config file")
     login.add_argument("key", nargs="?", help="the key (prompted for when omitted)")
@@ -233,8 +270,20 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace) -> PawConfig:
     overrides: dict[str, object] = {}
-    names = ("offline", "api_url", "cache_dir", "device", "dtype", "weight_dtype", "numerics", "n_ctx", "threads", "max_model_copies",
-             "max_batch_rows", "server_url")
+    names = (
+        "offline",
+        "api_url",
+        "cache_dir",
+        "device",
+        "dtype",
+        "weight_dtype",
+        "numerics",
+        "n_ctx",
+        "threads",
+        "max_model_copies",
+        "max_batch_rows",
+        "server_url",
+    )
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
@@ -248,8 +297,7 @@ def _config(args: argparse.Namespace) -> PawConfig:
 def _options(args: argparse.Namespace) -> RuntimeOptions:
     try:
         return RuntimeOptions(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-            parse_special_in_input=args.parse_special,
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed, parse_special_in_input=args.parse_special
         )
     except OptionError as exc:
         raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
@@ -272,7 +320,7 @@ def _input_line(line: str, number: int, source: str, jsonl: bool) -> str:
         except json.JSONDecodeError:
             text = None
     if not isinstance(text, str):
-        raise _CliError(f"{source}: line {number} is not a JSON string or an object with an \"input\" string")
+        raise _CliError(f'{source}: line {number} is not a JSON string or an object with an "input" string')
     return text
 
 
@@ -327,9 +375,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_generation(
-    args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation
-) -> None:
+def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation) -> None:
     if not args.json:
         print(escape_control(generation.text), flush=True)
         return
@@ -357,20 +403,23 @@ def _bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _load_program(args, config) as program:
         load_s = time.perf_counter() - started
-        result, _ = run_bench(
-            program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program
-        )
+        result, _ = run_bench(program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program)
     if args.json:
         _print_json(result.model_dump())
         return 0
-    print(f"{result.program} ({result.interpreter}) on {result.backend}, {result.device}, {result.dtype}, "
-          f"threads {result.threads or 'default'}, {result.concurrency} caller(s), {result.runs} runs")
+    print(
+        f"{result.program} ({result.interpreter}) on {result.backend}, {result.device}, {result.dtype}, "
+        f"threads {result.threads or 'default'}, {result.concurrency} caller(s), {result.runs} runs"
+    )
     if result.engine is not None:
         print(f"  {result.engine}")
     rows = [
-        ("load (ready to run)", f"{result.load_s:.2f} s"), ("median call", f"{result.median_ms:.1f} ms"),
-        ("p90 call", f"{result.p90_ms:.1f} ms"), ("per token", f"{result.ms_per_token:.1f} ms"),
-        ("tokens per call", f"{result.tokens_per_call:.1f}"), ("calls per second", f"{result.calls_per_s:.2f}"),
+        ("load (ready to run)", f"{result.load_s:.2f} s"),
+        ("median call", f"{result.median_ms:.1f} ms"),
+        ("p90 call", f"{result.p90_ms:.1f} ms"),
+        ("per token", f"{result.ms_per_token:.1f} ms"),
+        ("tokens per call", f"{result.tokens_per_call:.1f}"),
+        ("calls per second", f"{result.calls_per_s:.2f}"),
         ("peak RSS", f"{result.peak_rss_mb:.0f} MiB"),
     ]
     for label, value in rows:
@@ -380,9 +429,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     config = _config(args)
-    request = compile_request(
-        args.spec, args.compiler, slug=args.slug, name=args.name, public=not args.private, ephemeral=args.ephemeral
-    )
+    request = compile_request(args.spec, args.compiler, slug=args.slug, name=args.name, public=not args.private, ephemeral=args.ephemeral)
     result = compile_spec(request, config)
     if args.json:
         _print_json(result.model_dump(mode="json"))
@@ -451,8 +498,13 @@ def _cache(args: argparse.Namespace) -> int:
     prepared = prepare_program(args.program, config)
     if args.json:
         _print_json(
-            {"program": args.program, "program_id": prepared.program_id, "path": str(prepared.bundle),
-             "runtime_id": None if prepared.runtime is None else prepared.runtime.runtime_id, "base": str(prepared.base)}
+            {
+                "program": args.program,
+                "program_id": prepared.program_id,
+                "path": str(prepared.bundle),
+                "runtime_id": None if prepared.runtime is None else prepared.runtime.runtime_id,
+                "base": str(prepared.base),
+            }
         )
     else:
         print(f"{args.program}: ready offline ({prepared.bundle}; base {prepared.base})")
@@ -466,9 +518,15 @@ def _list_cache(cache: PawCache, as_json: bool) -> None:
     if as_json:
         for program in programs:
             _print_json(
-                {"kind": "program", "program_id": program.program_id, "slugs": list(program.slugs),
-                 "interpreter": program.interpreter, "spec": program.spec, "runtime_id": program.runtime_id,
-                 "path": str(program.path)}
+                {
+                    "kind": "program",
+                    "program_id": program.program_id,
+                    "slugs": list(program.slugs),
+                    "interpreter": program.interpreter,
+                    "spec": program.spec,
+                    "runtime_id": program.runtime_id,
+                    "path": str(program.path),
+                }
             )
         for item in files:
             _print_json({"kind": item.kind, "path": str(item.path), "size_bytes": item.size_bytes, "detail": item.detail})
@@ -532,9 +590,12 @@ def _serve(args: argparse.Namespace) -> int:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
         settings = ServeSettings(
-            api_key=None if key is None else SecretStr(key), max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+            api_key=None if key is None else SecretStr(key),
+            max_queue=args.max_queue,
+            max_body_bytes=args.max_body_bytes,
             max_input_chars=args.max_input_chars,
-            max_tokens=args.max_tokens_limit, max_batch_inputs=args.max_batch_inputs,
+            max_tokens=args.max_tokens_limit,
+            max_batch_inputs=args.max_batch_inputs,
         )
     except OptionError as exc:
         labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {"max_tokens": "--max-tokens-limit"}
@@ -543,13 +604,28 @@ def _serve(args: argparse.Namespace) -> int:
     base = None if args.base is None else Path(args.base)
     if args.ray:
         serve_on_ray(
-            args.program, _BACKENDS[args.backend], config, settings, host=args.host, port=args.port,
-            allow_load=args.allow_load, base=base, replicas=args.replicas, max_replicas=args.max_replicas,
+            args.program,
+            _BACKENDS[args.backend],
+            config,
+            settings,
+            host=args.host,
+            port=args.port,
+            allow_load=args.allow_load,
+            base=base,
+            replicas=args.replicas,
+            max_replicas=args.max_replicas,
         )
         return 0
     serve_programs(
-        args.program, _BACKENDS[args.backend], config, settings, host=args.host, port=args.port, allow_load=args.allow_load,
-        base=base, graceful_timeout_s=args.graceful_timeout,
+        args.program,
+        _BACKENDS[args.backend],
+        config,
+        settings,
+        host=args.host,
+        port=args.port,
+        allow_load=args.allow_load,
+        base=base,
+        graceful_timeout_s=args.graceful_timeout,
     )
     return 0
 
@@ -558,8 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login,
-                "serve": _serve}
+    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login, "serve": _serve}
     try:
         return handlers[args.command](args)
     except _CliError as exc:

@@ -21,11 +21,22 @@ DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
 _FALSY = frozenset({"0", "false", "no", "off"})
 _ENV_VARIABLES = {
-    "api_url": "PAW_API_URL", "api_key": "PAW_API_KEY", "offline": "PAW_OFFLINE", "n_ctx": "PAW_N_CTX",
-    "max_model_copies": "PAW_MAX_MODEL_COPIES", "max_batch_rows": "PAW_MAX_BATCH_ROWS", "threads": "PAW_THREADS",
-    "device": "PAW_DEVICE", "dtype": "PAW_DTYPE", "weight_dtype": "PAW_WEIGHT_DTYPE",
-    "lock_timeout_s": "PAW_LOCK_TIMEOUT_S", "server_url": "PAW_SERVER_URL", "server_api_key": "PAW_SERVER_API_KEY",
-    "llamacpp_repack": "PAW_LLAMACPP_REPACK", "numerics": "PAW_NUMERICS", "run_timeout_s": "PAW_RUN_TIMEOUT_S",
+    "api_url": "PAW_API_URL",
+    "api_key": "PAW_API_KEY",
+    "offline": "PAW_OFFLINE",
+    "n_ctx": "PAW_N_CTX",
+    "max_model_copies": "PAW_MAX_MODEL_COPIES",
+    "max_batch_rows": "PAW_MAX_BATCH_ROWS",
+    "threads": "PAW_THREADS",
+    "device": "PAW_DEVICE",
+    "dtype": "PAW_DTYPE",
+    "weight_dtype": "PAW_WEIGHT_DTYPE",
+    "lock_timeout_s": "PAW_LOCK_TIMEOUT_S",
+    "server_url": "PAW_SERVER_URL",
+    "server_api_key": "PAW_SERVER_API_KEY",
+    "llamacpp_repack": "PAW_LLAMACPP_REPACK",
+    "numerics": "PAW_NUMERICS",
+    "run_timeout_s": "PAW_RUN_TIMEOUT_S",
 }
 
 

@@ -87,8 +87,7 @@ class InterpreterMismatchError(PawError, TypeError):
         self.expected = expected
         fix = f"load it as PawFn[{suggestion}, ...] instead" if suggestion else "pawfn has no model type for it"
         super().__init__(
-            f"program {program} was compiled for interpreter {found!r}, but it is being loaded as "
-            f"{model_name} (interpreter {expected!r}); {fix}"
+            f"program {program} was compiled for interpreter {found!r}, but it is being loaded as {model_name} (interpreter {expected!r}); {fix}"
         )
 
 
@@ -183,9 +182,7 @@ class OptionError(ConfigError):
         return OptionError(self.problems, {**self.labels, **labels})
 
     @classmethod
-    def from_validation(
-        cls, error: ValidationError, model: type[BaseModel], labels: Mapping[str, str] | None = None
-    ) -> OptionError:
+    def from_validation(cls, error: ValidationError, model: type[BaseModel], labels: Mapping[str, str] | None = None) -> OptionError:
         """The problems of pydantic's `error` on `model`, each with the range its field allows."""
         problems: list[OptionProblem] = []
         for item in error.errors():
@@ -229,8 +226,14 @@ def allowed_values(annotation: object, metadata: Sequence[object] = ()) -> str:
         bound_text = f" in {'[' if low[0] == '>=' else '('}{low[1]}, {high[1]}{']' if high[0] == '<=' else ')'}"
     else:
         bound_text = "".join(f" {bound}" for bound in bounds[:1]) + "".join(f" and {bound}" for bound in bounds[1:])
-    names = {bool: "true or false", int: "an integer", float: "a finite number" if finite else "a number",
-             str: "text", SecretStr: "text", Path: "a path"}
+    names = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a finite number" if finite else "a number",
+        str: "text",
+        SecretStr: "text",
+        Path: "a path",
+    }
     name = names.get(annotation, getattr(annotation, "__name__", str(annotation))) if isinstance(annotation, type) else str(annotation)
     return name + bound_text
 
@@ -267,8 +270,7 @@ class HubError(PawError):
     """The PAW API answered with an error; carries the HTTP status and the server's message."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, server_message: str | None = None, url: str | None = None,
-        code: str | None = None,
+        self, message: str, *, status: int | None = None, server_message: str | None = None, url: str | None = None, code: str | None = None
     ) -> None:
         self.status = status
         self.server_message = server_message

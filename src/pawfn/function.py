@@ -57,8 +57,7 @@ def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
             return opener()
     if issubclass(backend, Remote):
         raise ConfigError(
-            f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, "
-            "load) with PawConfig.server_url set"
+            f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, load) with PawConfig.server_url set"
         )
     raise ConfigError(f"backend {backend.__name__} has no implementation; use Torch or LlamaCpp (or a subclass)")
 
@@ -207,9 +206,7 @@ class PawFn(Generic[M, B]):
         return cls(runtime, opened.meta, bundle, config, (time.perf_counter() - started) * 1e3)
 
     @classmethod
-    def from_path(
-        cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
-    ) -> Self:
+    def from_path(cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
         """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder); without
         `base`, a verified base already in the shared cache. Makes no network request."""
         config = config or PawConfig.from_env()
@@ -225,9 +222,7 @@ class PawFn(Generic[M, B]):
             raise _mismatch(name or meta.program_id or "?", meta, model)
 
     @classmethod
-    def load_sync(
-        cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
-    ) -> Self:
+    def load_sync(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
         """Load a program by id, slug or path: download what is missing, or use the cache (offline too);
         `base` brings your own base weights (then none are downloaded)."""
         cls.model_type()
@@ -261,8 +256,7 @@ class PawFn(Generic[M, B]):
 
     @staticmethod
     def load_any_sync(
-        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None,
-        config: PawConfig | None = None,
+        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
     ) -> PawFn[InterpreterModel, OtherB]:
         """Load a program with the interpreter model its bundle names (`Qwen3_0_6B`, `GPT2`); narrow the result
         with `PawFn[Model, Backend].narrow(...)` for the precise type."""
@@ -274,10 +268,7 @@ class PawFn(Generic[M, B]):
             model = model_for_interpreter(runtime.served.interpreter)
             if model is None:
                 runtime.close()
-                raise ConfigError(
-                    f"the server's program {reference} needs interpreter {runtime.served.interpreter!r}, which pawfn "
-                    "does not know"
-                )
+                raise ConfigError(f"the server's program {reference} needs interpreter {runtime.served.interpreter!r}, which pawfn does not know")
             return PawFn.specialize(model, backend)._on_server(runtime, reference, config, started)
         prepared = prepare_program(reference, config, check=_known_interpreter, base=None if base is None else Path(base))
         model = _known_interpreter(prepared.meta)
@@ -285,8 +276,7 @@ class PawFn(Generic[M, B]):
 
     @staticmethod
     async def load_any(
-        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None,
-        config: PawConfig | None = None,
+        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
     ) -> PawFn[InterpreterModel, OtherB]:
         """`load_any_sync` in a worker thread."""
         return await asyncio.to_thread(lambda: PawFn.load_any_sync(reference, backend, base=base, config=config))
@@ -469,9 +459,7 @@ class PawFn(Generic[M, B]):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
         """`close`; left by an interrupt (Ctrl-C's KeyboardInterrupt, SystemExit), the program's calls are cancelled
         first, so closing does not wait for work nobody will read."""
         if exc_type is not None and not issubclass(exc_type, Exception):
@@ -485,9 +473,7 @@ class PawFn(Generic[M, B]):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
         """`aclose`; left by a cancellation or an interrupt, the program's calls are cancelled first."""
         if exc_type is not None and not issubclass(exc_type, Exception):
             self.cancel_all()

@@ -70,9 +70,17 @@ def _as_float(value: object) -> float | None:
 
 
 _SCALARS: dict[int, struct.Struct] = {
-    0: struct.Struct("<B"), 1: struct.Struct("<b"), 2: struct.Struct("<H"), 3: struct.Struct("<h"),
-    4: struct.Struct("<I"), 5: struct.Struct("<i"), 6: struct.Struct("<f"), 7: struct.Struct("<?"),
-    10: struct.Struct("<Q"), 11: struct.Struct("<q"), 12: struct.Struct("<d"),
+    0: struct.Struct("<B"),
+    1: struct.Struct("<b"),
+    2: struct.Struct("<H"),
+    3: struct.Struct("<h"),
+    4: struct.Struct("<I"),
+    5: struct.Struct("<i"),
+    6: struct.Struct("<f"),
+    7: struct.Struct("<?"),
+    10: struct.Struct("<Q"),
+    11: struct.Struct("<q"),
+    12: struct.Struct("<d"),
 }
 """GGUF metadata value types with a fixed size (8 is a string, 9 an array)."""
 _NUMPY_TYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
@@ -319,9 +327,7 @@ class GGUFFile:
         return dequantize_bytes(raw, tensor.qtype, self.tensor_shape(name))
 
 
-def dequantize_bytes(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]
-) -> npt.NDArray[np.float32]:
+def dequantize_bytes(raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
     """A tensor's stored bytes (`qtype`, one of `SUPPORTED_TENSOR_TYPES`) as a fresh float32 array of `shape`."""
     if math.prod(shape) <= _ONE_GROUP_VALUES:  # gguf decodes 16 rows at a time; one group is ~10x faster here
         blocks = raw.reshape(1, -1)

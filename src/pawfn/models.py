@@ -8,14 +8,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = [
-    "GPT2",
-    "InterpreterModel",
-    "Qwen3_0_6B",
-    "WeightFile",
-    "builtin_models",
-    "model_for_interpreter",
-]
+__all__ = ["GPT2", "InterpreterModel", "Qwen3_0_6B", "WeightFile", "builtin_models", "model_for_interpreter"]
+
 
 class WeightFile(BaseModel):
     """A pinned base-weight file on a hub: repo, file name, size (bytes) and sha256."""
@@ -130,14 +124,7 @@ class GPT2(InterpreterModel):
     default_hf_repo = "openai-community/gpt2"
     transformers_model_class = "GPT2LMHeadModel"
     transformers_config_class = "GPT2Config"
-    lora_module_map = MappingProxyType(
-        {
-            "attn_qkv": "attn.c_attn",
-            "attn_output": "attn.c_proj",
-            "ffn_up": "mlp.c_fc",
-            "ffn_down": "mlp.c_proj",
-        }
-    )
+    lora_module_map = MappingProxyType({"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})
     conv1d_modules = frozenset({"attn_qkv", "attn_output", "ffn_up", "ffn_down"})
     eos_token = "<|endoftext|>"
     max_context = 1024

@@ -18,8 +18,25 @@ Numerics = Literal["native", "llamacpp"]
 """Whose arithmetic the Torch backend runs (`PawConfig.numerics`): torch's own on dequantized weights, or llama.cpp's
 CPU backend's on the GGUF blocks (the official runtime's tokens)."""
 Device = Literal[
-    "cpu", "mps", "cuda", "cuda:0", "cuda:1", "cuda:2", "cuda:3", "cuda:4", "cuda:5", "cuda:6", "cuda:7",
-    "cuda:8", "cuda:9", "cuda:10", "cuda:11", "cuda:12", "cuda:13", "cuda:14", "cuda:15",
+    "cpu",
+    "mps",
+    "cuda",
+    "cuda:0",
+    "cuda:1",
+    "cuda:2",
+    "cuda:3",
+    "cuda:4",
+    "cuda:5",
+    "cuda:6",
+    "cuda:7",
+    "cuda:8",
+    "cuda:9",
+    "cuda:10",
+    "cuda:11",
+    "cuda:12",
+    "cuda:13",
+    "cuda:14",
+    "cuda:15",
 ]
 """Devices of the Torch backend."""
 
@@ -52,4 +69,3 @@ class RuntimeOptions(OptionsModel):
     """Seed of the sampler (one generator per call), in [0, 2**64); None draws a fresh one."""
     parse_special_in_input: bool = False
     """Parse special-token text (e.g. ``<|im_end|>``) inside the input as control tokens, like the official SDK."""
-

@@ -25,16 +25,7 @@ from .options import RuntimeOptions
 from .results import Generation, StopReason, Timings
 from .tokenizer import TextCodec
 
-__all__ = [
-    "Budget",
-    "Decoding",
-    "PromptRuntime",
-    "ProgramFiles",
-    "ProgramRuntime",
-    "Prompt",
-    "RuntimeOpener",
-    "context_window",
-]
+__all__ = ["Budget", "Decoding", "PromptRuntime", "ProgramFiles", "ProgramRuntime", "Prompt", "RuntimeOpener", "context_window"]
 
 
 @dataclass(frozen=True)
@@ -289,5 +280,4 @@ class PromptRuntime(ProgramRuntime):
 class RuntimeOpener(Protocol):
     """How a backend opens a program: `open(model, files, config)`."""
 
-    def __call__(self, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> ProgramRuntime:
-        ...
+    def __call__(self, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> ProgramRuntime: ...

@@ -19,9 +19,7 @@ from .models import InterpreterModel
 __all__ = ["TextCodec", "TokenKind"]
 
 # Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` values (same as the HF tokenizer.json ones).
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _GPT2_PRE = frozenset({"gpt-2", "gpt2", "default"})
 _QWEN2_PRE = frozenset({"qwen2"})
 
@@ -89,9 +87,7 @@ def scalar_text(text: str) -> str:
 class TextCodec:
     """Byte-level BPE tokenizer with llama.cpp's special-token rules; encode/decode are thread-safe."""
 
-    def __init__(
-        self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str, texts: list[str] | None = None
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, kinds: dict[int, TokenKind], eos_id: int, source: str, texts: list[str] | None = None) -> None:
         """`tokenizer` becomes the codec's own (its callers build it for the codec and keep no reference); `kinds`
         the ids whose kind is not NORMAL; `texts` each id's token text where the caller has them in id order."""
         self.source = source
@@ -116,11 +112,7 @@ class TextCodec:
                 self._pieces[token_id] = b""  # llama.cpp renders these as nothing unless asked for special text
             elif kind == TokenKind.USER_DEFINED:
                 self._pieces[token_id] = texts[token_id].encode()
-        controls = sorted(
-            (tokenizer.id_to_token(i) or "" for i, k in kinds.items() if k == TokenKind.CONTROL),
-            key=len,
-            reverse=True,
-        )
+        controls = sorted((tokenizer.id_to_token(i) or "" for i, k in kinds.items() if k == TokenKind.CONTROL), key=len, reverse=True)
         self._control_pattern = re.compile("|".join(re.escape(t) for t in controls if t)) if controls else None
         self.max_token_bytes = max([1, *map(len, self._pieces), *(len(t.encode()) for t in controls)])
         """The most UTF-8 bytes of text one token stands for: a text of B bytes has at least B / this many tokens."""
@@ -172,9 +164,7 @@ class TextCodec:
         except GGUFFormatError as exc:
             raise TokenizerError(path, str(exc)) from exc
         if tokenizer_model != "gpt2" or tokens is None:
-            raise TokenizerError(
-                path, f"tokenizer.ggml.model is {tokenizer_model!r}; pawfn reads byte-level BPE ('gpt2') vocabularies"
-            )
+            raise TokenizerError(path, f"tokenizer.ggml.model is {tokenizer_model!r}; pawfn reads byte-level BPE ('gpt2') vocabularies")
         if types is not None and len(types) != len(tokens):
             raise TokenizerError(path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
         if pre in _QWEN2_PRE:
@@ -207,9 +197,7 @@ class TextCodec:
         known = TokenKind._value2member_map_
         kinds = {i: TokenKind(t) for i, t in enumerate(types or []) if t != TokenKind.NORMAL and t in known}
         controls = [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
-        user_defined = [
-            AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED
-        ]
+        user_defined = [AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED]
         tokenizer.add_special_tokens(controls)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
         tokenizer.add_tokens(user_defined)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
         if eos_id is None or not 0 <= eos_id < len(tokens):

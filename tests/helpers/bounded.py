@@ -49,8 +49,7 @@ def run_cli(*arguments: str | bytes, timeout_s: float = 120.0, environment: dict
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         process = subprocess.Popen(
-            [sys.executable, "-m", "pawfn", *arguments], stdout=out, stderr=err, text=True,
-            env={**os.environ, **(environment or {})},
+            [sys.executable, "-m", "pawfn", *arguments], stdout=out, stderr=err, text=True, env={**os.environ, **(environment or {})}
         )
         while True:
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)

@@ -75,9 +75,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _record(self) -> str:
         path = urlsplit(self.path).path  # still percent-encoded, as sent
         with self.hub.state.lock:
-            self.hub.state.requests.append(
-                Recorded(self.hub.name, self.command, path, {k.lower(): v for k, v in self.headers.items()})
-            )
+            self.hub.state.requests.append(Recorded(self.hub.name, self.command, path, {k.lower(): v for k, v in self.headers.items()}))
         return path
 
     def _injected_failure(self, path: str) -> bool:
@@ -188,14 +186,14 @@ class _Server(ThreadingHTTPServer):
             if program_id is None:
                 respond(404, {"detail": "slug not found"})
             else:
-                respond(200, {"slug": parts[1], "main_version": 1,
-                              "versions": [{"version": 1, "program_id": program_id, "is_main": True}]})
+                respond(200, {"slug": parts[1], "main_version": 1, "versions": [{"version": 1, "program_id": program_id, "is_main": True}]})
         elif method == "GET" and parts == ["programs"]:
             if handler.headers.get("X-API-Key") != "secret-key":
                 respond(401, {"detail": "authentication required"})
             else:
-                respond(200, {"programs": [{"id": i, "spec": "tiny"} for i in state.programs], "total": len(state.programs),
-                              "page": 1, "per_page": 20})
+                respond(
+                    200, {"programs": [{"id": i, "spec": "tiny"} for i in state.programs], "total": len(state.programs), "page": 1, "per_page": 20}
+                )
         elif method == "GET" and parts[:2] == ["programs", "resolve"]:
             ref = "/".join(parts[2:])
             if ref in state.slugs:
@@ -228,8 +226,15 @@ class _Server(ThreadingHTTPServer):
         elif method == "GET" and len(parts) == 2 and parts[0] == "programs":
             program_id = state.slugs.get(parts[1], parts[1])
             if program_id in state.programs:
-                respond(200, {"id": program_id, "spec": "tiny test program", "interpreter": "Qwen/Qwen3-0.6B",
-                              "aliases": sorted(s for s, i in state.slugs.items() if i == program_id)})
+                respond(
+                    200,
+                    {
+                        "id": program_id,
+                        "spec": "tiny test program",
+                        "interpreter": "Qwen/Qwen3-0.6B",
+                        "aliases": sorted(s for s, i in state.slugs.items() if i == program_id),
+                    },
+                )
             else:
                 respond(404, {"detail": "program not found"})
         else:

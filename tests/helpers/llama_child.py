@@ -37,8 +37,14 @@ def _load(request: dict[str, Any], **extra: Any) -> Any:  # noqa: ANN401 - llama
 
     kv = KV_TYPES[request.get("kv", "f32")]
     return llama_cpp.Llama(
-        model_path=request["base"], lora_path=request.get("adapter"), n_ctx=request.get("n_ctx", 512), n_threads=1,
-        type_k=kv, type_v=kv, verbose=False, **extra,
+        model_path=request["base"],
+        lora_path=request.get("adapter"),
+        n_ctx=request.get("n_ctx", 512),
+        n_threads=1,
+        type_k=kv,
+        type_v=kv,
+        verbose=False,
+        **extra,
     )
 
 

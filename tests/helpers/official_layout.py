@@ -69,9 +69,7 @@ def official_base_ok(cache: Path, file: str, size: int, sha256: str) -> bool:
     return hashlib.sha256(path.read_bytes()).hexdigest() == sha256
 
 
-def write_official_cache(
-    cache: Path, program_id: str, bundle: Path, runtime: dict[str, object], base: Path, slugs: dict[str, str]
-) -> None:
+def write_official_cache(cache: Path, program_id: str, bundle: Path, runtime: dict[str, object], base: Path, slugs: dict[str, str]) -> None:
     """Lay out a cache as `programasweights` writes it: hydrated meta.json, base GGUF, runtimes, slug cache."""
     folder = cache / "programs" / program_id
     folder.mkdir(parents=True)

@@ -13,17 +13,7 @@ import pytest
 from pawfn import PawFn
 from pawfn.torch.program import TorchProgram
 
-from .tiny_models import (
-    GPT2_TEMPLATE,
-    QWEN_TEMPLATE,
-    Array,
-    Family,
-    TinyInterpreter,
-    random_lora,
-    write_adapter_gguf,
-    write_bundle,
-    zip_bundle,
-)
+from .tiny_models import GPT2_TEMPLATE, QWEN_TEMPLATE, Array, Family, TinyInterpreter, random_lora, write_adapter_gguf, write_bundle, zip_bundle
 
 __all__ = ["HAS_LLAMA_CPP", "INTERPRETER_IDS", "TEMPLATES", "TinyProgram", "make_program", "requires_llama_cpp"]
 

@@ -37,9 +37,7 @@ def official_token_ids(tokenizer: Tokenizer, template: str, text: str) -> tuple[
     return list(prefix_ids), list(prompt_ids)
 
 
-def peft_logits(
-    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]], alpha: float, template: str, text: str
-) -> Array:
+def peft_logits(interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]], alpha: float, template: str, text: str) -> Array:
     """transformers + peft logits after the whole prompt (prefix + input + suffix)."""
     model = _peft_model(interpreter, pairs, alpha)
     tokenizer = interpreter.tokenizer()
@@ -49,9 +47,7 @@ def peft_logits(
     return logits.float().numpy()
 
 
-def _peft_model(
-    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float
-) -> torch.nn.Module:
+def _peft_model(interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -62,13 +58,7 @@ def _peft_model(
         assert float(alpha).is_integer(), "peft takes an integer lora_alpha"
         rank = next(iter(pairs.values()))[0].shape[0]
         modules = sorted({interpreter.hf_module(t).rsplit(".", 1)[-1] for t in pairs})
-        config = LoraConfig(
-            r=rank,
-            lora_alpha=int(alpha),
-            target_modules=modules,
-            lora_dropout=0.0,
-            fan_in_fan_out=interpreter.family == "gpt2",
-        )
+        config = LoraConfig(r=rank, lora_alpha=int(alpha), target_modules=modules, lora_dropout=0.0, fan_in_fan_out=interpreter.family == "gpt2")
         model = get_peft_model(model, config)
         with torch.no_grad():
             for target, (a, b) in pairs.items():
@@ -79,12 +69,7 @@ def _peft_model(
 
 
 def peft_generate(
-    interpreter: TinyInterpreter,
-    pairs: dict[str, tuple[Array, Array]] | None,
-    alpha: float,
-    template: str,
-    text: str,
-    max_tokens: int,
+    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float, template: str, text: str, max_tokens: int
 ) -> list[int]:
     """Greedy tokens of transformers + peft LoRA (no KV cache: every step re-reads the whole sequence)."""
     model = _peft_model(interpreter, pairs, alpha)
@@ -119,8 +104,13 @@ def llama_reference(request: dict[str, Any]) -> Any:  # noqa: ANN401 - the child
     calling test with the signal and, where one is known, the reason (the session goes on)."""
     try:
         child = subprocess.run(
-            [sys.executable, "-m", "tests.helpers.llama_child"], input=json.dumps(request), capture_output=True,
-            text=True, cwd=REPOSITORY, timeout=REFERENCE_TIMEOUT_S, check=False,
+            [sys.executable, "-m", "tests.helpers.llama_child"],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            cwd=REPOSITORY,
+            timeout=REFERENCE_TIMEOUT_S,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"llama.cpp's reference run ({request['op']}) took over {REFERENCE_TIMEOUT_S:.0f} s", pytrace=False)
@@ -153,40 +143,49 @@ def _last_lines(text: str, count: int = 20) -> str:
 
 
 def llama_generate_each(
-    base: Path, adapter: Path | None, template: str, texts: Sequence[str], max_tokens: int, n_ctx: int = 512,
-    kv: KV = "f32",
+    base: Path, adapter: Path | None, template: str, texts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32"
 ) -> list[list[int]]:
     """llama.cpp's greedy tokens per text, driven the way the official SDK drives it (KV cache in `kv`)."""
-    answer = llama_reference({
-        "op": "generate", "base": str(base), "adapter": None if adapter is None else str(adapter), "template": template,
-        "texts": list(texts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv,
-    })
+    answer = llama_reference(
+        {
+            "op": "generate",
+            "base": str(base),
+            "adapter": None if adapter is None else str(adapter),
+            "template": template,
+            "texts": list(texts),
+            "max_tokens": max_tokens,
+            "n_ctx": n_ctx,
+            "kv": kv,
+        }
+    )
     return [[int(token) for token in tokens] for tokens in answer]
 
 
-def llama_generate(
-    base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512, kv: KV = "f32"
-) -> list[int]:
+def llama_generate(base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512, kv: KV = "f32") -> list[int]:
     """llama.cpp's greedy tokens for one text (see `llama_generate_each`)."""
     return llama_generate_each(base, adapter, template, [text], max_tokens, n_ctx, kv)[0]
 
 
 def llama_logits_each(base: Path, adapter: Path, template: str, texts: Sequence[str], n_ctx: int = 512, kv: KV = "f32") -> list[Array]:
     """llama.cpp's logits after each whole prompt, driven as the official SDK drives it."""
-    answer = llama_reference({
-        "op": "logits", "base": str(base), "adapter": str(adapter), "template": template, "texts": list(texts),
-        "n_ctx": n_ctx, "kv": kv,
-    })
+    answer = llama_reference(
+        {"op": "logits", "base": str(base), "adapter": str(adapter), "template": template, "texts": list(texts), "n_ctx": n_ctx, "kv": kv}
+    )
     return [np.array(row, dtype=np.float32) for row in answer]
 
 
 def llama_vocabulary(base: Path, texts: Sequence[tuple[str, bool]], ids: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[bytes]]:
     """llama.cpp's token ids for each (text, special-token text parsed) and its bytes for each id list (special
     tokens not rendered, as the official SDK)."""
-    answer = llama_reference({
-        "op": "vocabulary", "base": str(base), "texts": [text for text, _ in texts],
-        "special": [special for _, special in texts], "ids": [list(row) for row in ids],
-    })
+    answer = llama_reference(
+        {
+            "op": "vocabulary",
+            "base": str(base),
+            "texts": [text for text, _ in texts],
+            "special": [special for _, special in texts],
+            "ids": [list(row) for row in ids],
+        }
+    )
     return [[int(t) for t in row] for row in answer["encoded"]], [bytes.fromhex(row) for row in answer["decoded"]]
 
 

@@ -59,7 +59,10 @@ def start_server(*arguments: str, environment: dict[str, str] | None = None, tim
     log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "pawfn", "serve", *arguments, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(environment or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(environment or {})},
     )
     server = ServeProcess(process, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + timeout_s

@@ -22,9 +22,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 Family = Literal["qwen3", "gpt2"]
 Array = npt.NDArray[np.float32]
 
-QWEN_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 CORPUS = [
     "Urgent: the server is down! Please classify the input and answer with one label.",
     "The quick brown fox jumps over the lazy dog while the cat sleeps.",
@@ -47,12 +45,7 @@ QWEN_LORA_MODULES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-GPT2_LORA_MODULES = {
-    "attn_qkv": "attn.c_attn",
-    "attn_output": "attn.c_proj",
-    "ffn_up": "mlp.c_fc",
-    "ffn_down": "mlp.c_proj",
-}
+GPT2_LORA_MODULES = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 
 
 @dataclass(frozen=True)
@@ -119,10 +112,7 @@ def train_tokenizer(family: Family, texts: Sequence[str] = CORPUS * 20, vocab_si
     tokenizer = Tokenizer(models.BPE())
     if family == "qwen3":
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
+            [pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     else:
@@ -130,10 +120,7 @@ def train_tokenizer(family: Family, texts: Sequence[str] = CORPUS * 20, vocab_si
         specials = ["<|endoftext|>"]
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer)
     if family == "qwen3":
@@ -242,9 +229,7 @@ def _gguf_tensor_name(family: Family, hf_name: str) -> str | None:
     return f"blk.{parts[2]}.{block[module]}.{kind}"
 
 
-def write_base_gguf(
-    family: Family, config: dict[str, object], tokenizer: Tokenizer, state: dict[str, Array], path: Path, eos: str
-) -> None:
+def write_base_gguf(family: Family, config: dict[str, object], tokenizer: Tokenizer, state: dict[str, Array], path: Path, eos: str) -> None:
     """Write base weights as llama.cpp's converter would (F32 tensors, BPE vocabulary)."""
     writer = gguf.GGUFWriter(str(path), family)
     writer.add_name(f"tiny-{family}")
@@ -303,9 +288,7 @@ def write_base_gguf(
     writer.close()
 
 
-def random_lora(
-    interpreter: TinyInterpreter, rank: int = 32, seed: int = 1, std: float = 0.3
-) -> dict[str, tuple[Array, Array]]:
+def random_lora(interpreter: TinyInterpreter, rank: int = 32, seed: int = 1, std: float = 0.3) -> dict[str, tuple[Array, Array]]:
     """Random LoRA pairs (a `[rank, in]`, b `[out, rank]`, entries of standard deviation `std`) for every
     adaptable weight."""
     rng = np.random.default_rng(seed)
@@ -362,13 +345,7 @@ def dequantized(pairs: dict[str, tuple[Array, Array]], qtype: gguf.GGMLQuantizat
     return {target: (roundtrip(a), roundtrip(b)) for target, (a, b) in pairs.items()}
 
 
-def write_bundle(
-    folder: Path,
-    adapter: Path,
-    interpreter: str,
-    template: str,
-    meta_extra: dict[str, object] | None = None,
-) -> Path:
+def write_bundle(folder: Path, adapter: Path, interpreter: str, template: str, meta_extra: dict[str, object] | None = None) -> Path:
     """Write an extracted bundle folder."""
     folder.mkdir(parents=True, exist_ok=True)
     meta: dict[str, object] = {"interpreter": interpreter, "program_id": "0123456789abcdef0123", "spec": "tiny test program"}

@@ -6,9 +6,7 @@ from typing import TypeVar
 
 from typing_extensions import assert_type
 
-from pawfn import (
-    GPT2, Backend, Generation, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch,
-)
+from pawfn import GPT2, Backend, Generation, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch
 from pawfn.builder import ProgramLoader, SpecCompiler
 
 B = TypeVar("B", bound=Backend)
@@ -53,10 +51,7 @@ def to_base(qwen: PawFn[Qwen3_0_6B, Torch]) -> PawFn[InterpreterModel, Torch]:
 async def async_loads() -> None:
     assert_type(await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage"), PawFn[Qwen3_0_6B, Torch])
     assert_type(await PawFn[GPT2, Torch].load_id("0123456789abcdef"), PawFn[GPT2, Torch])
-    assert_type(
-        await PawFn[Qwen3_0_6B, Torch].compile_spec("Classify sentiment", compiler="paw-4b-qwen3-0.6b"),
-        PawFn[Qwen3_0_6B, Torch],
-    )
+    assert_type(await PawFn[Qwen3_0_6B, Torch].compile_spec("Classify sentiment", compiler="paw-4b-qwen3-0.6b"), PawFn[Qwen3_0_6B, Torch])
     function = await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage")
     assert_type(await function.arun("text"), str)
     assert_type(await function.agenerate("text"), Generation)

@@ -180,9 +180,7 @@ class PawCache:
             return None, f"its meta.json names program {bundle.meta.program_id!r}"
         return bundle, None
 
-    def install_program(
-        self, program_id: str, archive: Path, runtime_for: Callable[[ProgramMeta], RuntimeManifest | None]
-    ) -> ProgramBundle:
+    def install_program(self, program_id: str, archive: Path, runtime_for: Callable[[ProgramMeta], RuntimeManifest | None]) -> ProgramBundle:
         """Extract `archive`, check it, embed `runtime_for(meta)` in meta.json and rename it into place (atomically).
 
         Call it holding `lock("programs", program_id)`, the lock the official SDK holds while it installs.
@@ -233,8 +231,12 @@ class PawCache:
             names = tuple(sorted(ref for ref, target in slugs.items() if target == folder.name))
             programs.append(
                 CachedProgram(
-                    program_id=folder.name, path=folder, slugs=names, interpreter=bundle.meta.interpreter,
-                    spec=bundle.meta.spec, runtime_id=bundle.meta.runtime_id,
+                    program_id=folder.name,
+                    path=folder,
+                    slugs=names,
+                    interpreter=bundle.meta.interpreter,
+                    spec=bundle.meta.spec,
+                    runtime_id=bundle.meta.runtime_id,
                 )
             )
         return programs
@@ -275,11 +277,7 @@ class PawCache:
     def read_slugs(self) -> dict[str, str]:
         """`slug_cache.json` (literal reference -> program id); unreadable entries are dropped, like the official SDK."""
         loaded = read_json_object(self.slug_cache_path) or {}
-        return {
-            key: value
-            for key, value in loaded.items()
-            if key and key == key.strip() and isinstance(value, str) and is_program_id(value)
-        }
+        return {key: value for key, value in loaded.items() if key and key == key.strip() and isinstance(value, str) and is_program_id(value)}
 
     def cached_slug(self, reference: str) -> str | None:
         """The program id cached for `reference`, only while that program is installed and valid."""

@@ -17,13 +17,7 @@ from pydantic import BaseModel
 
 from ..bundle import MAX_ARCHIVE_BYTES
 from ..config import PawConfig
-from ..errors import (
-    CompileError,
-    HubConnectionError,
-    HubError,
-    IntegrityError,
-    ServerError,
-)
+from ..errors import CompileError, HubConnectionError, HubError, IntegrityError, ServerError
 from ..hashing import file_sha256
 from ..progress import DownloadProgress
 from .http import ClientBase, Endpoint, Outcome, Request, Sleep, SyncClient, backoff, parse_model, retry_after
@@ -39,9 +33,7 @@ _T = TypeVar("_T")
 def _compile_result(response: httpx.Response) -> CompileResult:
     result = parse_model(CompileResult, response, "compile")
     if result.error or result.status == "failed" or not result.program_id:
-        raise CompileError(
-            f"compile failed: {result.error or result.status}", status=response.status_code, server_message=result.error
-        )
+        raise CompileError(f"compile failed: {result.error or result.status}", status=response.status_code, server_message=result.error)
     return result
 
 
@@ -78,10 +70,7 @@ class _HubEndpoints(ClientBase):
     def _compile(self, request: CompileRequest) -> Endpoint[CompileResult]:
         body = request.model_dump(exclude_none=True)
         return Endpoint(
-            self._api(
-                "POST", "compile", "compile", json=body, timeout=self.config.compile_timeout_s, map_error=_as_compile_error
-            ),
-            _compile_result,
+            self._api("POST", "compile", "compile", json=body, timeout=self.config.compile_timeout_s, map_error=_as_compile_error), _compile_result
         )
 
     def _precheck(self, spec: str, compiler: str | None) -> Endpoint[CompilePrecheck]:
@@ -117,8 +106,7 @@ class _HubEndpoints(ClientBase):
 
     def _compilers(self) -> Endpoint[list[CompilerInfo]]:
         return Endpoint(
-            self._api("GET", "compilers", "models", "compilers"),
-            lambda response: parse_model(_Compilers, response, "compilers").compilers,
+            self._api("GET", "compilers", "models", "compilers"), lambda response: parse_model(_Compilers, response, "compilers").compilers
         )
 
     def _runtime_manifest(self, runtime_id: str) -> Endpoint[RuntimeManifest]:
@@ -132,9 +120,7 @@ class _HubEndpoints(ClientBase):
 class PawClient(_HubEndpoints, SyncClient):
     """Synchronous PAW API client; one connection pool, safe to share between threads."""
 
-    def __init__(
-        self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
-    ) -> None:
+    def __init__(self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5) -> None:
         super().__init__(config, transport, backoff_s)
 
     def compile(self, request: CompileRequest) -> CompileResult:
@@ -194,9 +180,7 @@ class PawClient(_HubEndpoints, SyncClient):
                 return self._download_program_once(program_id, destination, progress)
             except httpx.TransportError as exc:
                 if attempt >= self.config.max_retries:
-                    raise HubConnectionError(
-                        f"program {program_id}: connection lost during the download ({exc})", url=self.config.api_url
-                    ) from exc
+                    raise HubConnectionError(f"program {program_id}: connection lost during the download ({exc})", url=self.config.api_url) from exc
                 time.sleep(backoff(attempt, self._backoff_s))
                 attempt += 1
 
@@ -205,10 +189,7 @@ class PawClient(_HubEndpoints, SyncClient):
         waited = 0.0
         while True:
             response = self._send(
-                Request(
-                    "GET", self.api_url("programs", program_id, "download"), what, stream=True,
-                    timeout=self.config.download_timeout_s,
-                )
+                Request("GET", self.api_url("programs", program_id, "download"), what, stream=True, timeout=self.config.download_timeout_s)
             )
             if response.status_code != 202:
                 break
@@ -216,9 +197,7 @@ class PawClient(_HubEndpoints, SyncClient):
             delay = retry_after(response)
             delay = 3.0 if delay is None else max(delay, 0.25)  # a 0 would poll the server in a busy loop
             if waited + delay > self.config.max_wait_s:
-                raise ServerError(
-                    f"{what} is still being generated after {waited:.0f} s; try again shortly", status=202
-                )
+                raise ServerError(f"{what} is still being generated after {waited:.0f} s; try again shortly", status=202)
             time.sleep(delay)
             waited += delay
         created = False
@@ -249,13 +228,7 @@ class PawClient(_HubEndpoints, SyncClient):
         return destination
 
     def download_file(
-        self,
-        url: str,
-        destination: Path,
-        *,
-        size_bytes: int | None,
-        sha256: str | None,
-        progress: DownloadProgress | None = None,
+        self, url: str, destination: Path, *, size_bytes: int | None, sha256: str | None, progress: DownloadProgress | None = None
     ) -> Path:
         """Download `url` to `destination`, resuming a partial download, then verify size and sha256."""
         what = f"download of {destination.name}"
@@ -270,9 +243,7 @@ class PawClient(_HubEndpoints, SyncClient):
                 break
             headers = {"Range": f"bytes={offset}-"} if offset else {}
             try:
-                response = self._send(
-                    Request("GET", url, what, headers=headers, stream=True, timeout=self.config.download_timeout_s)
-                )
+                response = self._send(Request("GET", url, what, headers=headers, stream=True, timeout=self.config.download_timeout_s))
             except HubError as exc:
                 if exc.status == 416 and offset:  # the partial file is already whole, or bogus: check it
                     break
@@ -281,7 +252,8 @@ class PawClient(_HubEndpoints, SyncClient):
                 resumed = response.status_code == 206
                 total = size_bytes or (
                     int(response.headers["content-length"]) + (offset if resumed else 0)
-                    if response.headers.get("content-length", "").isdigit() else None
+                    if response.headers.get("content-length", "").isdigit()
+                    else None
                 )
                 done = offset if resumed else 0
                 try:
@@ -321,14 +293,11 @@ class AsyncPawClient(_HubEndpoints):
     """Asynchronous twin of `PawClient`: API calls on httpx's async client; file downloads (disk I/O and
     hashing) in a worker thread on a `PawClient`."""
 
-    def __init__(
-        self, config: PawConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None, backoff_s: float = 0.5
-    ) -> None:
+    def __init__(self, config: PawConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None, backoff_s: float = 0.5) -> None:
         super().__init__(config, backoff_s)
         self._downloads = PawClient(self.config, backoff_s=backoff_s)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport,
-            headers={"User-Agent": "pawfn"},
+            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport, headers={"User-Agent": "pawfn"}
         )
 
     async def aclose(self) -> None:

@@ -36,9 +36,22 @@ from ..errors import (
 from ..jsonio import parse_json_object
 
 __all__ = [
-    "CALL_RETRY_STATUSES", "SERVER_RETRY_STATUSES", "ClientBase", "Endpoint", "ErrorFacts", "ModelT", "Outcome", "Plan", "Request", "Send", "Sleep",
+    "CALL_RETRY_STATUSES",
+    "SERVER_RETRY_STATUSES",
+    "ClientBase",
+    "Endpoint",
+    "ErrorFacts",
+    "ModelT",
+    "Outcome",
+    "Plan",
+    "Request",
+    "Send",
+    "Sleep",
     "SyncClient",
-    "backoff", "call_timeout_error", "parse_model", "retry_after",
+    "backoff",
+    "call_timeout_error",
+    "parse_model",
+    "retry_after",
 ]
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -76,7 +89,8 @@ def call_timeout_error(what: str, url: str, timeout_s: float | None, where: str)
     """A call that got no answer in time, never sent again; `where` says what the server does with it now."""
     return CallTimeoutError(
         f"{what}: no answer from {url} within {timeout_s} s; it was not sent again ({where}): give the call a "
-        "max_tokens, or a longer PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)", url=url,
+        "max_tokens, or a longer PawConfig.run_timeout_s (PAW_RUN_TIMEOUT_S)",
+        url=url,
     )
 
 
@@ -124,13 +138,9 @@ def _error_for(response: httpx.Response, what: str) -> HubError:
     if status == 404:
         return NotFoundError(f"{what} not found (HTTP 404){suffix}", **facts)
     if status in (401, 403):
-        return AuthenticationError(
-            f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`", **facts
-        )
+        return AuthenticationError(f"{what}: not authorized (HTTP {status}){suffix}; set PAW_API_KEY or run `pawfn login`", **facts)
     if status == 429:
-        return RateLimitError(
-            f"{what}: rate limited (HTTP 429){suffix}; try again later", retry_after_s=retry_after(response), **facts
-        )
+        return RateLimitError(f"{what}: rate limited (HTTP 429){suffix}; try again later", retry_after_s=retry_after(response), **facts)
     if status >= 500:
         return ServerError(f"{what}: server error (HTTP {status}){suffix}", **facts)
     return HubError(f"{what}: HTTP {status}{suffix}", **facts)
@@ -140,9 +150,7 @@ def parse_model(kind: type[ModelT], response: httpx.Response, what: str) -> Mode
     try:
         return kind.model_validate_json(response.content)
     except ValidationError as exc:
-        raise HubError(
-            f"{what}: unexpected response ({describe_validation_error(exc)})", status=response.status_code
-        ) from exc
+        raise HubError(f"{what}: unexpected response ({describe_validation_error(exc)})", status=response.status_code) from exc
 
 
 def _redirect(response: httpx.Response, current: str, method: str) -> tuple[str, str] | None:
@@ -153,8 +161,7 @@ def _redirect(response: httpx.Response, current: str, method: str) -> tuple[str,
 
 
 def _retry_delay(
-    response: httpx.Response, attempt: int, max_retries: int, backoff_s: float,
-    statuses: frozenset[int] = RETRY_STATUSES,
+    response: httpx.Response, attempt: int, max_retries: int, backoff_s: float, statuses: frozenset[int] = RETRY_STATUSES
 ) -> float | None:
     """Seconds to wait before retrying `response`, or None when it is final (success, 4xx, retries spent)."""
     if response.status_code not in statuses or attempt >= max_retries:
@@ -233,8 +240,14 @@ class ClientBase:
         return f"{self._root}/{prefix}/" + "/".join(quote(part, safe="") for part in parts)
 
     def _api(
-        self, method: str, what: str, *parts: str, json: object = None, params: Mapping[str, str] | None = None,
-        timeout: float | None = None, map_error: Callable[[HubError], HubError] = _as_reported,
+        self,
+        method: str,
+        what: str,
+        *parts: str,
+        json: object = None,
+        params: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        map_error: Callable[[HubError], HubError] = _as_reported,
     ) -> Request:
         return Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout, map_error=map_error)
 
@@ -244,8 +257,12 @@ class ClientBase:
         if self._key and _origin(url) == _origin(self._root):
             headers["X-API-Key"] = self._key
         return http.build_request(
-            method, url, json=request.json if method == request.method else None, params=request.params,
-            headers=headers, timeout=httpx.Timeout(request.timeout) if request.timeout else None,
+            method,
+            url,
+            json=request.json if method == request.method else None,
+            params=request.params,
+            headers=headers,
+            timeout=httpx.Timeout(request.timeout) if request.timeout else None,
         )
 
     def _exchange(self, http: httpx.Client | httpx.AsyncClient, request: Request) -> Plan:
@@ -272,7 +289,8 @@ class ClientBase:
                         raise call_timeout_error(request.what, url, request.timeout, "the server may still be running it") from outcome
                     raise ServerError(
                         f"{request.what}: the connection to {url} failed after the call was sent ({outcome}); it was "
-                        "not sent again (the server may have run it)", url=url,
+                        "not sent again (the server may have run it)",
+                        url=url,
                     ) from outcome
                 if attempt >= self.config.max_retries:
                     raise HubConnectionError(f"{request.what}: cannot reach {url} ({outcome})", url=url) from outcome
@@ -292,8 +310,14 @@ class ClientBase:
             attempt += 1
 
     def _model(
-        self, kind: type[ModelT], method: str, what: str, *parts: str, json: object = None,
-        params: Mapping[str, str] | None = None, map_error: Callable[[HubError], HubError] = _as_reported,
+        self,
+        kind: type[ModelT],
+        method: str,
+        what: str,
+        *parts: str,
+        json: object = None,
+        params: Mapping[str, str] | None = None,
+        map_error: Callable[[HubError], HubError] = _as_reported,
     ) -> Endpoint[ModelT]:
         """An endpoint whose answer is one pydantic model."""
         request = self._api(method, what, *parts, json=json, params=params, map_error=map_error)
@@ -306,8 +330,7 @@ class SyncClient(ClientBase):
     def __init__(self, config: PawConfig | None, transport: httpx.BaseTransport | None, backoff_s: float) -> None:
         super().__init__(config, backoff_s)
         self._http = httpx.Client(
-            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport,
-            headers={"User-Agent": "pawfn"},
+            timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport, headers={"User-Agent": "pawfn"}
         )
 
     def close(self) -> None:

@@ -109,8 +109,11 @@ def _ensure_base(runtime: RuntimeManifest, reference: str, cache: PawCache, clie
             cache.base_models_dir.mkdir(parents=True, exist_ok=True)
             try:
                 found = client.download_file(
-                    source.download_url(), cache.base_model_path(source), size_bytes=source.size_bytes,
-                    sha256=source.sha256, progress=download_progress(f"base model {source.file}", config.progress),
+                    source.download_url(),
+                    cache.base_model_path(source),
+                    size_bytes=source.size_bytes,
+                    sha256=source.sha256,
+                    progress=download_progress(f"base model {source.file}", config.progress),
                 )
             except HubError as exc:
                 raise BaseModelError(
@@ -189,14 +192,11 @@ def prepare_program(
         for made in opened:
             made.close()
     return PreparedProgram(
-        reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base,
-        derived_dir=cache.derived_dir(folder),
+        reference=reference, program_id=program_id, bundle=folder, meta=meta, runtime=runtime, base=base, derived_dir=cache.derived_dir(folder)
     )
 
 
-async def aprepare_program(
-    reference: str, config: PawConfig | None = None, *, check: Callable[[ProgramMeta], None] | None = None
-) -> PreparedProgram:
+async def aprepare_program(reference: str, config: PawConfig | None = None, *, check: Callable[[ProgramMeta], None] | None = None) -> PreparedProgram:
     """`prepare_program` in a worker thread (downloads and hashing never block the event loop)."""
     return await asyncio.to_thread(lambda: prepare_program(reference, config, check=check))
 

@@ -9,10 +9,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-__all__ = [
-    "PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_hub_reference", "is_program_id",
-    "parse_reference",
-]
+__all__ = ["PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_hub_reference", "is_program_id", "parse_reference"]
 
 PROGRAM_ID = re.compile(r"^[a-f0-9]{16,64}$")
 _PINNED = re.compile(r"@v\d+$")

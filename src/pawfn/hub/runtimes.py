@@ -27,8 +27,7 @@ def builtin_runtime(runtime_id: str) -> RuntimeManifest | None:
                     supported=True,
                     n_ctx=2048,
                     base_model=BaseModelSource(
-                        provider="huggingface", repo=pinned.repo, file=pinned.file, url=pinned.url,
-                        size_bytes=pinned.size_bytes, sha256=pinned.sha256,
+                        provider="huggingface", repo=pinned.repo, file=pinned.file, url=pinned.url, size_bytes=pinned.size_bytes, sha256=pinned.sha256
                     ),
                 ),
             )

@@ -64,8 +64,13 @@ class CompileSettings(TypedDict, total=False):
 def compile_request(spec: str, compiler: str | None = None, **settings: Unpack[CompileSettings]) -> CompileRequest:
     """A `CompileRequest`; `ephemeral=False` is left unsent, as the server's default."""
     return CompileRequest(
-        spec=spec, compiler=compiler, name=settings.get("name"), tags=settings.get("tags"),
-        public=settings.get("public", True), slug=settings.get("slug"), ephemeral=settings.get("ephemeral") or None,
+        spec=spec,
+        compiler=compiler,
+        name=settings.get("name"),
+        tags=settings.get("tags"),
+        public=settings.get("public", True),
+        slug=settings.get("slug"),
+        ephemeral=settings.get("ephemeral") or None,
     )
 
 

@@ -32,10 +32,7 @@ __all__ = [
 CPUINFO = Path("/proc/cpuinfo")
 AMX_ISSUE = "https://github.com/ggml-org/llama.cpp/issues/20824"
 """The upstream report of the crash (`ggml_backend_amx_mul_mat` segfaults on quantized weights)."""
-REBUILD_WITHOUT_AMX = (
-    'CMAKE_ARGS="$(python -m pawfn.llamacpp cmake-args)" pip install --force-reinstall --no-deps --no-cache-dir '
-    "llama-cpp-python"
-)
+REBUILD_WITHOUT_AMX = 'CMAKE_ARGS="$(python -m pawfn.llamacpp cmake-args)" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python'
 """The command that replaces an installed llama-cpp-python with one built for this CPU without AMX."""
 
 # cpuinfo flags that ggml's CMake options need, in the order ggml lists them. GGML_AVX512 compiles with

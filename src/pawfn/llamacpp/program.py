@@ -60,7 +60,8 @@ def uses_repack(config: PawConfig) -> bool:
 def _log_amx_refusal() -> None:
     _LOG.info(
         "llama.cpp's AMX kernels segfault on quantized weights (%s): loading without weight repacking on this AMX "
-        "CPU (PAW_LLAMACPP_REPACK=1 overrides)", cpu.AMX_ISSUE,
+        "CPU (PAW_LLAMACPP_REPACK=1 overrides)",
+        cpu.AMX_ISSUE,
     )
 
 
@@ -239,8 +240,13 @@ class LlamaCppProgram(PromptRuntime):
             with _quiet_native_stderr():
                 with _model_params(use_extra_bufts=repack):
                     llm = llama_cpp.Llama(
-                        model_path=str(base), n_ctx=prompt.n_ctx, n_gpu_layers=0 if config.device == "cpu" else -1,
-                        type_k=kv_type, type_v=kv_type, n_threads=config.threads, verbose=False,
+                        model_path=str(base),
+                        n_ctx=prompt.n_ctx,
+                        n_gpu_layers=0 if config.device == "cpu" else -1,
+                        type_k=kv_type,
+                        type_v=kv_type,
+                        n_threads=config.threads,
+                        verbose=False,
                     )
                 resources.callback(llm.close)
                 if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere

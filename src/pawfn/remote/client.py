@@ -13,25 +13,30 @@ from ..config import PawConfig
 from ..errors import AuthenticationError, ConfigError, HubError, RequestError, ServerError
 from ..options import RuntimeOptions
 from ..protocol import (
-    ErrorBody, RunBatchRequest, RunBatchResponse, RunRequest, RunResponse, ServedProgram, ServedPrograms, StreamPiece,
-    TokenizeRequest, TokenizeResponse,
+    ErrorBody,
+    RunBatchRequest,
+    RunBatchResponse,
+    RunRequest,
+    RunResponse,
+    ServedProgram,
+    ServedPrograms,
+    StreamPiece,
+    TokenizeRequest,
+    TokenizeResponse,
 )
-from ..hub.http import (
-    CALL_RETRY_STATUSES, SERVER_RETRY_STATUSES, Endpoint, ErrorFacts, ModelT, Request, SyncClient, call_timeout_error, parse_model,
-)
+from ..hub.http import CALL_RETRY_STATUSES, SERVER_RETRY_STATUSES, Endpoint, ErrorFacts, ModelT, Request, SyncClient, call_timeout_error, parse_model
 
 __all__ = ["ServerClient", "StreamEvent"]
 
 
 def _as_server_error(error: HubError) -> HubError:
     """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting."""
-    facts = ErrorFacts(
-        status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code
-    )
+    facts = ErrorFacts(status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code)
     if isinstance(error, AuthenticationError):
         return AuthenticationError(
             f"the server refused the request (HTTP {error.status}): {error.server_message or 'no key'}; set "
-            "PawConfig.server_api_key (PAW_SERVER_API_KEY) to the key it was started with", **facts,
+            "PawConfig.server_api_key (PAW_SERVER_API_KEY) to the key it was started with",
+            **facts,
         )
     if error.status in (400, 413, 422):
         return RequestError(f"the server refused the request (HTTP {error.status}): {error.server_message}", **facts)
@@ -42,15 +47,11 @@ class ServerClient(SyncClient):
     """Client of a `pawfn serve` or Ray Serve server (`PawConfig.server_url`): what the `Remote` backend calls.
     Same retries as `PawClient`; the server's key goes to its origin only."""
 
-    def __init__(
-        self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5
-    ) -> None:
+    def __init__(self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5) -> None:
         super().__init__(config, transport, backoff_s)
         if self.config.server_url is None:
             self.close()
-            raise ConfigError(
-                "no server to run on: set PawConfig.server_url (or PAW_SERVER_URL) to the URL of a `pawfn serve` server"
-            )
+            raise ConfigError("no server to run on: set PawConfig.server_url (or PAW_SERVER_URL) to the URL of a `pawfn serve` server")
         self._root = self.config.server_url
         self._key = self.config.server_key_value()
 
@@ -59,14 +60,20 @@ class ServerClient(SyncClient):
         """The server's root URL."""
         return self._root
 
-    def _v1_request(
-        self, method: str, what: str, *parts: str, json: object = None, stream: bool = False, call_s: float | None = None
-    ) -> Request:
+    def _v1_request(self, method: str, what: str, *parts: str, json: object = None, stream: bool = False, call_s: float | None = None) -> Request:
         """A request to `/v1/...`: the server's errors and retries. A call (`call_s`: its timeout) is sent once."""
         once = call_s is not None
-        return Request(method, self._url("v1", *parts), what, json=json, timeout=call_s, stream=stream,
-                        map_error=_as_server_error, retry_statuses=CALL_RETRY_STATUSES if once else SERVER_RETRY_STATUSES,
-                        once=once)
+        return Request(
+            method,
+            self._url("v1", *parts),
+            what,
+            json=json,
+            timeout=call_s,
+            stream=stream,
+            map_error=_as_server_error,
+            retry_statuses=CALL_RETRY_STATUSES if once else SERVER_RETRY_STATUSES,
+            once=once,
+        )
 
     def call_timeout(self, options: RuntimeOptions, n_ctx: int, inputs: int = 1) -> float:
         """Seconds to wait for a call's answer: `PawConfig.run_timeout_s`, else 60 s plus 1 s per token of its budget
@@ -75,9 +82,7 @@ class ServerClient(SyncClient):
             return self.config.run_timeout_s
         return 60.0 + float(options.max_tokens if options.max_tokens is not None else n_ctx) * inputs
 
-    def _v1(
-        self, kind: type[ModelT], method: str, what: str, *parts: str, json: object = None, call_s: float | None = None
-    ) -> Endpoint[ModelT]:
+    def _v1(self, kind: type[ModelT], method: str, what: str, *parts: str, json: object = None, call_s: float | None = None) -> Endpoint[ModelT]:
         """A `/v1/...` endpoint answered by one model."""
         request = self._v1_request(method, what, *parts, json=json, call_s=call_s)
         return Endpoint(request, lambda response: parse_model(kind, response, what))
@@ -93,16 +98,14 @@ class ServerClient(SyncClient):
     def run(self, reference: str, text: str, options: RuntimeOptions, timeout_s: float) -> RunResponse:
         """One call (`POST /v1/programs/{ref}/run`), sent once, its answer awaited `timeout_s` (`call_timeout`)."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
-        endpoint = self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body,
-                            call_s=timeout_s)
+        endpoint = self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body, call_s=timeout_s)
         return self._call(endpoint)
 
     def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions, timeout_s: float) -> RunBatchResponse:
         """Calls decoded together on the server, results in input order (`POST /v1/programs/{ref}/run_batch`), sent
         once, the answer awaited `timeout_s`."""
         body = RunBatchRequest(inputs=list(texts), options=options).model_dump(mode="json")
-        endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch",
-                            json=body, call_s=timeout_s)
+        endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch", json=body, call_s=timeout_s)
         return self._call(endpoint)
 
     def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
@@ -112,16 +115,13 @@ class ServerClient(SyncClient):
         return self._call(self._v1(TokenizeResponse, "POST", what, "programs", reference, "tokenize", json=body)).token_ids
 
     @contextmanager
-    def stream(
-        self, reference: str, text: str, options: RuntimeOptions, timeout_s: float
-    ) -> Generator[Iterator[StreamEvent], None, None]:
+    def stream(self, reference: str, text: str, options: RuntimeOptions, timeout_s: float) -> Generator[Iterator[StreamEvent], None, None]:
         """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
         `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors.
         Sent once; past `timeout_s` in all, or as long without an event, a `CallTimeoutError` (leaving the block
         closes the connection, so the server stops the call)."""
         body = RunRequest(input=text, options=options).model_dump(mode="json")
-        request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body,
-                                   stream=True, call_s=timeout_s)
+        request = self._v1_request("POST", f"a stream of {reference}", "programs", reference, "stream", json=body, stream=True, call_s=timeout_s)
         deadline = time.monotonic() + timeout_s
         response = self._send(request)
 
@@ -134,8 +134,7 @@ class ServerClient(SyncClient):
             except httpx.TimeoutException as exc:
                 raise call_timeout_error(request.what, request.url, timeout_s, "the server stops it as the connection closes") from exc
             except httpx.TransportError as exc:
-                raise ServerError(f"{request.what}: the connection to {request.url} failed mid-stream ({exc})",
-                                  url=request.url) from exc
+                raise ServerError(f"{request.what}: the connection to {request.url} failed mid-stream ({exc})", url=request.url) from exc
 
         try:
             yield _stream_events(lines(), request.url)
@@ -162,7 +161,6 @@ def _stream_events(lines: Iterator[str], url: str) -> Iterator[StreamEvent]:
                 return
             elif event == "error":
                 failure = ErrorBody.model_validate_json(data)
-                raise ServerError(f"the server's call failed: {failure.message}", code=failure.error, url=url,
-                                  server_message=failure.message)
+                raise ServerError(f"the server's call failed: {failure.message}", code=failure.error, url=url, server_message=failure.message)
             event, data = "message", ""
     raise ServerError("the server's stream ended before the call's answer", url=url)

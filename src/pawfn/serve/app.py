@@ -23,16 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import (
-    ConfigError,
-    ContextOverflowError,
-    HubError,
-    InterpreterMismatchError,
-    NotFoundError,
-    OfflineError,
-    PawError,
-    ProgramClosedError,
-)
+from ..errors import ConfigError, ContextOverflowError, HubError, InterpreterMismatchError, NotFoundError, OfflineError, PawError, ProgramClosedError
 from ..options import RuntimeOptions
 from ..protocol import (
     ErrorBody,
@@ -124,8 +115,7 @@ class _BodyLimit:
     async def _refuse(self, scope: Scope, send: Send) -> None:
         body = ErrorBody(
             error="body_too_large",
-            message=f"the request body is over this server's limit of {self._max_bytes} bytes; send less "
-            "(split a batch) or raise --max-body-bytes",
+            message=f"the request body is over this server's limit of {self._max_bytes} bytes; send less (split a batch) or raise --max-body-bytes",
         )
         response = JSONResponse(body.model_dump(), status_code=413)
 
@@ -179,9 +169,7 @@ class _Admission:
     def hold(self, calls: int) -> Generator[None, None, None]:
         if self.queued + calls > self.limit:
             raise ApiError(
-                429, "queue_full",
-                f"the server holds {self.queued} calls and takes at most {self.limit}; retry after a moment",
-                {"Retry-After": "1"},
+                429, "queue_full", f"the server holds {self.queued} calls and takes at most {self.limit}; retry after a moment", {"Retry-After": "1"}
             )
         self.queued += calls
         try:
@@ -203,7 +191,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         await service.aclose()  # uvicorn has finished the requests it accepted by now
 
     app = FastAPI(
-        title="pawfn", version=metadata.version("pawfn"), lifespan=lifespan,
+        title="pawfn",
+        version=metadata.version("pawfn"),
+        lifespan=lifespan,
         description="ProgramAsWeights programs over HTTP: the official hosted inference shape and pawfn's typed API.",
     )
 
@@ -216,16 +206,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             given = token
         if given is None or not hmac.compare_digest(given.encode(), key):  # constant time
             raise ApiError(
-                401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)",
-                {"WWW-Authenticate": "Bearer"},
+                401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"}
             )
 
     def check_input(text: str) -> None:
         if len(text) > settings.max_input_chars:
-            raise ApiError(
-                413, "input_too_long",
-                f"the input has {len(text)} characters; this server takes at most {settings.max_input_chars}",
-            )
+            raise ApiError(413, "input_too_long", f"the input has {len(text)} characters; this server takes at most {settings.max_input_chars}")
 
     def checked(text: str, options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap, after checking the input's length."""
@@ -238,8 +224,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             return options.model_copy(update={"max_tokens": settings.max_tokens})
         if options.max_tokens > settings.max_tokens:
             raise ApiError(
-                422, "max_tokens_too_large",
-                f"max_tokens={options.max_tokens} is over this server's limit of {settings.max_tokens}; ask for fewer",
+                422, "max_tokens_too_large", f"max_tokens={options.max_tokens} is over this server's limit of {settings.max_tokens}; ask for fewer"
             )
         return options
 
@@ -288,8 +273,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         disconnects cancels its calls."""
         if len(body.inputs) > settings.max_batch_inputs:
             raise ApiError(
-                413, "batch_too_large",
-                f"the batch has {len(body.inputs)} inputs; this server takes at most {settings.max_batch_inputs} a request",
+                413, "batch_too_large", f"the batch has {len(body.inputs)} inputs; this server takes at most {settings.max_batch_inputs} a request"
             )
         for text in body.inputs:
             check_input(text)
@@ -375,11 +359,15 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         content_type = request.headers.get("content-type", "")
         media_type = content_type.split(";", 1)[0].strip().lower()
         if content_type and media_type != "application/json" and not media_type.endswith("+json"):
-            return error_response(request, ApiError(  # FastAPI reads such a body as no body at all
-                415, "unsupported_media_type",
-                f"the request body must be JSON sent with Content-Type: application/json (Content-Type "
-                f"{content_type!r} was sent; with curl add -H 'Content-Type: application/json')",
-            ))
+            return error_response(
+                request,
+                ApiError(  # FastAPI reads such a body as no body at all
+                    415,
+                    "unsupported_media_type",
+                    f"the request body must be JSON sent with Content-Type: application/json (Content-Type "
+                    f"{content_type!r} was sent; with curl add -H 'Content-Type: application/json')",
+                ),
+            )
         problems = "; ".join(  # an OptionError inside the body reads as it does from the API: no pydantic prefix
             f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {str(item['msg']).removeprefix('Value error, ')}"
             for item in exc.errors()

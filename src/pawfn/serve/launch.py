@@ -22,8 +22,15 @@ logger = logging.getLogger("pawfn.serve")
 
 
 def serve_programs(
-    references: Sequence[str], backend: type[Backend], config: PawConfig, settings: ServeSettings, *,
-    host: str = "127.0.0.1", port: int = 8000, allow_load: bool = False, base: Path | None = None,
+    references: Sequence[str],
+    backend: type[Backend],
+    config: PawConfig,
+    settings: ServeSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    allow_load: bool = False,
+    base: Path | None = None,
     graceful_timeout_s: float | None = None,
 ) -> None:
     """Load `references` (each base once; on `base` weights if given; `NAME=REF` also serves REF as NAME), then
@@ -42,7 +49,10 @@ def serve_programs(
         info = service.load(reference, base, alias)
         logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
     uvicorn.run(
-        create_app(service, settings), host=host, port=port, log_level="info",
+        create_app(service, settings),
+        host=host,
+        port=port,
+        log_level="info",
         timeout_graceful_shutdown=None if graceful_timeout_s is None else math.ceil(graceful_timeout_s),
     )
 
@@ -50,8 +60,7 @@ def serve_programs(
 def _warn_if_open(host: str, settings: ServeSettings) -> None:
     """Anyone who can reach a non-loopback address can run the programs unless a key is required."""
     if settings.api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("serving on %s without an API key: anyone who can reach it can run the programs "
-                       "(--api-key-env NAME requires one)", host)
+        logger.warning("serving on %s without an API key: anyone who can reach it can run the programs (--api-key-env NAME requires one)", host)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -59,9 +68,18 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def serve_on_ray(
-    references: Sequence[str], backend: type[Backend], config: PawConfig, settings: ServeSettings, *,
-    host: str = "127.0.0.1", port: int = 8000, allow_load: bool = False, base: Path | None = None, replicas: int = 1,
-    max_replicas: int | None = None, max_programs_per_replica: int = 8,
+    references: Sequence[str],
+    backend: type[Backend],
+    config: PawConfig,
+    settings: ServeSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    allow_load: bool = False,
+    base: Path | None = None,
+    replicas: int = 1,
+    max_replicas: int | None = None,
+    max_programs_per_replica: int = 8,
 ) -> None:
     """Serve the same API on Ray Serve until interrupted: on the cluster `RAY_ADDRESS` names, else on a local Ray
     instance; `replicas` program replicas (autoscaled up to `max_replicas`)."""
@@ -73,8 +91,14 @@ def serve_on_ray(
     except ImportError as exc:
         raise PawError(f"pawfn serve --ray needs the ray extra ({exc.name} is missing): pip install 'pawfn[ray]'") from exc
     args = RayAppArgs(
-        programs=list(references), allow_load=allow_load, backend=backend.name, base=None if base is None else str(base),
-        replicas=replicas, max_replicas=max_replicas, max_programs_per_replica=max_programs_per_replica, config=config,
+        programs=list(references),
+        allow_load=allow_load,
+        backend=backend.name,
+        base=None if base is None else str(base),
+        replicas=replicas,
+        max_replicas=max_replicas,
+        max_programs_per_replica=max_programs_per_replica,
+        config=config,
         settings=settings,
     )
     _warn_if_open(host, settings)

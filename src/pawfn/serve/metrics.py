@@ -24,16 +24,11 @@ class _ServiceTotals(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         totals = self._counters()
+        yield CounterMetricFamily("pawfn_decode_steps", "Decode steps (forward passes over one or more rows)", value=totals.decode_steps)
         yield CounterMetricFamily(
-            "pawfn_decode_steps", "Decode steps (forward passes over one or more rows)", value=totals.decode_steps
+            "pawfn_decode_rows", "Rows the decode steps advanced (rows / steps is the mean batch size)", value=totals.decode_rows
         )
-        yield CounterMetricFamily(
-            "pawfn_decode_rows", "Rows the decode steps advanced (rows / steps is the mean batch size)",
-            value=totals.decode_rows,
-        )
-        yield CounterMetricFamily(
-            "pawfn_replica_retries", "Calls sent again because the replica holding them died", value=totals.replica_retries
-        )
+        yield CounterMetricFamily("pawfn_replica_retries", "Calls sent again because the replica holding them died", value=totals.replica_retries)
 
 
 class ServerMetrics:
@@ -41,22 +36,13 @@ class ServerMetrics:
 
     def __init__(self, queued: Callable[[], int], counters: Callable[[], ServiceCounters]) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "pawfn_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry
-        )
+        self.requests = Counter("pawfn_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry)
         self.latency = Histogram(
-            "pawfn_request_seconds", "Time to the response's headers, in seconds", ["route"],
-            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+            "pawfn_request_seconds", "Time to the response's headers, in seconds", ["route"], buckets=_LATENCY_BUCKETS_S, registry=self.registry
         )
-        self.generated_tokens = Counter(
-            "pawfn_generated_tokens", "Tokens generated, by program", ["program"], registry=self.registry
-        )
-        self.prompt_tokens = Counter(
-            "pawfn_prompt_tokens", "Input + suffix tokens evaluated, by program", ["program"], registry=self.registry
-        )
-        self.batch_inputs = Histogram(
-            "pawfn_batch_inputs", "Inputs per run_batch request", buckets=_SIZE_BUCKETS, registry=self.registry
-        )
+        self.generated_tokens = Counter("pawfn_generated_tokens", "Tokens generated, by program", ["program"], registry=self.registry)
+        self.prompt_tokens = Counter("pawfn_prompt_tokens", "Input + suffix tokens evaluated, by program", ["program"], registry=self.registry)
+        self.batch_inputs = Histogram("pawfn_batch_inputs", "Inputs per run_batch request", buckets=_SIZE_BUCKETS, registry=self.registry)
         queue = Gauge("pawfn_queue_length", "Calls accepted and not yet ended", registry=self.registry)
         queue.set_function(lambda: float(queued()))
         self.registry.register(_ServiceTotals(counters))

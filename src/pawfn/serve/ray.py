@@ -208,9 +208,10 @@ class RayPrograms:
                 logger.warning("the replica holding %s died during a call (%s)", name, type(exc).__name__)
                 if attempt + 1 == _ATTEMPTS:
                     raise ApiError(
-                        503, "replica_failed",
-                        f"the replica holding {name} died during the call and so did the retry ({type(exc).__name__}); "
-                        "retry the request", {"Retry-After": "1"},
+                        503,
+                        "replica_failed",
+                        f"the replica holding {name} died during the call and so did the retry ({type(exc).__name__}); retry the request",
+                        {"Retry-After": "1"},
                     ) from exc
         raise AssertionError("unreachable")
 
@@ -277,10 +278,13 @@ def replica_scaling(args: RayAppArgs) -> dict[str, Any]:  # Any: Ray's deploymen
     between `replicas` and `max_replicas`."""
     if args.max_replicas is None or args.max_replicas <= args.replicas:
         return {"num_replicas": args.replicas}
-    return {"autoscaling_config": {
-        "min_replicas": args.replicas, "max_replicas": args.max_replicas,
-        "target_ongoing_requests": args.target_ongoing_requests,
-    }}
+    return {
+        "autoscaling_config": {
+            "min_replicas": args.replicas,
+            "max_replicas": args.max_replicas,
+            "target_ongoing_requests": args.target_ongoing_requests,
+        }
+    }
 
 
 def ray_app(args: RayAppArgs) -> Application:
@@ -294,11 +298,13 @@ def ray_app(args: RayAppArgs) -> Application:
             return await self._load(reference)
 
     replicas = serve.deployment(
-        name="pawfn-programs", max_ongoing_requests=args.config.max_model_copies * 4,
-        ray_actor_options={"num_cpus": args.replica_cpus}, **replica_scaling(args),
+        name="pawfn-programs",
+        max_ongoing_requests=args.config.max_model_copies * 4,
+        ray_actor_options={"num_cpus": args.replica_cpus},
+        **replica_scaling(args),
     )(PawfnReplica)
     ingress = serve.deployment(  # it parses HTTP and awaits the replicas: no CPU of its own reserved
-        name="pawfn-ingress", max_ongoing_requests=args.settings.max_queue, ray_actor_options={"num_cpus": 0},
+        name="pawfn-ingress", max_ongoing_requests=args.settings.max_queue, ray_actor_options={"num_cpus": 0}
     )(serve.ingress()(_Ingress))
     return ingress.bind(replicas.bind(args), args)
 

@@ -23,7 +23,14 @@ from ..options import RuntimeOptions
 from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 
 __all__ = [
-    "LocalPrograms", "ProgramService", "ServiceCounters", "check_loadable", "program_info", "run_call", "run_calls", "split_alias",
+    "LocalPrograms",
+    "ProgramService",
+    "ServiceCounters",
+    "check_loadable",
+    "program_info",
+    "run_call",
+    "run_calls",
+    "split_alias",
     "stream_call",
 ]
 
@@ -96,8 +103,10 @@ def check_loadable(reference: str, allow_load: bool, served: Iterable[str]) -> N
     if allow_load and is_hub_reference(reference):
         return
     names = ", ".join(sorted(served)) or "none"
-    hint = "only program ids and slugs load on request" if allow_load else (
-        "start the server with --allow-load (Ray: allow_load) to load hub programs on request"
+    hint = (
+        "only program ids and slugs load on request"
+        if allow_load
+        else ("start the server with --allow-load (Ray: allow_load) to load hub programs on request")
     )
     raise NotFoundError(f"program {reference!r} is not served here (served: {names}); {hint}", status=404)
 
@@ -105,9 +114,15 @@ def check_loadable(reference: str, allow_load: bool, served: Iterable[str]) -> N
 def program_info(name: str, references: Sequence[str], program: AnyPawFn) -> ServedProgram:
     """What a client learns of a served program."""
     return ServedProgram(
-        name=name, program_id=program.program_id, references=sorted(set(references)), interpreter=program.interpreter,
-        model=program.model_type().__name__, backend=program.backend_type().name, n_ctx=program.n_ctx,
-        prefix_tokens=program.prefix_tokens, spec=program.spec,
+        name=name,
+        program_id=program.program_id,
+        references=sorted(set(references)),
+        interpreter=program.interpreter,
+        model=program.model_type().__name__,
+        backend=program.backend_type().name,
+        n_ctx=program.n_ctx,
+        prefix_tokens=program.prefix_tokens,
+        spec=program.spec,
     )
 
 
@@ -128,9 +143,7 @@ async def run_calls(program: AnyPawFn, name: str, texts: Sequence[str], options:
     return RunBatchResponse(program=name, generations=generations)
 
 
-async def stream_call(
-    program: AnyPawFn, name: str, text: str, options: RuntimeOptions
-) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+async def stream_call(program: AnyPawFn, name: str, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
     """One call's text as generated, then its `RunResponse`; closing the generator early cancels the call."""
     async with await program.astream(text, options) as stream:
         async for piece in stream:
@@ -226,9 +239,7 @@ class LocalPrograms:
             for program in self._by_reference.values()
             if isinstance(runtime := program.runtime, TorchProgram) and not runtime.closed
         }
-        return ServiceCounters(
-            decode_steps=sum(s.steps for s in schedulers.values()), decode_rows=sum(s.rows_stepped for s in schedulers.values())
-        )
+        return ServiceCounters(decode_steps=sum(s.steps for s in schedulers.values()), decode_rows=sum(s.rows_stepped for s in schedulers.values()))
 
     async def aclose(self) -> None:
         programs = {id(program): program for program in self._by_reference.values()}

@@ -19,8 +19,7 @@ __all__ = ["attend", "attend_llamacpp", "attention_by_matmul", "merge_attention"
 
 
 def attend(
-    arch: Architecture, cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    mask: torch.Tensor | None,
+    arch: Architecture, cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
     """Store k/v [new, kv_heads, D] at `position...` in `cache`, then attend q [new, heads, D] over the cache's own
     positions (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
@@ -35,8 +34,7 @@ def attend(
 
 
 def attend_llamacpp(
-    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    interpreter: LoadedBase,
+    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase
 ) -> torch.Tensor:
     """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
     end = cache.store(layer, position, k, v)
@@ -70,9 +68,7 @@ def partial_attention(
     additive `mask` [m, L]): the output [1, kv_heads, m, D] and its log-sum-exp [1, kv_heads, m] for `merge_attention`."""
     scale = 1.0 / math.sqrt(arch.head_dim)
     if queries.device.type == "cpu":  # torch's fused CPU kernel (what scaled_dot_product_attention runs), with its lse
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            queries, keys, values, 0.0, False, attn_mask=mask, scale=scale
-        )
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False, attn_mask=mask, scale=scale)
         return out, lse
     return attention_by_matmul(queries, keys, values, mask, scale)
 

@@ -84,8 +84,14 @@ class FreeCores:
     its share."""
 
     def __init__(
-        self, ceiling: int, interval_s: float = 0.2, *, stat: Path = Path("/proc/stat"), cpus: set[int] | None = None,
-        clock: Callable[[], float] = time.monotonic, own_cpu_s: Callable[[], float] = time.process_time,
+        self,
+        ceiling: int,
+        interval_s: float = 0.2,
+        *,
+        stat: Path = Path("/proc/stat"),
+        cpus: set[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        own_cpu_s: Callable[[], float] = time.process_time,
     ) -> None:
         self.ceiling = max(1, ceiling)
         self.interval_s = interval_s

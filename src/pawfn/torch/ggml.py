@@ -42,8 +42,19 @@ from .dequant import q6_k_parts
 from .ggml_native import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, int8_mm, native_kernels
 
 __all__ = [
-    "BlockMatrix", "block_matrix", "ggml_attention", "ggml_layer_norm", "ggml_rms_norm", "ggml_rope", "ggml_rope_table",
-    "ggml_dot_f16", "ggml_expf", "ggml_gelu", "ggml_silu_mul", "quantize_q8_0", "quantize_q8_k",
+    "BlockMatrix",
+    "block_matrix",
+    "ggml_attention",
+    "ggml_layer_norm",
+    "ggml_rms_norm",
+    "ggml_rope",
+    "ggml_rope_table",
+    "ggml_dot_f16",
+    "ggml_expf",
+    "ggml_gelu",
+    "ggml_silu_mul",
+    "quantize_q8_0",
+    "quantize_q8_k",
 ]
 
 _PAIR_MASK = (torch.arange(16).unsqueeze(0) // 2 == torch.arange(8).unsqueeze(1)).float()
@@ -155,10 +166,9 @@ class BlockMatrix:
         blocks = codes.shape[1]
         # lane L of a block holds offsets 4L..4L+3 of each of its 8 runs of 32: one row per lane, zeros elsewhere
         spread = (codes.to(torch.int8).unsqueeze(2) * _LANE_MASK.to(x.device)).reshape(n, blocks, _LANES * 256)
-        unsigned = torch.stack([
-            self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out)
-            for block in range(blocks)
-        ])  # [blocks, n, 8, out]: each lane's sum of unsigned code * scale * x
+        unsigned = torch.stack(
+            [self._block_sums(block, spread[:, block].reshape(n * _LANES, 256)).reshape(n, _LANES, out) for block in range(blocks)]
+        )  # [blocks, n, 8, out]: each lane's sum of unsigned code * scale * x
         # the kernel then takes 32 * (bsum[2L]*scale[2L] + bsum[2L+1]*scale[2L+1]) from lane L
         pairs = sums.transpose(0, 1).unsqueeze(2) * _PAIR_MASK.to(x.device)  # [blocks, n, 8, 16]
         terms = self._times_sub_scales(pairs.reshape(blocks, n * _LANES, 16)).reshape(blocks, n, _LANES, out)
@@ -192,8 +202,7 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
 
 
 def block_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False,
-    native: bool = True,
+    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False, native: bool = True
 ) -> BlockMatrix | NativeBlockMatrix | None:
     """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here.
     `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the embeddings' it
@@ -249,7 +258,8 @@ def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
     `torch._int_mm`."""
     out_features, n_blocks = unsigned.shape[0], unsigned.shape[1]
     weighted = (unsigned.to(torch.int16).reshape(out_features, n_blocks, 16, 16) * sub.to(torch.int16).unsqueeze(-1)).reshape(
-        out_features, n_blocks, 256)
+        out_features, n_blocks, 256
+    )
     halves = torch.stack([weighted >> 6, weighted & 63])  # an arithmetic shift: floor division by 64
     return halves.to(torch.int8).transpose(1, 2).contiguous()
 
@@ -400,8 +410,10 @@ def _fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | f
     """float32 fused multiply-add of float32 operands: the exact product plus `c` in float64, then float32 (that
     double rounding differs from one rounding only where the float64 sum lands exactly halfway between two float32
     values, about 2**-29 of sums)."""
+
     def wide(v: torch.Tensor | float) -> torch.Tensor:
         return v.double() if isinstance(v, torch.Tensor) else torch.tensor(np.float32(v).item(), dtype=torch.float64)
+
     return (wide(a) * wide(b) + wide(c)).float()
 
 

@@ -30,8 +30,16 @@ from ..config import default_cache_dir
 from ..files import write_atomically
 
 __all__ = [
-    "TILED_MIN_ROWS", "NativeBlockMatrix", "NativeKernels", "int8_mm", "join_blocks", "native_attention", "native_expf",
-    "native_kernels", "native_rms_norm", "native_rope",
+    "TILED_MIN_ROWS",
+    "NativeBlockMatrix",
+    "NativeKernels",
+    "int8_mm",
+    "join_blocks",
+    "native_attention",
+    "native_expf",
+    "native_kernels",
+    "native_rms_norm",
+    "native_rope",
     "native_swiglu",
 ]
 
@@ -93,8 +101,7 @@ class NativeKernels:
         self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
         """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
 
-    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int,
-                         threads: int) -> None:
+    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int, threads: int) -> None:
         """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
         if self._q6_k_amx_product(x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
             raise MemoryError("pawfn: no memory for a block product's scratch")
@@ -108,8 +115,7 @@ class NativeKernels:
         """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
         return bool(self._use_avx512(int(allowed)))
 
-    def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int,
-                      target: _Out, work: int) -> None:
+    def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int, target: _Out, work: int) -> None:
         """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
         threads = _threads(out, work)
         if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
@@ -153,11 +159,14 @@ def _build(target: Path) -> str | None:
     attempts = [_THREADED, [], [*_THREADED, _BASELINE], [_BASELINE]]
     for compiler in _compilers():
         for extra in attempts:
+
             def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
-                result = subprocess.run([compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"],
-                                        capture_output=True, text=True, check=False, timeout=300)
+                result = subprocess.run(
+                    [compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"], capture_output=True, text=True, check=False, timeout=300
+                )
                 if result.returncode != 0:
                     raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+
             try:
                 write_atomically(target, compile_to)
             except _BuildError as error:
@@ -186,8 +195,12 @@ def native_kernels() -> NativeKernels | None:
             return NativeKernels(ctypes.CDLL(str(target)))
         except (OSError, AttributeError) as error:
             failure = str(error)
-    warnings.warn(f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens, several times slower): "
-                  f"its C kernels could not be built ({failure})", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens, several times slower): "
+        f"its C kernels could not be built ({failure})",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return None
 
 
@@ -225,8 +238,7 @@ def _unit_scales(width: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _qlinear(shifted: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
     """Exact sums of (shifted - 128) x weight as float32 [M, N] (below 2**22 here: exact): scales 1, zero point 128.
     Without VNNI oneDNN adds pairs of u8 x s8 products in int16; |weight| <= 64 keeps them from saturating."""
-    result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
-        shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+    result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
     return result
 
 
@@ -235,8 +247,7 @@ def _qlinear_is_exact() -> bool:
     """Whether this torch's oneDNN gives `_qlinear` exact sums here, tried on the extremes the split weights and the
     Q8_K codes reach (any ISA path that rounded or saturated them would show); False where the ops are missing."""
     weight = torch.tensor([[64, -64, 63, 0] * 64, [-64, 64, 0, 63] * 64, [63] * 256, [-64] * 256], dtype=torch.int8)
-    codes = torch.tensor([[127, -127, 127, -127] * 64, [-127] * 256, [127] * 256] + [[5, -3, 0, 127] * 64] * 14,
-                         dtype=torch.int8)
+    codes = torch.tensor([[127, -127, 127, -127] * 64, [-127] * 256, [127] * 256] + [[5, -3, 0, 127] * 64] * 14, dtype=torch.int8)
     try:
         ones, zeros = _unit_scales(4)
         found = _qlinear(codes.view(torch.uint8) ^ 0x80, _prepack(weight), ones, zeros)
@@ -250,8 +261,7 @@ def _ptr(tensor: torch.Tensor) -> int:
 
 
 def native_attention(
-    kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor,
-    values: torch.Tensor, width: int,
+    kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor, values: torch.Tensor, width: int
 ) -> torch.Tensor:
     """`ggml.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
     the sequence's own [KV, L, D] (f16 views whose rows are contiguous), as one cache. Returns [n, H * D]."""
@@ -267,9 +277,14 @@ def native_attention(
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; padded positions weigh 0
     scale = _attention_scale(dim)
     out = torch.empty((n, heads * dim), dtype=torch.float32)
-    kernels.run(_ATTENTION, [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
-                [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
-                heads, n * heads * length * dim, scale)
+    kernels.run(
+        _ATTENTION,
+        [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
+        [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
+        heads,
+        n * heads * length * dim,
+        scale,
+    )
     return out
 
 
@@ -422,8 +437,7 @@ class NativeBlockMatrix:
             kernel = _Q0_EIGHTS
             codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
-        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target,
-                              rows * out * width)
+        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
         return y
 
     def _tiled_sums(self) -> bool:
@@ -437,8 +451,17 @@ class NativeBlockMatrix:
         out = self.out_features
         y = torch.empty((rows, out), dtype=torch.float32)
         assert self.sub_scales is not None
-        kernels.q6_k_amx_product(_ptr(x), rows, width, _ptr(self.codes), _ptr(self.sub_scales), _ptr(self._scale_t()),
-                                 out, _ptr(y), _threads(out // 16, rows * out * width))
+        kernels.q6_k_amx_product(
+            _ptr(x),
+            rows,
+            width,
+            _ptr(self.codes),
+            _ptr(self.sub_scales),
+            _ptr(self._scale_t()),
+            out,
+            _ptr(y),
+            _threads(out // 16, rows * out * width),
+        )
         return y
 
     def _tiled_int8(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
@@ -461,8 +484,13 @@ class NativeBlockMatrix:
             blocked = codes.reshape(rows, blocks, 256)
             sums_by_block = [int8_mm(blocked[:, block], self.split[block].t(), parts[block]).float() for block in range(blocks)]
         pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
-        kernels.run(_Q6_K_FLOAT_PARTS, [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
-                    [rows, out, blocks], out, rows * out * blocks * 64)
+        kernels.run(
+            _Q6_K_FLOAT_PARTS,
+            [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
+            [rows, out, blocks],
+            out,
+            rows * out * blocks * 64,
+        )
         return y
 
 
@@ -471,8 +499,11 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
     every kernel here computes each output on its own, so a joined product equals its parts side by side."""
     first = parts[0]
     alike = all(
-        part.kind == first.kind and part.repacked == first.repacked and part.codes.shape[1:] == first.codes.shape[1:]
-        and (part.sub_scales is None) == (first.sub_scales is None) and (part.split is None) == (first.split is None)
+        part.kind == first.kind
+        and part.repacked == first.repacked
+        and part.codes.shape[1:] == first.codes.shape[1:]
+        and (part.sub_scales is None) == (first.sub_scales is None)
+        and (part.split is None) == (first.split is None)
         and part.amx == first.amx
         for part in parts
     )
@@ -482,8 +513,9 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
     split = None
     if first.split is not None:  # [blocks, 2 * out, 256]: the joined highs, then the joined lows
         width = [p.out_features for p in parts]
-        highs = [p.split[:, : w] for p, w in zip(parts, width, strict=True) if p.split is not None]
+        highs = [p.split[:, :w] for p, w in zip(parts, width, strict=True) if p.split is not None]
         lows = [p.split[:, w:] for p, w in zip(parts, width, strict=True) if p.split is not None]
         split = torch.cat(highs + lows, dim=1)
-    return NativeBlockMatrix(first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub,
-                             first.repacked, first.kernels, split, amx=first.amx)
+    return NativeBlockMatrix(
+        first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub, first.repacked, first.kernels, split, amx=first.amx
+    )

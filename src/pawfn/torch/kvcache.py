@@ -28,7 +28,6 @@ class PrefixState:
         return len(self.token_ids)
 
 
-
 class KVCache:
     """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]` for
     positions `prefix.length...`, grown on demand. The prefix's KV is read where it lies (every sequence of a

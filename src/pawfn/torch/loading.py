@@ -60,8 +60,14 @@ class LoadedBase:
     """Base weights of one interpreter on one device, read in one mode; read-only once loaded."""
 
     def __init__(
-        self, weights: BaseWeights, device: torch.device, dtype: torch.dtype, progress: bool | None = False,
-        weight_dtype: WeightDType | None = None, store: ConvertedStore | None = None, numerics: Numerics = "native",
+        self,
+        weights: BaseWeights,
+        device: torch.device,
+        dtype: torch.dtype,
+        progress: bool | None = False,
+        weight_dtype: WeightDType | None = None,
+        store: ConvertedStore | None = None,
+        numerics: Numerics = "native",
     ) -> None:
         """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load);
         `weight_dtype` keeps the matrices compact on fbgemm's kernels (CPU; see `PawConfig.weight_dtype`), their
@@ -145,9 +151,7 @@ class LoadedBase:
         """`array` as a tensor on these weights' device, in their dtype."""
         return torch.as_tensor(array).to(device=self.device, dtype=self.dtype)
 
-    def _load_plain(
-        self, weights: BaseWeights, matrix_names: list[str], fused: list[tuple[str, ...]], progress: bool | None
-    ) -> None:
+    def _load_plain(self, weights: BaseWeights, matrix_names: list[str], fused: list[tuple[str, ...]], progress: bool | None) -> None:
         loaded: dict[str, torch.Tensor] = {}
         group_of = {name: group for group in fused for name in group}
         pending: dict[tuple[str, ...], dict[str, torch.Tensor]] = {}
@@ -235,8 +239,13 @@ class LoadedBase:
             self.groups[group] = [m.out_features for m in natives]
 
     def _load_compact(
-        self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], fused: list[tuple[str, ...]],
-        store: ConvertedStore | None, progress: bool | None,
+        self,
+        weights: BaseWeights,
+        weight_dtype: WeightDType,
+        matrix_names: list[str],
+        fused: list[tuple[str, ...]],
+        store: ConvertedStore | None,
+        progress: bool | None,
     ) -> None:
         rows = weights.rows("token_embd.weight")
         if rows is not None:
@@ -255,9 +264,7 @@ class LoadedBase:
             store.save(converted)
         self._pack(converted.pop, weight_dtype, matrix_names, fused, progress, weights.source.name)
 
-    def _convert(
-        self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], progress: bool | None
-    ) -> dict[str, torch.Tensor]:
+    def _convert(self, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], progress: bool | None) -> dict[str, torch.Tensor]:
         """Every tensor in its stored form: matrices compressed, the token embeddings float16 unless decoded on
         demand, the rest (vectors, GPT-2's position table) float32."""
         matrices, tied = set(matrix_names), self.tied
@@ -277,8 +284,13 @@ class LoadedBase:
         return converted
 
     def _pack(
-        self, read: Callable[[str], torch.Tensor], weight_dtype: WeightDType, matrix_names: list[str],
-        fused: list[tuple[str, ...]], progress: bool | None, label: str,
+        self,
+        read: Callable[[str], torch.Tensor],
+        weight_dtype: WeightDType,
+        matrix_names: list[str],
+        fused: list[tuple[str, ...]],
+        progress: bool | None,
+        label: str,
     ) -> None:
         """Build every tensor and packed matrix from stored forms that `read` hands over (once each)."""
         for name, shape in self.shapes.items():

@@ -17,6 +17,7 @@ from .loading import LoadedBase, Product
 
 __all__ = ["DeviceAdapter", "GroupLora", "LoraWeights", "attach"]
 
+
 @dataclass(frozen=True)
 class LoraWeights:
     """One LoRA side path on the device: y += scale * b(a(x)), `a` `[rank, in]` and `b` `[out, rank]` as matrices
@@ -73,8 +74,7 @@ def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
     if base.numerics == "llamacpp":
         for name, pair in adapter.pairs.items():
             pairs[name] = LoraWeights(
-                a=_llamacpp_lora(base, pair.a_half, pair.quantized), b=_llamacpp_lora(base, pair.b_half, pair.quantized),
-                scale=pair.scale,
+                a=_llamacpp_lora(base, pair.a_half, pair.quantized), b=_llamacpp_lora(base, pair.b_half, pair.quantized), scale=pair.scale
             )
         for group in base.groups:
             joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
@@ -85,16 +85,15 @@ def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
         if all(name in adapter.pairs for name in group):
             joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
             groups[group] = GroupLora(
-                a=_lora_a(base, joined), ranks=[adapter.pairs[name].a.shape[0] for name in group],
+                a=_lora_a(base, joined),
+                ranks=[adapter.pairs[name].a.shape[0] for name in group],
                 b=tuple(plain(base.on_device(adapter.pairs[name].b), None) for name in group),
                 scales=tuple(adapter.pairs[name].scale for name in group),
             )
     grouped = {name for group in groups for name in group}
     for name, pair in adapter.pairs.items():
         if name not in grouped:
-            pairs[name] = LoraWeights(
-                a=_lora_a(base, torch.as_tensor(pair.a)), b=plain(base.on_device(pair.b), None), scale=pair.scale
-            )
+            pairs[name] = LoraWeights(a=_lora_a(base, torch.as_tensor(pair.a)), b=plain(base.on_device(pair.b), None), scale=pair.scale)
     return DeviceAdapter(pairs, groups)
 
 
@@ -122,6 +121,6 @@ def _joined_lora(members: list[LoraWeights], size: int) -> GroupLora | None:
     joined = join_blocks(a_halves) if len(a_halves) == size and blocks_b else None
     if joined is None:
         return None
-    return GroupLora(a=joined, ranks=[a.out_features for a in a_halves], b=tuple(lora.b for lora in members),
-                     scales=tuple(lora.scale for lora in members))
-
+    return GroupLora(
+        a=joined, ranks=[a.out_features for a in a_halves], b=tuple(lora.b for lora in members), scales=tuple(lora.scale for lora in members)
+    )

@@ -150,9 +150,7 @@ class _Pass:
                 b.accumulate(y[start:end], p, scale, self._by_rows)
         return outputs
 
-    def _add_side_path(
-        self, y: torch.Tensor, x: torch.Tensor, start: int, end: int | None, adapter: DeviceAdapter, name: str
-    ) -> None:
+    def _add_side_path(self, y: torch.Tensor, x: torch.Tensor, start: int, end: int | None, adapter: DeviceAdapter, name: str) -> None:
         """Add weight `name`'s side path of `adapter`, if adapted, to rows `start:end` of its product `y`."""
         lora = adapter.get(name)
         if lora is None:
@@ -275,12 +273,12 @@ class _StepPass(_Pass):
         every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
         arch = self.architecture
         if self._llamacpp:
-            return torch.cat([
-                attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
-                for i, row in enumerate(self._rows)
-            ])
-        return torch.cat([
-            attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
-            for i, row in enumerate(self._rows)
-        ])
-
+            return torch.cat(
+                [
+                    attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
+                    for i, row in enumerate(self._rows)
+                ]
+            )
+        return torch.cat(
+            [attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None) for i, row in enumerate(self._rows)]
+        )

@@ -55,13 +55,16 @@ class PrefixStore:
         self.path = path
 
     @classmethod
-    def in_folder(
-        cls, folder: Path, base: Path, adapter: Path, prefix_ids: list[int], dtype: str, device: str
-    ) -> PrefixStore:
+    def in_folder(cls, folder: Path, base: Path, adapter: Path, prefix_ids: list[int], dtype: str, device: str) -> PrefixStore:
         """The store in `folder` for this base, adapter, prefix, dtype and device."""
         identity = {
-            "format": _FORMAT, "code": _code_digest(), "base": _identity(base), "adapter": _content(adapter), "dtype": dtype,
-            "device": torch.device(device).type, "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
+            "format": _FORMAT,
+            "code": _code_digest(),
+            "base": _identity(base),
+            "adapter": _content(adapter),
+            "dtype": dtype,
+            "device": torch.device(device).type,
+            "prefix": hashlib.sha256(json.dumps(prefix_ids).encode()).hexdigest(),
         }
         key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
         return cls(folder / f".pawfn-prefix-{key}.pt")
@@ -85,14 +88,17 @@ class PrefixStore:
             return None
         n = architecture.n_layers
         return PrefixState(
-            token_ids=tuple(prefix_ids), keys=tuple(tensors[:n]), values=tuple(tensors[n:]),
+            token_ids=tuple(prefix_ids),
+            keys=tuple(tensors[:n]),
+            values=tuple(tensors[n:]),
             last_logits=logits if isinstance(logits, torch.Tensor) else None,
         )
 
     def save(self, prefix: PrefixState) -> None:
         """Write atomically; a read-only or full cache only costs the next load a prefix evaluation."""
         data = {
-            "token_ids": list(prefix.token_ids), "keys": [k.cpu() for k in prefix.keys],
+            "token_ids": list(prefix.token_ids),
+            "keys": [k.cpu() for k in prefix.keys],
             "values": [v.cpu() for v in prefix.values],
             "last_logits": None if prefix.last_logits is None else prefix.last_logits.cpu(),
         }

@@ -55,8 +55,12 @@ class TorchProgram(PromptRuntime):
         elif device.type == "cpu":
             share_cores()  # the cores other processes leave idle (see `FreeCores`)
         key = BaseKey(
-            model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype,
-            weight_dtype=config.weight_dtype, numerics=config.numerics,
+            model=model,
+            source=str(files.base.resolve()),
+            device=str(device),
+            dtype=config.dtype,
+            weight_dtype=config.weight_dtype,
+            numerics=config.numerics,
         )
 
         def load() -> TorchInterpreter:
@@ -65,8 +69,7 @@ class TorchProgram(PromptRuntime):
             if config.weight_dtype is not None and files.base_derived_dir is not None:
                 store = ConvertedStore.for_base(files.base_derived_dir, files.base, config.weight_dtype)
             return on_compute_thread(
-                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store,
-                config.numerics,
+                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store, config.numerics
             )
 
         with contextlib.ExitStack() as on_error:

@@ -50,8 +50,11 @@ class Scheduler:
     """Batches the calls on one base; `max_running` is the copies bound, `max_rows` the rows per forward pass."""
 
     def __init__(
-        self, interpreter: TorchInterpreter, acquire: Callable[[], contextlib.AbstractContextManager[KVCache]],
-        max_running: Callable[[], int], max_rows: Callable[[], int],
+        self,
+        interpreter: TorchInterpreter,
+        acquire: Callable[[], contextlib.AbstractContextManager[KVCache]],
+        max_running: Callable[[], int],
+        max_rows: Callable[[], int],
     ) -> None:
         self._interpreter = interpreter
         self._acquire = acquire

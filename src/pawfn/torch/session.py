@@ -18,10 +18,7 @@ __all__ = ["TorchSession"]
 class TorchSession:
     """One call on one model copy: the copy's KV cache continues the program's prefix (shared, not copied)."""
 
-    def __init__(
-        self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache,
-        options: RuntimeOptions,
-    ) -> None:
+    def __init__(self, interpreter: TorchInterpreter, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache, options: RuntimeOptions) -> None:
         self.interpreter = interpreter
         self.adapter = adapter
         self._cache = cache
@@ -43,7 +40,8 @@ class TorchSession:
         if not bool(torch.isfinite(logits).all()):
             dtype = str(self.interpreter.dtype).removeprefix("torch.")
             raise NonFiniteError(
-                self._position, f"the base or adapter holds extreme values, or the {dtype} computation overflowed; "
+                self._position,
+                f"the base or adapter holds extreme values, or the {dtype} computation overflowed; "
                 "load the program with dtype='float32' and check its files",
             )
         return on_compute_thread(pick_token, logits, self._options, self._generator)

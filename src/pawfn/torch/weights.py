@@ -137,9 +137,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
         file = GGUFFile(path)
         arch_name = file.string("general.architecture")
         if arch_name != model.gguf_architecture:
-            raise BaseModelError(
-                path, f"GGUF architecture is {arch_name!r}, but {model.__name__} needs {model.gguf_architecture!r}"
-            )
+            raise BaseModelError(path, f"GGUF architecture is {arch_name!r}, but {model.__name__} needs {model.gguf_architecture!r}")
         if file.string("general.type") == "adapter":
             raise BaseModelError(path, "this GGUF is a LoRA adapter, not base weights")
         if not file.has_tensor("token_embd.weight"):
@@ -178,8 +176,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
             raise BaseModelError(path, str(exc)) from exc
 
     return BaseWeights(
-        source=path, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes, rows=rows,
-        raw=raw, tensor=tensor,
+        source=path, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes, rows=rows, raw=raw, tensor=tensor
     )
 
 
@@ -201,9 +198,7 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
         raise BaseModelError(config_path, f"cannot read config.json: {exc}") from exc
     model_type = parse_hf_config(_HFConfig, raw, config_path).model_type
     if model_type != model.hf_model_type:
-        raise BaseModelError(
-            config_path, f"model_type is {model_type!r}, but {model.__name__} needs {model.hf_model_type!r}"
-        )
+        raise BaseModelError(config_path, f"model_type is {model_type!r}, but {model.__name__} needs {model.hf_model_type!r}")
     architecture = family.architecture_from_hf(raw, config_path)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -237,6 +232,4 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
             found[name] = shape[::-1] if transposed else shape
         return found
 
-    return BaseWeights(
-        source=folder, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes
-    )
+    return BaseWeights(source=folder, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes)

@@ -45,9 +45,14 @@ def check_architecture(arch: Architecture, source: Path, n_tensors: int) -> None
     """Refuse hyperparameters no checkpoint of `n_tensors` tensors can have, before anything is built per layer or
     head: sizes must be positive, a layer needs tensors of its own, the epsilon and RoPE base finite and positive."""
     sizes = {
-        "vocabulary size": arch.vocab_size, "hidden size": arch.hidden_size, "layer count": arch.n_layers,
-        "head count": arch.n_heads, "KV head count": arch.n_kv_heads, "head size": arch.head_dim,
-        "feed-forward size": arch.ffn_size, "context length": arch.max_positions,
+        "vocabulary size": arch.vocab_size,
+        "hidden size": arch.hidden_size,
+        "layer count": arch.n_layers,
+        "head count": arch.n_heads,
+        "KV head count": arch.n_kv_heads,
+        "head size": arch.head_dim,
+        "feed-forward size": arch.ffn_size,
+        "context length": arch.max_positions,
     }
     for what, value in sizes.items():
         if value < 1:

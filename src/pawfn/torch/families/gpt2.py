@@ -74,8 +74,12 @@ class _LayerNames(NamedTuple):
 def _names(layer: int) -> _LayerNames:
     block = f"blk.{layer}."
     return _LayerNames(
-        attn_norm=block + "attn_norm", attn_qkv=block + "attn_qkv.weight", attn_output=block + "attn_output.weight",
-        ffn_norm=block + "ffn_norm", ffn_up=block + "ffn_up.weight", ffn_down=block + "ffn_down.weight",
+        attn_norm=block + "attn_norm",
+        attn_qkv=block + "attn_qkv.weight",
+        attn_output=block + "attn_output.weight",
+        ffn_norm=block + "ffn_norm",
+        ffn_up=block + "ffn_up.weight",
+        ffn_down=block + "ffn_down.weight",
     )
 
 

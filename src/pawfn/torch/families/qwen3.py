@@ -31,11 +31,7 @@ _BLOCK = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-_TOP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
@@ -85,9 +81,12 @@ def _names(layer: int) -> _LayerNames:
     return _LayerNames(
         attn_norm=block + "attn_norm.weight",
         qkv=(block + "attn_q.weight", block + "attn_k.weight", block + "attn_v.weight"),
-        q_norm=block + "attn_q_norm.weight", k_norm=block + "attn_k_norm.weight",
-        attn_output=block + "attn_output.weight", ffn_norm=block + "ffn_norm.weight",
-        gate_up=(block + "ffn_gate.weight", block + "ffn_up.weight"), ffn_down=block + "ffn_down.weight",
+        q_norm=block + "attn_q_norm.weight",
+        k_norm=block + "attn_k_norm.weight",
+        attn_output=block + "attn_output.weight",
+        ffn_norm=block + "ffn_norm.weight",
+        gate_up=(block + "ffn_gate.weight", block + "ffn_up.weight"),
+        ffn_down=block + "ffn_down.weight",
     )
 
 
