@@ -1,7 +1,7 @@
 """The import graph of src/pawfn: layers only point down, sibling backends and the hub stay apart, no cycle,
 and no pawfn import hidden inside a function.
 
-Layers, lowest first (the README's layout section draws the same picture):
+Layers, lowest first (docs/contributing.md draws the same picture):
 core types <- file formats <- runtime interface <- backends (torch/, llamacpp/) and hub/ <- PawFn and the
 builder <- cli <- the package's own `__init__`.
 """
@@ -24,6 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"runtime", "calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
+    frozenset({"opening"}),
     frozenset({"function", "batch", "builder", "bench"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
@@ -89,7 +90,7 @@ def check_layers(
     for name, path in modules.items():
         unit = _unit(name, top)
         if unit not in layer_of:
-            problems.append(f"{name}: unit {unit!r} has no layer; add it to LAYERS (and to the README's layout)")
+            problems.append(f"{name}: unit {unit!r} has no layer; add it to LAYERS (and to docs/contributing.md's layout)")
             continue
         for target, in_function in _imports(path, name):
             if target != top and not target.startswith(top + "."):
@@ -179,3 +180,19 @@ def test_importing_pawfn_does_not_import_torch(statement: str) -> None:
     assert result.stdout.strip() == "False"
     loaded = "import sys, pawfn; pawfn.ModelRegistry; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, check=True, timeout=120).stdout.strip() == "True"
+
+
+SIZE_LIMIT = 600
+"""Lines a module may have (`cli.py` aside: one command per function, a long but flat file)."""
+CORE_LIMIT = 375
+"""Lines of the modules a reader starts from: the network, the runtime contract and `PawFn` (about 350)."""
+CORE = ("torch/network.py", "runtime.py", "function.py")
+
+
+def test_modules_stay_small() -> None:
+    package = SRC / "pawfn"
+    sizes = {path.relative_to(package).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for path in package.rglob("*.py")}
+    too_long = {name: size for name, size in sizes.items() if size > SIZE_LIMIT and name != "cli.py"}
+    assert too_long == {}, f"modules over {SIZE_LIMIT} lines: cut them by job ({too_long})"
+    core = {name: sizes[name] for name in CORE if sizes[name] > CORE_LIMIT}
+    assert core == {}, f"over {CORE_LIMIT} lines: {core}"

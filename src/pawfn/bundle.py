@@ -31,6 +31,7 @@ __all__ = [
     "extract_archive",
     "open_bundle",
     "read_bundle_folder",
+    "read_meta",
 ]
 
 INPUT_PLACEHOLDER = "{INPUT_PLACEHOLDER}"
@@ -174,17 +175,7 @@ def _read_folder(folder: Path, source: Path) -> ProgramBundle:
         size = path.stat().st_size
         if size > limit:
             raise BundleError(source, f"{path.name} is {size} bytes, more than the {limit} a bundle may hold")
-    try:
-        raw_meta: object = json.loads(meta_path.read_bytes())
-    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a number too long to convert, deep nesting
-        problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise BundleError(source, f"meta.json is not valid JSON: {problem}") from exc
-    if not isinstance(raw_meta, dict):
-        raise BundleError(source, "meta.json must hold a JSON object")
-    try:
-        meta = ProgramMeta.model_validate(raw_meta)
-    except ValidationError as exc:
-        raise BundleError(source, f"meta.json is invalid: {describe_validation_error(exc)}") from exc
+    meta = _parse_meta(meta_path.read_bytes(), source)
 
     try:
         template_text = template_path.read_bytes().decode("utf-8")
@@ -199,6 +190,51 @@ def _read_folder(folder: Path, source: Path) -> ProgramBundle:
     if adapter_path.stat().st_size < MIN_ADAPTER_BYTES:
         raise BundleError(source, f"adapter.gguf is smaller than {MIN_ADAPTER_BYTES} bytes; it is truncated")
     return ProgramBundle(source=source, meta=meta, template=template, adapter_path=adapter_path)
+
+
+def _parse_meta(raw: bytes, source: Path) -> ProgramMeta:
+    try:
+        raw_meta: object = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, a number too long to convert, deep nesting
+        problem = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise BundleError(source, f"meta.json is not valid JSON: {problem}") from exc
+    if not isinstance(raw_meta, dict):
+        raise BundleError(source, "meta.json must hold a JSON object")
+    try:
+        return ProgramMeta.model_validate(raw_meta)
+    except ValidationError as exc:
+        raise BundleError(source, f"meta.json is invalid: {describe_validation_error(exc)}") from exc
+
+
+def read_meta(path: Path | str) -> ProgramMeta:
+    """A bundle folder's or `.paw` zip's `meta.json` alone, read in place (a zip is not extracted); the rest of
+    the bundle is checked when it is opened (`open_bundle`)."""
+    source = Path(path)
+    if source.is_dir() or source.is_symlink() or not source.exists():
+        with open_bundle(source) as bundle:  # a folder costs nothing to check whole; the others raise its error
+            return bundle.meta
+    size = source.stat().st_size
+    if size > MAX_ARCHIVE_BYTES:
+        raise BundleError(source, f"archive is too large ({size} bytes; limit {MAX_ARCHIVE_BYTES})")
+    try:
+        archive = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BundleError(source, f"not a .paw archive or bundle folder: {exc}") from exc
+    with archive:
+        try:
+            member = archive.getinfo("meta.json")
+        except KeyError as exc:
+            raise BundleError(source, "meta.json is missing; a bundle needs meta.json, prompt_template.txt and adapter.gguf") from exc
+        if member.file_size > MAX_META_BYTES:
+            raise BundleError(source, f"meta.json is {member.file_size} bytes, more than the {MAX_META_BYTES} a bundle may hold")
+        try:
+            with archive.open(member) as reader:
+                raw = reader.read(MAX_META_BYTES + 1)
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError) as exc:
+            raise BundleError(source, f"cannot extract 'meta.json': {exc}") from exc  # as `_extract_zip` says it
+    if len(raw) > MAX_META_BYTES:
+        raise BundleError(source, f"meta.json is more than the {MAX_META_BYTES} bytes a bundle may hold")
+    return _parse_meta(raw, source)
 
 
 def _safe_member_path(name: str, source: Path) -> PurePosixPath:

@@ -1,5 +1,5 @@
-"""A call in flight, whatever runs it: its future (`PendingGeneration`, which a cancel stops mid-decode), its text
-as it is generated (`TextStream`), and waiting for several in order."""
+"""A call, whatever runs it: its arguments checked, its future (`PendingGeneration`, which a cancel stops
+mid-decode), its text as it is generated (`TextStream`), and waiting for several in order."""
 
 from __future__ import annotations
 
@@ -8,9 +8,21 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, wait
 
+from .options import RuntimeOptions
 from .results import Generation
 
-__all__ = ["PendingGeneration", "TextStream", "TokenListener", "gather_in_order", "results_in_order"]
+__all__ = [
+    "PendingGeneration",
+    "TextStream",
+    "TokenListener",
+    "checked_input",
+    "checked_inputs",
+    "checked_options",
+    "gather_in_order",
+    "results_in_order",
+]
+
+_DEFAULT_OPTIONS = RuntimeOptions()
 
 TokenListener = Callable[[int], None]
 """Called with each generated token id as a call takes it (on the thread that decodes; keep it short)."""
@@ -143,3 +155,25 @@ async def gather_in_order(pendings: Sequence[PendingGeneration]) -> list[Generat
             raise outcome
         results.append(outcome)
     return results
+
+
+def checked_input(value: object) -> str:
+    """The input text; a non-str is refused at run time too, for callers without a type checker."""
+    if not isinstance(value, str):
+        raise TypeError(f"input must be str, not {type(value).__name__}")
+    return value
+
+
+def checked_inputs(inputs: Sequence[str]) -> list[str]:
+    """A batch's inputs, every one checked before the first call runs."""
+    if isinstance(inputs, str):
+        raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
+    return [checked_input(item) for item in inputs]
+
+
+def checked_options(value: object) -> RuntimeOptions:
+    if value is None:
+        return _DEFAULT_OPTIONS
+    if not isinstance(value, RuntimeOptions):
+        raise TypeError(f"options must be RuntimeOptions, not {type(value).__name__}")
+    return value

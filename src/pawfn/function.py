@@ -5,111 +5,42 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from typing_extensions import Self, Unpack
 
-from .backends import Backend, LlamaCpp, Remote, Torch
-from .bundle import ProgramMeta, open_bundle
+from .backends import Backend
+from .bundle import ProgramMeta
 from .config import PawConfig
-from .errors import BaseModelError, ConfigError, InterpreterMismatchError, ProgramClosedError
+from .errors import ProgramClosedError
 from .hub.cache import PawCache
-from .hub.prepare import compile_program, find_cached_base, prepare_program
+from .hub.prepare import compile_program
 from .hub.refs import checked_program_id, checked_slug
 from .hub.types import CompileSettings, compile_request
-from .llamacpp import LlamaCppProgram
-from .remote import RemoteProgram
-from .models import InterpreterModel, model_for_interpreter
+from .models import InterpreterModel
 from .options import RuntimeOptions
 from .results import Generation
-from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
-from .calls import PendingGeneration, TextStream, gather_in_order, results_in_order
+from .runtime import ProgramRuntime
+from .calls import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
+from .opening import Opened, expect_model, known_interpreter, open_files, open_reference
 
-__all__ = ["PawFn", "runtime_opener"]
+__all__ = ["PawFn"]
 
 M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
 OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
 
-_DEFAULT_OPTIONS = RuntimeOptions()
-
-
-def _torch_opener() -> RuntimeOpener:
-    from .torch import TorchProgram  # torch comes with the first Torch load, not with `import pawfn`
-
-    return TorchProgram.open
-
-
-_OPENERS: Mapping[type[Backend], Callable[[], RuntimeOpener]] = {Torch: _torch_opener, LlamaCpp: lambda: LlamaCppProgram.open}
-"""Each backend's opener, imported when first asked for (a Remote-only client never imports torch)."""
-
-
-def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
-    """How programs open on `backend` (a subclass of a built-in backend opens like it)."""
-    for kind in backend.__mro__:
-        opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
-        if opener is not None:
-            return opener()
-    if issubclass(backend, Remote):
-        raise ConfigError(
-            f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, load) with PawConfig.server_url set"
-        )
-    raise ConfigError(f"backend {backend.__name__} has no implementation; use Torch or LlamaCpp (or a subclass)")
-
-
-def _checked_input(value: object) -> str:
-    """The input text; a non-str is refused at run time too, for callers without a type checker."""
-    if not isinstance(value, str):
-        raise TypeError(f"input must be str, not {type(value).__name__}")
-    return value
-
-
-def _checked_inputs(inputs: Sequence[str]) -> list[str]:
-    """A batch's inputs, every one checked before the first call runs."""
-    if isinstance(inputs, str):
-        raise TypeError("inputs must be a sequence of strings, not one string; pass [text] for one input")
-    return [_checked_input(item) for item in inputs]
-
-
-def _checked_options(value: object) -> RuntimeOptions:
-    if value is None:
-        return _DEFAULT_OPTIONS
-    if not isinstance(value, RuntimeOptions):
-        raise TypeError(f"options must be RuntimeOptions, not {type(value).__name__}")
-    return value
-
-
-def _mismatch(program: str, meta: ProgramMeta, model: type[InterpreterModel]) -> InterpreterMismatchError:
-    suggestion = model_for_interpreter(meta.interpreter)
-    return InterpreterMismatchError(
-        program, meta.interpreter, model.interpreter_id, model.__name__, None if suggestion is None else suggestion.__name__
-    )
-
-
-def _open_on_server(reference: str, base: str | os.PathLike[str] | None, config: PawConfig) -> RemoteProgram:
-    if base is not None:
-        raise ConfigError("base weights are the server's business on Remote: load without base=")
-    return RemoteProgram.open(reference, config)
-
-
-def _known_interpreter(meta: ProgramMeta) -> type[InterpreterModel]:
-    model = model_for_interpreter(meta.interpreter)
-    if model is None:
-        raise ConfigError(f"program {meta.program_id} needs interpreter {meta.interpreter!r}, which pawfn does not know")
-    return model
-
 
 class PawFn(Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
-    Load one with `PawFn[Model, Backend].from_path(...)` or `.load_sync(reference)`; call `run` (or `arun`).
-    Every load goes through `_open`, every download through `prepare_program`, every compile through
-    `compile_program`; the builder and the CLI call these classmethods.
+    Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin)
+    and call `run` (or `arun`). Every load goes through `opening` (`open_reference`, `open_files`), every compile
+    through `compile_program`; the builder and the CLI call these classmethods.
     """
 
     _model_type: ClassVar[type[InterpreterModel] | None] = None
@@ -175,8 +106,7 @@ class PawFn(Generic[M, B]):
         """`program` typed as this specialization, e.g. `PawFn[Qwen3_0_6B, Torch].narrow(builder_result)`;
         a program of another interpreter raises `InterpreterMismatchError`, of another backend `TypeError`."""
         model, backend = cls.model_type(), cls.backend_type()
-        if not model.accepts(program.interpreter):
-            raise _mismatch(str(program.program_id or program.source), program.meta, model)
+        expect_model(model)(program.meta, str(program.program_id or program.source))
         if isinstance(program, cls):
             return program
         raise TypeError(
@@ -185,25 +115,8 @@ class PawFn(Generic[M, B]):
         )
 
     @classmethod
-    def _open(cls, bundle: Path, base: Path | None, derived_dir: Path | None, config: PawConfig) -> Self:
-        """The one load path: check the interpreter, find the base, open the program on the backend."""
-        model = cls.model_type()
-        opener = runtime_opener(cls.backend_type())
-        started = time.perf_counter()
-        cache = PawCache(config.cache_dir, config.lock_timeout_s)
-        with open_bundle(bundle, cache.staging_dir()) as opened:
-            cls._check_meta(opened.meta, opened.name)
-            base = base or find_cached_base(model, opened.meta, cache)
-            if base is None:
-                raise BaseModelError(
-                    None,
-                    f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file "
-                    f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
-                    f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
-                )
-            files = ProgramFiles(opened, base, derived_dir, cache.base_derived_dir())
-            runtime = opener(model, files, config)
-        return cls(runtime, opened.meta, bundle, config, (time.perf_counter() - started) * 1e3)
+    def _opened(cls, opened: Opened, config: PawConfig) -> Self:
+        return cls(opened.runtime, opened.meta, opened.source, config, opened.load_ms)
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
@@ -212,42 +125,16 @@ class PawFn(Generic[M, B]):
         config = config or PawConfig.from_env()
         bundle = Path(path)
         derived_dir = PawCache(config.cache_dir).derived_dir(bundle)
-        return cls._open(bundle, None if base is None else Path(base), derived_dir, config)
-
-    @classmethod
-    def _check_meta(cls, meta: ProgramMeta, name: str | None = None) -> None:
-        """Refuse a program compiled for another interpreter than M, before any weights load."""
-        model = cls.model_type()
-        if not model.accepts(meta.interpreter):
-            raise _mismatch(name or meta.program_id or "?", meta, model)
+        choose = expect_model(cls.model_type())
+        return cls._opened(open_files(cls.backend_type(), choose, bundle, None if base is None else Path(base), derived_dir, config), config)
 
     @classmethod
     def load_sync(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
         """Load a program by id, slug or path: download what is missing, or use the cache (offline too);
-        `base` brings your own base weights (then none are downloaded)."""
-        cls.model_type()
+        `base` brings your own base weights (then none are downloaded). On `Remote`, the server's program."""
+        choose = expect_model(cls.model_type())
         config = config or PawConfig.from_env()
-        if issubclass(cls.backend_type(), Remote):
-            return cls._connect(reference, base, config)
-        prepared = prepare_program(reference, config, check=cls._check_meta, base=None if base is None else Path(base))
-        return cls._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
-
-    @classmethod
-    def _connect(cls, reference: str, base: str | os.PathLike[str] | None, config: PawConfig) -> Self:
-        """The load path of `Remote`: the server's program info, checked against M before any run."""
-        started = time.perf_counter()
-        return cls._on_server(_open_on_server(reference, base, config), reference, config, started)
-
-    @classmethod
-    def _on_server(cls, runtime: RemoteProgram, reference: str, config: PawConfig, started: float) -> Self:
-        served = runtime.served
-        meta = ProgramMeta(interpreter=served.interpreter, program_id=served.program_id, spec=served.spec)
-        try:
-            cls._check_meta(meta, reference)
-        except BaseException:
-            runtime.close()
-            raise
-        return cls(runtime, meta, Path(reference), config, (time.perf_counter() - started) * 1e3)
+        return cls._opened(open_reference(reference, cls.backend_type(), choose, config, base), config)
 
     @classmethod
     async def load(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
@@ -261,18 +148,8 @@ class PawFn(Generic[M, B]):
         """Load a program with the interpreter model its bundle names (`Qwen3_0_6B`, `GPT2`); narrow the result
         with `PawFn[Model, Backend].narrow(...)` for the precise type."""
         config = config or PawConfig.from_env()
-        on_server = issubclass(backend, Remote)  # a flag, not a narrowing: the result keeps the type OtherB
-        if on_server:
-            started = time.perf_counter()
-            runtime = _open_on_server(reference, base, config)
-            model = model_for_interpreter(runtime.served.interpreter)
-            if model is None:
-                runtime.close()
-                raise ConfigError(f"the server's program {reference} needs interpreter {runtime.served.interpreter!r}, which pawfn does not know")
-            return PawFn.specialize(model, backend)._on_server(runtime, reference, config, started)
-        prepared = prepare_program(reference, config, check=_known_interpreter, base=None if base is None else Path(base))
-        model = _known_interpreter(prepared.meta)
-        return PawFn.specialize(model, backend)._open(prepared.bundle, prepared.base, prepared.derived_dir, config)
+        opened = open_reference(reference, backend, known_interpreter, config, base)
+        return PawFn.specialize(opened.model, backend)._opened(opened, config)
 
     @staticmethod
     async def load_any(
@@ -379,7 +256,7 @@ class PawFn(Generic[M, B]):
 
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
-        return self._runtime.encode_prompt(_checked_input(input), _checked_options(options))
+        return self._runtime.encode_prompt(checked_input(input), checked_options(options))
 
     def run(self, input: str) -> str:  # noqa: A002
         """Run the program greedily on `input` and return its output text."""
@@ -398,7 +275,7 @@ class PawFn(Generic[M, B]):
     def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
         """The input and options checked, and the program open (before tokenizing: a closed program says so
         whatever the input)."""
-        text, checked = _checked_input(input), _checked_options(options)
+        text, checked = checked_input(input), checked_options(options)
         self._check_open()
         return text, checked
 
@@ -433,7 +310,7 @@ class PawFn(Generic[M, B]):
         return results_in_order(self._runtime.submit_batch(*self._checked_batch(inputs, options)))
 
     def _checked_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> tuple[list[str], RuntimeOptions]:
-        texts, checked = _checked_inputs(inputs), _checked_options(options)
+        texts, checked = checked_inputs(inputs), checked_options(options)
         self._check_open()
         return texts, checked
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import ProgramMeta, open_bundle
+from ..bundle import ProgramMeta, read_meta
 from ..config import PawConfig
 from ..errors import BaseModelError, HubConnectionError, HubError, OfflineError, ServerError
 from ..models import InterpreterModel
@@ -174,14 +174,12 @@ def prepare_program(
     try:
         if parsed.kind == "path":
             folder = parsed.path
-            with open_bundle(folder) as bundle:
-                meta = bundle.meta
+            meta = read_meta(folder)  # a .paw is extracted once, when the backend opens it
             program_id = meta.program_id
         else:
             program_id = _resolve_id(parsed, cache, hub(), config)
             folder = _ensure_program(program_id, reference, cache, hub(), config)
-            with open_bundle(folder) as bundle:
-                meta = bundle.meta
+            meta = read_meta(folder)
         if check is not None:
             check(meta)
         runtime: RuntimeManifest | None = None
