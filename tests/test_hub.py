@@ -639,7 +639,7 @@ def test_pawfn_serve_allow_load_loads_a_hub_program_once_on_its_first_requests(h
 def _readme_command_lines() -> list[str]:
     """The README's `pawfn` command lines (its Command line block), optional parts filled in, alternatives split."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    block = readme.split("### Command line", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = readme.split("## Command line", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands: list[str] = []
     for line in block.splitlines():
         line = line.split("   #", 1)[0].strip()
@@ -697,8 +697,8 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
 
 
 def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: TinyProgram, tmp_path: Path) -> None:
-    """Each Python block of the README but the server one, as a script against the test hub, in a folder holding
-    the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku)."""
+    """Each Python block of the README and the docs' guide but the server ones, as a script against the test hub, in
+    a folder holding the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku)."""
     hub.server.state.slugs["email-triage"] = PROGRAM_ID
     for spec in ("Classify sentiment", "Classify sentiment: POSITIVE or NEGATIVE"):
         hub.server.state.compiled[spec] = PROGRAM_ID
@@ -709,9 +709,12 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     shutil.copyfile(hub.base, work / "qwen3-0.6b-q6_k.gguf")
     shutil.copyfile(gpt2_program.archive, work / "haiku.paw")
     shutil.copyfile(gpt2_program.interpreter.gguf_path, work / "gpt2-q8_0.gguf")
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    blocks = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "Remote" not in block]
-    assert len(blocks) >= 6
+    root = Path(__file__).resolve().parent.parent
+    blocks: list[str] = []
+    for page in (root / "README.md", root / "docs" / "guide.md", root / "docs" / "index.md"):
+        text = page.read_text(encoding="utf-8")
+        blocks += [block for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if "Remote" not in block and block not in blocks]
+    assert len(blocks) >= 7
     env = dict(
         os.environ,
         PAW_API_URL=hub.server.api_url,

@@ -77,14 +77,14 @@ class PawConfig(OptionsModel):
     """Keep the base's matrices (projections, output) compact on the Torch backend's CPU (with dtype float32):
     ``float16`` runs fbgemm's fp16 kernel with float32 activations (near-exact); ``int8`` runs fbgemm's int8
     kernel, per-row weights and activations quantized per row (fastest, lossy: on peaked models less faithful
-    than a Q8_0 base on llama.cpp, see the README). Converted once, then read from the shared cache; LoRA, norms
-    and KV stay float32. None (the default) keeps `dtype`, the exact mode. See the README's figures."""
+    than a Q8_0 base on llama.cpp, see docs/performance.md). Converted once, then read from the shared cache; LoRA, norms
+    and KV stay float32. None (the default) keeps `dtype`, the exact mode. See docs/performance.md."""
     numerics: Numerics = "native"
     """Torch backend: ``native`` runs torch's arithmetic on the base's weights dequantized to `dtype` (exact
     float32 math; llama.cpp's own tokens on F32 bases); ``llamacpp`` runs the arithmetic of llama.cpp's CPU
     backend as the official SDK configures it on the GGUF's blocks (activations quantized per block like its dot
     products, f16 KV cache, its rounding order): the official runtime's tokens on quantized bases, slower. CPU,
-    dtype float32, no `weight_dtype`. See the README's fidelity table."""
+    dtype float32, no `weight_dtype`. See docs/performance.md's fidelity table."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)
@@ -96,7 +96,7 @@ class PawConfig(OptionsModel):
     up to this many per pass."""
     threads: int | None = Field(default=None, ge=1)
     """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
-    context (llama.cpp). On small VMs one thread can beat two (see the README)."""
+    context (llama.cpp). On small VMs one thread can beat two (see docs/performance.md)."""
     timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of one API request (connect, read, write), in seconds."""
     compile_timeout_s: float = Field(default=2400.0, gt=0)

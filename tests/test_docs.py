@@ -1,0 +1,59 @@
+"""The documentation site builds with `mkdocs build --strict` (no broken link, no unknown page, no docstring the
+API reference cannot render), its API reference names every public name, its layout page names every module, and
+the README stays the user's short path into it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pawfn
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PACKAGE = ROOT / "src" / "pawfn"
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    env = os.environ | {"NO_MKDOCS_2_WARNING": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert 'id="pawfn.PawFn.load_sync"' in api  # members rendered from the docstrings, not only the headings
+
+
+def test_the_api_reference_names_every_public_name() -> None:
+    page = (DOCS / "api.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^::: pawfn\.([A-Za-z_0-9]+)$", page, flags=re.MULTILINE))
+    public = set(pawfn.__all__) - {"__version__"}
+    assert public - documented == set(), f"missing from docs/api.md: {sorted(public - documented)}"
+    assert documented - public == set(), f"in docs/api.md but not public: {sorted(documented - public)}"
+
+
+def test_the_layout_page_matches_the_tree() -> None:
+    page = (DOCS / "contributing.md").read_text(encoding="utf-8")
+    section = page.split("What `duplicates", 1)[0]
+    named = set(re.findall(r"`([a-z_0-9]+)/?`", section))
+    modules = {path.stem for path in PACKAGE.rglob("*.py") if path.stem not in ("__init__", "__main__")}
+    packages = {path.parent.name for path in PACKAGE.rglob("__init__.py") if path.parent != PACKAGE}
+    assert modules | packages <= named, f"not in docs/contributing.md's layout: {sorted(modules | packages - named)}"
+    unknown = {name for name in named - modules - packages if name.islower() and "_" not in name[:1]}
+    assert unknown <= {"context_window", "tests", "helpers", "typing"}, f"in the layout but not in the tree: {sorted(unknown)}"
+
+
+def test_the_readme_is_the_short_path() -> None:
+    assert len(README.splitlines()) <= 350, "the README keeps the user's path; details go to docs/"
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"
