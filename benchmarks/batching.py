@@ -6,6 +6,7 @@ calls); prints calls/s and the ratio to llama.cpp's. Last, pawfn's calls/s when 
 prompt (max_tokens=1, one caller): prompts are evaluated one by one, so no number of callers exceeds it.
 
     python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--calls 16]
+        [--batch-invariant on|off|both] [--programs one|four|both]
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 backend, base, text = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]], sys.argv[2], sys.argv[3]
 concurrency, calls, weight_dtype, max_tokens = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7])
-bundles = sys.argv[8:]
-config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1))
+invariant, bundles = sys.argv[8] == "on", sys.argv[9:]
+config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1), batch_invariant=invariant)
 programs = [PawFn[Qwen3_0_6B, backend].from_path(bundle, base=base, config=config) for bundle in bundles]
 options = RuntimeOptions(max_tokens=max_tokens)
 for program in programs:
@@ -44,9 +45,11 @@ print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(ti
 """
 
 
-def measure(backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10) -> dict[str, float]:
+def measure(
+    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10, invariant: str = "on"
+) -> dict[str, float]:
     """One fresh process: load `bundles`, then `calls` calls from `concurrency` threads; its figures."""
-    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), *map(str, bundles)]
+    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), invariant, *map(str, bundles)]
     return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
 
 
@@ -56,6 +59,10 @@ def main() -> None:
     parser.add_argument("--weight-dtype", default="int8", choices=("", "float16", "int8"), help="'' for float32")
     parser.add_argument("--calls", type=int, default=16, help="timed calls per configuration (at least 2x the callers)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument(
+        "--batch-invariant", choices=("on", "off", "both"), default="on", help="row-exact decode steps (the CPU's default), batched ones, or both"
+    )
+    parser.add_argument("--programs", choices=("one", "four", "both"), default="both", help="one program, four on the base, or both")
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     four = [bundle]
@@ -68,26 +75,30 @@ def main() -> None:
     before = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
     print(f"llama.cpp, one call after another: {before['calls_per_s']:.2f} calls/s (median call {before['median_ms']:.0f} ms)")
     rows: list[tuple[str, int, dict[str, float]]] = []
-    for label, bundles in (("one program", [bundle]), ("four programs", four)):
+    settings = ("on", "off") if args.batch_invariant == "both" else (args.batch_invariant,)
+    groups = [group for group in (("one program", [bundle]), ("four programs", four)) if args.programs in ("both", group[0].split()[0])]
+    for name, bundles in groups:
         for concurrency in args.concurrency:
-            calls = max(args.calls, 2 * concurrency)
-            rows.append((label, concurrency, measure("torch", base, bundles, concurrency, calls, args.weight_dtype)))
-            print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
+            for invariant in settings:
+                calls = max(args.calls, 2 * concurrency)
+                label = name if len(settings) == 1 else f"{name}, {'row-exact' if invariant == 'on' else 'batched'}"
+                rows.append((label, concurrency, measure("torch", base, bundles, concurrency, calls, args.weight_dtype, invariant=invariant)))
+                print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
     prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1)
     after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
     print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
     reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
     print(
-        f"{'pawfn ' + (args.weight_dtype or 'float32'):22} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+        f"{'pawfn ' + (args.weight_dtype or 'float32'):34} {'callers':>7} {'calls/s':>8} {'median call':>12} "
         f"{'vs llama.cpp':>12} {'same tokens as alone':>21}"
     )
     for label, concurrency, figures in rows:
         print(
-            f"{label:22} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
+            f"{label:34} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
             f"{figures['calls_per_s'] / reference:11.2f}x {str(bool(figures['exact'])):>21}"
         )
     print(
-        f"{'prompts only (1 token)':22} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
+        f"{'prompts only (1 token)':34} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
         f"{prompt_only['calls_per_s'] / reference:11.2f}x   (no number of callers exceeds this)"
     )
 

@@ -1,6 +1,7 @@
 """pawfn's GPU modes on the Qwen3-0.6B-shaped program (benchmarks/load_cost.py writes it), in one run: each mode
 is one `pawfn bench --json` in a fresh process (load, a warm-up, then --runs 10-token calls, one caller and
---concurrency callers). llama.cpp runs beside them when llama-cpp-python is installed (built for whatever it was
+--concurrency callers; bfloat16 also with row-exact decode steps, `--batch-invariant on`, against the batched steps
+CUDA runs by default). llama.cpp runs beside them when llama-cpp-python is installed (built for whatever it was
 built for). Prints the figures and the ratios to the first mode. `benchmarks/gpu.sh` runs it on a CUDA machine.
 
     python benchmarks/gpu_modes.py [--device cuda] [--workdir /tmp/pawfn-qwen3-shape] [--runs 10]
@@ -25,10 +26,12 @@ def main() -> None:
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     modes = {f"torch {dtype}": ["--device", args.device, "--dtype", dtype] for dtype in ("bfloat16", "float16", "float32")}
+    # the device's default is batched steps; the row-exact ones (what the CPU runs) priced beside them
+    modes["torch bfloat16 row-exact"] = ["--device", args.device, "--dtype", "bfloat16", "--batch-invariant", "on"]
     if importlib.util.find_spec("llama_cpp") is not None:
         modes["llama.cpp"] = ["--backend", "llamacpp"]
         print(llama_cpp_build())
-    print(f"{'mode':18} {'callers':>7} {'median call':>12} {'ms/token':>9} {'calls/s':>8} {'load':>8} {'peak RSS':>9}")
+    print(f"{'mode':26} {'callers':>7} {'median call':>12} {'ms/token':>9} {'calls/s':>8} {'load':>8} {'peak RSS':>9}")
     reference: float | None = None
     for mode, flags in modes.items():
         for callers in (1, args.concurrency):
@@ -36,7 +39,7 @@ def main() -> None:
             median = float(str(figures["median_ms"]))
             reference = reference or median
             print(
-                f"{mode:18} {callers:7d} {median:9.1f} ms {float(str(figures['ms_per_token'])):9.2f} "
+                f"{mode:26} {callers:7d} {median:9.1f} ms {float(str(figures['ms_per_token'])):9.2f} "
                 f"{float(str(figures['calls_per_s'])):8.2f} {float(str(figures['load_s'])):6.2f} s "
                 f"{float(str(figures['peak_rss_mb'])):6.0f} MiB   call {median / reference:.2f}x of the first row"
             )

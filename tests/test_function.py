@@ -123,9 +123,9 @@ def test_arun_decodes_off_the_event_loop(qwen: PawFn[Qwen3_0_6B, Torch], monkeyp
     threads: list[int] = []
     original = TorchInterpreter.step
 
-    def spy(self: TorchInterpreter, rows: list[StepRow]) -> torch.Tensor:
+    def spy(self: TorchInterpreter, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
         threads.append(threading.get_ident())
-        return original(self, rows)
+        return original(self, rows, batch_invariant)
 
     monkeypatch.setattr(TorchInterpreter, "step", spy)
 
@@ -259,9 +259,9 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
 
     original_step = TorchInterpreter.step
 
-    def record_step(self: TorchInterpreter, rows: list[StepRow]) -> torch.Tensor:
+    def record_step(self: TorchInterpreter, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
         forwards.extend((1, row.position) for row in rows)
-        return original_step(self, rows)
+        return original_step(self, rows, batch_invariant)
 
     monkeypatch.setattr(TorchInterpreter, "prefill_prefix", count_prefill)
     monkeypatch.setattr(TorchInterpreter, "forward", record_forward)

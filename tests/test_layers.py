@@ -196,3 +196,11 @@ def test_modules_stay_small() -> None:
     assert too_long == {}, f"modules over {SIZE_LIMIT} lines: cut them by job ({too_long})"
     core = {name: sizes[name] for name in CORE if sizes[name] > CORE_LIMIT}
     assert core == {}, f"over {CORE_LIMIT} lines: {core}"
+
+
+def test_each_backend_drives_its_calls_in_one_place() -> None:
+    """A call's tokens are taken (`Decoding.take`: EOS, budget, listener) in one place per backend: Torch's scheduler
+    and llama.cpp's worker; the runtime contract holds no decode loop of its own, and Remote decodes nothing."""
+    package = SRC / "pawfn"
+    drivers = {path.relative_to(package).as_posix() for path in package.rglob("*.py") if "decoding.take(" in path.read_text(encoding="utf-8")}
+    assert drivers == {"torch/scheduler.py", "llamacpp/program.py"}

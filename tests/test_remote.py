@@ -134,3 +134,12 @@ def test_the_cli_runs_on_a_server(server: ServeProcess, local_runs: LocalRuns) -
         environment={"PAW_SERVER_API_KEY": "wrong"},
     ).assert_one_line_error(1, "PAW_SERVER_API_KEY")
     run_cli("serve", "--backend", "remote", "--program", "x").assert_one_line_error(2, "--backend remote")
+
+
+def test_submit_returns_before_the_server_answers(server: ServeProcess, local_runs: LocalRuns) -> None:
+    """`submit` sends the call from a worker and returns its future at once, as on every backend."""
+    options = RuntimeOptions(max_tokens=24)  # the test server's limit
+    with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server)) as remote:
+        pending = remote.submit(INPUTS[0], options)
+        assert not pending.done()
+        assert pending.result(timeout=120).token_ids == local_runs[FIRST_ID].generate(INPUTS[0], options).token_ids

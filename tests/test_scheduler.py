@@ -169,3 +169,19 @@ def test_close_waits_for_its_own_calls_only(qwen3_program: TinyProgram, qwen3_pr
         closing.close()  # returns once its own call has ended, while the other program's call still runs
         assert mine.done() and not other.done()
         assert other.result().token_ids == keeper.generate(INPUTS[1], RuntimeOptions(max_tokens=200)).token_ids
+
+
+def test_submit_returns_before_the_call_runs_and_the_call_takes_no_thread(qwen3_program: TinyProgram) -> None:
+    """`submit` queues the call and returns; the scheduler's iterations run on the compute thread, so no thread is
+    made for a call or a base (the scheduler had one before the plan/runner split)."""
+    with _load(qwen3_program) as function:
+        function.generate("hello", RuntimeOptions(max_tokens=2))  # the compute thread exists now
+        before = {thread.ident for thread in threading.enumerate()}
+        deciders: list[int] = []
+        pending = function.runtime.submit("hello", RuntimeOptions(max_tokens=300), lambda token: deciders.append(threading.get_ident()))
+        assert not pending.done()
+        during = {thread.ident for thread in threading.enumerate()}
+        pending.result(timeout=120)
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+    assert during <= before, "a thread was started for the call"
+    assert len(set(deciders)) == 1 and names[deciders[0]].startswith("pawfn-compute")

@@ -59,6 +59,7 @@ _OPTION_FLAGS = {
         "max_batch_rows",
         "weight_dtype",
         "numerics",
+        "batch_invariant",
         "server_url",
     )
 } | {"parse_special_in_input": "--parse-special"}
@@ -114,7 +115,13 @@ def _engine_options() -> argparse.ArgumentParser:
         "--numerics",
         choices=get_args(Numerics),
         help="Torch: native (default, torch's arithmetic) or llamacpp (llama.cpp's own arithmetic on the GGUF blocks: "
-        "the official runtime's tokens, slower)",
+        "the official runtime's tokens; CPU only)",
+    )
+    options.add_argument(
+        "--batch-invariant",
+        choices=("auto", "on", "off"),
+        help="Torch: calls decoded together each get their tokens alone (on: row-exact steps) or share batched "
+        "products (off: faster on GPUs; tokens may differ); auto (default): on for the CPU, off for CUDA and MPS",
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
@@ -288,6 +295,9 @@ def _config(args: argparse.Namespace) -> PawConfig:
         value = getattr(args, name, None)
         if value is not None:
             overrides[name] = Path(value) if name == "cache_dir" else value
+    invariant = getattr(args, "batch_invariant", None)
+    if invariant in ("on", "off"):
+        overrides["batch_invariant"] = invariant == "on"
     try:
         return PawConfig.from_sources(overrides, _OPTION_FLAGS)
     except OptionError as exc:

@@ -35,6 +35,7 @@ _ENV_VARIABLES = {
     "server_url": "PAW_SERVER_URL",
     "server_api_key": "PAW_SERVER_API_KEY",
     "llamacpp_repack": "PAW_LLAMACPP_REPACK",
+    "batch_invariant": "PAW_BATCH_INVARIANT",
     "numerics": "PAW_NUMERICS",
     "run_timeout_s": "PAW_RUN_TIMEOUT_S",
 }
@@ -94,6 +95,12 @@ class PawConfig(OptionsModel):
     max_batch_rows: int = Field(default=8, ge=1)
     """Most rows in one forward pass of a decode step (Torch): concurrent runs on one base are decoded together,
     up to this many per pass."""
+    batch_invariant: bool | None = None
+    """Torch: concurrent calls decoded together each get exactly the tokens they get alone (every decode step's
+    products, rotary tables and attention computed per row). None (auto): on for the CPU, where it costs little;
+    off for CUDA and MPS, where per-row loops cost a kernel launch each: a step then runs one product per matrix
+    and one fused attention, and a call's tokens may depend on what runs beside it (agreement measured in
+    docs/performance.md). `numerics="llamacpp"` is always row-exact."""
     threads: int | None = Field(default=None, ge=1)
     """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
     context (llama.cpp). On small VMs one thread can beat two (see docs/performance.md)."""
@@ -139,7 +146,8 @@ class PawConfig(OptionsModel):
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
         `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S`, `PAW_SERVER_URL`,
-        `PAW_SERVER_API_KEY`, `PAW_LLAMACPP_REPACK` and the official config file; keyword arguments win."""
+        `PAW_SERVER_API_KEY`, `PAW_LLAMACPP_REPACK`, `PAW_BATCH_INVARIANT` and the official config file; keyword
+        arguments win."""
         return cls.from_sources(overrides)
 
     @classmethod
@@ -168,8 +176,9 @@ class PawConfig(OptionsModel):
                     raise OptionError([problem], origins) from None
         if isinstance(values.get("offline"), str):
             values["offline"] = str(values["offline"]).strip().lower() in _TRUTHY
-        if isinstance(values.get("llamacpp_repack"), str):
-            values["llamacpp_repack"] = _auto_or_bool(str(values["llamacpp_repack"]), origins)
+        for name in ("llamacpp_repack", "batch_invariant"):
+            if isinstance(values.get(name), str):
+                values[name] = _auto_or_bool(name, str(values[name]), origins)
         values.setdefault("cache_dir", default_cache_dir())
         values.update(overrides)  # pydantic turns str into SecretStr and Path
         origins.update({name: (labels or {}).get(name, name) for name in overrides})
@@ -193,7 +202,7 @@ class PawConfig(OptionsModel):
         return None if self.server_api_key is None else self.server_api_key.get_secret_value()
 
 
-def _auto_or_bool(raw: str, origins: Mapping[str, str]) -> bool | None:
+def _auto_or_bool(name: str, raw: str, origins: Mapping[str, str]) -> bool | None:
     word = raw.strip().lower()
     if word == "auto":
         return None
@@ -201,7 +210,7 @@ def _auto_or_bool(raw: str, origins: Mapping[str, str]) -> bool | None:
         return True
     if word in _FALSY:
         return False
-    raise OptionError([OptionProblem.outside("llamacpp_repack", raw, "auto, 1 or 0")], origins)
+    raise OptionError([OptionProblem.outside(name, raw, "auto, 1 or 0")], origins)
 
 
 class _StoredConfig(BaseModel):

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from .families import Architecture
 from .ggml import ggml_attention
@@ -15,7 +16,7 @@ from .kvcache import KVCache
 if TYPE_CHECKING:
     from .loading import LoadedBase
 
-__all__ = ["attend", "attend_llamacpp", "attention_by_matmul", "merge_attention", "partial_attention"]
+__all__ = ["attend", "attend_batched", "attend_llamacpp", "attention_by_matmul", "merge_attention", "partial_attention"]
 
 
 def attend(
@@ -31,6 +32,32 @@ def attend(
         shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
         out = merge_attention(*shared, out, lse)
     return _ungrouped(arch, out)
+
+
+def attend_batched(
+    arch: Architecture, rows: list[tuple[KVCache, int]], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Store each row's k/v [1, kv_heads, D] at its (cache, position) in `rows`, then attend every row's query
+    (q [n, heads, D]) over its program's prefix and its own positions in one fused kernel: the keys of all rows
+    padded to the longest, a mask hiding the padding. [n, heads * D]; not row-exact (the kernel rounds by shape)."""
+    lengths: list[tuple[int, int]] = []
+    for i, (cache, position) in enumerate(rows):
+        prefix = cache.prefix
+        lengths.append((0 if prefix is None else prefix.length, cache.store(layer, position, k[i : i + 1], v[i : i + 1])))
+    n, longest = len(rows), max(shared + own for shared, own in lengths)
+    keys = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
+    values = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
+    visible = torch.zeros((n, 1, 1, longest), dtype=torch.bool, device=q.device)
+    for i, ((cache, _), (shared, own)) in enumerate(zip(rows, lengths, strict=True)):
+        if shared:
+            assert cache.prefix is not None
+            keys[i, :, :shared] = cache.prefix.keys[layer]
+            values[i, :, :shared] = cache.prefix.values[layer]
+        keys[i, :, shared : shared + own] = cache.keys[layer][:, :own]
+        values[i, :, shared : shared + own] = cache.values[layer][:, :own]
+        visible[i, ..., : shared + own] = True
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=visible, scale=1.0 / math.sqrt(arch.head_dim), enable_gqa=True)
+    return out.reshape(n, arch.n_heads * arch.head_dim)
 
 
 def attend_llamacpp(

@@ -17,13 +17,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import torch
 
-__all__ = ["FreeCores", "on_compute_thread", "set_threads", "share_cores", "sharing_cores", "trim_heap"]
+__all__ = [
+    "FreeCores",
+    "on_compute_thread",
+    "on_compute_thread_now",
+    "queue_on_compute_thread",
+    "set_threads",
+    "share_cores",
+    "sharing_cores",
+    "trim_heap",
+]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -63,6 +72,18 @@ def on_compute_thread(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.k
         return _adapted(function, *args, **kwargs)
 
     return executor.submit(run).result()
+
+
+def on_compute_thread_now() -> bool:
+    """Whether the calling thread is the compute thread."""
+    return _ident is not None and threading.get_ident() == _ident
+
+
+def queue_on_compute_thread(function: Callable[[], None]) -> Future[None]:
+    """Queue `function()` on the compute thread behind the work already there, and return at once (the scheduler's
+    iterations take turns with loads this way: a load's prefix evaluation is never starved)."""
+    executor = _executor or _start()
+    return executor.submit(_adapted, function)
 
 
 def _adapted(function: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
 from ..errors import BaseModelError
-from .attention import attend, attend_llamacpp
+from .attention import attend, attend_batched, attend_llamacpp
 from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from .ggml_native import NativeBlockMatrix, native_rms_norm, native_rope, native_swiglu
 from .kvcache import KVCache, PrefixState
+from .kernels import Matrix
 from .loading import LoadedBase, Product
 from .lora import DeviceAdapter, attach
 
@@ -77,19 +78,24 @@ class TorchInterpreter(LoadedBase):
         return self.matrices["output.weight"](last)[0].float()
 
     @torch.inference_mode()
-    def step(self, rows: list[StepRow]) -> torch.Tensor:
+    def step(self, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
         """One decode step for several sequences (any programs): each row's token at its position into its cache;
-        returns logits [rows, vocab], each row bit-identical to the row stepped alone. Rows of one program should
-        be adjacent: each run of them takes the program's side paths in one product."""
+        returns logits [rows, vocab]. `batch_invariant`: each row bit-identical to the row stepped alone (products,
+        rotary tables and attention per row); else one product per matrix over all rows and one fused attention,
+        each row's numbers then depending on the batch's shape in the last bits (`PawConfig.batch_invariant`;
+        `numerics="llamacpp"` is always row-exact). Rows of one program should be adjacent: each run of them takes
+        the program's side paths in one product."""
+        invariant = batch_invariant or self.numerics == "llamacpp"
         ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
         for row in rows:
             row.cache.reserve(row.position - row.cache.offset + 1)
-        ops = _StepPass(self, rows)
+        ops = _StepPass(self, rows, invariant)
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
-        return self.matrices["output.weight"].rows(self.family.final_norm(ops, hidden)).float()
+        last, output = self.family.final_norm(ops, hidden), self.matrices["output.weight"]
+        return (output.rows(last) if invariant else output(last)).float()
 
 
 class _Pass:
@@ -248,9 +254,10 @@ class _ForwardPass(_Pass):
 
 class _StepPass(_Pass):
     """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program.
-    Every product goes through `Matrix.rows`, so a row's numbers never depend on the other rows."""
+    Batch-invariant, every product goes through `Matrix.rows` and attention runs per row, so a row's numbers never
+    depend on the other rows; else products and attention take all rows at once."""
 
-    def __init__(self, interpreter: LoadedBase, rows: list[StepRow]) -> None:
+    def __init__(self, interpreter: LoadedBase, rows: list[StepRow], invariant: bool) -> None:
         segments: list[tuple[int, int | None, DeviceAdapter]] = []
         for index, row in enumerate(rows):
             if segments and segments[-1][2] is row.adapter:
@@ -259,19 +266,28 @@ class _StepPass(_Pass):
                 segments.append((index, index + 1, row.adapter))
         super().__init__(interpreter, segments)
         self._rows = rows
+        self._by_rows = invariant
 
-    _by_rows = True
+    def _product(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(matrix, Matrix) and matrix.kind == "int8":  # per-row quantization is one product: exact for free
+            return matrix.rows(x)
+        return super()._product(matrix, x)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # row by row: a vectorized cos/sin may round a lane differently from a lone value's
+        # row by row when invariant: a vectorized cos/sin may round a lane differently from a lone value's
         one_row = super()._rotation_table
+        if not self._by_rows:
+            return one_row(positions, dtype)
         tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        """Row by row (the kernels round by shape), over the row's own positions and its program's prefix, which
-        every row of the program reads in place: rows of one program after one another find it in the CPU's cache."""
+        """Row by row when invariant (the kernels round by shape), over the row's own positions and its program's
+        prefix, which every row of the program reads in place: rows of one program after one another find it in the
+        CPU's cache. Else one fused kernel over all rows (`attend_batched`)."""
         arch = self.architecture
+        if not self._by_rows:
+            return attend_batched(arch, [(row.cache, row.position) for row in self._rows], layer, q, k, v)
         if self._llamacpp:
             return torch.cat(
                 [

@@ -8,7 +8,7 @@ import torch
 
 from ..adapter import read_lora_adapter
 from ..config import PawConfig
-from ..errors import BaseModelError, ProgramClosedError
+from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..runtime import Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
@@ -35,14 +35,23 @@ def _check_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _batch_invariant(config: PawConfig, device: torch.device) -> bool:
+    """`PawConfig.batch_invariant` for `device`: auto is row-exact on the CPU only."""
+    if config.batch_invariant is False and config.numerics == "llamacpp":
+        raise ConfigError("numerics='llamacpp' computes every row as llama.cpp does alone; drop batch_invariant=False (PAW_BATCH_INVARIANT)")
+    return device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
+
+
 class TorchProgram(PromptRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
 
-    def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt) -> None:
+    def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt, batch_invariant: bool = True) -> None:
         super().__init__(prompt)
         self._base: SharedBase | None = base
         self._adapter = adapter
         self._prefix = prefix
+        self.batch_invariant = batch_invariant
+        """Its calls' decode steps are row-exact (`PawConfig.batch_invariant`, resolved for the device)."""
 
     @classmethod
     def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> TorchProgram:
@@ -50,6 +59,7 @@ class TorchProgram(PromptRuntime):
         bundle = files.bundle
         adapter = read_lora_adapter(bundle.adapter_path, model)
         device = _check_device(config.device)
+        batch_invariant = _batch_invariant(config, device)
         if config.threads is not None:
             set_threads(config.threads)  # process-wide: only when the caller asked for it
         elif device.type == "cpu":
@@ -94,7 +104,7 @@ class TorchProgram(PromptRuntime):
                     on_compute_thread(store.save, prefix)
             on_error.pop_all()
         trim_heap()
-        return cls(base, device_adapter, prefix, prompt)
+        return cls(base, device_adapter, prefix, prompt, batch_invariant)
 
     @property
     def base(self) -> SharedBase:
@@ -137,7 +147,7 @@ class TorchProgram(PromptRuntime):
             pending.set_result(decoding.result())
             self._exit_run()
             return pending
-        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self._prefix, pending, self._exit_run))
+        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self._prefix, pending, self._exit_run, self.batch_invariant))
         return pending
 
     def release(self) -> None:

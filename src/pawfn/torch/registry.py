@@ -6,16 +6,16 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Generator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..models import InterpreterModel
-from .kvcache import KVCache
+from .copies import ModelCopies, ModelCopy
 from .network import TorchInterpreter
+from .runner import Runner
 from .scheduler import Scheduler
 
-__all__ = ["BaseKey", "ModelCopies", "ModelCopy", "ModelRegistry", "SharedBase"]
+__all__ = ["BaseKey", "ModelRegistry", "SharedBase"]
 
 
 @dataclass(frozen=True)
@@ -30,68 +30,6 @@ class BaseKey:
     numerics: str = "native"
 
 
-class ModelCopy:
-    """One execution copy of a base: its own KV cache over the shared read-only weights."""
-
-    def __init__(self, index: int, cache: KVCache) -> None:
-        self.index = index
-        self.cache = cache
-        self.runs = 0
-
-
-class ModelCopies:
-    """A base's bounded set of copies (KV caches over the shared weights), created as runs overlap. The scheduler
-    holds this, not the `SharedBase`, so the base and its scheduler form no reference cycle: the weights go with
-    the last program's reference, not at some later garbage collection."""
-
-    def __init__(self, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
-        self._interpreter = interpreter
-        self.max_copies = max_copies
-        """Upper bound on copies (and so on concurrent runs)."""
-        self.max_rows = max_rows
-        """Most rows in one decode step."""
-        self._copies: list[ModelCopy] = []
-        self._free: list[ModelCopy] = []
-        self._available = threading.Condition()
-
-    @property
-    def count(self) -> int:
-        """Copies created so far."""
-        return len(self._copies)
-
-    def allow(self, max_copies: int, max_rows: int) -> None:
-        """Raise the bounds (never lowered while programs use the base)."""
-        with self._available:
-            self.max_copies = max(self.max_copies, max_copies)
-            self.max_rows = max(self.max_rows, max_rows)
-            self._available.notify_all()
-
-    @contextmanager
-    def acquire(self) -> Generator[ModelCopy, None, None]:
-        """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
-        with self._available:
-            while not self._free and len(self._copies) >= self.max_copies:
-                self._available.wait()
-            if self._free:
-                copy = self._free.pop()
-            else:
-                copy = ModelCopy(len(self._copies), self._interpreter.new_cache())
-                self._copies.append(copy)
-        try:
-            copy.runs += 1
-            yield copy
-        finally:
-            with self._available:
-                self._free.append(copy)
-                self._available.notify()
-
-    @contextmanager
-    def acquire_cache(self) -> Generator[KVCache, None, None]:
-        """`acquire`, yielding the copy's KV cache (what the scheduler needs)."""
-        with self.acquire() as copy:
-            yield copy.cache
-
-
 class SharedBase:
     """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
 
@@ -101,8 +39,7 @@ class SharedBase:
         self._copies = ModelCopies(interpreter, max_copies, max_rows)
         self.users = 0
         """Programs holding this base (guarded by the registry's lock)."""
-        copies = self._copies
-        self.scheduler = Scheduler(interpreter, copies.acquire_cache, lambda: copies.max_copies, lambda: copies.max_rows)
+        self.scheduler = Scheduler(self._copies, Runner(interpreter))
         """Batches every call on this base."""
 
     @property
@@ -118,10 +55,17 @@ class SharedBase:
     def allow_copies(self, max_copies: int, max_rows: int) -> None:
         """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
         self._copies.allow(max_copies, max_rows)
+        self.scheduler.wake()
 
-    def acquire(self) -> contextlib.AbstractContextManager[ModelCopy]:
-        """Hold one copy for a run, creating it if below the bound, else waiting for a free one."""
-        return self._copies.acquire()
+    @contextlib.contextmanager
+    def acquire(self) -> Generator[ModelCopy, None, None]:
+        """Hold one copy outside the scheduler (a load evaluating its prefix), waiting for a free one; calls waiting
+        for it start once it is given back."""
+        try:
+            with self._copies.acquire() as copy:
+                yield copy
+        finally:
+            self.scheduler.wake()
 
 
 class ModelRegistry:

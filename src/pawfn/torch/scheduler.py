@@ -1,31 +1,29 @@
-"""Continuous batching on one shared base: calls from any threads, tasks and programs join the next decode step
-and leave when they end.
+"""Continuous batching on one shared base, the deciding half: which calls start, which rows step together, and
+when calls end. Calls from any threads, tasks and programs join the next decode step and leave when they end.
 
-One scheduler thread per base admits waiting calls (each takes a model copy: its KV cache), evaluates their
-prompts one by one, then advances every running call by one token in shared forward passes (`TorchInterpreter.step`,
-exact per row, so a call's tokens never depend on what else runs). A call waits to join at most one step plus the
-prompts admitted with it, unless every model copy is busy.
+Each iteration the scheduler writes a `Plan` (data: prompts to evaluate, decode steps grouped by program) and a
+runner executes it (`runner.Runner`); both run on the compute thread, one iteration queued behind the other work
+there, so a call costs no thread of its own. A call waits to join at most one iteration, unless every model copy
+is busy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
-from ..runtime import Decoding
-
 from ..calls import PendingGeneration
-from .compute import on_compute_thread
-from .kvcache import KVCache, PrefixState
+from ..runtime import Decoding
+from .compute import on_compute_thread_now, queue_on_compute_thread
+from .copies import ModelCopies, ModelCopy
+from .kvcache import PrefixState
 from .lora import DeviceAdapter
-from .network import TorchInterpreter
 from .session import TorchSession
 
-__all__ = ["Scheduler", "ScheduledCall"]
+__all__ = ["Plan", "ScheduledCall", "Scheduler", "Step"]
 
 
 @dataclass(eq=False)
@@ -38,126 +36,154 @@ class ScheduledCall:
     pending: PendingGeneration
     ended: Callable[[], None]
     """Called once when the call ends, however it ends (the program counts its running calls)."""
-    cache: KVCache | None = None
-    """The KV cache of the model copy the call holds while it runs."""
+    batch_invariant: bool = True
+    """Its decode steps compute each row exactly as alone (`PawConfig.batch_invariant`)."""
+    copy: ModelCopy | None = None
+    """The model copy (its KV cache) the call holds while it runs."""
     session: TorchSession | None = None
     token: int = 0
     """The token sampled last, to be taken (and evaluated, if the call goes on) in the next step."""
-    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One forward pass of a decode step: its rows, a program's rows adjacent, and whether it is row-exact."""
+
+    calls: list[ScheduledCall]
+    batch_invariant: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One iteration, decided before anything runs: the prompts to evaluate (calls that hold a copy now), then the
+    decode steps of the calls already running."""
+
+    start: list[ScheduledCall] = field(default_factory=list[ScheduledCall])
+    steps: list[Step] = field(default_factory=list[Step])
+
+
+Failures = list[tuple[ScheduledCall, Exception]]
+Execute = Callable[[Plan], Failures]
+"""Runs a plan on the compute thread and names the calls that failed (a failure is that call's result only)."""
 
 
 class Scheduler:
-    """Batches the calls on one base; `max_running` is the copies bound, `max_rows` the rows per forward pass."""
+    """Batches the calls on one base; the copies bound how many run (`max_copies`) and how many rows share a pass
+    (`max_rows`)."""
 
-    def __init__(
-        self,
-        interpreter: TorchInterpreter,
-        acquire: Callable[[], contextlib.AbstractContextManager[KVCache]],
-        max_running: Callable[[], int],
-        max_rows: Callable[[], int],
-    ) -> None:
-        self._interpreter = interpreter
-        self._acquire = acquire
-        self._max_running = max_running
-        self._max_rows = max_rows
-        self._lock = threading.Lock()
+    def __init__(self, copies: ModelCopies, execute: Execute) -> None:
+        self._copies = copies
+        self._execute = execute
+        self._lock = threading.Condition()
         self._waiting: deque[ScheduledCall] = deque()
         self._running: list[ScheduledCall] = []
-        self._thread: threading.Thread | None = None
-        self._ending: threading.Thread | None = None
-        """The last thread that found nothing to do (it may still be returning)."""
+        """Calls that hold a copy: touched by iterations only, which run one at a time on the compute thread."""
+        self._busy = False
+        """An iteration is queued or running; it queues the next one while there is work."""
+        self._woken = False
+        """A call came or a copy was given back during the iteration: waiting calls may start in the next one."""
         self.steps = 0
         """Decode steps taken so far (forward passes over one or more rows)."""
         self.rows_stepped = 0
         """Rows those steps advanced, in total (rows_stepped / steps is the mean batch size)."""
 
     def submit(self, call: ScheduledCall) -> None:
-        """Queue `call`; it joins at the next step."""
+        """Queue `call`; it starts in the next iteration that finds a free copy."""
         with self._lock:
             self._waiting.append(call)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="pawfn-scheduler", daemon=True)
-                self._thread.start()
+            self._woken = True
+            start = not self._busy
+            self._busy = True
+        if start:
+            queue_on_compute_thread(self._iterate)
+
+    def wake(self) -> None:
+        """A copy was given back outside the scheduler (a load's prefix evaluation), or the bounds were raised: waiting
+        calls may start now."""
+        with self._lock:
+            self._woken = True
+            start = bool(self._waiting) and not self._busy
+            self._busy = self._busy or start
+        if start:
+            queue_on_compute_thread(self._iterate)
 
     def wait_idle(self) -> None:
-        """Wait until the scheduler thread has ended (no call waiting or running); it holds the base until then."""
+        """Wait until no iteration is queued or running (no call waiting for a copy or running)."""
+        if on_compute_thread_now():
+            return  # an iteration is the caller (a token listener closing its program): it ends by itself
         with self._lock:
-            threads = [thread for thread in (self._thread, self._ending) if thread is not None]
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join()
+            self._lock.wait_for(lambda: not self._busy)
 
     @property
     def running(self) -> int:
         """Calls decoding now."""
         return len(self._running)
 
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                if not self._waiting and not self._running:
-                    self._ending, self._thread = self._thread, None  # a later submit starts a new thread
-                    return
-                admitted: list[ScheduledCall] = []
-                while self._waiting and len(self._running) + len(admitted) < self._max_running():
-                    admitted.append(self._waiting.popleft())
-            for call in admitted:
-                if not call.pending.set_running_or_notify_cancel():
-                    call.ended()
-                    continue
-                # a copy is taken here, off the compute thread: a load evaluating its prefix may hold one briefly
-                call.cache = call.resources.enter_context(self._acquire())
-                self._running.append(call)
-            on_compute_thread(self._iteration, admitted)
-
-    def _iteration(self, admitted: list[ScheduledCall]) -> None:
-        """Evaluate the new calls' prompts, then take one token for every running call."""
-        for call in admitted:
-            if call.cache is not None:  # a call cancelled before it was admitted has none
-                try:
-                    self._start(call, call.cache)
-                except Exception as exc:  # noqa: BLE001 - one call's failure is that call's result
-                    self._end(call, exc)
-        stepping: list[tuple[ScheduledCall, TorchSession]] = []
-        for call in list(self._running):  # every running call has started: a failed start ended it
-            if call.session is None or call.pending.abandoned.is_set() or not call.decoding.take(call.token):
+    def plan(self) -> Plan:
+        """Decide the next iteration: end the calls that are done or cancelled, step the others (a program's rows
+        adjacent, at most `max_rows` per pass) and start waiting calls while copies are free."""
+        stepping: list[ScheduledCall] = []
+        for call in list(self._running):
+            if call.pending.abandoned.is_set() or not call.decoding.take(call.token):
                 self._end(call, None)
             else:
-                stepping.append((call, call.session))
-        # a program's rows adjacent: each program's side paths then run once per step, on all its rows
-        first_seen: dict[int, int] = {}
-        stepping.sort(key=lambda entry: first_seen.setdefault(id(entry[0].adapter), len(first_seen)))
-        width = self._max_rows()
-        for start in range(0, len(stepping), width):
-            chunk = stepping[start : start + width]
-            try:
-                logits = self._interpreter.step([session.step_row(call.token) for call, session in chunk])
-            except Exception as exc:  # noqa: BLE001 - a failed pass fails the calls in it, not the scheduler
-                for call, _ in chunk:
-                    self._end(call, exc)
-                continue
-            self.steps += 1
-            self.rows_stepped += len(chunk)
-            for (call, session), row_logits in zip(chunk, logits, strict=True):
-                try:
-                    session.stepped(row_logits)
-                    call.token = session.sample()
-                except Exception as exc:  # noqa: BLE001 - e.g. non-finite logits: that row's call fails alone
-                    self._end(call, exc)
+                stepping.append(call)
+        first_seen: dict[int, int] = {}  # each program's side paths then run once per pass, on all its rows
+        stepping.sort(key=lambda call: first_seen.setdefault(id(call.adapter), len(first_seen)))
+        width = self._copies.max_rows
+        chunks = [stepping[start : start + width] for start in range(0, len(stepping), width)]
+        steps = [Step(chunk, any(call.batch_invariant for call in chunk)) for chunk in chunks]
+        started: list[ScheduledCall] = []
+        with self._lock:  # calls cancelled while they waited for a copy end now, without one
+            cancelled = [call for call in self._waiting if call.pending.abandoned.is_set()]
+            for call in cancelled:
+                self._waiting.remove(call)
+        for call in cancelled:
+            call.pending.set_running_or_notify_cancel()
+            self._end(call, None)
+        while True:
+            with self._lock:
+                self._woken = False
+                if not self._waiting or len(self._running) >= self._copies.max_copies:
+                    break
+                copy = self._copies.try_take()
+                if copy is None:
+                    break
+                call = self._waiting.popleft()
+            call.copy = copy
+            self._running.append(call)
+            if call.pending.set_running_or_notify_cancel():
+                started.append(call)
+            else:
+                self._end(call, None)
+        return Plan(started, steps)
 
-    def _start(self, call: ScheduledCall, cache: KVCache) -> None:
-        session = TorchSession(self._interpreter, call.adapter, call.prefix, cache, call.decoding.options)
-        call.session = session
-        session.prefill(call.decoding.prompt_ids)
-        call.decoding.prefilled()
-        call.token = session.sample()
+    def _iterate(self) -> None:
+        """One iteration on the compute thread: plan, execute, then queue the next while there is work."""
+        try:
+            plan = self.plan()
+            for call, error in self._execute(plan):
+                self._end(call, error)
+            self.steps += len(plan.steps)
+            self.rows_stepped += sum(len(step.calls) for step in plan.steps)
+        finally:
+            with self._lock:
+                again = bool(self._running) or (bool(self._waiting) and self._woken)
+                self._busy = again
+                if not again:
+                    self._lock.notify_all()
+            if again:
+                queue_on_compute_thread(self._iterate)
 
     def _end(self, call: ScheduledCall, error: BaseException | None) -> None:
-        """Free the call's copy and hand over its result (or `error`); a cancelled call gets nothing."""
+        """Give back the call's copy and hand over its result (or `error`); a cancelled call gets nothing."""
         if call in self._running:
             self._running.remove(call)
+        copy, call.copy, call.session = call.copy, None, None
         try:
-            call.resources.close()
+            if copy is not None:
+                self._copies.give_back(copy)
+                self.wake()
         finally:
             pending = call.pending
             if not pending.done():
