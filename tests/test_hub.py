@@ -29,6 +29,7 @@ from pawfn import (
     CompileError,
     IntegrityError,
     InterpreterMismatchError,
+    LlamaCpp,
     NotFoundError,
     OfflineError,
     PawCache,
@@ -296,6 +297,10 @@ def test_builder(hub: Hub) -> None:
         assert compiled.program_id == PROGRAM_ID
     by_id = asyncio.run(PawFnBuilder.builder().config(config).id(PROGRAM_ID).load())
     by_id.close()
+    if importlib.util.find_spec("llama_cpp") is not None:  # the same path on another backend
+        with PawFnBuilder.builder().backend(LlamaCpp).config(config).slug(SLUG).load_sync() as on_llamacpp:
+            assert type(on_llamacpp) is PawFn[Qwen3_0_6B, LlamaCpp]
+            assert on_llamacpp.generate("hello", OPTIONS).token_ids == hub.expected("hello")
 
 
 def test_async_client(hub: Hub) -> None:

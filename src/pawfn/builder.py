@@ -1,12 +1,15 @@
-"""`PawFnBuilder`: a typestate builder over `PawFn`'s classmethods; `.slug()`/`.id()` can only `load`,
-`.spec()` can only `compile`."""
+"""`PawFnBuilder`: a typestate builder over `PawFn`'s load path, for any backend (`.backend(LlamaCpp)`; Torch by
+default); `.slug()`/`.id()` can only `load`, `.spec()` can only `compile`."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
+from typing import Generic
 
-from .backends import Torch
+from typing_extensions import TypeVar
+
+from .backends import Backend, Torch
 from .config import PawConfig
 from .errors import ConfigError
 from .function import PawFn
@@ -16,6 +19,9 @@ from .hub.types import compile_request
 from .models import InterpreterModel
 
 __all__ = ["PawFnBuilder", "ProgramLoader", "SpecCompiler"]
+
+B = TypeVar("B", bound=Backend, default=Torch)
+OtherB = TypeVar("OtherB", bound=Backend)
 
 
 @dataclass(frozen=True)
@@ -31,105 +37,113 @@ class _Settings:
         return self.config or PawConfig.from_env()
 
 
-class ProgramLoader:
+class ProgramLoader(Generic[B]):
     """A builder that names an existing program; its only terminals are `load()` and `load_sync()`."""
 
-    def __init__(self, reference: str, settings: _Settings) -> None:
+    def __init__(self, reference: str, settings: _Settings, backend: type[B]) -> None:
         self._reference = reference
         self._settings = settings
+        self._backend = backend
 
-    def config(self, config: PawConfig) -> ProgramLoader:
+    def config(self, config: PawConfig) -> ProgramLoader[B]:
         """Use `config` for the download and the load."""
-        return ProgramLoader(self._reference, replace(self._settings, config=config))
+        return ProgramLoader(self._reference, replace(self._settings, config=config), self._backend)
 
-    def load_sync(self) -> PawFn[InterpreterModel, Torch]:
+    def load_sync(self) -> PawFn[InterpreterModel, B]:
         """Fetch (or find in the cache) and load the program; its interpreter comes from the bundle
-        (`PawFn[Model, Torch].narrow(...)` gives the precise type)."""
-        return PawFn.load_any_sync(self._reference, Torch, config=self._settings.resolved_config())
+        (`PawFn[Model, Backend].narrow(...)` gives the precise type)."""
+        return PawFn.load_any_sync(self._reference, self._backend, config=self._settings.resolved_config())
 
-    async def load(self) -> PawFn[InterpreterModel, Torch]:
+    async def load(self) -> PawFn[InterpreterModel, B]:
         """`load_sync` in a worker thread."""
         return await asyncio.to_thread(self.load_sync)
 
 
-class SpecCompiler:
+class SpecCompiler(Generic[B]):
     """A builder that holds a spec; its only terminals are `compile()` and `compile_sync()`."""
 
-    def __init__(self, spec: str, settings: _Settings) -> None:
+    def __init__(self, spec: str, settings: _Settings, backend: type[B]) -> None:
         self._spec = spec
         self._settings = settings
+        self._backend = backend
 
-    def config(self, config: PawConfig) -> SpecCompiler:
+    def config(self, config: PawConfig) -> SpecCompiler[B]:
         """Use `config` for the compile, the download and the load."""
-        return SpecCompiler(self._spec, replace(self._settings, config=config))
+        return SpecCompiler(self._spec, replace(self._settings, config=config), self._backend)
 
-    def compiler(self, name: str) -> SpecCompiler:
+    def compiler(self, name: str) -> SpecCompiler[B]:
         """Compile with `name` (e.g. ``paw-4b-qwen3-0.6b``); default: the server's choice."""
-        return SpecCompiler(self._spec, replace(self._settings, compiler=name))
+        return SpecCompiler(self._spec, replace(self._settings, compiler=name), self._backend)
 
-    def ephemeral(self, value: bool = True) -> SpecCompiler:
+    def ephemeral(self, value: bool = True) -> SpecCompiler[B]:
         """Ask the server not to keep the program."""
-        return SpecCompiler(self._spec, replace(self._settings, ephemeral=value))
+        return SpecCompiler(self._spec, replace(self._settings, ephemeral=value), self._backend)
 
-    def public(self, value: bool = True) -> SpecCompiler:
+    def public(self, value: bool = True) -> SpecCompiler[B]:
         """Whether the program is listed publicly."""
-        return SpecCompiler(self._spec, replace(self._settings, public=value))
+        return SpecCompiler(self._spec, replace(self._settings, public=value), self._backend)
 
-    def named(self, name: str) -> SpecCompiler:
+    def named(self, name: str) -> SpecCompiler[B]:
         """Give the program a display name."""
-        return SpecCompiler(self._spec, replace(self._settings, name=name))
+        return SpecCompiler(self._spec, replace(self._settings, name=name), self._backend)
 
-    def with_slug(self, slug: str) -> SpecCompiler:
+    def with_slug(self, slug: str) -> SpecCompiler[B]:
         """Publish the program under your `slug` (needs an API key)."""
-        return SpecCompiler(self._spec, replace(self._settings, slug=slug))
+        return SpecCompiler(self._spec, replace(self._settings, slug=slug), self._backend)
 
-    def compile_sync(self) -> PawFn[InterpreterModel, Torch]:
+    def compile_sync(self) -> PawFn[InterpreterModel, B]:
         """Compile on the hub, then load the program; its interpreter comes from the bundle."""
         settings = self._settings
         config = settings.resolved_config()
         request = compile_request(
             self._spec, settings.compiler, ephemeral=settings.ephemeral, public=settings.public, name=settings.name, slug=settings.slug
         )
-        return PawFn.load_any_sync(compile_program(request, config), Torch, config=config)
+        return PawFn.load_any_sync(compile_program(request, config), self._backend, config=config)
 
-    async def compile(self) -> PawFn[InterpreterModel, Torch]:
+    async def compile(self) -> PawFn[InterpreterModel, B]:
         """`compile_sync` in a worker thread."""
         return await asyncio.to_thread(self.compile_sync)
 
 
-class PawFnBuilder:
-    """Start with `PawFnBuilder.builder()`; set options, then name a program (`slug`/`id`) or a `spec`."""
+class PawFnBuilder(Generic[B]):
+    """Start with `PawFnBuilder.builder()`; set options (and `.backend(...)`), then name a program (`slug`/`id`) or a
+    `spec`."""
 
-    def __init__(self, settings: _Settings | None = None) -> None:
-        self._settings = settings or _Settings()
+    def __init__(self, settings: _Settings, backend: type[B]) -> None:
+        self._settings = settings
+        self._backend = backend
 
     @staticmethod
-    def builder() -> PawFnBuilder:
-        """A builder with default settings (configuration from the environment)."""
-        return PawFnBuilder()
+    def builder() -> PawFnBuilder[Torch]:
+        """A builder with default settings (configuration from the environment) on the Torch backend."""
+        return PawFnBuilder(_Settings(), Torch)
 
-    def config(self, config: PawConfig) -> PawFnBuilder:
+    def backend(self, backend: type[OtherB]) -> PawFnBuilder[OtherB]:
+        """Load on `backend` (`Torch`, `LlamaCpp` or `Remote`) instead."""
+        return PawFnBuilder(self._settings, backend)
+
+    def config(self, config: PawConfig) -> PawFnBuilder[B]:
         """Use `config` for every request and the load."""
-        return PawFnBuilder(replace(self._settings, config=config))
+        return PawFnBuilder(replace(self._settings, config=config), self._backend)
 
-    def compiler(self, name: str) -> PawFnBuilder:
+    def compiler(self, name: str) -> PawFnBuilder[B]:
         """The compiler a later `.spec()` uses."""
-        return PawFnBuilder(replace(self._settings, compiler=name))
+        return PawFnBuilder(replace(self._settings, compiler=name), self._backend)
 
-    def ephemeral(self, value: bool = True) -> PawFnBuilder:
+    def ephemeral(self, value: bool = True) -> PawFnBuilder[B]:
         """Whether a later `.spec()` compile is ephemeral."""
-        return PawFnBuilder(replace(self._settings, ephemeral=value))
+        return PawFnBuilder(replace(self._settings, ephemeral=value), self._backend)
 
-    def slug(self, slug: str) -> ProgramLoader:
+    def slug(self, slug: str) -> ProgramLoader[B]:
         """Name a program by `user/slug`, bare official slug or `user/slug@vN`."""
-        return ProgramLoader(checked_slug(slug), self._settings)
+        return ProgramLoader(checked_slug(slug), self._settings, self._backend)
 
-    def id(self, program_id: str) -> ProgramLoader:
+    def id(self, program_id: str) -> ProgramLoader[B]:
         """Name a program by its hash id."""
-        return ProgramLoader(checked_program_id(program_id), self._settings)
+        return ProgramLoader(checked_program_id(program_id), self._settings, self._backend)
 
-    def spec(self, spec: str) -> SpecCompiler:
+    def spec(self, spec: str) -> SpecCompiler[B]:
         """Compile this plain-English spec."""
         if not spec.strip():
             raise ConfigError("the spec is empty; describe the function in plain English")
-        return SpecCompiler(spec, self._settings)
+        return SpecCompiler(spec, self._settings, self._backend)

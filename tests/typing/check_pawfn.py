@@ -64,12 +64,17 @@ def type_arguments() -> None:
 
 async def builder() -> None:
     loader = PawFnBuilder.builder().slug("email-triage")
-    assert_type(loader, ProgramLoader)
+    assert_type(loader, ProgramLoader[Torch])
     assert_type(await loader.load(), PawFn[InterpreterModel, Torch])
     assert_type(PawFnBuilder.builder().id("0123456789abcdef").load_sync(), PawFn[InterpreterModel, Torch])
     compiler = PawFnBuilder.builder().compiler("paw-4b-qwen3-0.6b").spec("Classify sentiment")
-    assert_type(compiler, SpecCompiler)
+    assert_type(compiler, SpecCompiler[Torch])
     assert_type(await compiler.compile(), PawFn[InterpreterModel, Torch])
+    on_llamacpp = PawFnBuilder.builder().backend(LlamaCpp).slug("email-triage")
+    assert_type(on_llamacpp, ProgramLoader[LlamaCpp])
+    assert_type(on_llamacpp.load_sync(), PawFn[InterpreterModel, LlamaCpp])
+    assert_type(await PawFnBuilder.builder().backend(Remote).spec("Classify").compile(), PawFn[InterpreterModel, Remote])
+    PawFnBuilder.builder().backend(str)  # expect-error: type-var; reportArgumentType
     await PawFnBuilder.builder().slug("email-triage").compile()  # expect-error: attr-defined; reportAttributeAccessIssue
     await PawFnBuilder.builder().spec("Classify sentiment").load()  # expect-error: attr-defined; reportAttributeAccessIssue
     PawFnBuilder.builder().load_sync()  # expect-error: attr-defined; reportAttributeAccessIssue
