@@ -49,7 +49,7 @@ class TorchProgram(PromptRuntime):
         super().__init__(prompt)
         self._base: SharedBase | None = base
         self._adapter = adapter
-        self._prefix = prefix
+        self._prefix: PrefixState | None = prefix
         self.batch_invariant = batch_invariant
         """Its calls' decode steps are row-exact (`PawConfig.batch_invariant`, resolved for the device)."""
 
@@ -130,7 +130,9 @@ class TorchProgram(PromptRuntime):
 
     @property
     def prefix_state(self) -> PrefixState:
-        """The cached prefix (evaluated once when the program loaded)."""
+        """The cached prefix (evaluated once when the program loaded; let go by `close`)."""
+        if self._prefix is None:
+            raise ProgramClosedError("this program was closed; its prefix is no longer held")
         return self._prefix
 
     def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
@@ -147,15 +149,16 @@ class TorchProgram(PromptRuntime):
             pending.set_result(decoding.result())
             self._exit_run()
             return pending
-        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self._prefix, pending, self._exit_run, self.batch_invariant))
+        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self.prefix_state, pending, self._exit_run, self.batch_invariant))
         return pending
 
     def release(self) -> None:
         self._adapter.release()
+        self._prefix = None  # its KV (66 MiB for Qwen3-0.6B's 303-token prefixes) goes even if the PawFn is kept
         base, self._base = self._base, None
         if base is not None:
             ModelRegistry.release(base)
-            if base.users <= 0:  # the last program: its scheduler's thread lets go of the base as it ends
+            if base.users <= 0:  # the last program: the scheduler's last iteration lets go of the base as it ends
                 base.scheduler.wait_idle()
                 del base  # the weights go with this last reference; glibc keeps the pages unless trimmed
                 trim_heap()
