@@ -185,3 +185,19 @@ def test_submit_returns_before_the_call_runs_and_the_call_takes_no_thread(qwen3_
         names = {thread.ident: thread.name for thread in threading.enumerate()}
     assert during <= before, "a thread was started for the call"
     assert len(set(deciders)) == 1 and names[deciders[0]].startswith("pawfn-compute")
+
+
+def test_a_failing_token_listener_fails_its_call_only(qwen3_program: TinyProgram) -> None:
+    with _load(qwen3_program) as function:
+        options = RuntimeOptions(max_tokens=6)
+        alone = function.generate("hello", options).token_ids
+
+        def broken(token: int) -> None:
+            raise ValueError("the listener broke")
+
+        failing = function.runtime.submit("a", options, broken)
+        fine = function.submit("hello", options)
+        with pytest.raises(ValueError, match="the listener broke"):
+            failing.result(timeout=120)
+        assert fine.result(timeout=120).token_ids == alone
+        assert function.generate("hello", options).token_ids == alone  # the scheduler goes on

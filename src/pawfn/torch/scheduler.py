@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..calls import PendingGeneration
 from ..runtime import Decoding
-from .compute import on_compute_thread_now, queue_on_compute_thread
+from .compute import on_compute_thread, on_compute_thread_now, queue_on_compute_thread
 from .copies import ModelCopies, ModelCopy
 from .kvcache import PrefixState
 from .lora import DeviceAdapter
@@ -113,6 +113,7 @@ class Scheduler:
             return  # an iteration is the caller (a token listener closing its program): it ends by itself
         with self._lock:
             self._lock.wait_for(lambda: not self._busy)
+        on_compute_thread(lambda: None)  # the last iteration has returned: its frame no longer holds the base
 
     @property
     def running(self) -> int:
@@ -124,10 +125,15 @@ class Scheduler:
         adjacent, at most `max_rows` per pass) and start waiting calls while copies are free."""
         stepping: list[ScheduledCall] = []
         for call in list(self._running):
-            if call.pending.abandoned.is_set() or not call.decoding.take(call.token):
-                self._end(call, None)
-            else:
+            try:
+                goes_on = not call.pending.abandoned.is_set() and call.decoding.take(call.token)
+            except Exception as exc:  # noqa: BLE001 - its token listener failed: that call's error, not the batch's
+                self._end(call, exc)
+                continue
+            if goes_on:
                 stepping.append(call)
+            else:
+                self._end(call, None)
         first_seen: dict[int, int] = {}  # each program's side paths then run once per pass, on all its rows
         stepping.sort(key=lambda call: first_seen.setdefault(id(call.adapter), len(first_seen)))
         width = self._copies.max_rows
