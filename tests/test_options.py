@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from pawfn import GPT2, OptionError, PawConfig, PawError, Qwen3_0_6B, RuntimeOptions
+from pawfn import GPT2, EngineSettings, HubSettings, OptionError, PawConfig, PawError, Qwen3_0_6B, RemoteSettings, RuntimeOptions
 from pawfn.models import model_for_interpreter
 
 
@@ -107,3 +107,20 @@ def test_model_lookup_by_interpreter() -> None:
     assert model_for_interpreter("Qwen/Qwen3-0.6B") is Qwen3_0_6B
     assert model_for_interpreter("openai-community/gpt2") is GPT2
     assert model_for_interpreter("llama") is None
+
+
+def test_pawconfig_is_its_three_groups_and_nothing_else() -> None:
+    """Every setting belongs to exactly one group (hub, engine, remote); a `PawConfig` is each group, so a layer that
+    takes one (a backend: `EngineSettings`) takes a whole config too; every official variable names a setting."""
+    from pawfn.config import _ENV_VARIABLES  # pyright: ignore[reportPrivateUsage]
+
+    groups = [set(group.model_fields) for group in (HubSettings, EngineSettings, RemoteSettings)]
+    assert set(PawConfig.model_fields) == set().union(*groups)
+    assert sum(len(group) for group in groups) == len(PawConfig.model_fields)  # no setting in two groups
+    assert set(_ENV_VARIABLES) <= set(PawConfig.model_fields)
+    config = PawConfig.from_env(device="cpu", offline=True, server_url="http://127.0.0.1:9/")
+    assert isinstance(config, HubSettings) and isinstance(config, EngineSettings) and isinstance(config, RemoteSettings)
+    assert (config.offline, config.device, config.server_url) == (True, "cpu", "http://127.0.0.1:9")
+    assert list(PawConfig.model_fields)[0] == "api_url"  # the hub's settings first, as the docs list them
+    with pytest.raises(OptionError, match="invalid server_url='ftp://x': server_url must be an http"):
+        RemoteSettings(server_url="ftp://x")

@@ -36,7 +36,7 @@ from .function import PawFn
 from .results import Generation, Timings
 from .calls import TextStream
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
-from .config import PawConfig
+from .config import EngineSettings, HubSettings, PawConfig, RemoteSettings
 from .options import RuntimeOptions
 from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
 
@@ -57,8 +57,10 @@ __all__ = [
     "CompileError",
     "ConfigError",
     "ContextOverflowError",
+    "EngineSettings",
     "Generation",
     "HubConnectionError",
+    "HubSettings",
     "HubError",
     "IntegrityError",
     "InterpreterMismatchError",
@@ -84,6 +86,7 @@ __all__ = [
     "Qwen3_0_6B",
     "RateLimitError",
     "Remote",
+    "RemoteSettings",
     "RequestError",
     "RuntimeOptions",
     "ServerError",

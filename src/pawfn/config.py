@@ -15,7 +15,7 @@ from .errors import ConfigError, OptionError, OptionProblem, allowed_values
 from .jsonio import read_json_object
 from .options import Device, DType, Numerics, OptionsModel, WeightDType
 
-__all__ = ["DEFAULT_API_URL", "PawConfig", "config_file_path", "default_cache_dir"]
+__all__ = ["DEFAULT_API_URL", "EngineSettings", "HubSettings", "PawConfig", "RemoteSettings", "config_file_path", "default_cache_dir"]
 
 DEFAULT_API_URL = "https://programasweights.com"
 _TRUTHY = frozenset({"1", "true", "yes", "on"})
@@ -57,8 +57,17 @@ DEFAULT_LOCK_TIMEOUT_S = 600.0
 """`PawConfig.lock_timeout_s`'s default, in seconds."""
 
 
-class PawConfig(OptionsModel):
-    """Where programs come from and how they run; `PawConfig.from_env()` reads the official variables."""
+def _http_url(value: str | None, name: str) -> str | None:
+    if value is None:
+        return None
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError(f"{name} must be an http(s) URL")
+    return value.rstrip("/")
+
+
+class HubSettings(OptionsModel):
+    """Where programs come from: the PAW API, its requests and downloads, and the cache shared with the official SDK
+    (what `PawClient` and `AsyncPawClient` read)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,6 +79,35 @@ class PawConfig(OptionsModel):
     """Cache root shared with the official SDK."""
     offline: bool = False
     """Make no network request at all; a missing file is an `OfflineError`."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Timeout of one API request (connect, read, write), in seconds."""
+    compile_timeout_s: float = Field(default=2400.0, gt=0)
+    """Read timeout of a blocking compile request, in seconds."""
+    download_timeout_s: float = Field(default=300.0, gt=0)
+    """Read timeout between chunks of a download, in seconds."""
+    max_retries: int = Field(default=3, ge=0)
+    """Retries after a connection error, 429 or 5xx (exponential backoff with jitter)."""
+    max_wait_s: float = Field(default=300.0, ge=0)
+    """Longest total wait for a program that the server is still generating (202), in seconds."""
+    lock_timeout_s: float = Field(default=DEFAULT_LOCK_TIMEOUT_S, gt=0)
+    """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
+    then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str, info: ValidationInfo) -> str:
+        return _http_url(value, str(info.field_name)) or value
+
+    def key_value(self) -> str | None:
+        """The API key in clear, for the one header that carries it."""
+        return None if self.api_key is None else self.api_key.get_secret_value()
+
+
+class EngineSettings(OptionsModel):
+    """How programs run in this process, on the Torch or LlamaCpp backend (what a backend's opener reads)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     device: Device = "cpu"
     """Torch device: ``cpu``, ``cuda``, ``cuda:N`` (N < 16) or ``mps``."""
     dtype: DType = "float32"
@@ -104,25 +142,18 @@ class PawConfig(OptionsModel):
     threads: int | None = Field(default=None, ge=1)
     """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
     context (llama.cpp). On small VMs one thread can beat two (see docs/performance.md)."""
-    timeout_s: float = Field(default=30.0, gt=0)
-    """Timeout of one API request (connect, read, write), in seconds."""
-    compile_timeout_s: float = Field(default=2400.0, gt=0)
-    """Read timeout of a blocking compile request, in seconds."""
-    download_timeout_s: float = Field(default=300.0, gt=0)
-    """Read timeout between chunks of a download, in seconds."""
-    max_retries: int = Field(default=3, ge=0)
-    """Retries after a connection error, 429 or 5xx (exponential backoff with jitter)."""
-    max_wait_s: float = Field(default=300.0, ge=0)
-    """Longest total wait for a program that the server is still generating (202), in seconds."""
-    progress: bool | None = None
-    """Progress bars on downloads: None shows them only on a terminal."""
-    lock_timeout_s: float = Field(default=DEFAULT_LOCK_TIMEOUT_S, gt=0)
-    """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
-    then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
     llamacpp_repack: bool | None = None
     """LlamaCpp backend: let llama.cpp repack weights into its extra CPU buffer types (its ``--repack``). None
     (auto) repacks except where both the CPU and the llama.cpp build have AMX, whose kernels segfault on quantized
     weights (llama.cpp issue #20824)."""
+    progress: bool | None = None
+    """Progress bars on downloads and while base weights load: None shows them only on a terminal."""
+
+
+class RemoteSettings(OptionsModel):
+    """Where `Remote` programs run: a pawfn server, its key and how long a call may take there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     server_url: str | None = None
     """Root of a `pawfn serve` or Ray Serve server, where the `Remote` backend runs programs."""
@@ -133,14 +164,22 @@ class PawConfig(OptionsModel):
     for each token it may generate (its `max_tokens`, else the program's context), times its inputs. A call that
     times out is a `CallTimeoutError`, never sent again (a single call's connection closes, which stops it there)."""
 
-    @field_validator("api_url", "server_url")
+    @field_validator("server_url")
     @classmethod
-    def _http_url(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return None
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError(f"{info.field_name} must be an http(s) URL")
-        return value.rstrip("/")
+    def _server_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _http_url(value, str(info.field_name))
+
+    def server_key_value(self) -> str | None:
+        """The server's key in clear, for the one header that carries it."""
+        return None if self.server_api_key is None else self.server_api_key.get_secret_value()
+
+
+class PawConfig(RemoteSettings, EngineSettings, HubSettings):  # this order lists the hub's fields first
+    """Where programs come from and how they run: every setting of the three groups, flat (`PawConfig(device="cpu",
+    offline=True)`), so one object serves a load from end to end; `PawConfig.from_env()` reads the official
+    variables. Each layer takes only its group: a backend an `EngineSettings`, the hub clients a `HubSettings`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     @classmethod
     def from_env(cls, **overrides: object) -> PawConfig:
@@ -192,14 +231,6 @@ class PawConfig(OptionsModel):
         """A copy with `changes` applied and validated."""
         checked: dict[str, Any] = self.model_dump() | changes  # Any: the constructor validates them
         return type(self)(**checked)
-
-    def key_value(self) -> str | None:
-        """The API key in clear, for the one header that carries it."""
-        return None if self.api_key is None else self.api_key.get_secret_value()
-
-    def server_key_value(self) -> str | None:
-        """The server's key in clear, for the one header that carries it."""
-        return None if self.server_api_key is None else self.server_api_key.get_secret_value()
 
 
 def _auto_or_bool(name: str, raw: str, origins: Mapping[str, str]) -> bool | None:

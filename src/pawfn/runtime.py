@@ -18,7 +18,7 @@ from typing import Protocol
 
 from .bundle import ProgramBundle, PromptTemplate
 from .calls import PendingGeneration, TextStream, TokenListener, results_in_order
-from .config import PawConfig
+from .config import EngineSettings
 from .errors import ContextOverflowError, PawError, ProgramClosedError
 from .models import InterpreterModel
 from .options import RuntimeOptions
@@ -278,6 +278,6 @@ class PromptRuntime(ProgramRuntime):
 
 
 class RuntimeOpener(Protocol):
-    """How a backend opens a program: `open(model, files, config)`."""
+    """How a backend opens a program: `open(model, files, settings)` (a `PawConfig` is an `EngineSettings`)."""
 
-    def __call__(self, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> ProgramRuntime: ...
+    def __call__(self, model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings) -> ProgramRuntime: ...

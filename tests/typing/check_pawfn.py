@@ -109,3 +109,14 @@ async def on_a_server(local: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert_type(await local.astream("text"), TextStream)
     local = remote  # expect-error: assignment; reportAssignmentType
     gpt2_remote: PawFn[GPT2, Remote] = remote  # expect-error: assignment; reportAssignmentType
+
+
+def setting_groups() -> None:
+    from pawfn import EngineSettings, HubSettings, PawConfig
+
+    def engine(settings: EngineSettings) -> int:
+        return settings.n_ctx
+
+    engine(PawConfig(n_ctx=512))  # a whole config is an EngineSettings
+    assert_type(PawConfig(device="cpu", offline=True).offline, bool)
+    device = HubSettings().device  # expect-error: attr-defined; reportAttributeAccessIssue

@@ -16,7 +16,7 @@ import httpx
 from pydantic import BaseModel
 
 from ..bundle import MAX_ARCHIVE_BYTES
-from ..config import PawConfig
+from ..config import HubSettings
 from ..errors import CompileError, HubConnectionError, HubError, IntegrityError, ServerError
 from ..hashing import file_sha256
 from ..progress import DownloadProgress
@@ -120,7 +120,7 @@ class _HubEndpoints(ClientBase):
 class PawClient(_HubEndpoints, SyncClient):
     """Synchronous PAW API client; one connection pool, safe to share between threads."""
 
-    def __init__(self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5) -> None:
+    def __init__(self, config: HubSettings | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5) -> None:
         super().__init__(config, transport, backoff_s)
 
     def compile(self, request: CompileRequest) -> CompileResult:
@@ -293,7 +293,7 @@ class AsyncPawClient(_HubEndpoints):
     """Asynchronous twin of `PawClient`: API calls on httpx's async client; file downloads (disk I/O and
     hashing) in a worker thread on a `PawClient`."""
 
-    def __init__(self, config: PawConfig | None = None, *, transport: httpx.AsyncBaseTransport | None = None, backoff_s: float = 0.5) -> None:
+    def __init__(self, config: HubSettings | None = None, *, transport: httpx.AsyncBaseTransport | None = None, backoff_s: float = 0.5) -> None:
         super().__init__(config, backoff_s)
         self._downloads = PawClient(self.config, backoff_s=backoff_s)
         self._http = httpx.AsyncClient(

@@ -21,7 +21,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from typing_extensions import Self
 
-from ..config import PawConfig
+from ..config import HubSettings, PawConfig
 from ..errors import (
     AuthenticationError,
     CallTimeoutError,
@@ -225,8 +225,8 @@ Plan = Generator[Send | Sleep, Outcome, httpx.Response]
 class ClientBase:
     """Every pure decision of the two clients: endpoints, request building, redirects, retries, errors."""
 
-    def __init__(self, config: PawConfig | None, backoff_s: float) -> None:
-        self.config = config or PawConfig.from_env()
+    def __init__(self, config: HubSettings | None, backoff_s: float) -> None:
+        self.config: HubSettings = config or PawConfig.from_env()
         self._backoff_s = backoff_s
         self._root = self.config.api_url
         """The server's root URL: requests go under it, and its key only to its origin."""
@@ -327,7 +327,7 @@ class ClientBase:
 class SyncClient(ClientBase):
     """Carries out `_exchange` plans with blocking I/O on one connection pool, safe to share between threads."""
 
-    def __init__(self, config: PawConfig | None, transport: httpx.BaseTransport | None, backoff_s: float) -> None:
+    def __init__(self, config: HubSettings | None, transport: httpx.BaseTransport | None, backoff_s: float) -> None:
         super().__init__(config, backoff_s)
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.config.timeout_s), follow_redirects=False, transport=transport, headers={"User-Agent": "pawfn"}

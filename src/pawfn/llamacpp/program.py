@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import PawConfig
+from ..config import EngineSettings
 from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
@@ -46,7 +46,7 @@ def _system_info() -> str:
     return cpu.llama_cpp_system_info() or ""
 
 
-def uses_repack(config: PawConfig) -> bool:
+def uses_repack(config: EngineSettings) -> bool:
     """Whether a LlamaCpp load lets llama.cpp repack weights (`PawConfig.llamacpp_repack`, None: auto)."""
     if config.llamacpp_repack is not None:
         return config.llamacpp_repack
@@ -211,7 +211,7 @@ class LlamaCppProgram(PromptRuntime):
         return self._prompt.prefix_ids
 
     @classmethod
-    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> LlamaCppProgram:
+    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings) -> LlamaCppProgram:
         """Load the base GGUF, apply the adapter at scale 1 and evaluate the prefix."""
         try:  # an optional extra: imported when a LlamaCpp program opens, not with pawfn
             import llama_cpp

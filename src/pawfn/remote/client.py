@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from ..config import PawConfig
+from ..config import PawConfig, RemoteSettings
 from ..errors import AuthenticationError, ConfigError, HubError, RequestError, ServerError
 from ..options import RuntimeOptions
 from ..protocol import (
@@ -48,12 +48,15 @@ class ServerClient(SyncClient):
     Same retries as `PawClient`; the server's key goes to its origin only."""
 
     def __init__(self, config: PawConfig | None = None, *, transport: httpx.BaseTransport | None = None, backoff_s: float = 0.5) -> None:
-        super().__init__(config, transport, backoff_s)
-        if self.config.server_url is None:
+        remote = config or PawConfig.from_env()
+        super().__init__(remote, transport, backoff_s)
+        self.remote: RemoteSettings = remote
+        """Where the server is and how long a call may take there."""
+        if remote.server_url is None:
             self.close()
             raise ConfigError("no server to run on: set PawConfig.server_url (or PAW_SERVER_URL) to the URL of a `pawfn serve` server")
-        self._root = self.config.server_url
-        self._key = self.config.server_key_value()
+        self._root = remote.server_url
+        self._key = remote.server_key_value()
 
     @property
     def url(self) -> str:
@@ -78,8 +81,8 @@ class ServerClient(SyncClient):
     def call_timeout(self, options: RuntimeOptions, n_ctx: int, inputs: int = 1) -> float:
         """Seconds to wait for a call's answer: `PawConfig.run_timeout_s`, else 60 s plus 1 s per token of its budget
         (`max_tokens`, else the context) per input."""
-        if self.config.run_timeout_s is not None:
-            return self.config.run_timeout_s
+        if self.remote.run_timeout_s is not None:
+            return self.remote.run_timeout_s
         return 60.0 + float(options.max_tokens if options.max_tokens is not None else n_ctx) * inputs
 
     def _v1(self, kind: type[ModelT], method: str, what: str, *parts: str, json: object = None, call_s: float | None = None) -> Endpoint[ModelT]:

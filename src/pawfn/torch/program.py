@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from ..adapter import read_lora_adapter
-from ..config import PawConfig
+from ..config import EngineSettings
 from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
@@ -35,7 +35,7 @@ def _check_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _batch_invariant(config: PawConfig, device: torch.device) -> bool:
+def _batch_invariant(config: EngineSettings, device: torch.device) -> bool:
     """`PawConfig.batch_invariant` for `device`: auto is row-exact on the CPU only."""
     if config.batch_invariant is False and config.numerics == "llamacpp":
         raise ConfigError("numerics='llamacpp' computes every row as llama.cpp does alone; drop batch_invariant=False (PAW_BATCH_INVARIANT)")
@@ -54,7 +54,7 @@ class TorchProgram(PromptRuntime):
         """Its calls' decode steps are row-exact (`PawConfig.batch_invariant`, resolved for the device)."""
 
     @classmethod
-    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: PawConfig) -> TorchProgram:
+    def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings) -> TorchProgram:
         """Read the adapter, get (or load once) the shared base, attach the adapter and evaluate the prefix."""
         bundle = files.bundle
         adapter = read_lora_adapter(bundle.adapter_path, model)
