@@ -63,6 +63,14 @@ _OPTION_FLAGS = {
         "server_url",
     )
 } | {"parse_special_in_input": "--parse-special"}
+_SERVE_LIMITS = (
+    ("--max-queue", "max_queue", "calls accepted at once, more get 429"),
+    ("--max-body-bytes", "max_body_bytes", "largest request body, more get 413"),
+    ("--max-input-chars", "max_input_chars", "longest input, more get 413"),
+    ("--max-tokens-limit", "max_tokens", "most tokens a call may generate, more get 422"),
+    ("--max-batch-inputs", "max_batch_inputs", "most inputs per run_batch request"),
+)
+"""`pawfn serve`'s limits: (flag, `ServeSettings` field, what it bounds)."""
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
@@ -224,37 +232,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
     serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
     limits = ServeSettings()
-    serve.add_argument(
-        "--max-queue", type=int, default=limits.max_queue, metavar="N", help=f"calls accepted at once, more get 429 (default: {limits.max_queue})"
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=limits.max_body_bytes,
-        metavar="N",
-        help=f"largest request body, more get 413 (default: {limits.max_body_bytes})",
-    )
-    serve.add_argument(
-        "--max-input-chars",
-        type=int,
-        default=limits.max_input_chars,
-        metavar="N",
-        help=f"longest input, more get 413 (default: {limits.max_input_chars})",
-    )
-    serve.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=limits.max_tokens,
-        metavar="N",
-        help=f"most tokens a call may generate, more get 422 (default: {limits.max_tokens})",
-    )
-    serve.add_argument(
-        "--max-batch-inputs",
-        type=int,
-        default=limits.max_batch_inputs,
-        metavar="N",
-        help=f"most inputs per run_batch request (default: {limits.max_batch_inputs})",
-    )
+    for flag, field, what in _SERVE_LIMITS:
+        default = getattr(limits, field)
+        serve.add_argument(flag, type=int, default=default, metavar="N", dest=field, help=f"{what} (default: {default})")
     serve.add_argument(
         "--graceful-timeout",
         type=float,
@@ -599,16 +579,9 @@ def _serve(args: argparse.Namespace) -> int:
         if not key:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
-        settings = ServeSettings(
-            api_key=None if key is None else SecretStr(key),
-            max_queue=args.max_queue,
-            max_body_bytes=args.max_body_bytes,
-            max_input_chars=args.max_input_chars,
-            max_tokens=args.max_tokens_limit,
-            max_batch_inputs=args.max_batch_inputs,
-        )
+        settings = ServeSettings(api_key=None if key is None else SecretStr(key), **{field: getattr(args, field) for _, field, _ in _SERVE_LIMITS})
     except OptionError as exc:
-        labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {"max_tokens": "--max-tokens-limit"}
+        labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {field: flag for flag, field, _ in _SERVE_LIMITS}
         raise _CliError(str(exc.labeled(labels))) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     base = None if args.base is None else Path(args.base)
