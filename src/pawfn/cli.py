@@ -35,7 +35,7 @@ from .jsonio import parse_json_object
 from .models import InterpreterModel
 from .options import DType, Numerics, RuntimeOptions, WeightDType
 from .results import Generation
-from .serve import ServeSettings, serve_on_ray, serve_programs
+from .serve import ServeSettings, ServeTarget, serve_on_ray, serve_programs
 
 __all__ = ["main"]
 
@@ -585,31 +585,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CliError(str(exc.labeled(labels))) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     base = None if args.base is None else Path(args.base)
+    target = ServeTarget(args.program, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
     if args.ray:
-        serve_on_ray(
-            args.program,
-            _BACKENDS[args.backend],
-            config,
-            settings,
-            host=args.host,
-            port=args.port,
-            allow_load=args.allow_load,
-            base=base,
-            replicas=args.replicas,
-            max_replicas=args.max_replicas,
-        )
-        return 0
-    serve_programs(
-        args.program,
-        _BACKENDS[args.backend],
-        config,
-        settings,
-        host=args.host,
-        port=args.port,
-        allow_load=args.allow_load,
-        base=base,
-        graceful_timeout_s=args.graceful_timeout,
-    )
+        serve_on_ray(target, replicas=args.replicas, max_replicas=args.max_replicas)
+    else:
+        serve_programs(target, graceful_timeout_s=args.graceful_timeout)
     return 0
 
 

@@ -4,8 +4,8 @@ The app and the Ray deployment need the `serve` / `ray` extras and are imported 
 imports neither.
 """
 
-from .launch import serve_on_ray, serve_programs
+from .launch import ServeTarget, serve_on_ray, serve_programs
 from .service import LocalPrograms, ProgramService, program_info
 from .settings import ServeSettings
 
-__all__ = ["LocalPrograms", "ProgramService", "ServeSettings", "program_info", "serve_on_ray", "serve_programs"]
+__all__ = ["LocalPrograms", "ProgramService", "ServeSettings", "ServeTarget", "program_info", "serve_on_ray", "serve_programs"]

@@ -1,5 +1,5 @@
 """`serve_programs`: load programs and serve them over HTTP on uvicorn until SIGINT/SIGTERM (`pawfn serve`);
-`serve_on_ray`: the same API on Ray Serve (`pawfn serve --ray`)."""
+`serve_on_ray`: the same API on Ray Serve (`pawfn serve --ray`). Both serve a `ServeTarget`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import signal
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..backends import Backend
@@ -16,42 +17,48 @@ from ..errors import PawError
 from .service import LocalPrograms, split_alias
 from .settings import ServeSettings
 
-__all__ = ["serve_on_ray", "serve_programs"]
+__all__ = ["ServeTarget", "serve_on_ray", "serve_programs"]
 
 logger = logging.getLogger("pawfn.serve")
 
 
-def serve_programs(
-    references: Sequence[str],
-    backend: type[Backend],
-    config: PawConfig,
-    settings: ServeSettings,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    allow_load: bool = False,
-    base: Path | None = None,
-    graceful_timeout_s: float | None = None,
-) -> None:
-    """Load `references` (each base once; on `base` weights if given; `NAME=REF` also serves REF as NAME), then
-    serve them until a signal: on SIGTERM/SIGINT the server stops accepting, finishes the requests it holds (at most
-    `graceful_timeout_s` seconds, None: no limit; then their calls are cancelled), then closes the programs."""
+@dataclass(frozen=True)
+class ServeTarget:
+    """What a server serves, wherever it runs: the programs (`NAME=REF` also serves REF as NAME), their backend and
+    configuration, the HTTP limits, and where it listens."""
+
+    references: Sequence[str]
+    backend: type[Backend]
+    config: PawConfig
+    settings: ServeSettings
+    host: str = "127.0.0.1"
+    port: int = 8000
+    allow_load: bool = False
+    """Also load hub programs (ids and slugs, never local paths) on their first request."""
+    base: Path | None = None
+    """Base weights for every program (None: each program's own, from the cache or the hub)."""
+
+
+def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = None) -> None:
+    """Load the target's programs (each base once), then serve them until a signal: on SIGTERM/SIGINT the server stops
+    accepting, finishes the requests it holds (at most `graceful_timeout_s` seconds, None: no limit; then their calls
+    are cancelled), then closes the programs."""
     try:  # the `serve` extra: imported when a server starts, never with pawfn
         import uvicorn
 
         from .app import create_app
     except ImportError as exc:
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
-    _warn_if_open(host, settings)
-    service = LocalPrograms(backend, config, allow_load=allow_load)
-    for given in references:
+    _warn_if_open(target.host, target.settings)
+    service = LocalPrograms(target.backend, target.config, allow_load=target.allow_load)
+    for given in target.references:
         alias, reference = split_alias(given)
-        info = service.load(reference, base, alias)
+        info = service.load(reference, target.base, alias)
         logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
     uvicorn.run(
-        create_app(service, settings),
-        host=host,
-        port=port,
+        create_app(service, target.settings),
+        host=target.host,
+        port=target.port,
         log_level="info",
         timeout_graceful_shutdown=None if graceful_timeout_s is None else math.ceil(graceful_timeout_s),
     )
@@ -67,20 +74,7 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def serve_on_ray(
-    references: Sequence[str],
-    backend: type[Backend],
-    config: PawConfig,
-    settings: ServeSettings,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    allow_load: bool = False,
-    base: Path | None = None,
-    replicas: int = 1,
-    max_replicas: int | None = None,
-    max_programs_per_replica: int = 8,
-) -> None:
+def serve_on_ray(target: ServeTarget, *, replicas: int = 1, max_replicas: int | None = None, max_programs_per_replica: int = 8) -> None:
     """Serve the same API on Ray Serve until interrupted: on the cluster `RAY_ADDRESS` names, else on a local Ray
     instance; `replicas` program replicas (autoscaled up to `max_replicas`)."""
     try:  # the `ray` extra: imported when a server starts, never with pawfn
@@ -91,23 +85,23 @@ def serve_on_ray(
     except ImportError as exc:
         raise PawError(f"pawfn serve --ray needs the ray extra ({exc.name} is missing): pip install 'pawfn[ray]'") from exc
     args = RayAppArgs(
-        programs=list(references),
-        allow_load=allow_load,
-        backend=backend.name,
-        base=None if base is None else str(base),
+        programs=list(target.references),
+        allow_load=target.allow_load,
+        backend=target.backend.name,
+        base=None if target.base is None else str(target.base),
         replicas=replicas,
         max_replicas=max_replicas,
         max_programs_per_replica=max_programs_per_replica,
-        config=config,
-        settings=settings,
+        config=target.config,
+        settings=target.settings,
     )
-    _warn_if_open(host, settings)
+    _warn_if_open(target.host, target.settings)
     ray.init(ignore_reinit_error=True)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops it like Ctrl-C: Serve drains, then Ray shuts down
     try:
-        serve.start(http_options={"host": host, "port": port})
+        serve.start(http_options={"host": target.host, "port": target.port})
         serve.run(ray_app(args), name="pawfn", route_prefix="/")
-        logger.info("serving on Ray Serve at http://%s:%d (Ctrl-C stops)", host, port)
+        logger.info("serving on Ray Serve at http://%s:%d (Ctrl-C stops)", target.host, target.port)
         threading.Event().wait()
     except KeyboardInterrupt:
         pass
