@@ -1,7 +1,7 @@
 """pawfn's GPU modes on the Qwen3-0.6B-shaped program (benchmarks/load_cost.py writes it), in one run: each mode
 is one `pawfn bench --json` in a fresh process (load, a warm-up, then --runs 10-token calls, one caller and
---concurrency callers; bfloat16 also with row-exact decode steps, `--batch-invariant on`, against the batched steps
-CUDA runs by default). llama.cpp runs beside them when llama-cpp-python is installed (built for whatever it was
+--concurrency callers; batched decode steps, `--batch-invariant off`, CUDA's default, and bfloat16 also with
+row-exact ones, `--batch-invariant on`). llama.cpp runs beside them when llama-cpp-python is installed (built for whatever it was
 built for). Prints the figures and the ratios to the first mode. `benchmarks/gpu.sh` runs it on a CUDA machine.
 
     python benchmarks/gpu_modes.py [--device cuda] [--workdir /tmp/pawfn-qwen3-shape] [--runs 10]
@@ -25,8 +25,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
-    modes = {f"torch {dtype}": ["--device", args.device, "--dtype", dtype] for dtype in ("bfloat16", "float16", "float32")}
-    # the device's default is batched steps; the row-exact ones (what the CPU runs) priced beside them
+    # batched decode steps (a GPU's default), and bfloat16's row-exact ones (the CPU's default) priced beside them
+    modes = {
+        f"torch {dtype}": ["--device", args.device, "--dtype", dtype, "--batch-invariant", "off"] for dtype in ("bfloat16", "float16", "float32")
+    }
     modes["torch bfloat16 row-exact"] = ["--device", args.device, "--dtype", "bfloat16", "--batch-invariant", "on"]
     if importlib.util.find_spec("llama_cpp") is not None:
         modes["llama.cpp"] = ["--backend", "llamacpp"]
