@@ -198,9 +198,9 @@ def test_closing_the_last_program_returns_its_memory(big_qwen3_program: TinyProg
     """Closing the last program on a base gives back at least 80% of the (anonymous) RSS its load took, in the same process
     (the base and its scheduler held each other, and the load's weights their file, until a garbage collection;
     glibc kept the freed pages until trimmed: nothing came back at close, 65% after a gc.collect() in issue 21's run).
-    int8 runs with one malloc arena: its packing and the compute thread allocate in glibc's per-thread arenas, whose
-    free space glibc keeps (36-94% came back with the default arenas, 94% in three runs with `MALLOC_ARENA_MAX=1`,
-    whatever pawfn frees: the rest is the allocator's, see docs/how-it-runs.md)."""
+    int8 runs with one malloc arena: its matrices are packed on a pool of threads, each with its own glibc arena,
+    whose top glibc keeps up to its trim threshold, a large share of this ~80 MB load (36-94% came back) but not of
+    a real one (91% at Qwen3-0.6B's size with default arenas: benchmarks/close_memory.py; docs/how-it-runs.md)."""
     import os
     import subprocess
     import sys
