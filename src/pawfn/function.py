@@ -16,6 +16,7 @@ from .backends import Backend
 from .bundle import ProgramMeta
 from .config import PawConfig
 from .errors import ProgramClosedError
+from .hub.cache import PawCache
 from .hub.prepare import compile_program
 from .hub.refs import checked_program_id, checked_slug
 from .hub.types import CompileSettings, compile_request
@@ -122,8 +123,9 @@ class PawFn(Generic[M, B]):
         """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder); without
         `base`, a verified base already in the shared cache. Makes no network request."""
         config = config or PawConfig.from_env()
-        choose = expect_model(cls.model_type())
-        return cls._opened(open_files(cls.backend_type(), choose, Path(path), None if base is None else Path(base), config), config)
+        bundle, choose = Path(path), expect_model(cls.model_type())
+        derived_dir = PawCache(config.cache_dir, config.lock_timeout_s).derived_dir(bundle)
+        return cls._opened(open_files(cls.backend_type(), choose, bundle, None if base is None else Path(base), derived_dir, config), config)
 
     @classmethod
     def load_sync(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:

@@ -85,10 +85,17 @@ def known_interpreter(meta: ProgramMeta, name: str) -> type[InterpreterModel]:
 
 
 def open_files(
-    backend: type[Backend], choose: ModelChoice, bundle: Path, base: Path | None, config: PawConfig, started: float | None = None
+    backend: type[Backend],
+    choose: ModelChoice,
+    bundle: Path,
+    base: Path | None,
+    derived_dir: Path | None,
+    config: PawConfig,
+    started: float | None = None,
 ) -> Opened:
     """Open a local bundle on `backend`: its interpreter checked, its base found (`base`, else the cache's), its
-    derived files (stored prefixes) beside it in the cache."""
+    derived files (stored prefixes) in `derived_dir` (`PawCache.derived_dir`: it hashes a local bundle's files, so
+    the caller's one computation is passed on)."""
     started = time.perf_counter() if started is None else started
     opener = runtime_opener(backend)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
@@ -102,7 +109,7 @@ def open_files(
                 f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
                 f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
             )
-        runtime = opener(model, ProgramFiles(opened, base, cache.derived_dir(bundle), cache.base_derived_dir()), config)
+        runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir()), config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
 
 
@@ -125,4 +132,4 @@ def open_reference(reference: str, backend: type[Backend], choose: ModelChoice, 
     prepared = prepare_program(
         reference, config, check=lambda meta: choose(meta, meta.program_id or reference), base=None if base is None else Path(base)
     )
-    return open_files(backend, choose, prepared.bundle, prepared.base, config, started)
+    return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)
