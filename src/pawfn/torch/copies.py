@@ -64,10 +64,7 @@ class ModelCopies:
         """Hold one copy for a run, waiting for a free one when every copy is in use (never on the compute thread:
         the runs holding them give them back there)."""
         with self._available:
-            while True:
-                copy = self._take_locked()
-                if copy is not None:
-                    break
+            while (copy := self._take_locked()) is None:
                 self._available.wait()
         try:
             yield copy

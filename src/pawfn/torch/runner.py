@@ -53,15 +53,14 @@ class Runner:
         call.token = token
 
     def _step(self, step: Step) -> Failures:
-        sessions = [call.session for call in step.calls]
-        rows = [session.step_row(call.token) for call, session in zip(step.calls, sessions, strict=True) if session is not None]
+        sessions = [_session(call) for call in step.calls]
+        rows = [session.step_row(call.token) for call, session in zip(step.calls, sessions, strict=True)]
         try:
             logits = self._interpreter.step(rows, step.batch_invariant)
         except Exception as exc:  # noqa: BLE001 - a failed pass fails the calls in it, not the scheduler
             return [(call, exc) for call in step.calls]
         for session in sessions:
-            if session is not None:
-                session.position += 1
+            session.position += 1
         failures: Failures = []
         for call, token in zip(step.calls, self._tokens(step.calls, logits), strict=True):
             if isinstance(token, Exception):
@@ -73,13 +72,12 @@ class Runner:
     def _tokens(self, calls: list[ScheduledCall], logits: torch.Tensor) -> list[int | Exception]:
         """Each row's next token (`logits` [rows, vocab]), or the `NonFiniteError` of a row holding NaN or infinity."""
         finite: list[bool] = torch.isfinite(logits).all(dim=-1).cpu().numpy().tolist()  # one host sync for all rows
-        greedy = [i for i, call in enumerate(calls) if call.session is not None and call.session.generator is None]
+        greedy = [i for i, call in enumerate(calls) if _session(call).generator is None]
         picked: list[int] = torch.argmax(logits[greedy], dim=-1).cpu().numpy().tolist() if greedy else []  # first maximum, as llama.cpp
         by_row = dict(zip(greedy, picked, strict=True))
         tokens: list[int | Exception] = []
         for i, call in enumerate(calls):
-            session = call.session
-            assert session is not None  # calls in a plan have started
+            session = _session(call)
             if not finite[i]:
                 dtype = str(self._interpreter.dtype).removeprefix("torch.")
                 tokens.append(
@@ -94,3 +92,9 @@ class Runner:
             else:
                 tokens.append(pick_token(logits[i], session.options, session.generator))
         return tokens
+
+
+def _session(call: ScheduledCall) -> TorchSession:
+    """The session of a call in a plan's steps (each started in an earlier iteration)."""
+    assert call.session is not None
+    return call.session

@@ -150,9 +150,7 @@ class Scheduler:
         while True:
             with self._lock:
                 self._woken = False
-                if not self._waiting or len(self._running) >= self._copies.max_copies:
-                    break
-                copy = self._copies.try_take()
+                copy = self._copies.try_take() if self._waiting else None  # every running call holds one
                 if copy is None:
                     break
                 call = self._waiting.popleft()
