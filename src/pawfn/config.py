@@ -57,9 +57,7 @@ DEFAULT_LOCK_TIMEOUT_S = 600.0
 """`PawConfig.lock_timeout_s`'s default, in seconds."""
 
 
-def _http_url(value: str | None, name: str) -> str | None:
-    if value is None:
-        return None
+def _http_url(value: str, name: str) -> str:
     if not re.match(r"^https?://[^/\s]+", value):
         raise ValueError(f"{name} must be an http(s) URL")
     return value.rstrip("/")
@@ -96,7 +94,7 @@ class HubSettings(OptionsModel):
     @field_validator("api_url")
     @classmethod
     def _api_url(cls, value: str, info: ValidationInfo) -> str:
-        return _http_url(value, str(info.field_name)) or value
+        return _http_url(value, str(info.field_name))
 
     def key_value(self) -> str | None:
         """The API key in clear, for the one header that carries it."""
@@ -167,7 +165,7 @@ class RemoteSettings(OptionsModel):
     @field_validator("server_url")
     @classmethod
     def _server_url(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return _http_url(value, str(info.field_name))
+        return None if value is None else _http_url(value, str(info.field_name))
 
     def server_key_value(self) -> str | None:
         """The server's key in clear, for the one header that carries it."""
