@@ -75,7 +75,7 @@ class TorchInterpreter(LoadedBase):
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
-        return self.matrices["output.weight"](last)[0].float()
+        return ops.multiply(self.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
     def step(self, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
@@ -94,13 +94,12 @@ class TorchInterpreter(LoadedBase):
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
-        last, output = self.family.final_norm(ops, hidden), self.matrices["output.weight"]
-        return (output.rows(last) if invariant else output(last)).float()
+        return ops.multiply(self.matrices["output.weight"], self.family.final_norm(ops, hidden)).float()
 
 
 class _Pass:
     """What every pass's `Ops` share: the base's tensors, embeddings, norms, one rotary table per pass, and the
-    linear layers with their side paths, taken per segment of rows of one program (`_product` multiplies)."""
+    linear layers with their side paths, taken per segment of rows of one program (`multiply` multiplies)."""
 
     def __init__(self, interpreter: LoadedBase, segments: list[tuple[int, int | None, DeviceAdapter]]) -> None:
         self.architecture = interpreter.architecture
@@ -116,7 +115,8 @@ class _Pass:
     _by_rows = False
     """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
 
-    def _product(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
+    def multiply(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
+        """`x` times a base or LoRA matrix of this pass, row by row where the pass is (`_by_rows`)."""
         return matrix.rows(x) if self._by_rows else matrix(x)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -127,14 +127,14 @@ class _Pass:
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         if self._llamacpp:
             return self._llamacpp_linear(x, name)
-        y = self._product(self._matrices[name], x)
+        y = self.multiply(self._matrices[name], x)
         for start, end, adapter in self._segments:
             self._add_side_path(y, x, start, end, adapter, name)
         return y
 
     def _llamacpp_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """llama.cpp's graph: the base product, each side path as b(a(x)) scaled then added, then the bias."""
-        y = self._product(self._matrices[name], x)
+        y = self.multiply(self._matrices[name], x)
         for start, end, adapter in self._segments:
             self._add_side_path(y, x, start, end, adapter, name)
         bias = self._interpreter.bias(name)
@@ -144,14 +144,14 @@ class _Pass:
         widths = self._groups.get(names)
         if widths is None:
             return [self.linear(x, name) for name in names]
-        outputs = list(torch.split(self._product(self._matrices[names[0]], x), widths, dim=-1))
+        outputs = list(torch.split(self.multiply(self._matrices[names[0]], x), widths, dim=-1))
         for start, end, adapter in self._segments:
             group = adapter.groups.get(names)
             if group is None:
                 for y, name in zip(outputs, names, strict=True):
                     self._add_side_path(y, x, start, end, adapter, name)
                 continue
-            projected = torch.split(self._product(group.a, x[start:end]), group.ranks, dim=-1)
+            projected = torch.split(self.multiply(group.a, x[start:end]), group.ranks, dim=-1)
             for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
                 b.accumulate(y[start:end], p, scale, self._by_rows)
         return outputs
@@ -163,10 +163,10 @@ class _Pass:
             return
         if self._llamacpp and not isinstance(lora.b, (BlockMatrix, NativeBlockMatrix)):
             # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` would fuse the scaling in)
-            side = self._product(lora.b, self._product(lora.a, x[start:end]))
+            side = self.multiply(lora.b, self.multiply(lora.a, x[start:end]))
             y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
             return
-        lora.b.accumulate(y[start:end], self._product(lora.a, x[start:end]), lora.scale, self._by_rows)
+        lora.b.accumulate(y[start:end], self.multiply(lora.a, x[start:end]), lora.scale, self._by_rows)
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
@@ -268,10 +268,10 @@ class _StepPass(_Pass):
         self._rows = rows
         self._by_rows = invariant
 
-    def _product(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
+    def multiply(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
         if isinstance(matrix, Matrix) and matrix.kind == "int8":  # per-row quantization is one product: exact for free
             return matrix.rows(x)
-        return super()._product(matrix, x)
+        return super().multiply(matrix, x)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # row by row when invariant: a vectorized cos/sin may round a lane differently from a lone value's
