@@ -11,7 +11,7 @@ import torch
 
 from ..errors import NonFiniteError
 from .network import TorchInterpreter
-from .sampling import pick_token
+from .sampling import sample_token
 from .scheduler import Failures, Plan, ScheduledCall, Step
 from .session import TorchSession
 
@@ -87,10 +87,10 @@ class Runner:
                         "load the program with dtype='float32' and check its files",
                     )
                 )
-            elif i in by_row:
+            elif session.generator is None:
                 tokens.append(by_row[i])
             else:
-                tokens.append(pick_token(logits[i], session.options, session.generator))
+                tokens.append(sample_token(logits[i], session.options, session.generator))
         return tokens
 
 

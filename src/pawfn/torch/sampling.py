@@ -1,4 +1,4 @@
-"""The Torch backend's token sampler: greedy argmax, or temperature + top-p with one seeded generator per call."""
+"""The Torch backend's token sampler: temperature + top-p with one seeded generator per call (None: greedy)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from ..options import RuntimeOptions
 
-__all__ = ["make_generator", "pick_token"]
+__all__ = ["make_generator", "sample_token"]
 
 
 def make_generator(options: RuntimeOptions) -> torch.Generator | None:
@@ -21,10 +21,9 @@ def make_generator(options: RuntimeOptions) -> torch.Generator | None:
     return generator
 
 
-def pick_token(logits: torch.Tensor, options: RuntimeOptions, generator: torch.Generator | None) -> int:
-    """Greedy argmax (first maximum, as llama.cpp) or temperature + top-p sampling."""
-    if options.temperature == 0.0 or generator is None:
-        return int(torch.argmax(logits).item())
+def sample_token(logits: torch.Tensor, options: RuntimeOptions, generator: torch.Generator) -> int:
+    """A temperature + top-p draw from `logits` [vocab] with the call's own generator (greedy rows take the argmax
+    of a whole step at once: `runner.Runner`)."""
     # float64 and shifted first: any positive temperature (even 1e-300, which is 0 in float32) then gives 0 and -inf
     # at worst (a near-greedy draw), never 0 / 0 or inf - inf = NaN
     logits = logits.double().cpu()
