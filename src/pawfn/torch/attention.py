@@ -41,9 +41,8 @@ def attend_batched(
     (q [n, heads, D]) over its program's prefix and its own positions in one fused kernel: the keys of all rows
     padded to the longest, a mask hiding the padding. [n, heads * D]; not row-exact (the kernel rounds by shape)."""
     lengths: list[tuple[int, int]] = []
-    for i, (cache, position) in enumerate(rows):
-        prefix = cache.prefix
-        lengths.append((0 if prefix is None else prefix.length, cache.store(layer, position, k[i : i + 1], v[i : i + 1])))
+    for i, (cache, position) in enumerate(rows):  # (prefix length, own length)
+        lengths.append((cache.offset, cache.store(layer, position, k[i : i + 1], v[i : i + 1])))
     n, longest = len(rows), max(shared + own for shared, own in lengths)
     keys = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
     values = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
