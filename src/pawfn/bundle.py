@@ -213,14 +213,7 @@ def read_meta(path: Path | str) -> ProgramMeta:
     if source.is_dir() or source.is_symlink() or not source.exists():
         with open_bundle(source) as bundle:  # a folder costs nothing to check whole; the others raise its error
             return bundle.meta
-    size = source.stat().st_size
-    if size > MAX_ARCHIVE_BYTES:
-        raise BundleError(source, f"archive is too large ({size} bytes; limit {MAX_ARCHIVE_BYTES})")
-    try:
-        archive = zipfile.ZipFile(source)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise BundleError(source, f"not a .paw archive or bundle folder: {exc}") from exc
-    with archive:
+    with _open_archive(source) as archive:
         try:
             member = archive.getinfo("meta.json")
         except KeyError as exc:
@@ -230,7 +223,7 @@ def read_meta(path: Path | str) -> ProgramMeta:
         try:
             with archive.open(member) as reader:
                 raw = reader.read(MAX_META_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError) as exc:
+        except _MEMBER_ERRORS as exc:
             raise BundleError(source, f"cannot extract 'meta.json': {exc}") from exc  # as `_extract_zip` says it
     if len(raw) > MAX_META_BYTES:
         raise BundleError(source, f"meta.json is more than the {MAX_META_BYTES} bytes a bundle may hold")
@@ -250,15 +243,24 @@ def _safe_member_path(name: str, source: Path) -> PurePosixPath:
     return PurePosixPath(trimmed)
 
 
-def _extract_zip(source: Path, destination: Path) -> None:
+_MEMBER_ERRORS = (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError)
+"""What reading a member can raise: damaged data, a compression method zipfile lacks (NotImplementedError), an
+encrypted member (RuntimeError): the archive is unusable either way."""
+
+
+def _open_archive(source: Path) -> zipfile.ZipFile:
+    """A `.paw` zip opened for reading, its size within bounds."""
     size = source.stat().st_size
     if size > MAX_ARCHIVE_BYTES:
         raise BundleError(source, f"archive is too large ({size} bytes; limit {MAX_ARCHIVE_BYTES})")
     try:
-        archive = zipfile.ZipFile(source)
+        return zipfile.ZipFile(source)
     except zipfile.BadZipFile as exc:
         raise BundleError(source, f"not a .paw archive or bundle folder: {exc}") from exc
-    with archive:
+
+
+def _extract_zip(source: Path, destination: Path) -> None:
+    with _open_archive(source) as archive:
         members = archive.infolist()
         if len(members) > MAX_ARCHIVE_MEMBERS:
             raise BundleError(source, f"archive has too many members ({len(members)}; limit {MAX_ARCHIVE_MEMBERS})")
@@ -289,7 +291,5 @@ def _extract_zip(source: Path, destination: Path) -> None:
                         if written > MAX_EXPANDED_BYTES:
                             raise BundleError(source, f"archive expands past {MAX_EXPANDED_BYTES} bytes")
                         writer.write(chunk)
-            except (zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError) as exc:
-                # damaged data, a compression method zipfile lacks (NotImplementedError), an encrypted member
-                # (RuntimeError): the archive is unusable either way
+            except _MEMBER_ERRORS as exc:
                 raise BundleError(source, f"cannot extract {member.filename!r}: {exc}") from exc
