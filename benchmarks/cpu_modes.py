@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,8 @@ MODES: dict[str, list[str]] = {
 }
 
 
-def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | None) -> dict[str, object]:
+def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | None, timeout_s: float = 1800) -> dict[str, object]:
+    """The figures of one `pawfn bench --json` process (its warnings silenced: stderr is read only on a failure)."""
     command = [
         sys.executable,
         "-m",
@@ -44,7 +46,8 @@ def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | 
         *flags,
         *(["--threads", str(threads)] if threads else []),
     ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800)
+    environment = dict(os.environ, PYTHONWARNINGS="ignore")
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout_s, env=environment)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(flags) or 'torch'} failed: {result.stderr.strip()}")
     figures: dict[str, object] = json.loads(result.stdout)

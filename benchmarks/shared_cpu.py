@@ -9,14 +9,14 @@ median call, idle and busy, and the busy/idle ratio, and pawfn's ratio over llam
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from load_cost import INPUT, llama_cpp_build, prepare
+import cpu_modes
+from load_cost import llama_cpp_build, prepare
 
 MODES: dict[str, list[str]] = {
     "llama.cpp": ["--backend", "llamacpp"],
@@ -30,30 +30,11 @@ def bench(base: Path, bundle: Path, flags: list[str], runs: int, busy: int) -> f
     """The median call (ms) of one `pawfn bench` process, with `busy` busy-looping processes beside it."""
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
-        command = [
-            sys.executable,
-            "-m",
-            "pawfn",
-            "bench",
-            "--program",
-            str(bundle),
-            "--base",
-            str(base),
-            "--input",
-            INPUT,
-            "--runs",
-            str(runs),
-            "--json",
-            *flags,
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        return float(str(cpu_modes.bench(base, bundle, flags, runs, None, timeout_s=3600)["median_ms"]))
     finally:
         for loop in loops:
             loop.kill()
             loop.wait()
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(flags) or 'torch'} failed: {result.stderr.strip()}")
-    return float(json.loads(result.stdout)["median_ms"])
 
 
 def main() -> None:
