@@ -19,13 +19,13 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol"}),
-    frozenset({"bundle", "ggufio", "tokenizer", "adapter"}),
+    frozenset({"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol", "grammar"}),
+    frozenset({"bundle", "ggufio", "tokenizer", "adapter", "constraint", "outputs"}),
     frozenset({"runtime", "calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
     frozenset({"opening"}),
-    frozenset({"function", "batch", "builder", "bench"}),
+    frozenset({"function", "typed", "batch", "builder", "bench"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),

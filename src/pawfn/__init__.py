@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from .backends import Backend, LlamaCpp, Remote, Torch
-from .batch import arun_many, generate_many, run_many
+from .batch import Returns, arun_many, generate_many, run_many
 from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
 from .bundle import ProgramMeta, PromptTemplate
 from .errors import (
@@ -15,6 +15,7 @@ from .errors import (
     CompileError,
     ConfigError,
     ContextOverflowError,
+    GrammarError,
     HubConnectionError,
     HubError,
     IntegrityError,
@@ -22,6 +23,7 @@ from .errors import (
     NonFiniteError,
     OptionError,
     OptionProblem,
+    OutputTypeError,
     NotFoundError,
     OfflineError,
     PawError,
@@ -33,6 +35,9 @@ from .errors import (
     TokenizerError,
 )
 from .function import PawFn
+from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
+from .outputs import OutputType, Pattern
+from .typed import TypedFn, TypedGeneration
 from .results import Generation, Timings
 from .calls import TextStream
 from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
@@ -54,19 +59,27 @@ __all__ = [
     "BaseModelError",
     "BundleError",
     "CacheLockError",
+    "ChoicesFormat",
     "CompileError",
     "ConfigError",
     "ContextOverflowError",
     "EngineSettings",
+    "GrammarError",
     "Generation",
     "HubConnectionError",
     "HubSettings",
     "HubError",
     "IntegrityError",
+    "JsonSchemaFormat",
+    "JsonSchemaSpec",
     "InterpreterMismatchError",
     "NonFiniteError",
     "OptionError",
     "OptionProblem",
+    "OutputType",
+    "OutputTypeError",
+    "Pattern",
+    "PatternFormat",
     "InterpreterModel",
     "LlamaCpp",
     "ModelRegistry",
@@ -88,6 +101,7 @@ __all__ = [
     "Remote",
     "RemoteSettings",
     "RequestError",
+    "Returns",
     "RuntimeOptions",
     "ServerError",
     "CallTimeoutError",
@@ -96,6 +110,8 @@ __all__ = [
     "Timings",
     "TokenizerError",
     "Torch",
+    "TypedFn",
+    "TypedGeneration",
     "WeightFile",
     "__version__",
     "arun_many",

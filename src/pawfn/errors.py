@@ -28,6 +28,8 @@ __all__ = [
     "BundleError",
     "CacheLockError",
     "ContextOverflowError",
+    "GrammarError",
+    "OutputTypeError",
     "InterpreterMismatchError",
     "NonFiniteError",
     "OptionError",
@@ -110,6 +112,23 @@ class ContextOverflowError(PawError, ValueError):
             f"context overflow: {'at least ' if at_least else ''}{prefix_tokens + prompt_tokens} tokens used (prefix={prefix_tokens}, "
             f"input={prompt_tokens}), context window={n_ctx}; shorten the input or raise n_ctx"
         )
+
+
+class GrammarError(PawError, TypeError):
+    """An output type or schema that cannot be turned into a grammar (refused before any call runs)."""
+
+
+class OutputTypeError(PawError, ValueError):
+    """A call's output is not a value of the type it was constrained to: no value could finish within its token
+    budget, or the value broke a check the grammar cannot make (e.g. a pydantic validator)."""
+
+    def __init__(self, type_name: str, text: str, problem: str) -> None:
+        self.type_name = type_name
+        self.text = text
+        """The output text so far."""
+        self.problem = problem
+        shown = text if len(text) <= 200 else text[:200] + "..."
+        super().__init__(f"the output is not a {type_name}: {problem}; text so far: {shown!r}")
 
 
 class ProgramClosedError(PawError, RuntimeError):

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from typing_extensions import Self, Unpack
+from typing_extensions import Self, TypeForm, Unpack
 
 from .backends import Backend
 from .bundle import ProgramMeta
@@ -22,8 +22,10 @@ from .hub.refs import checked_program_id, checked_slug
 from .hub.types import CompileSettings, compile_request
 from .models import InterpreterModel
 from .options import RuntimeOptions
+from .outputs import OutputType
 from .results import Generation
 from .runtime import ProgramRuntime
+from .typed import TypedFn
 from .calls import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
 from .opening import Opened, expect_model, known_interpreter, open_files, open_reference
 
@@ -33,6 +35,7 @@ M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
 OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
+T = TypeVar("T")
 
 
 class PawFn(Generic[M, B]):
@@ -256,6 +259,15 @@ class PawFn(Generic[M, B]):
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
         return self._runtime.encode_prompt(checked_input(input), checked_options(options))
+
+    def returning(self, output: TypeForm[T]) -> TypedFn[T]:
+        """This program with a declared output type: `f.returning(Literal["urgent", "normal"]).run(text)` decodes under
+        the type's grammar and returns the value (`GrammarError` now if the type has no grammar)."""
+        return TypedFn(self, OutputType(output))
+
+    def value_of(self, generation: Generation) -> str:
+        """A call's value: its text (a typed program parses it)."""
+        return generation.text
 
     def run(self, input: str) -> str:  # noqa: A002
         """Run the program greedily on `input` and return its output text."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import OptionError
+from .grammar import OutputFormat
 
 __all__ = ["DType", "Device", "Numerics", "OptionsModel", "RuntimeOptions", "WeightDType"]
 
@@ -69,3 +70,6 @@ class RuntimeOptions(OptionsModel):
     """Seed of the sampler (one generator per call), in [0, 2**64); None draws a fresh one."""
     parse_special_in_input: bool = False
     """Parse special-token text (e.g. ``<|im_end|>``) inside the input as control tokens, like the official SDK."""
+    response_format: OutputFormat | None = None
+    """What the output must be (choices, a pattern, a JSON schema): each step's tokens are masked to it; None leaves the
+    output free. `PawFn.returning` sets it from a Python type and parses the value."""

@@ -19,7 +19,8 @@ from typing import Protocol
 from .bundle import ProgramBundle, PromptTemplate
 from .calls import PendingGeneration, TextStream, TokenListener, results_in_order
 from .config import EngineSettings
-from .errors import ContextOverflowError, PawError, ProgramClosedError
+from .constraint import Constraint, compile_output, describe
+from .errors import ContextOverflowError, OutputTypeError, PawError, ProgramClosedError
 from .models import InterpreterModel
 from .options import RuntimeOptions
 from .results import Generation, StopReason, Timings
@@ -111,6 +112,9 @@ class Decoding:
             raise PawError("the program's template and the input are both empty: there is nothing to continue")
         self.output: list[int] = []
         self.stop: StopReason = self.budget.exhausted_reason
+        output_format = options.response_format
+        self.constraint: Constraint | None = None if output_format is None else compile_output(prompt.codec, output_format)
+        """The call's grammar state, when its output is constrained: its mask applies to every step's logits."""
         self._tokenized = self._prompt_done = self._clock()
 
     def prefilled(self) -> None:
@@ -122,14 +126,25 @@ class Decoding:
         if token == self._prompt.codec.eos_id:
             self.stop = "eos"
             return False
+        if self.constraint is not None:
+            self.constraint.consume(token)
         self.output.append(token)
         if self._on_token is not None:
             self._on_token(token)
+        if self.constraint is not None and self.constraint.finished:
+            self.stop = "eos"  # the grammar allows only the end now: the next token would be EOS
+            return False
         return len(self.output) < self.budget.limit
 
     def result(self) -> Generation:
-        """The call's `Generation` (its timings end now)."""
+        """The call's `Generation` (its timings end now); `OutputTypeError` if its output is constrained and no value
+        finished within its budget."""
         finished = self._clock()
+        if self.constraint is not None and not self.constraint.accepting:
+            text = self._prompt.codec.decode(self.output)
+            reason = "max_tokens" if self.stop == "max_tokens" else "the context window"
+            problem = f"no value finished within {len(self.output)} tokens (stopped by {reason})"
+            raise OutputTypeError(describe(self.constraint.output), text, problem)
         return Generation(
             text=self._prompt.codec.decode(self.output).strip(),
             token_ids=tuple(self.output),

@@ -105,10 +105,13 @@ class TextCodec:
                 if 0 <= token_id < self.vocab_size:
                     texts[token_id] = text
         self._pieces: list[bytes] = _all_piece_bytes(texts)
+        self._special_texts: dict[int, bytes] = {}
+        """Control, unknown and unused tokens: their text, which a grammar must never take as output."""
         for token_id, kind in kinds.items():
             if not 0 <= token_id < self.vocab_size:
                 continue
             if kind in (TokenKind.CONTROL, TokenKind.UNKNOWN, TokenKind.UNUSED):
+                self._special_texts[token_id] = texts[token_id].encode()
                 self._pieces[token_id] = b""  # llama.cpp renders these as nothing unless asked for special text
             elif kind == TokenKind.USER_DEFINED:
                 self._pieces[token_id] = texts[token_id].encode()
@@ -145,6 +148,18 @@ class TextCodec:
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes of `ids`, control tokens rendered as nothing (llama.cpp detokenize, special=False)."""
         return b"".join(self._pieces[i] for i in ids if 0 <= i < len(self._pieces))
+
+    def grammar_pieces(self) -> list[bytes]:
+        """Each token's bytes for a grammar library: special tokens as 0xFF + their text (llguidance's marking,
+        so no grammar of text takes them)."""
+        pieces = list(self._pieces)
+        for token_id in self.special_ids():
+            pieces[token_id] = b"\xff" + self._special_texts.get(token_id, self._pieces[token_id])
+        return pieces
+
+    def special_ids(self) -> list[int]:
+        """Ids of the control, unknown and unused tokens, and EOS (whatever its kind: a call ends on it)."""
+        return sorted({*self._special_texts, self.eos_id})
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, invalid UTF-8 replaced with U+FFFD."""

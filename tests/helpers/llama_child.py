@@ -113,12 +113,42 @@ def _quantize(request: dict[str, Any]) -> None:
         raise RuntimeError(f"llama.cpp could not quantize {request['source']} to {request['ftype']}")
 
 
+def _generate_json(request: dict[str, Any]) -> list[list[int]]:
+    """Greedy tokens per text under llama.cpp's own grammar of `schema` (what `response_format` builds: its schema
+    converter, its grammar sampler in `Llama.generate`), each on a fresh context."""
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    out: list[list[int]] = []
+    for text in request["texts"]:
+        llm = _load(request)
+        try:
+            grammar = LlamaGrammar.from_json_schema(json.dumps(request["schema"]), verbose=False)
+            prefix, suffix = request["template"].split(PLACEHOLDER)
+            prompt = llm.tokenize(prefix.encode(), add_bos=False, special=True) + llm.tokenize((text + suffix).encode(), add_bos=False, special=True)
+            tokens: list[int] = []
+            for token in llm.generate(prompt, temp=0.0, grammar=grammar):
+                if token == llm.token_eos() or len(tokens) == request["max_tokens"]:
+                    break
+                tokens.append(int(token))
+            out.append(tokens)
+        finally:
+            llm.close()
+    return out
+
+
 def _segfault(request: dict[str, Any]) -> None:
     """Dies the way a native crash does (reads address 0): for the tests of the crash handling itself."""
     ctypes.string_at(0)
 
 
-OPERATIONS = {"generate": _generate, "logits": _logits, "vocabulary": _vocabulary, "quantize": _quantize, "segfault": _segfault}
+OPERATIONS = {
+    "generate": _generate,
+    "generate_json": _generate_json,
+    "logits": _logits,
+    "vocabulary": _vocabulary,
+    "quantize": _quantize,
+    "segfault": _segfault,
+}
 
 
 def main() -> None:

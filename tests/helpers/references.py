@@ -161,6 +161,15 @@ def llama_generate_each(
     return [[int(token) for token in tokens] for tokens in answer]
 
 
+def llama_generate_json(
+    base: Path, adapter: Path | None, template: str, texts: Sequence[str], schema: dict[str, Any], max_tokens: int, n_ctx: int = 512, kv: KV = "f32"
+) -> list[list[int]]:
+    """llama.cpp's greedy tokens per text under its own grammar of the JSON `schema` (its `response_format`)."""
+    request = {"op": "generate_json", "base": str(base), "adapter": None if adapter is None else str(adapter), "template": template}
+    answer = llama_reference({**request, "texts": list(texts), "schema": schema, "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv})
+    return [[int(token) for token in tokens] for tokens in answer]
+
+
 def llama_generate(base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512, kv: KV = "f32") -> list[int]:
     """llama.cpp's greedy tokens for one text (see `llama_generate_each`)."""
     return llama_generate_each(base, adapter, template, [text], max_tokens, n_ctx, kv)[0]

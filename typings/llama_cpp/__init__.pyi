@@ -1,7 +1,7 @@
 # Typed surface of llama-cpp-python that pawfn (the LlamaCpp backend and the parity tests) uses.
 # Checking against this stub keeps strict mode independent of whether the optional extra is installed.
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -52,6 +52,7 @@ class Llama:
         typical_p: float = 1.0,
         temp: float = 0.80,
         repeat_penalty: float = 1.0,
+        logits_processor: list[Callable[[npt.NDArray[np.intc], npt.NDArray[np.single]], npt.NDArray[np.single]]] | None = None,
     ) -> int: ...
     def set_seed(self, seed: int) -> None: ...
     def token_eos(self) -> int: ...

@@ -14,13 +14,15 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..config import EngineSettings
+from ..constraint import Constraint, allowed_tokens
 from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
@@ -124,20 +126,35 @@ class LlamaCppSession:
             self._llm.n_tokens = n_prefix - 1  # re-evaluate the prefix's last token for fresh logits
             self._llm.eval(self._prefix_ids[-1:])
 
-    def sample(self) -> int:
+    def sample(self, constraint: Constraint | None = None) -> int:
+        """The next token, by llama.cpp's sampler; a constrained call's forbidden tokens are masked first, through
+        its logits hook (`logits_processor`)."""
         import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
 
         position = self._llm.n_tokens
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._llm.ctx, -1), shape=(self._llm.n_vocab(),))
         if not np.isfinite(logits).all():  # llama.cpp's sampler would pick a token from them anyway
             raise NonFiniteError(position, "the base or adapter holds extreme or non-finite values; check the program's files")
+        hook = None if constraint is None else [_masking(constraint, logits.shape[0])]
         options = self._options
         if options.temperature == 0.0:
-            return self._llm.sample(temp=0.0)
-        return self._llm.sample(temp=options.temperature, top_p=options.top_p, top_k=0, min_p=0.0)
+            return self._llm.sample(temp=0.0, logits_processor=hook)
+        return self._llm.sample(temp=options.temperature, top_p=options.top_p, top_k=0, min_p=0.0, logits_processor=hook)
 
     def advance(self, token: int) -> None:
         self._llm.eval([token])
+
+
+def _masking(constraint: Constraint, width: int) -> Callable[[NDArray[np.intc], NDArray[np.single]], NDArray[np.single]]:
+    """A llama.cpp logits processor that sets the tokens `constraint` forbids now to -inf."""
+    bitmask = np.full((1, constraint.words), -1, dtype=np.int32)
+    constraint.fill(bitmask, 0)
+    allowed = allowed_tokens(bitmask, width)[0]
+
+    def mask(_: NDArray[np.intc], scores: NDArray[np.single]) -> NDArray[np.single]:
+        return np.where(allowed[: scores.shape[0]], scores, np.single(-np.inf)).astype(np.single)
+
+    return mask
 
 
 class LlamaCppProgram(PromptRuntime):
@@ -191,12 +208,12 @@ class LlamaCppProgram(PromptRuntime):
                 session = LlamaCppSession(self, options)
                 session.prefill(decoding.prompt_ids)
                 decoding.prefilled()
-                token = session.sample()
+                token = session.sample(decoding.constraint)
                 while decoding.take(token):
                     if pending.abandoned.is_set():
                         raise CancelledError()
                     session.advance(token)
-                    token = session.sample()
+                    token = session.sample(decoding.constraint)
         return decoding.result()
 
     @property

@@ -23,7 +23,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import ConfigError, ContextOverflowError, HubError, InterpreterMismatchError, NotFoundError, OfflineError, PawError, ProgramClosedError
+from ..errors import (
+    ConfigError,
+    ContextOverflowError,
+    GrammarError,
+    HubError,
+    InterpreterMismatchError,
+    NotFoundError,
+    OfflineError,
+    OutputTypeError,
+    PawError,
+    ProgramClosedError,
+)
 from ..options import RuntimeOptions
 from ..protocol import (
     ErrorBody,
@@ -67,6 +78,10 @@ def api_error(exc: PawError) -> ApiError:
         return ApiError(422, "context_overflow", str(exc))
     if isinstance(exc, InterpreterMismatchError):
         return ApiError(422, "interpreter_mismatch", str(exc))
+    if isinstance(exc, GrammarError):
+        return ApiError(422, "invalid_response_format", str(exc))
+    if isinstance(exc, OutputTypeError):
+        return ApiError(422, "output_not_of_type", str(exc))
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, ProgramClosedError):

@@ -7,8 +7,10 @@ for all rows at once (one host sync per step), sampled rows each with the call's
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ..constraint import allowed_tokens
 from ..errors import NonFiniteError
 from .network import TorchInterpreter
 from .sampling import sample_token
@@ -72,13 +74,16 @@ class Runner:
     def _tokens(self, calls: list[ScheduledCall], logits: torch.Tensor) -> list[int | Exception]:
         """Each row's next token (`logits` [rows, vocab]), or the `NonFiniteError` of a row holding NaN or infinity."""
         finite: list[bool] = torch.isfinite(logits).all(dim=-1).cpu().numpy().tolist()  # one host sync for all rows
+        logits, refused = _constrained(calls, logits)
         greedy = [i for i, call in enumerate(calls) if _session(call).generator is None]
         picked: list[int] = torch.argmax(logits[greedy], dim=-1).cpu().numpy().tolist() if greedy else []  # first maximum, as llama.cpp
         by_row = dict(zip(greedy, picked, strict=True))
         tokens: list[int | Exception] = []
         for i, call in enumerate(calls):
             session = _session(call)
-            if not finite[i]:
+            if i in refused:
+                tokens.append(refused[i])
+            elif not finite[i]:
                 dtype = str(self._interpreter.dtype).removeprefix("torch.")
                 tokens.append(
                     NonFiniteError(
@@ -92,6 +97,26 @@ class Runner:
             else:
                 tokens.append(sample_token(logits[i], session.options, session.generator))
         return tokens
+
+
+def _constrained(calls: list[ScheduledCall], logits: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:
+    """`logits` with each constrained row's forbidden tokens at -inf (a new tensor: a prefix's logits are shared),
+    and the rows whose grammar failed."""
+    rows = [(i, call.decoding.constraint) for i, call in enumerate(calls) if call.decoding.constraint is not None]
+    if not rows:
+        return logits, {}
+    bitmask = np.full((len(rows), rows[0][1].words), -1, dtype=np.int32)
+    refused: dict[int, Exception] = {}
+    for j, (i, constraint) in enumerate(rows):
+        try:
+            constraint.fill(bitmask, j)
+        except Exception as exc:  # noqa: BLE001 - a failing mask fails its own call
+            refused[i] = exc
+    allowed = torch.as_tensor(allowed_tokens(bitmask, logits.shape[-1]), device=logits.device)
+    index = torch.tensor([i for i, _ in rows], device=logits.device)
+    masked = logits.clone()
+    masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return masked, refused
 
 
 def _session(call: ScheduledCall) -> TorchSession:

@@ -1,0 +1,146 @@
+"""Constrained decoding: a call's `OutputFormat` as a token mask at every step (llguidance builds the masks; pawfn
+applies them in its own decode loops), grammars compiled once per (tokenizer, format)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .errors import GrammarError, OutputTypeError
+from .grammar import ChoicesFormat, OutputFormat, PatternFormat, SchemaLimits, lark_grammar
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from .tokenizer import TextCodec
+
+__all__ = ["Constraint", "allowed_tokens", "compile_output", "describe"]
+
+_CACHE_SIZE = 64
+_LEXER_FUEL, _STEP_FUEL, _GRAMMAR_SIZE = 2_000_000, 400_000, 200_000
+"""llguidance's resource bounds (about 40 ms to build a grammar's lexer, 30 ms per mask step at worst): a hostile
+schema or pattern fails its own call instead of stalling the step every other call shares."""
+
+
+def describe(output: OutputFormat) -> str:
+    """The format in words, for errors."""
+    if isinstance(output, ChoicesFormat):
+        shown = ", ".join(repr(choice) for choice in output.choices[:8])
+        return f"choice of {shown}{', ...' if len(output.choices) > 8 else ''}"
+    if isinstance(output, PatternFormat):
+        return f"text matching {output.pattern!r}"
+    return f"JSON value of the schema {output.json_schema.name!r}"
+
+
+class _Grammars:
+    """The llguidance tokenizer of one codec and its compiled grammars (pristine matchers, copied per call)."""
+
+    def __init__(self, codec: TextCodec) -> None:
+        import llguidance
+
+        self.vocab_size = codec.vocab_size
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_CodecTokens(codec)), n_vocab=codec.vocab_size, eos_token=codec.eos_id)
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def matcher(self, output: OutputFormat, limits: SchemaLimits | None) -> llguidance.LLMatcher:
+        key = output.model_dump_json()
+        with self._lock:
+            cached = self._compiled.get(key)
+            if cached is not None:
+                self._compiled.move_to_end(key)
+                return cached.deep_copy()
+        import llguidance
+
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark_grammar(output, limits))
+        bounds = llguidance.LLParserLimits(initial_lexer_fuel=_LEXER_FUEL, step_lexer_fuel=_STEP_FUEL, max_grammar_size=_GRAMMAR_SIZE)
+        pristine = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=bounds)
+        if pristine.is_error():
+            raise GrammarError(f"the {describe(output)} has no grammar: {pristine.get_error().splitlines()[0]}")
+        with self._lock:
+            self._compiled[key] = pristine
+            while len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return pristine.deep_copy()
+
+
+class _CodecTokens:
+    """A `TextCodec` as llguidance's tokenizer wrapper: each token's bytes (control tokens marked special)."""
+
+    def __init__(self, codec: TextCodec) -> None:
+        self.eos_token_id = codec.eos_id
+        self.bos_token_id = None
+        self.tokens = codec.grammar_pieces()
+        self.special_token_ids = codec.special_ids()
+        self._codec = codec
+
+    def __call__(self, text: bytes) -> list[int]:
+        return self._codec.encode(text.decode("utf-8", errors="replace"), parse_special=False)
+
+
+_by_codec: WeakKeyDictionary[TextCodec, _Grammars] = WeakKeyDictionary()
+_by_codec_lock = threading.Lock()
+
+
+def _grammars(codec: TextCodec) -> _Grammars:
+    with _by_codec_lock:
+        grammars = _by_codec.get(codec)
+        if grammars is None:
+            grammars = _by_codec[codec] = _Grammars(codec)
+        return grammars
+
+
+def compile_output(codec: TextCodec, output: OutputFormat, limits: SchemaLimits | None = None) -> Constraint:
+    """A fresh constraint for one call (`GrammarError` if `output` has no grammar)."""
+    grammars = _grammars(codec)
+    return Constraint(grammars.matcher(output, limits), output, grammars.vocab_size)
+
+
+class Constraint:
+    """One call's grammar state: which tokens may come next, and the tokens taken so far."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, output: OutputFormat, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.output = output
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        """int32 words of one row's bitmask."""
+
+    def fill(self, bitmask: NDArray[np.int32], row: int) -> None:
+        """Write the allowed next tokens, one bit each, into `bitmask[row]`."""
+        target = bitmask[row]
+        self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
+        self._check()
+
+    def consume(self, token: int) -> None:
+        """Advance past `token` (one the mask allowed)."""
+        self._matcher.consume_token(token)
+        self._check()
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a whole value."""
+        return self._matcher.is_accepting()
+
+    @property
+    def finished(self) -> bool:
+        """Nothing but the end can come next."""
+        return self._matcher.is_stopped()
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            problem = self._matcher.get_error().splitlines()[0]
+            raise OutputTypeError(describe(self.output), "", f"the grammar failed: {problem}")
+
+
+def allowed_tokens(bitmask: NDArray[np.int32], width: int) -> NDArray[np.bool_]:
+    """Bitmask rows [rows, words] unpacked to booleans [rows, width]; tokens past the tokenizer's are not allowed."""
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little").astype(np.bool_)
+    if bits.shape[1] >= width:
+        return bits[:, :width]
+    return np.pad(bits, ((0, 0), (0, width - bits.shape[1])))

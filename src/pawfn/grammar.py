@@ -1,0 +1,278 @@
+"""Output formats a call can be constrained to, as data (`OutputFormat`: what a server request carries), and the Lark
+grammar each becomes for llguidance, the library that builds the token masks (`docs/types.md` says why that one).
+
+Plain formats (choices, a pattern) are the text a program writes, with optional whitespace around it (a call's text
+is stripped). A JSON schema becomes the language llama.cpp's own schema grammar accepts (its `response_format`):
+keys in schema order, required ones first, then any ordered subset of the optional ones; one optional space after
+each value, `{`, `[`, `:` and `,`; integers of at most 16 digits; no newlines. So pawfn's greedy tokens under a
+schema are the official runtime's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from .errors import GrammarError
+
+__all__ = ["ChoicesFormat", "JsonSchemaFormat", "JsonSchemaSpec", "OutputFormat", "PatternFormat", "SchemaLimits", "lark_grammar"]
+
+MAX_CHOICES = 1024
+MAX_CHOICE_CHARS = 512
+MAX_PATTERN_CHARS = 2048
+
+
+class SchemaLimits(BaseModel):
+    """Bounds on a JSON schema from a request, so a hostile schema cannot stall a server: its JSON size, its nesting
+    depth and the rules its grammar may have (the grammar library's own fuel limits bound compile and mask time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_bytes: int = 64 * 1024
+    max_depth: int = 24
+    max_rules: int = 2000
+
+
+class ChoicesFormat(BaseModel):
+    """The output is one of `choices`, exactly (a `Literal`, an `Enum`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["choices"] = "choices"
+    choices: tuple[Annotated[str, Field(min_length=1, max_length=MAX_CHOICE_CHARS)], ...] = Field(min_length=1, max_length=MAX_CHOICES)
+
+
+class PatternFormat(BaseModel):
+    """The output matches the regular expression `pattern` as a whole (Rust `regex` syntax: no look-around, no
+    back-references; a leading `^` and trailing `$` are allowed and change nothing)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["regex"] = "regex"
+    pattern: str = Field(min_length=1, max_length=MAX_PATTERN_CHARS)
+
+
+class JsonSchemaSpec(BaseModel):
+    """OpenAI's `json_schema` object: a name and the schema."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", serialize_by_alias=True, validate_by_name=True, validate_by_alias=True)
+
+    name: str = Field(default="output", max_length=128)
+    schema_: dict[str, JsonValue] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    """The output is a JSON value of `json_schema.schema`, as llama.cpp's schema grammar writes it (OpenAI's
+    `response_format={"type": "json_schema", "json_schema": {...}}`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["json_schema"] = "json_schema"
+    json_schema: JsonSchemaSpec
+
+
+OutputFormat: TypeAlias = Annotated[ChoicesFormat | PatternFormat | JsonSchemaFormat, Field(discriminator="type")]
+"""What a call's output must be; `None` where a call is unconstrained."""
+
+_WHITESPACE = "ws: /[ \\t\\r\\n]+/"
+
+
+_OPTIONS = '%llguidance {"no_forcing": true}\n'
+"""The model picks every token, as under llama.cpp's grammar sampler: by default llguidance forces the canonical
+tokens of text the grammar fixes (after `"s`, only `ta` of `tatement`), which changes a greedy call's tokens."""
+
+
+def lark_grammar(output: ChoicesFormat | PatternFormat | JsonSchemaFormat, limits: SchemaLimits | None = None) -> str:
+    """The Lark grammar (llguidance's dialect) of `output`; `GrammarError` names what cannot be one."""
+    if isinstance(output, ChoicesFormat):
+        alternatives = " | ".join(_literal(choice) for choice in dict.fromkeys(output.choices))
+        return f"{_OPTIONS}start: ws? ({alternatives}) ws?\n{_WHITESPACE}\n"
+    if isinstance(output, PatternFormat):
+        return f"{_OPTIONS}start: ws? /{_regex_body(output.pattern)}/ ws?\n{_WHITESPACE}\n"
+    return _OPTIONS + _SchemaGrammar(limits or SchemaLimits()).build(output.json_schema.schema_)
+
+
+def _literal(text: str) -> str:
+    """A Lark string literal: JSON's quoting, which llguidance reads."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _regex_body(pattern: str) -> str:
+    """`pattern` for a `/.../` terminal: anchors dropped (the whole output must match anyway), slashes escaped."""
+    body = pattern.removeprefix("^")
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    if not body:
+        raise GrammarError(f"the pattern {pattern!r} matches only the empty text; give a pattern of the output")
+    try:
+        re.compile(body)
+    except re.error as exc:
+        raise GrammarError(f"the pattern {pattern!r} is not a regular expression: {exc}") from None
+    return re.sub(r"(?<!\\)/", r"\\/", body).replace("\n", "\\n")
+
+
+# llama.cpp's schema grammar, as regular expressions: integers of at most 16 digits, no leading zero but "0"; strings
+# of any characters but an unescaped quote or backslash; JSON's escapes
+_INTEGRAL = "([0-9]|[1-9][0-9]{1,15})"
+_TERMINALS = {
+    "integer": f"/-?{_INTEGRAL}/",
+    "number": f"/-?{_INTEGRAL}(\\.[0-9]{{1,16}})?([eE][-+]?{_INTEGRAL})?/",
+    "boolean": '("true" | "false")',
+    "null": '"null"',
+    "string": '/"([^"\\\\]|\\\\(["\\\\\\/bfnrt]|u[0-9a-fA-F]{4}))*"/',
+}
+_CHAR = '([^"\\\\]|\\\\(["\\\\\\/bfnrt]|u[0-9a-fA-F]{4}))'
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})
+_SUPPORTED = {
+    "object": frozenset({"type", "properties", "required", "additionalProperties"}),
+    "array": frozenset({"type", "items", "minItems", "maxItems", "prefixItems"}),
+    "string": frozenset({"type", "minLength", "maxLength"}),
+    "integer": frozenset({"type"}),
+    "number": frozenset({"type"}),
+    "boolean": frozenset({"type"}),
+    "null": frozenset({"type"}),
+}
+
+
+class _SchemaGrammar:
+    """Turns a JSON schema into Lark rules; refuses, naming the keyword, what llama.cpp's grammar would read
+    differently or what has no grammar here (numeric bounds, string formats and patterns, `allOf`)."""
+
+    def __init__(self, limits: SchemaLimits) -> None:
+        self._limits = limits
+        self._rules: dict[str, str] = {}
+        self._definitions: dict[str, JsonValue] = {}
+        self._named: dict[str, str] = {}
+
+    def build(self, schema: dict[str, JsonValue]) -> str:
+        size = len(json.dumps(schema))
+        if size > self._limits.max_bytes:
+            raise GrammarError(f"the JSON schema is {size} bytes, more than the {self._limits.max_bytes} allowed; send a smaller schema")
+        for key in ("$defs", "definitions"):
+            definitions = schema.get(key)
+            if isinstance(definitions, dict):
+                for name, definition in definitions.items():
+                    self._definitions[f"#/{key}/{name}"] = definition
+        start = self._value(schema, "root", 0)
+        rules = [f"start: {start}", 'space: " "?', *(f"{name}: {body}" for name, body in self._rules.items())]
+        return "\n".join(rules) + "\n"
+
+    def _rule(self, hint: str, body: str) -> str:
+        if len(self._rules) >= self._limits.max_rules:
+            raise GrammarError(f"the JSON schema needs more than {self._limits.max_rules} grammar rules; send a smaller schema")
+        name = f"r{len(self._rules)}_{re.sub('[^a-z0-9]', '', hint.lower())[:24]}"
+        self._rules[name] = body
+        return name
+
+    def _value(self, schema: JsonValue, hint: str, depth: int) -> str:
+        """A rule (or inline expression) for one value of `schema`, followed by llama.cpp's optional space."""
+        if depth > self._limits.max_depth:
+            raise GrammarError(f"the JSON schema nests deeper than {self._limits.max_depth} levels; send a flatter schema")
+        if schema is True or schema == {}:
+            raise GrammarError("the JSON schema allows any value somewhere (`{}` or `true`); give every value a type")
+        if not isinstance(schema, dict):
+            raise GrammarError(f"a JSON schema must be an object, not {json.dumps(schema)[:80]}")
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            return self._reference(ref, depth)
+        for keyword in ("anyOf", "oneOf"):
+            options = schema.get(keyword)
+            if isinstance(options, list):
+                return "(" + " | ".join(self._value(option, hint, depth + 1) for option in options) + ")"
+        if "allOf" in schema or "not" in schema or "if" in schema:
+            raise GrammarError("the JSON schema uses allOf, not or if, which have no grammar here; use anyOf or plain types")
+        # a constant or an enum value has no optional space after it, as in llama.cpp's grammar (other values do)
+        if "const" in schema:
+            return _literal(json.dumps(schema["const"], ensure_ascii=False))
+        enum = schema.get("enum")
+        if isinstance(enum, list):
+            if not enum:
+                raise GrammarError("the JSON schema has an empty enum: no value fits it")
+            return "(" + " | ".join(_literal(json.dumps(value, ensure_ascii=False)) for value in enum) + ")"
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            return "(" + " | ".join(self._value({**schema, "type": one}, hint, depth + 1) for one in kind) + ")"
+        if not isinstance(kind, str) or kind not in _SUPPORTED:
+            raise GrammarError(f"the JSON schema at {hint!r} has no type this grammar knows ({json.dumps(schema)[:80]}); give it a JSON type")
+        unsupported = set(schema) - _SUPPORTED[kind] - _ANNOTATIONS - {"$defs", "definitions"}
+        if unsupported:
+            raise GrammarError(
+                f"the JSON schema's {kind} at {hint!r} uses {', '.join(sorted(unsupported))}, which the grammar cannot enforce; "
+                "drop it from the type (check it after the call) or use a Literal or a pattern"
+            )
+        if kind == "object":
+            return self._object(schema, hint, depth)
+        if kind == "array":
+            return self._array(schema, hint, depth)
+        if kind == "string" and ("minLength" in schema or "maxLength" in schema):
+            low, high = _count(schema, "minLength", 0), schema.get("maxLength")
+            repeat = f"{{{low},{high}}}" if isinstance(high, int) else f"{{{low},}}"
+            return f'/"{_CHAR}{repeat}"/ space'
+        return f"{_TERMINALS[kind]} space"
+
+    def _reference(self, ref: str, depth: int) -> str:
+        if ref in self._named:
+            return self._named[ref]
+        definition = self._definitions.get(ref)
+        if definition is None:
+            raise GrammarError(f"the JSON schema refers to {ref!r}, which it does not define; only local $defs are read")
+        name = f"r{len(self._rules)}_ref"
+        self._named[ref] = name
+        self._rules[name] = ""  # reserved first: a recursive definition refers to itself
+        self._rules[name] = self._value(definition, ref.rsplit("/", 1)[-1], depth + 1)
+        return name
+
+    def _object(self, schema: dict[str, JsonValue], hint: str, depth: int) -> str:
+        additional = schema.get("additionalProperties")
+        if additional not in (None, False):
+            raise GrammarError(f"the JSON schema's object at {hint!r} allows additional properties; list them (or set additionalProperties false)")
+        properties = schema.get("properties") or {}
+        required_names = schema.get("required") or []
+        if not isinstance(properties, dict) or not isinstance(required_names, list):
+            raise GrammarError(f"the JSON schema's object at {hint!r} has malformed properties or required")
+        pairs = {
+            name: self._rule(
+                f"{hint}-{name}-kv", f'{_literal(json.dumps(name, ensure_ascii=False))} space ":" space {self._value(value, name, depth + 1)}'
+            )
+            for name, value in properties.items()
+        }
+        required = [pairs[name] for name in properties if name in required_names]
+        optional = [pairs[name] for name in properties if name not in required_names]
+        parts = [' "," space '.join(required)] if required else []
+        if optional:
+            # any ordered subset of the optional properties, as llama.cpp's grammar allows: the first one taken, then
+            # each later one or not
+            tails = [""] * (len(optional) + 1)
+            for index in reversed(range(1, len(optional))):
+                tails[index] = self._rule(f"{hint}-rest", f'("," space {optional[index]})? {tails[index + 1]}'.strip())
+            firsts = " | ".join(f"{optional[index]} {tails[index + 1]}".strip() for index in range(len(optional)))
+            parts.append(f'("," space ({firsts}))?' if required else f"({firsts})?")
+        return self._rule(hint, " ".join(['"{" space', *parts, '"}" space']))
+
+    def _array(self, schema: dict[str, JsonValue], hint: str, depth: int) -> str:
+        prefix = schema.get("prefixItems")
+        if isinstance(prefix, list):
+            if "items" in schema and schema["items"] is not False:
+                raise GrammarError(f"the JSON schema's array at {hint!r} has prefixItems and more items; use a fixed tuple")
+            items = ' "," space '.join(self._value(item, f"{hint}-{i}", depth + 1) for i, item in enumerate(prefix))
+            return self._rule(hint, f'"[" space {items} "]" space')
+        item = self._value(schema.get("items", {}), f"{hint}-item", depth + 1)
+        low, high = _count(schema, "minItems", 0), schema.get("maxItems")
+        if isinstance(high, int) and high < low:
+            raise GrammarError(f"the JSON schema's array at {hint!r} has maxItems below minItems: no value fits it")
+        if high == 0:
+            return self._rule(hint, '"[" space "]" space')
+        more = f"{{{max(low - 1, 0)},{high - 1}}}" if isinstance(high, int) else ("*" if low <= 1 else f"{{{low - 1},}}")
+        items = f'{item} ("," space {item}){more}'
+        return self._rule(hint, f'"[" space {items if low else f"({items})?"} "]" space')
+
+
+def _count(schema: dict[str, JsonValue], key: str, default: int) -> int:
+    value = schema.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise GrammarError(f"the JSON schema's {key} must be a non-negative integer, not {value!r}")
+    return value
