@@ -130,6 +130,14 @@ class OutputTypeError(PawError, ValueError):
         shown = text if len(text) <= 200 else text[:200] + "..."
         super().__init__(f"the output is not a {type_name}: {problem}; text so far: {shown!r}")
 
+    @classmethod
+    def reported(cls, message: str) -> OutputTypeError:
+        """The error a server reported for its call (its message names the type and shows the text)."""
+        error = cls.__new__(cls)
+        PawError.__init__(error, message)
+        error.type_name, error.text, error.problem = "", "", message
+        return error
+
 
 class ProgramClosedError(PawError, RuntimeError):
     """The program was closed and can no longer run."""

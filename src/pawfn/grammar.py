@@ -1,8 +1,8 @@
 """Output formats a call can be constrained to, as data (`OutputFormat`: what a server request carries), and the Lark
 grammar each becomes for llguidance, the library that builds the token masks (`docs/types.md` says why that one).
 
-Plain formats (choices, a pattern) are the text a program writes, with optional whitespace around it (a call's text
-is stripped). A JSON schema becomes the language llama.cpp's own schema grammar accepts (its `response_format`):
+Plain formats (choices, a pattern) are the text a program writes, with up to 8 whitespace characters around it (a
+call's text is stripped). A JSON schema becomes the language llama.cpp's own schema grammar accepts (its `response_format`):
 keys in schema order, required ones first, then any ordered subset of the optional ones; one optional space after
 each value, `{`, `[`, `:` and `,`; integers of at most 16 digits; no newlines. So pawfn's greedy tokens under a
 schema are the official runtime's.
@@ -78,7 +78,9 @@ class JsonSchemaFormat(BaseModel):
 OutputFormat: TypeAlias = Annotated[ChoicesFormat | PatternFormat | JsonSchemaFormat, Field(discriminator="type")]
 """What a call's output must be; `None` where a call is unconstrained."""
 
-_WHITESPACE = "ws: /[ \\t\\r\\n]+/"
+_WHITESPACE = "ws: /[ \\t\\r\\n]{1,8}/"
+"""Up to 8 whitespace characters before and after a plain value (a call's text is stripped): what programs write
+around a label, bounded so a model cannot spend its budget on blank lines."""
 
 
 _OPTIONS = '%llguidance {"no_forcing": true}\n'

@@ -70,8 +70,11 @@ class OutputType(Generic[T_co]):
             return PatternFormat(pattern=_FLOAT)
         values = _choices(base)
         if values is not None:
-            texts = {(value.value if isinstance(value, enum.Enum) else value): value for value in values}
-            self._choices = {_choice_text(key, self.name): cast(T_co, value) for key, value in texts.items()}
+            self._choices = {}
+            for value in values:
+                text = _choice_text(value.value if isinstance(value, enum.Enum) else value, self.name)
+                if self._choices.setdefault(text, cast(T_co, value)) is not value:
+                    raise GrammarError(f"{self.name}: two choices are written {text!r}; a program's text could not tell them apart")
             return ChoicesFormat(choices=tuple(self._choices))
         try:
             schema = self._adapter.json_schema()

@@ -29,6 +29,7 @@ from ..errors import (
     HubError,
     NotFoundError,
     OfflineError,
+    PawError,
     RateLimitError,
     ServerError,
     describe_validation_error,
@@ -190,7 +191,7 @@ class Request:
     headers: Mapping[str, str] | None = None
     timeout: float | None = None
     stream: bool = False
-    map_error: Callable[[HubError], HubError] = _as_reported
+    map_error: Callable[[HubError], PawError] = _as_reported
     """How this call names the server's errors (e.g. a refused spec is a `CompileError`)."""
     retry_statuses: frozenset[int] = RETRY_STATUSES
     """Answers worth sending the request again for (with connection errors)."""
@@ -247,7 +248,7 @@ class ClientBase:
         json: object = None,
         params: Mapping[str, str] | None = None,
         timeout: float | None = None,
-        map_error: Callable[[HubError], HubError] = _as_reported,
+        map_error: Callable[[HubError], PawError] = _as_reported,
     ) -> Request:
         return Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout, map_error=map_error)
 
@@ -317,7 +318,7 @@ class ClientBase:
         *parts: str,
         json: object = None,
         params: Mapping[str, str] | None = None,
-        map_error: Callable[[HubError], HubError] = _as_reported,
+        map_error: Callable[[HubError], PawError] = _as_reported,
     ) -> Endpoint[ModelT]:
         """An endpoint whose answer is one pydantic model."""
         request = self._api(method, what, *parts, json=json, params=params, map_error=map_error)

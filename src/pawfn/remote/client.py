@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import httpx
 
 from ..config import PawConfig, RemoteSettings
-from ..errors import AuthenticationError, ConfigError, HubError, RequestError, ServerError
+from ..errors import AuthenticationError, ConfigError, HubError, OutputTypeError, PawError, RequestError, ServerError
 from ..options import RuntimeOptions
 from ..protocol import (
     ErrorBody,
@@ -29,8 +29,11 @@ from ..hub.http import CALL_RETRY_STATUSES, SERVER_RETRY_STATUSES, Endpoint, Err
 __all__ = ["ServerClient", "StreamEvent"]
 
 
-def _as_server_error(error: HubError) -> HubError:
-    """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting."""
+def _as_server_error(error: HubError) -> PawError:
+    """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting, an
+    output that is no value of its type the `OutputTypeError` a local call raises."""
+    if error.code == "output_not_of_type":
+        return OutputTypeError.reported(f"the server's call: {error.server_message}")
     facts = ErrorFacts(status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code)
     if isinstance(error, AuthenticationError):
         return AuthenticationError(
@@ -164,6 +167,8 @@ def _stream_events(lines: Iterator[str], url: str) -> Iterator[StreamEvent]:
                 return
             elif event == "error":
                 failure = ErrorBody.model_validate_json(data)
+                if failure.error == "output_not_of_type":
+                    raise OutputTypeError.reported(f"the server's call: {failure.message}")
                 raise ServerError(f"the server's call failed: {failure.message}", code=failure.error, url=url, server_message=failure.message)
             event, data = "message", ""
     raise ServerError("the server's stream ended before the call's answer", url=url)
