@@ -329,3 +329,27 @@ def test_option_errors_read_the_same_from_the_api_and_the_cli(qwen3_program: Tin
     expected = raised.value.labeled({"top_p": "--top-p", "seed": "--seed"})
     assert capsys.readouterr().err == f"pawfn: error: {expected}\n"
     assert str(expected) == ("invalid --top-p=2.0: expected a finite number in (0, 1]; invalid --seed=-1: expected an integer in [0, 2**64), or None")
+
+
+def test_typed_output_flags(qwen3_program: TinyProgram, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--choices`, `--pattern` and `--json-schema` constrain the output; one that cannot finish is a one-line error."""
+    run = ["run", "--program", str(qwen3_program.archive), "--base", str(qwen3_program.interpreter.gguf_path), "--input", "hello", "--input", "x"]
+    assert main([*run, "--choices", "yes, no,maybe"]) == 0
+    assert set(capsys.readouterr().out.split()) <= {"yes", "no", "maybe"}
+    assert main([*run, "--pattern", "[0-9]{3}"]) == 0
+    assert all(len(line) == 3 and line.isdigit() for line in capsys.readouterr().out.split())
+    schema = tmp_path / "answer.json"
+    schema.write_text(
+        json.dumps({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}}, "required": ["kind", "n"]})
+    )
+    assert main([*run, "--json-schema", str(schema), "--max-tokens", "64", "--json"]) == 0
+    for line in capsys.readouterr().out.strip().split("\n"):
+        value = json.loads(json.loads(line)["output"])
+        assert value["kind"] in ("a", "b") and isinstance(value["n"], int)
+    assert main([*run, "--json-schema", str(schema), "--max-tokens", "2"]) == 1
+    assert capsys.readouterr().err.startswith("pawfn: error: the output is not a JSON value of the schema 'answer': no value finished within 2")
+    assert main([*run, "--json-schema", str(tmp_path / "missing.json")]) == 2
+    assert "--json-schema" in capsys.readouterr().err
+    schema.write_text(json.dumps({"type": "object", "additionalProperties": True}))
+    assert main([*run, "--json-schema", str(schema)]) == 1
+    assert "additional properties" in capsys.readouterr().err

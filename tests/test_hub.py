@@ -702,7 +702,7 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
 
 
 def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: TinyProgram, tmp_path: Path) -> None:
-    """Each Python block of the README and the docs' guide but the server ones, as a script against the test hub, in
+    """Each Python block of the README and the docs' guide and typed outputs page but the server ones, as a script against the test hub, in
     a folder holding the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku)."""
     hub.server.state.slugs["email-triage"] = PROGRAM_ID
     for spec in ("Classify sentiment", "Classify sentiment: POSITIVE or NEGATIVE"):
@@ -716,7 +716,7 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     shutil.copyfile(gpt2_program.interpreter.gguf_path, work / "gpt2-q8_0.gguf")
     root = Path(__file__).resolve().parent.parent
     blocks: list[str] = []
-    for page in (root / "README.md", root / "docs" / "guide.md", root / "docs" / "index.md"):
+    for page in (root / "README.md", root / "docs" / "guide.md", root / "docs" / "index.md", root / "docs" / "typed-outputs.md"):
         text = page.read_text(encoding="utf-8")
         blocks += [block for block in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if "Remote" not in block and block not in blocks]
     assert len(blocks) >= 7

@@ -17,14 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, get_args
 
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from .backends import Backend, LlamaCpp, Remote, Torch
 from .bench import run_bench
 from .bundle import open_bundle
 from .config import PawConfig, save_api_key
-from .errors import OptionError, OptionProblem, PawError
+from .errors import OptionError, OptionProblem, PawError, describe_validation_error
 from .function import PawFn
+from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
 from .hub.cache import PawCache
 from .hub.usage import cache_files, clear_derived
 from .hub.client import PawClient
@@ -172,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
         help="inputs decoded together, each with the tokens it gets alone (default: 8; llama.cpp runs them in turn)",
     )
     run.add_argument("--json", action="store_true", help="print one JSON object per input (JSON Lines); plain output escapes control characters")
+    typed = run.add_mutually_exclusive_group()
+    typed.add_argument("--choices", metavar="A,B,C", help="the output must be one of these comma-separated texts")
+    typed.add_argument("--pattern", metavar="REGEX", help="the output must match this regular expression as a whole")
+    typed.add_argument("--json-schema", type=Path, metavar="FILE", help="the output must be a JSON value of the schema in FILE")
 
     bench = commands.add_parser("bench", parents=[common, program], help="time calls of a program (load, latency, memory)")
     bench.add_argument("--max-tokens", type=int, default=10, metavar="N", help="tokens per call (default: 10)")
@@ -287,10 +292,38 @@ def _config(args: argparse.Namespace) -> PawConfig:
 def _options(args: argparse.Namespace) -> RuntimeOptions:
     try:
         return RuntimeOptions(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed, parse_special_in_input=args.parse_special
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+            parse_special_in_input=args.parse_special,
+            response_format=_response_format(args),
         )
     except OptionError as exc:
         raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
+
+
+def _response_format(args: argparse.Namespace) -> ChoicesFormat | PatternFormat | JsonSchemaFormat | None:
+    """The output format `--choices`, `--pattern` or `--json-schema` asks for (at most one: argparse sees to that)."""
+    choices: str | None = getattr(args, "choices", None)
+    pattern: str | None = getattr(args, "pattern", None)
+    schema_file: Path | None = getattr(args, "json_schema", None)
+    try:
+        if choices is not None:
+            return ChoicesFormat(choices=tuple(choice.strip() for choice in choices.split(",") if choice.strip()))
+        if pattern is not None:
+            return PatternFormat(pattern=pattern)
+        if schema_file is None:
+            return None
+        try:
+            schema = json.loads(schema_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _CliError(f"--json-schema {schema_file}: cannot read a JSON schema there ({exc})") from None
+        if not isinstance(schema, dict):
+            raise _CliError(f"--json-schema {schema_file}: a JSON schema is an object, not {type(schema).__name__}")
+        return JsonSchemaFormat(json_schema=JsonSchemaSpec.model_validate({"name": schema_file.stem, "schema": schema}))
+    except ValidationError as exc:
+        raise _CliError(f"--choices/--pattern/--json-schema: {describe_validation_error(exc)}") from None
 
 
 def _positive(flag: str, value: int) -> None:
