@@ -64,7 +64,7 @@ def test_a_pattern_must_match_the_whole_output() -> None:
     assert accepts(lark_grammar(PatternFormat(pattern="a/b")), "a/b")  # the terminal's delimiter is escaped
 
 
-@pytest.mark.parametrize("pattern", ["(", "[a-", "^$"])
+@pytest.mark.parametrize("pattern", ["(", "[a-", "^$", "(" * 900 + "a" + ")" * 900])
 def test_a_pattern_that_is_no_regular_expression_is_refused(pattern: str) -> None:
     with pytest.raises(GrammarError, match="pattern"):
         lark_grammar(PatternFormat(pattern=pattern))

@@ -21,11 +21,17 @@ T_co = TypeVar("T_co", covariant=True)
 class Returns(Protocol[T_co]):
     """A program whose calls give a `T_co`: a `PawFn` (its text) or a `TypedFn[T]` (its value)."""
 
-    def submit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration: ...  # noqa: A002
+    def submit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
+        """Start a call; its future gives the `Generation`."""
+        ...
 
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration: ...  # noqa: A002
+    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
+        """`submit` for the event loop."""
+        ...
 
-    def value_of(self, generation: Generation, /) -> T_co: ...
+    def value_of(self, generation: Generation, /) -> T_co:
+        """The call's value: its text, or its parsed value."""
+        ...
 
 
 def generate_many(calls: Sequence[tuple[PawFn[Any, Any] | TypedFn[Any], str]], options: RuntimeOptions | None = None) -> list[Generation]:

@@ -114,6 +114,8 @@ def _regex_body(pattern: str) -> str:
         re.compile(body)
     except re.error as exc:
         raise GrammarError(f"the pattern {pattern!r} is not a regular expression: {exc}") from None
+    except RecursionError:
+        raise GrammarError(f"the pattern {pattern[:40]!r}... nests too deeply; give a flatter pattern") from None
     return re.sub(r"(?<!\\)/", r"\\/", body).replace("\n", "\\n")
 
 

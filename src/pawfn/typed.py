@@ -20,15 +20,25 @@ T_co = TypeVar("T_co", covariant=True)
 class TextProgram(Protocol):
     """What a typed program runs on: a `PawFn`'s calls, which return text."""
 
-    def generate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation: ...  # noqa: A002
+    def generate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation:  # noqa: A002
+        """Run the program and return its `Generation`."""
+        ...
 
-    async def agenerate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation: ...  # noqa: A002
+    async def agenerate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation:  # noqa: A002
+        """`generate` for the event loop."""
+        ...
 
-    def submit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration: ...  # noqa: A002
+    def submit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
+        """Start a call; its future gives the `Generation`."""
+        ...
 
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration: ...  # noqa: A002
+    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
+        """`submit` for the event loop."""
+        ...
 
-    def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[Generation]: ...
+    def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[Generation]:
+        """`generate` for each input, results in input order."""
+        ...
 
 
 @dataclass(frozen=True)
