@@ -180,3 +180,11 @@ def test_remote_client_example(server: ServeProcess, local_runs: dict[str, PawFn
 def test_remote_client_example_without_a_server_says_so() -> None:
     result = _run("remote_client", "--server", "http://127.0.0.1:9", "--program", "x", "--input", "y", env=dict(os.environ))
     assert result.returncode == 1 and result.stderr.startswith("remote_client: ") and "cannot reach" in result.stderr
+
+
+def test_typed_outputs_example(qwen3_program: TinyProgram) -> None:
+    result = _run("typed_outputs", "--program", str(qwen3_program.archive), "--base", str(qwen3_program.interpreter.gguf_path))
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("label='") and " urgent=" in first and " minutes=" in first
+    assert result.stdout.splitlines()[1].startswith(("ticket=Ticket(", "no ticket: the output is not a JSON value"))
