@@ -85,6 +85,7 @@ def test_models_lists_and_dataclasses_are_json() -> None:
         (Literal[1.5], "choices must be str, int or bool"),
         (Literal[""], "empty choice"),
         (Annotated[str, Pattern("(")], "not a regular expression"),
+        (Annotated[str, Pattern("(?=a)a")], "look-around"),
         (Any, "any value"),
     ],
 )

@@ -160,10 +160,19 @@ def test_through_a_server_and_remote(server: ServeProcess, local_runs: dict[str,
             local.returning(Summary).run(INPUTS[0], RuntimeOptions(max_tokens=4))
         assert repr(unfinished_here.value.text) in str(unfinished.value)
         assert remote.returning(bool).generate(INPUTS[0]).generation.token_ids == local.returning(bool).generate(INPUTS[0]).generation.token_ids
-        hostile = JsonSchemaFormat(json_schema=JsonSchemaSpec(schema={"type": "object", "additionalProperties": True}))
-        with pytest.raises(pawfn.RequestError, match="additional properties") as caught:
-            remote.generate(INPUTS[0], RuntimeOptions(response_format=hostile))
-        assert caught.value.code == "invalid_response_format"
+        deep: dict[str, Any] = {"type": "integer"}
+        for _ in range(100):
+            deep = {"type": "array", "items": deep}
+        hostile: list[tuple[ChoicesFormat | PatternFormat | JsonSchemaFormat, str]] = [
+            (JsonSchemaFormat(json_schema=JsonSchemaSpec(schema={"type": "object", "additionalProperties": True})), "additional properties"),
+            (JsonSchemaFormat(json_schema=JsonSchemaSpec(schema=deep)), "nests deeper"),
+            (PatternFormat(pattern="(" * 900 + "a" + ")" * 900), "nests too deeply"),
+        ]
+        for output, problem in hostile:  # each refused before any decoding, the server still serving
+            with pytest.raises(pawfn.RequestError, match=problem) as caught:
+                remote.generate(INPUTS[0], RuntimeOptions(response_format=output))
+            assert caught.value.code == "invalid_response_format"
+        assert remote.returning(int).run(INPUTS[1], options) == local.returning(int).run(INPUTS[1], options)
 
 
 def _tokens(function: PawFn[Any, Any], text: str, options: RuntimeOptions) -> list[int]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from .tokenizer import TextCodec
 
-__all__ = ["Constraint", "allowed_tokens", "compile_output", "describe"]
+__all__ = ["Constraint", "allowed_tokens", "check_output", "compile_output", "describe"]
 
 _CACHE_SIZE = 64
 _LEXER_FUEL, _STEP_FUEL, _GRAMMAR_SIZE = 2_000_000, 400_000, 200_000
@@ -35,6 +35,22 @@ def describe(output: OutputFormat) -> str:
     if isinstance(output, PatternFormat):
         return f"text matching {output.pattern!r}"
     return f"JSON value of the schema {output.json_schema.name!r}"
+
+
+def check_output(output: OutputFormat, limits: SchemaLimits | None = None) -> None:
+    """`GrammarError` now if `output` has no grammar (what a call would find at its start), for any tokenizer."""
+    import llguidance
+
+    problem = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark_grammar(output, limits)))
+    if problem and not problem.startswith("WARNING"):
+        raise GrammarError(f"the {describe(output)} has no grammar: {_first_reason(problem)}")
+
+
+def _first_reason(message: str) -> str:
+    """llguidance's message in one line: where, and the `error:` line that says why, if there is one."""
+    lines = message.splitlines()
+    reasons = [line.strip() for line in lines if line.strip().startswith("error:")]
+    return " ".join([lines[0].rstrip(":"), *reasons[:1]]) if lines else message
 
 
 class _Grammars:
@@ -61,7 +77,7 @@ class _Grammars:
         bounds = llguidance.LLParserLimits(initial_lexer_fuel=_LEXER_FUEL, step_lexer_fuel=_STEP_FUEL, max_grammar_size=_GRAMMAR_SIZE)
         pristine = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=bounds)
         if pristine.is_error():
-            raise GrammarError(f"the {describe(output)} has no grammar: {pristine.get_error().splitlines()[0]}")
+            raise GrammarError(f"the {describe(output)} has no grammar: {_first_reason(pristine.get_error())}")
         with self._lock:
             self._compiled[key] = pristine
             while len(self._compiled) > _CACHE_SIZE:

@@ -19,7 +19,8 @@ from pydantic import StringConstraints, TypeAdapter, ValidationError
 from typing_extensions import TypeForm
 
 from .errors import GrammarError, OutputTypeError, describe_validation_error
-from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, OutputFormat, PatternFormat, lark_grammar
+from .constraint import check_output
+from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, OutputFormat, PatternFormat
 
 __all__ = ["OutputType", "Pattern"]
 
@@ -51,7 +52,7 @@ class OutputType(Generic[T_co]):
         self._json = False
         self.format: OutputFormat | None = self._format(output)
         if self.format is not None:
-            lark_grammar(self.format)  # a schema without a grammar is refused now, not at the first call
+            check_output(self.format)  # a type without a grammar is refused now, not at the first call
 
     def _format(self, output: object) -> OutputFormat | None:
         base, metadata = _unwrap(output)
