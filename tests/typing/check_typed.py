@@ -50,6 +50,8 @@ def handles(program: PawFn[Qwen3_0_6B, Torch], remote: PawFn[Qwen3_0_6B, Remote]
 
 async def asynchronous(program: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert_type(await program.returning(int).arun("x"), int)
+    assert_type(await pawfn.arun_many([(program.returning(int), "a")]), list[int])
+    assert_type(await pawfn.arun_many([(program, "a")]), list[str])
     assert_type(await program.returning(Ticket).arun_batch(["x"]), list[Ticket])
 
 
