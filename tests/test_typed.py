@@ -228,3 +228,22 @@ def test_trained_outputs_that_fit_keep_their_tokens(family: Family) -> None:
                 pendings.append(function.submit(text, options.model_copy(update={"response_format": output})))
         constrained = [pending.result().token_ids for pending in pendings]
     assert constrained == [tokens for tokens in plain for _ in range(2)]
+
+
+class Passage(BaseModel):
+    topic: Literal["class", "function", "operator", "statement", "other"]
+    about_python: bool
+    words: int
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_trained_outputs_that_do_not_fit_become_values(family: Family) -> None:
+    """The trained programs continue documentation passages, which fit none of these types: every call still ends
+    with a value of its type, decoded together in one batch."""
+    fixture = load_trained(family)
+    options = RuntimeOptions(max_tokens=64)
+    with PawFn.specialize(fixture.model, Torch).from_path(fixture.program, base=fixture.base("q8_0")) as function:
+        inputs = list(fixture.inputs)
+        assert all(label in ("yes", "no") for label in function.returning(Literal["yes", "no"]).run_batch(inputs, options))
+        assert all(isinstance(number, int) for number in function.returning(int).run_batch(inputs, options))
+        assert all(isinstance(passage, Passage) for passage in function.returning(Passage).run_batch(inputs, options))
