@@ -19,9 +19,11 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol", "grammar"}),
+    frozenset(
+        {"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol", "grammar", "templates"}
+    ),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter", "constraint", "outputs"}),
-    frozenset({"runtime", "calls"}),
+    frozenset({"prompt", "runtime", "calls", "positional"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
     frozenset({"opening"}),

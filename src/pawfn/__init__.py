@@ -35,6 +35,8 @@ from .errors import (
     TokenizerError,
 )
 from .function import PawFn
+from .positional import Positional
+from .templates import ArityError, TemplateError
 from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
 from .outputs import OutputType, Pattern
 from .typed import TypedFn, TypedGeneration
@@ -53,6 +55,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT2",
     "AdapterError",
+    "ArityError",
     "AsyncPawClient",
     "AuthenticationError",
     "Backend",
@@ -91,6 +94,7 @@ __all__ = [
     "PawError",
     "PawFn",
     "PawFnBuilder",
+    "Positional",
     "PreparedProgram",
     "ProgramClosedError",
     "ProgramLoader",
@@ -106,6 +110,7 @@ __all__ = [
     "ServerError",
     "CallTimeoutError",
     "SpecCompiler",
+    "TemplateError",
     "TextStream",
     "Timings",
     "TokenizerError",

@@ -99,6 +99,11 @@ class LoraAdapter:
     pairs: dict[str, LoraPair]
     tensor_types: frozenset[str]
 
+    @classmethod
+    def none(cls) -> LoraAdapter:
+        """No adapter: a bare interpreter's (the base alone)."""
+        return cls(Path("no adapter"), None, {}, frozenset())
+
     @property
     def rank(self) -> int:
         """The largest rank over the adapted weights (0 for an empty adapter)."""

@@ -27,7 +27,7 @@ from .results import Generation
 from .runtime import ProgramRuntime
 from .typed import TypedFn
 from .calls import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
-from .opening import Opened, expect_model, known_interpreter, open_files, open_reference
+from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
 
 __all__ = ["PawFn"]
 
@@ -129,6 +129,12 @@ class PawFn(Generic[M, B]):
         bundle, choose = Path(path), expect_model(cls.model_type())
         derived_dir = PawCache(config.cache_dir, config.lock_timeout_s).derived_dir(bundle)
         return cls._opened(open_files(cls.backend_type(), choose, bundle, None if base is None else Path(base), derived_dir, config), config)
+
+    @classmethod
+    def bare(cls, *, base: str | os.PathLike[str] | None = None, template: str | None = None, config: PawConfig | None = None) -> Self:
+        """The interpreter without a program: the official base template, or a numbered one (call it by `Positional`)."""
+        config = config or PawConfig.from_env()
+        return cls._opened(open_bare(cls.backend_type(), cls.model_type(), None if base is None else Path(base), template, config), config)
 
     @classmethod
     def load_sync(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
@@ -261,8 +267,7 @@ class PawFn(Generic[M, B]):
         return self._runtime.encode_prompt(checked_input(input), checked_options(options))
 
     def returning(self, output: TypeForm[T]) -> TypedFn[T]:
-        """This program with a declared output type: `f.returning(Literal["urgent", "normal"]).run(text)` decodes under
-        the type's grammar and returns the value (`GrammarError` now if the type has no grammar)."""
+        """This program returning `output`, decoded under its grammar (`GrammarError` now if the type has none)."""
         return TypedFn(self, OutputType(output))
 
     def value_of(self, generation: Generation) -> str:
@@ -278,14 +283,12 @@ class PawFn(Generic[M, B]):
         return self.generate(input, options).text
 
     def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """Start a call and return a future of its `Generation`, at once on every backend: Torch queues it on its
-        base's scheduler (calls in flight are decoded together, each with the tokens it gets alone), llama.cpp on the
-        program's own worker (its calls run in turn), Remote sends it. `cancel()` stops a call that is still decoding."""
+        """Start a call and return a future of its `Generation` at once (Torch: on its base's scheduler, decoded with the
+        calls in flight; llama.cpp: its calls in turn; Remote: sent). `cancel()` stops a call still decoding."""
         return self._runtime.submit(*self._checked_call(input, options))
 
     def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
-        """The input and options checked, and the program open (before tokenizing: a closed program says so
-        whatever the input)."""
+        """The input and options checked, and the program open (a closed program says so whatever the input)."""
         text, checked = checked_input(input), checked_options(options)
         self._check_open()
         return text, checked

@@ -62,6 +62,8 @@ class InterpreterModel:
     max_context: ClassVar[int | None]
     """Hard position limit of the architecture in tokens (None: bounded by n_ctx only)."""
     learned_positions: ClassVar[bool] = False
+    base_template: ClassVar[str] = "{INPUT_PLACEHOLDER}"
+    """The official runtime's prompt for the bare interpreter (its base-inference contract, version 1)."""
     """Positions come from a learned table, so a checkpoint's trained length also bounds the context."""
 
     def __init__(self) -> None:
@@ -103,6 +105,8 @@ class Qwen3_0_6B(InterpreterModel):  # noqa: N801 - the name mirrors the model's
         }
     )
     eos_token = "<|im_end|>"
+    # one raw user message as Qwen3's chat template renders it (add_generation_prompt, thinking off)
+    base_template = "<|im_start|>user\n{INPUT_PLACEHOLDER}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
     max_context = None
 
 

@@ -20,6 +20,7 @@ from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .remote import RemoteProgram
 from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
+from .templates import NumberedTemplate
 
 __all__ = ["ModelChoice", "Opened", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
 
@@ -111,6 +112,25 @@ def open_files(
             )
         runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir()), config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
+
+
+def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path | None, template: str | None, config: PawConfig) -> Opened:
+    """Open the bare interpreter `model` (no program) on `backend`: the official base-inference template, or a
+    numbered `template` (`{INPUT_0}`, ...); each call's prompt is rendered whole, as the official base mode does."""
+    started = time.perf_counter()
+    if issubclass(backend, Remote):
+        raise ConfigError("a bare interpreter runs locally: open it on Torch or LlamaCpp")
+    opener = runtime_opener(backend)
+    cache = PawCache(config.cache_dir, config.lock_timeout_s)
+    meta = ProgramMeta(interpreter=model.interpreter_id)
+    base = base or find_cached_base(model, meta, cache)
+    if base is None:
+        raise BaseModelError(
+            None, f"no base weights for {model.__name__} in the cache: pass base=PATH, a GGUF file such as {model.default_gguf.file}"
+        )
+    numbered = NumberedTemplate.single(model.base_template) if template is None else NumberedTemplate.parse(template)
+    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered), config)
+    return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
 
 
 def open_reference(reference: str, backend: type[Backend], choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None) -> Opened:

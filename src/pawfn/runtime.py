@@ -16,17 +16,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .bundle import ProgramBundle, PromptTemplate
+from .bundle import ProgramBundle
 from .calls import PendingGeneration, TextStream, TokenListener, results_in_order
 from .config import EngineSettings
 from .constraint import Constraint, compile_output, describe
-from .errors import ContextOverflowError, OutputTypeError, PawError, ProgramClosedError
+from .errors import OutputTypeError, PawError, ProgramClosedError
+from .prompt import Budget, CallInput, Prompt, WholePrompt
+from .templates import NumberedTemplate
 from .models import InterpreterModel
 from .options import RuntimeOptions
 from .results import Generation, StopReason, Timings
 from .tokenizer import TextCodec
 
-__all__ = ["Budget", "Decoding", "PromptRuntime", "ProgramFiles", "ProgramRuntime", "Prompt", "RuntimeOpener", "context_window"]
+__all__ = [
+    "Budget",
+    "CallInput",
+    "Decoding",
+    "PromptRuntime",
+    "ProgramFiles",
+    "ProgramRuntime",
+    "Prompt",
+    "RuntimeOpener",
+    "WholePrompt",
+    "context_window",
+]
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,26 @@ class ProgramFiles:
     keep files derived from the program (e.g. an evaluated prefix) and from the base (e.g. converted weights);
     None keeps it from writing there."""
 
-    bundle: ProgramBundle
+    bundle: ProgramBundle | None
+    """None for a bare interpreter (no program: no adapter, `template` is the prompt)."""
     base: Path
     derived_dir: Path | None
     base_derived_dir: Path | None = None
+    template: NumberedTemplate | None = None
+    """A bare interpreter's template, each call's prompt rendered whole (None for a program: its bundle's)."""
+
+    @property
+    def adapter_path(self) -> Path | None:
+        """The program's LoRA adapter (None on a bare interpreter)."""
+        return None if self.bundle is None else self.bundle.adapter_path
+
+    def prompt(self, codec: TextCodec, n_ctx: int) -> Prompt:
+        """The call encoding: the bundle's template split at its placeholder, or the bare template rendered whole."""
+        if self.bundle is not None:
+            return Prompt(codec, self.bundle.template, n_ctx)
+        if self.template is None:
+            raise ValueError("ProgramFiles needs a bundle or a bare template")
+        return WholePrompt(codec, self.template, n_ctx)
 
 
 def context_window(model: type[InterpreterModel], requested: int, trained_positions: int) -> int:
@@ -52,54 +81,10 @@ def context_window(model: type[InterpreterModel], requested: int, trained_positi
     return min(limits)
 
 
-@dataclass(frozen=True)
-class Budget:
-    """How many tokens a call may generate, and the stop reason if it uses them all."""
-
-    limit: int
-    exhausted_reason: StopReason
-
-
-class Prompt:
-    """A program's template on one tokenizer: the prefix's ids (checked against the context) and the encoding
-    of each call's input + suffix, like the official runtime."""
-
-    def __init__(self, codec: TextCodec, template: PromptTemplate, n_ctx: int) -> None:
-        self.codec = codec
-        self.n_ctx = n_ctx
-        fewest = -(-len(template.prefix.encode("utf-8", "surrogatepass")) // codec.max_token_bytes)
-        if fewest >= n_ctx:  # cannot fit: refused before tokenizing (a 40 MB template took 4 GB to tokenize)
-            raise ContextOverflowError(fewest, 0, n_ctx, at_least=True)
-        self.prefix_ids = codec.encode(template.prefix, parse_special=True)
-        if len(self.prefix_ids) >= n_ctx:
-            raise ContextOverflowError(len(self.prefix_ids), 0, n_ctx)
-        self._suffix = template.suffix
-        # The official runtime tokenizes input + suffix as one string; llama.cpp first cuts it at special
-        # tokens, so the input joins the suffix's text up to its first control token, and the rest follows.
-        self._suffix_head, rest = codec.split_at_first_control(template.suffix)
-        self._suffix_rest_ids = codec.encode(rest, parse_special=True)
-
-    def encode(self, text: str, options: RuntimeOptions) -> list[int]:
-        """Token ids of `text` + suffix, as evaluated after the prefix."""
-        if options.parse_special_in_input:
-            return self.codec.encode(text + self._suffix, parse_special=True)
-        return self.codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
-
-    def budget(self, n_prompt: int, options: RuntimeOptions) -> Budget:
-        """The official runtime's rule: what is left of the context, capped by `max_tokens`; none left is an error."""
-        n_prefix = len(self.prefix_ids)
-        remaining = self.n_ctx - n_prefix - n_prompt
-        if remaining <= 0:
-            raise ContextOverflowError(n_prefix, n_prompt, self.n_ctx)
-        if options.max_tokens is not None and options.max_tokens <= remaining:
-            return Budget(options.max_tokens, "max_tokens")
-        return Budget(remaining, "context")
-
-
 class Decoding:
     """One call from its input to its `Generation`, token by token: the stopping rules and timings every loop shares."""
 
-    def __init__(self, prompt: Prompt, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> None:
+    def __init__(self, prompt: Prompt, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> None:
         """Encode `text` and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
         self._on_token = on_token
         self._clock = time.perf_counter
@@ -193,7 +178,7 @@ class ProgramRuntime(ABC):
         return None
 
     @abstractmethod
-    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
+    def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""
 
     @abstractmethod
@@ -201,11 +186,11 @@ class ProgramRuntime(ABC):
         """Text of generated token ids, unstripped (incomplete UTF-8 as U+FFFD)."""
 
     @abstractmethod
-    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+    def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Start a call and return at once, on every backend: its result or error comes through the future, and
         `cancel()` stops it at its next token. `on_token` sees each generated token."""
 
-    def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Start a call that `stream` follows: its tokens as they are taken (a remote backend sends text instead)."""
         return self.submit(text, options, stream.on_token)
 
@@ -213,7 +198,7 @@ class ProgramRuntime(ABC):
         """`submit` for each text (a remote backend sends them as one request)."""
         return [self.submit(text, options) for text in texts]
 
-    def generate(self, text: str, options: RuntimeOptions) -> Generation:
+    def generate(self, text: CallInput, options: RuntimeOptions) -> Generation:
         """Run the program on `text`; safe to call from several threads. Interrupted while it waits (Ctrl-C), it
         cancels the call, which stops at its next token."""
         return results_in_order([self.submit(text, options)])[0]
@@ -283,7 +268,7 @@ class PromptRuntime(ProgramRuntime):
         """Length of the cached prompt prefix in tokens."""
         return len(self._prompt.prefix_ids)
 
-    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
+    def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""
         return self._prompt.encode(text, options)
 

@@ -145,6 +145,11 @@ class TextCodec:
         match = self._control_pattern.search(text)
         return (text, "") if match is None else (text[: match.start()], text[match.start() :])
 
+    def control_length(self, text: str) -> int:
+        """Length of the control token's text `text` starts with (0 if it starts with none)."""
+        match = None if self._control_pattern is None else self._control_pattern.match(text)
+        return 0 if match is None else match.end()
+
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes of `ids`, control tokens rendered as nothing (llama.cpp detokenize, special=False)."""
         return b"".join(self._pieces[i] for i in ids if 0 <= i < len(self._pieces))

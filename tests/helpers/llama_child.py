@@ -136,6 +136,27 @@ def _generate_json(request: dict[str, Any]) -> list[list[int]]:
     return out
 
 
+def _generate_whole(request: dict[str, Any]) -> list[list[int]]:
+    """Greedy tokens per rendered prompt, tokenized whole with special tokens parsed and evaluated at once on a
+    fresh context: the official SDK's base mode (a bare interpreter, no adapter)."""
+    out: list[list[int]] = []
+    for prompt in request["prompts"]:
+        llm = _load(request)
+        try:
+            llm.eval(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+            tokens: list[int] = []
+            for _ in range(request["max_tokens"]):
+                token = int(llm.sample(temp=0.0))
+                if token == llm.token_eos():
+                    break
+                tokens.append(token)
+                llm.eval([token])
+            out.append(tokens)
+        finally:
+            llm.close()
+    return out
+
+
 def _segfault(request: dict[str, Any]) -> None:
     """Dies the way a native crash does (reads address 0): for the tests of the crash handling itself."""
     ctypes.string_at(0)
@@ -144,6 +165,7 @@ def _segfault(request: dict[str, Any]) -> None:
 OPERATIONS = {
     "generate": _generate,
     "generate_json": _generate_json,
+    "generate_whole": _generate_whole,
     "logits": _logits,
     "vocabulary": _vocabulary,
     "quantize": _quantize,

@@ -170,6 +170,14 @@ def llama_generate_json(
     return [[int(token) for token in tokens] for tokens in answer]
 
 
+def llama_generate_whole(base: Path, prompts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32") -> list[list[int]]:
+    """llama.cpp's greedy tokens per whole rendered prompt, no adapter (the official SDK's base mode)."""
+    answer = llama_reference(
+        {"op": "generate_whole", "base": str(base), "prompts": list(prompts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv}
+    )
+    return [[int(token) for token in tokens] for tokens in answer]
+
+
 def llama_generate(base: Path, adapter: Path | None, template: str, text: str, max_tokens: int, n_ctx: int = 512, kv: KV = "f32") -> list[int]:
     """llama.cpp's greedy tokens for one text (see `llama_generate_each`)."""
     return llama_generate_each(base, adapter, template, [text], max_tokens, n_ctx, kv)[0]

@@ -13,8 +13,10 @@ import functools
 import logging
 import os
 import threading
+import types
 from collections import deque
 from collections.abc import Callable, Generator
+from pathlib import Path
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
@@ -28,7 +30,7 @@ from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..results import Generation
-from ..runtime import Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from ..tokenizer import TextCodec
 from . import cpu
@@ -157,6 +159,21 @@ def _masking(constraint: Constraint, width: int) -> Callable[[NDArray[np.intc], 
     return mask
 
 
+def _apply_adapter(llama_cpp: types.ModuleType, llm: llama_cpp.Llama, adapter_path: Path, resources: contextlib.ExitStack) -> None:
+    """Load the program's LoRA and apply it at scale 1, undone (then freed) when `resources` close."""
+    with _quiet_native_stderr():
+        adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
+    if adapter is None:
+        raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
+    resources.callback(llama_cpp.llama_adapter_lora_free, adapter)
+    adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+    scales = (ctypes.c_float * 1)(1.0)
+    if llama_cpp.llama_set_adapters_lora(llm.ctx, adapters, 1, scales):
+        raise AdapterError(adapter_path, "llama.cpp could not apply this LoRA adapter")
+    # Detach before the adapter is freed: callbacks run last-registered first.
+    resources.callback(llama_cpp.llama_set_adapters_lora, llm.ctx, None, 0, None)
+
+
 class LlamaCppProgram(PromptRuntime):
     """One program on its own llama.cpp context (the base GGUF is memory-mapped, so the OS shares it); its calls
     queue for the program's own worker thread and run one by one, in order."""
@@ -166,11 +183,11 @@ class LlamaCppProgram(PromptRuntime):
         self._resources = resources
         self.llm = llm
         self._lock = threading.Lock()
-        self._queue: deque[tuple[PendingGeneration, str, RuntimeOptions, TokenListener | None]] = deque()
+        self._queue: deque[tuple[PendingGeneration, CallInput, RuntimeOptions, TokenListener | None]] = deque()
         """Calls waiting for the worker (guarded by `_state`)."""
         self._worker: threading.Thread | None = None
 
-    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+    def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue the call for the program's worker and return at once; its error comes with the result, and
         `cancel()` stops it at its next token (a queued one never starts)."""
         pending = self.track(PendingGeneration())
@@ -200,7 +217,7 @@ class LlamaCppProgram(PromptRuntime):
             finally:
                 self._exit_run()
 
-    def _decode(self, text: str, options: RuntimeOptions, pending: PendingGeneration, on_token: TokenListener | None) -> Generation:
+    def _decode(self, text: CallInput, options: RuntimeOptions, pending: PendingGeneration, on_token: TokenListener | None) -> Generation:
         """One call to its end on the program's context; once the call is cancelled it stops at its next token."""
         decoding = Decoding(self._prompt, text, options, on_token)
         if decoding.budget.limit > 0:
@@ -234,7 +251,7 @@ class LlamaCppProgram(PromptRuntime):
             import llama_cpp
         except ImportError as exc:
             raise PawError("the LlamaCpp backend needs llama-cpp-python: pip install 'pawfn[llamacpp]'") from exc
-        base, adapter_path = files.base, files.bundle.adapter_path
+        base, adapter_path = files.base, files.adapter_path
         if base.is_dir() or not base.is_file():
             raise BaseModelError(base, "the LlamaCpp backend needs a GGUF file of the base weights")
         try:
@@ -245,7 +262,7 @@ class LlamaCppProgram(PromptRuntime):
             raise BaseModelError(base, str(exc)) from exc
         if architecture != model.gguf_architecture:
             raise BaseModelError(base, f"GGUF architecture is {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}")
-        prompt = Prompt(TextCodec.from_gguf(file), files.bundle.template, context_window(model, config.n_ctx, trained))
+        prompt = files.prompt(TextCodec.from_gguf(file), context_window(model, config.n_ctx, trained))
         kv_type = _KV_TYPES[config.dtype]
         repack = uses_repack(config)
         if not repack and not any(name == "use_extra_bufts" for name, *_ in llama_cpp.llama_model_params._fields_):
@@ -271,16 +288,8 @@ class LlamaCppProgram(PromptRuntime):
                         f"this llama-cpp-python loaded with use_extra_bufts={not repack}, not {repack} as asked; on an "
                         f"AMX CPU rebuild it without AMX: {cpu.REBUILD_WITHOUT_AMX}"
                     )
-                adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
-            if adapter is None:
-                raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
-            resources.callback(llama_cpp.llama_adapter_lora_free, adapter)
-            adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
-            scales = (ctypes.c_float * 1)(1.0)
-            if llama_cpp.llama_set_adapters_lora(llm.ctx, adapters, 1, scales):
-                raise AdapterError(adapter_path, "llama.cpp could not apply this LoRA adapter")
-            # Detach before the adapter is freed: callbacks run last-registered first.
-            resources.callback(llama_cpp.llama_set_adapters_lora, llm.ctx, None, 0, None)
+            if adapter_path is not None:
+                _apply_adapter(llama_cpp, llm, adapter_path, resources)
             if prompt.prefix_ids:
                 llm.eval(prompt.prefix_ids)
             return cls(resources.pop_all(), llm, prompt)

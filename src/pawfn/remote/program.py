@@ -19,7 +19,7 @@ from .client import ServerClient
 from ..options import RuntimeOptions
 from ..protocol import RunResponse, ServedProgram
 from ..results import Generation
-from ..runtime import ProgramRuntime
+from ..runtime import CallInput, ProgramRuntime
 from ..calls import PendingGeneration, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
@@ -59,22 +59,22 @@ class RemoteProgram(ProgramRuntime):
     def prefix_tokens(self) -> int:
         return self._served.prefix_tokens
 
-    def encode_prompt(self, text: str, options: RuntimeOptions) -> list[int]:
-        return self._client.tokenize(self._served.name, text, options)
+    def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
+        return self._client.tokenize(self._served.name, _one_input(text), options)
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str:
         raise ConfigError("a Remote program has no tokenizer here: its text comes from the server (Generation.text)")
 
-    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+    def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Send the call from a worker thread and return at once. It goes over the server's stream, so that
         `cancel()` closes its connection and the server stops it at its next token."""
         if on_token is not None:
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
-        return self._streamed(text, options, None)
+        return self._streamed(_one_input(text), options, None)
 
-    def submit_streaming(self, text: str, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
-        return self._streamed(text, options, stream.on_text)
+        return self._streamed(_one_input(text), options, stream.on_text)
 
     def _streamed(self, text: str, options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
         pending = self.track(PendingGeneration())
@@ -143,3 +143,12 @@ class RemoteProgram(ProgramRuntime):
 
     def release(self) -> None:
         self._client.close()  # a cancelled call still in flight loses its connection: the server stops it
+
+
+def _one_input(text: CallInput) -> str:
+    """A served program's one input (a server takes several arguments only in a later protocol)."""
+    if isinstance(text, str):
+        return text
+    if len(text) != 1:
+        raise ConfigError(f"a Remote program takes one input per call; got {len(text)} arguments (run a numbered template locally)")
+    return text[0]

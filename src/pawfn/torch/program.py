@@ -6,12 +6,12 @@ import contextlib
 
 import torch
 
-from ..adapter import read_lora_adapter
+from ..adapter import LoraAdapter, read_lora_adapter
 from ..config import EngineSettings
 from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
-from ..runtime import Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from .converted import ConvertedStore
@@ -56,8 +56,7 @@ class TorchProgram(PromptRuntime):
     @classmethod
     def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings) -> TorchProgram:
         """Read the adapter, get (or load once) the shared base, attach the adapter and evaluate the prefix."""
-        bundle = files.bundle
-        adapter = read_lora_adapter(bundle.adapter_path, model)
+        adapter = LoraAdapter.none() if files.adapter_path is None else read_lora_adapter(files.adapter_path, model)
         device = _check_device(config.device)
         batch_invariant = _batch_invariant(config, device)
         if config.threads is not None:
@@ -87,15 +86,15 @@ class TorchProgram(PromptRuntime):
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            prompt = Prompt(interpreter.codec, bundle.template, n_ctx)
+            prompt = files.prompt(interpreter.codec, n_ctx)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None
-            if files.derived_dir is not None:
+            if files.derived_dir is not None and files.adapter_path is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
                 if config.numerics == "llamacpp":  # its arithmetic follows the CPU's vector width: a shared cache may span CPUs
                     mode += f"+llamacpp-numerics-{interpreter.simd_width}-lanes"
-                store = PrefixStore.in_folder(files.derived_dir, files.base, bundle.adapter_path, prefix_ids, mode, str(device))
+                store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
             if prefix is None:
                 with base.acquire() as copy:
@@ -135,7 +134,7 @@ class TorchProgram(PromptRuntime):
             raise ProgramClosedError("this program was closed; its prefix is no longer held")
         return self._prefix
 
-    def submit(self, text: str, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
+    def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
         pending = self.track(PendingGeneration())
         try:

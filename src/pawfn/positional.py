@@ -1,0 +1,62 @@
+"""`Positional[*Args]`: calls with several positional arguments, for a numbered template (`{INPUT_0}`, `{INPUT_1}`,
+...), typed by their kinds: `Positional[str, str](program).run("context", "question")`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Generic
+
+from typing_extensions import TypeVarTuple, Unpack
+
+from .calls import PendingGeneration, checked_options, results_in_order
+from .options import RuntimeOptions
+from .results import Generation
+from .runtime import ProgramRuntime
+from .templates import ArityError
+
+__all__ = ["Positional"]
+
+Args = TypeVarTuple("Args")
+
+
+class Positional(Generic[Unpack[Args]]):
+    """A program (a bare interpreter with a numbered template) called with its arguments, typed by the class's type
+    arguments; a call with another count, or an argument of another kind, is refused before any work."""
+
+    def __init__(self, program: Any) -> None:  # noqa: ANN401 - any PawFn; its runtime is all this needs
+        runtime = getattr(program, "runtime", None)
+        if not isinstance(runtime, ProgramRuntime):
+            raise TypeError(f"Positional takes a loaded PawFn, not {type(program).__name__}")
+        self._program: object = program
+        self._runtime = runtime
+
+    @property
+    def program(self) -> object:
+        """The program underneath (a `PawFn`)."""
+        return self._program
+
+    def _checked(self, arguments: tuple[object, ...]) -> tuple[str, ...]:
+        kinds = getattr(self, "__orig_class__", None)
+        declared = None if kinds is None else kinds.__args__
+        if declared is not None and len(declared) != len(arguments):
+            raise ArityError(len(declared), len(arguments))
+        for index, argument in enumerate(arguments):
+            if not isinstance(argument, str):
+                raise TypeError(f"argument {index} ({{INPUT_{index}}}) must be str, not {type(argument).__name__}")
+        return tuple(str(argument) for argument in arguments)
+
+    def submit(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> PendingGeneration:
+        """Start a call; its future gives the `Generation` (`ArityError` at once on a wrong count)."""
+        return self._runtime.submit(self._checked(arguments), checked_options(options))
+
+    def generate(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> Generation:
+        """Run the template on `arguments`: text, token ids and timings."""
+        return results_in_order([self.submit(*arguments, options=options)])[0]
+
+    def run(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> str:
+        """Run the template on `arguments` and return the output text."""
+        return self.generate(*arguments, options=options).text
+
+    async def arun(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> str:
+        """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
+        return (await asyncio.wrap_future(self.submit(*arguments, options=options))).text

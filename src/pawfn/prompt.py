@@ -1,0 +1,119 @@
+"""A template on one tokenizer: a program's prefix ids and each call's encoding (split at the placeholder, as the
+official runtime's text mode does), or a bare interpreter's prompt rendered whole (its base mode); the context
+budget of a call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .bundle import PromptTemplate
+from .errors import ContextOverflowError
+from .options import RuntimeOptions
+from .results import StopReason
+from .templates import ArityError, NumberedTemplate
+from .tokenizer import TextCodec
+
+__all__ = ["Budget", "CallInput", "Prompt", "WholePrompt"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many tokens a call may generate, and the stop reason if it uses them all."""
+
+    limit: int
+    exhausted_reason: StopReason
+
+
+CallInput = str | tuple[str, ...]
+"""A call's input: the text of a compiled program's one slot, or the arguments of a numbered template's slots."""
+
+
+class Prompt:
+    """A program's template on one tokenizer: the prefix's ids (checked against the context) and the encoding
+    of each call's input + suffix, like the official runtime."""
+
+    arity = 1
+    """Positional arguments a call takes."""
+
+    def __init__(self, codec: TextCodec, template: PromptTemplate, n_ctx: int) -> None:
+        self.codec = codec
+        self.n_ctx = n_ctx
+        self.prefix_ids = self._prefix_ids(template.prefix)
+        self._suffix = template.suffix
+        # The official runtime tokenizes input + suffix as one string; llama.cpp first cuts it at special
+        # tokens, so the input joins the suffix's text up to its first control token, and the rest follows.
+        self._suffix_head, rest = codec.split_at_first_control(template.suffix)
+        self._suffix_rest_ids = codec.encode(rest, parse_special=True)
+
+    def _prefix_ids(self, prefix: str) -> list[int]:
+        fewest = -(-len(prefix.encode("utf-8", "surrogatepass")) // self.codec.max_token_bytes)
+        if fewest >= self.n_ctx:  # cannot fit: refused before tokenizing (a 40 MB template took 4 GB to tokenize)
+            raise ContextOverflowError(fewest, 0, self.n_ctx, at_least=True)
+        ids = self.codec.encode(prefix, parse_special=True)
+        if len(ids) >= self.n_ctx:
+            raise ContextOverflowError(len(ids), 0, self.n_ctx)
+        return ids
+
+    def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
+        """Token ids of `text` + suffix, as evaluated after the prefix."""
+        if isinstance(text, tuple):
+            if len(text) != 1:
+                raise ArityError(1, len(text))
+            text = text[0]
+        if options.parse_special_in_input:
+            return self.codec.encode(text + self._suffix, parse_special=True)
+        return self.codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
+
+    def budget(self, n_prompt: int, options: RuntimeOptions) -> Budget:
+        """The official runtime's rule: what is left of the context, capped by `max_tokens`; none left is an error."""
+        n_prefix = len(self.prefix_ids)
+        remaining = self.n_ctx - n_prefix - n_prompt
+        if remaining <= 0:
+            raise ContextOverflowError(n_prefix, n_prompt, self.n_ctx)
+        if options.max_tokens is not None and options.max_tokens <= remaining:
+            return Budget(options.max_tokens, "max_tokens")
+        return Budget(remaining, "context")
+
+
+class WholePrompt(Prompt):
+    """A bare interpreter's template (no program): each call's prompt rendered whole and tokenized at once, as the
+    official runtime's base mode does; the text up to the template's last control token before its first slot is
+    the cached prefix (llama.cpp cuts a prompt at control tokens before anything else, so that cut changes no
+    token)."""
+
+    def __init__(self, codec: TextCodec, template: NumberedTemplate, n_ctx: int) -> None:
+        self.codec = codec
+        self.n_ctx = n_ctx
+        self.arity = template.arity
+        head, cut = template.head, 0
+        while True:
+            plain, rest = codec.split_at_first_control(head[cut:])
+            if not rest:
+                break
+            cut += len(plain) + codec.control_length(rest)
+        self.prefix_ids = self._prefix_ids(head[:cut])
+        first = template.segments[0]
+        assert isinstance(first, str)
+        self._template = NumberedTemplate((first[cut:], *template.segments[1:])) if self.arity else NumberedTemplate((head[cut:],))
+
+    def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
+        """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
+        only with `parse_special_in_input`."""
+        pieces = self._template.bind((text,) if isinstance(text, str) else text)
+        rendered = "".join(piece for piece, _ in pieces)
+        if options.parse_special_in_input or not any(is_argument and self.codec.split_at_first_control(piece)[1] for piece, is_argument in pieces):
+            return self.codec.encode(rendered, parse_special=True)
+        ids: list[int] = []
+        fragment = ""
+        for piece, is_argument in pieces:
+            while not is_argument:
+                plain, rest = self.codec.split_at_first_control(piece)
+                fragment += plain
+                if not rest:
+                    break
+                length = self.codec.control_length(rest)
+                ids += self.codec.encode(fragment, parse_special=False) + self.codec.encode(rest[:length], parse_special=True)
+                fragment, piece = "", rest[length:]
+            if is_argument:
+                fragment += piece  # control-token text in an argument stays text
+        return ids + self.codec.encode(fragment, parse_special=False)
