@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from tests.helpers.programs import TinyProgram
-from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import PawConfig, PawFn, Positional, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.compute import on_compute_thread, set_threads
 from pawfn.cli import escape_control, main
 from tests.helpers.programs import requires_llama_cpp
+from tests.helpers.tiny_models import TinyInterpreter
 
 
 def _expected(program: TinyProgram, text: str, max_tokens: int) -> tuple[str, tuple[int, ...]]:
@@ -353,3 +354,24 @@ def test_typed_output_flags(qwen3_program: TinyProgram, tmp_path: Path, capsys: 
     schema.write_text(json.dumps({"type": "object", "additionalProperties": True}))
     assert main([*run, "--json-schema", str(schema)]) == 1
     assert "additional properties" in capsys.readouterr().err
+
+
+def test_a_bare_interpreter_with_a_numbered_template(qwen3: TinyInterpreter, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--interpreter` instead of `--program`: the interpreter alone, on its official template (`--input`) or on
+    `--template` with one call's `--arg`s, printed as `Positional` gives them; mistakes are one-line errors."""
+    bare = ["run", "--interpreter", "Qwen/Qwen3-0.6B", "--base", str(qwen3.gguf_path), "--max-tokens", "5"]
+    template = "Context: {INPUT_0}. Question: {INPUT_1}. Answer:"
+    assert main([*bare, "--template", template, "--arg", "the sky", "--arg", "what colour?", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    with PawFn[Qwen3_0_6B, Torch].bare(base=qwen3.gguf_path, template=template) as program:
+        expected = Positional[str, str](program).generate("the sky", "what colour?", options=RuntimeOptions(max_tokens=5))
+    assert line["input"] == ["the sky", "what colour?"] and line["tokens"] == list(expected.token_ids)
+    assert main([*bare, "--input", "hello"]) == 0
+    with PawFn[Qwen3_0_6B, Torch].bare(base=qwen3.gguf_path) as program:
+        assert capsys.readouterr().out.strip() == escape_control(program.run_with("hello", RuntimeOptions(max_tokens=5)))
+    assert main([*bare, "--template", template, "--arg", "only one"]) == 1
+    assert capsys.readouterr().err.startswith("pawfn: error: the template takes 2 positional arguments")
+    assert main([*bare, "--template", "{INPUT_1}", "--arg", "x"]) == 1
+    assert "without gaps" in capsys.readouterr().err
+    assert main(["run", "--interpreter", "nope", "--input", "x"]) == 2
+    assert "--interpreter 'nope'" in capsys.readouterr().err

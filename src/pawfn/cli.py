@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, get_args
 
+from typing_extensions import Unpack
+
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from .backends import Backend, LlamaCpp, Remote, Torch
@@ -33,7 +35,8 @@ from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import compile_request
 from .jsonio import parse_json_object
-from .models import InterpreterModel
+from .models import GPT2, InterpreterModel, Qwen3_0_6B, model_for_interpreter
+from .positional import Positional
 from .options import DType, Numerics, RuntimeOptions, WeightDType
 from .results import Generation
 from .serve import ServeSettings, ServeTarget, serve_on_ray, serve_programs
@@ -140,7 +143,11 @@ def _engine_options() -> argparse.ArgumentParser:
 def _program_options() -> argparse.ArgumentParser:
     """What `run` and `bench` share: the program, its inputs, and every option that changes how it runs."""
     options = argparse.ArgumentParser(add_help=False, parents=[_engine_options()])
-    options.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
+    what = options.add_mutually_exclusive_group(required=True)
+    what.add_argument("--program", metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
+    what.add_argument("--interpreter", metavar="ID", help="no program: the bare interpreter (Qwen/Qwen3-0.6B, gpt2)")
+    options.add_argument("--template", metavar="TEXT", help="with --interpreter: a numbered template ({INPUT_0}, {INPUT_1}, ...)")
+    options.add_argument("--arg", action="append", metavar="TEXT", help="one call's arguments, in slot order (repeatable; with --template)")
     options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
     options.add_argument("--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin")
     options.add_argument(
@@ -378,9 +385,17 @@ def _print_json(data: object) -> None:
 
 
 def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[InterpreterModel, Backend]:
-    """`--program` (with `--base`, if given) on `--backend`, with the interpreter its bundle names."""
+    """`--program` (with `--base`, if given) on `--backend`, with the interpreter its bundle names; or the bare
+    `--interpreter` on its official template or `--template`."""
     base = None if args.base is None else Path(args.base)
-    return PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config)
+    if args.interpreter is None:
+        if args.template is not None:
+            raise _CliError("--template is for a bare interpreter: give --interpreter ID instead of --program (a program keeps its template)")
+        return PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config)
+    model = model_for_interpreter(args.interpreter)
+    if model is None:
+        raise _CliError(f"--interpreter {args.interpreter!r}: pawfn knows {', '.join(m.interpreter_id for m in (Qwen3_0_6B, GPT2))}")
+    return PawFn.specialize(model, _BACKENDS[args.backend]).bare(base=base, template=args.template, config=config)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -389,6 +404,13 @@ def _run(args: argparse.Namespace) -> int:
     copies = max(config.max_model_copies, args.batch_size)  # every row of a batch holds a copy while it runs
     config = config.with_options(max_batch_rows=args.batch_size, max_model_copies=copies)
     options = _options(args)
+    if args.arg is not None:
+        if args.input or args.input_file is not None:
+            raise _CliError("--arg gives one call's arguments; drop --input/--input-file (or give one --input per call)")
+        with _load_program(args, config) as program:
+            call: Positional[Unpack[tuple[str, ...]]] = Positional(program)  # the count is checked against the template
+            _print_generation(args, program, list(args.arg), call.generate(*args.arg, options=options))
+        return 0
     inputs = _inputs(args)
     with _load_program(args, config) as program:
         for start in range(0, len(inputs), args.batch_size):  # outputs print batch by batch, in input order
@@ -398,13 +420,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str, generation: Generation) -> None:
+def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], text: str | list[str], generation: Generation) -> None:
     if not args.json:
         print(escape_control(generation.text), flush=True)
         return
     _print_json(
         {
-            "program": program.program_id or args.program,
+            "program": program.program_id or args.program or args.interpreter,
             "interpreter": program.interpreter,
             "input": text,
             "output": generation.text,
@@ -426,7 +448,9 @@ def _bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with _load_program(args, config) as program:
         load_s = time.perf_counter() - started
-        result, _ = run_bench(program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program)
+        result, _ = run_bench(
+            program, inputs, options, runs=args.runs, concurrency=args.concurrency, load_s=load_s, reference=args.program or args.interpreter
+        )
     if args.json:
         _print_json(result.model_dump())
         return 0
