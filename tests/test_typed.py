@@ -247,3 +247,19 @@ def test_trained_outputs_that_do_not_fit_become_values(family: Family) -> None:
         assert all(label in ("yes", "no") for label in function.returning(Literal["yes", "no"]).run_batch(inputs, options))
         assert all(isinstance(number, int) for number in function.returning(int).run_batch(inputs, options))
         assert all(isinstance(passage, Passage) for passage in function.returning(Passage).run_batch(inputs, options))
+
+
+def test_a_closed_base_takes_its_compiled_grammars_with_it(qwen3_program: TinyProgram) -> None:
+    """Grammars are cached per tokenizer, weakly: the cache keeps no codec (and no base) alive."""
+    import gc
+    import weakref
+
+    from pawfn.constraint import _by_codec  # pyright: ignore[reportPrivateUsage]  # the cache under test
+
+    with _open(qwen3_program) as function:
+        function.returning(Literal["urgent", "normal"]).run(TEXTS[0])
+        codec = weakref.ref(function.runtime._prompt.codec)  # type: ignore[attr-defined]  # noqa: SLF001  # pyright: ignore[reportAttributeAccessIssue, reportUnknownMemberType, reportUnknownArgumentType]  # the codec, to watch it go
+        assert codec() in _by_codec
+    del function
+    gc.collect()
+    assert codec() is None

@@ -4,6 +4,7 @@ applies them in its own decode loops), grammars compiled once per (tokenizer, fo
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
@@ -49,8 +50,8 @@ def check_output(output: OutputFormat, limits: SchemaLimits | None = None) -> No
 def _first_reason(message: str) -> str:
     """llguidance's message in one line: where, and the `error:` line that says why, if there is one."""
     lines = message.splitlines()
-    reasons = [line.strip() for line in lines if line.strip().startswith("error:")]
-    return " ".join([lines[0].rstrip(":"), *reasons[:1]]) if lines else message
+    reasons = [line.strip().removeprefix("error:").strip() for line in lines if line.strip().startswith("error:")]
+    return "; ".join([lines[0].rstrip(":"), *reasons[:1]]) if lines else message
 
 
 class _Grammars:
@@ -93,10 +94,11 @@ class _CodecTokens:
         self.bos_token_id = None
         self.tokens = codec.grammar_pieces()
         self.special_token_ids = codec.special_ids()
-        self._codec = codec
+        self._codec = weakref.ref(codec)  # weak: the grammars are cached by codec, and go with it
 
     def __call__(self, text: bytes) -> list[int]:
-        return self._codec.encode(text.decode("utf-8", errors="replace"), parse_special=False)
+        codec = self._codec()
+        return [] if codec is None else codec.encode(text.decode("utf-8", errors="replace"), parse_special=False)
 
 
 _by_codec: WeakKeyDictionary[TextCodec, _Grammars] = WeakKeyDictionary()
