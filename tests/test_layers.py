@@ -20,7 +20,22 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset(
-        {"errors", "jsonio", "files", "options", "config", "models", "backends", "results", "hashing", "progress", "protocol", "grammar", "templates"}
+        {
+            "errors",
+            "jsonio",
+            "files",
+            "options",
+            "config",
+            "models",
+            "backends",
+            "results",
+            "hashing",
+            "progress",
+            "protocol",
+            "grammar",
+            "templates",
+            "images",
+        }
     ),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter", "constraint", "outputs"}),
     frozenset({"prompt", "runtime", "calls", "positional"}),

@@ -35,6 +35,7 @@ from .errors import (
     TokenizerError,
 )
 from .function import PawFn
+from .images import Image, ImageError
 from .positional import Positional
 from .templates import ArityError, TemplateError
 from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
@@ -72,6 +73,8 @@ __all__ = [
     "HubConnectionError",
     "HubSettings",
     "HubError",
+    "Image",
+    "ImageError",
     "IntegrityError",
     "JsonSchemaFormat",
     "JsonSchemaSpec",
