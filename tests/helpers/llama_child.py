@@ -61,17 +61,22 @@ def _generate(request: dict[str, Any]) -> list[list[int]]:
         llm = _load(request)
         try:
             _prompt(llm, request["template"], text)
-            tokens: list[int] = []
-            for _ in range(request["max_tokens"]):
-                token = int(llm.sample(temp=0.0))
-                if token == llm.token_eos():
-                    break
-                tokens.append(token)
-                llm.eval([token])
-            out.append(tokens)
+            out.append(_greedy(llm, request["max_tokens"]))
         finally:
             llm.close()
     return out
+
+
+def _greedy(llm: Any, max_tokens: int) -> list[int]:  # noqa: ANN401 - llama_cpp.Llama, untyped here
+    """Greedy tokens after the prompt already evaluated, to EOS or `max_tokens`."""
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        token = int(llm.sample(temp=0.0))
+        if token == llm.token_eos():
+            break
+        tokens.append(token)
+        llm.eval([token])
+    return tokens
 
 
 def _logits(request: dict[str, Any]) -> list[list[float]]:
@@ -144,14 +149,7 @@ def _generate_whole(request: dict[str, Any]) -> list[list[int]]:
         llm = _load(request)
         try:
             llm.eval(llm.tokenize(prompt.encode(), add_bos=False, special=True))
-            tokens: list[int] = []
-            for _ in range(request["max_tokens"]):
-                token = int(llm.sample(temp=0.0))
-                if token == llm.token_eos():
-                    break
-                tokens.append(token)
-                llm.eval([token])
-            out.append(tokens)
+            out.append(_greedy(llm, request["max_tokens"]))
         finally:
             llm.close()
     return out
