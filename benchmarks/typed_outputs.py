@@ -15,12 +15,11 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from load_cost import INPUT, llama_cpp_build, prepare
 
 from pawfn import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.constraint import _grammars, allowed_tokens, compile_output
+from pawfn.constraint import _grammars, compile_output
 from pawfn.grammar import OutputFormat
 
 FORMATS: dict[str, OutputFormat] = {
@@ -62,9 +61,7 @@ def mask_times(codec: object, width: int, steps: int) -> dict[str, float]:
             if constraint.finished:
                 break
             started = time.perf_counter()
-            bitmask = np.full((1, constraint.words), -1, dtype=np.int32)
-            constraint.fill(bitmask, 0)
-            allowed = torch.as_tensor(allowed_tokens(bitmask, width))
+            allowed = torch.as_tensor(constraint.allowed(width))
             masked = logits.masked_fill(~allowed, float("-inf"))
             times.append((time.perf_counter() - started) * 1e6)
             choices = torch.nonzero(masked[0] > float("-inf")).flatten().tolist()

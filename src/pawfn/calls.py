@@ -46,6 +46,15 @@ class PendingGeneration(Future[Generation]):
             callback()
         return super().cancel()
 
+    def settle(self, result: Callable[[], Generation]) -> None:
+        """Hand over what `result()` gives, or the error it raises (a constrained output that is no value)."""
+        try:
+            generation = result()
+        except Exception as exc:  # noqa: BLE001 - the call's own error, delivered through its future
+            self.set_exception(exc)
+        else:
+            self.set_result(generation)
+
     def when_abandoned(self, callback: Callable[[], None]) -> None:
         """Call `callback` once `cancel()` is called (at once if it was), on the cancelling thread."""
         with self._abandon_lock:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from .tokenizer import TextCodec
 
-__all__ = ["Constraint", "allowed_tokens", "check_output", "compile_output", "describe"]
+__all__ = ["Constraint", "check_output", "compile_output", "describe"]
 
 _CACHE_SIZE = 64
 _LEXER_FUEL, _STEP_FUEL, _GRAMMAR_SIZE = 2_000_000, 400_000, 200_000
@@ -135,6 +135,13 @@ class Constraint:
         self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
         self._check()
 
+    def allowed(self, width: int) -> NDArray[np.bool_]:
+        """The tokens that may come next, one boolean per logit of a `width`-wide row (past the tokenizer's: never)."""
+        bitmask = np.full((1, self.words), -1, dtype=np.int32)
+        self.fill(bitmask, 0)
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little").astype(np.bool_)
+        return bits[:width] if bits.shape[0] >= width else np.pad(bits, (0, width - bits.shape[0]))
+
     def consume(self, token: int) -> None:
         """Advance past `token` (one the mask allowed)."""
         self._matcher.consume_token(token)
@@ -154,11 +161,3 @@ class Constraint:
         if self._matcher.is_error():
             problem = self._matcher.get_error().splitlines()[0]
             raise OutputTypeError(describe(self.output), "", f"the grammar failed: {problem}")
-
-
-def allowed_tokens(bitmask: NDArray[np.int32], width: int) -> NDArray[np.bool_]:
-    """Bitmask rows [rows, words] unpacked to booleans [rows, width]; tokens past the tokenizer's are not allowed."""
-    bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little").astype(np.bool_)
-    if bits.shape[1] >= width:
-        return bits[:, :width]
-    return np.pad(bits, ((0, 0), (0, width - bits.shape[1])))

@@ -85,35 +85,24 @@ class WholePrompt(Prompt):
         self.codec = codec
         self.n_ctx = n_ctx
         self.arity = template.arity
-        head, cut = template.head, 0
-        while True:
-            plain, rest = codec.split_at_first_control(head[cut:])
-            if not rest:
-                break
-            cut += len(plain) + codec.control_length(rest)
+        head = template.head
+        cut = len(head) - len(codec.control_spans(head)[-1][0])  # the end of its last control token
         self.prefix_ids = self._prefix_ids(head[:cut])
-        first = template.segments[0]
-        assert isinstance(first, str)
-        self._template = NumberedTemplate((first[cut:], *template.segments[1:])) if self.arity else NumberedTemplate((head[cut:],))
+        self._template = NumberedTemplate((head[cut:], *template.segments[1:]))
 
     def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
         pieces = self._template.bind((text,) if isinstance(text, str) else text)
-        rendered = "".join(piece for piece, _ in pieces)
-        if options.parse_special_in_input or not any(is_argument and self.codec.split_at_first_control(piece)[1] for piece, is_argument in pieces):
-            return self.codec.encode(rendered, parse_special=True)
+        if options.parse_special_in_input or not any(is_argument and len(self.codec.control_spans(piece)) > 1 for piece, is_argument in pieces):
+            return self.codec.encode("".join(piece for piece, _ in pieces), parse_special=True)
         ids: list[int] = []
-        fragment = ""
+        fragment = ""  # text between control tokens, tokenized as one piece
         for piece, is_argument in pieces:
-            while not is_argument:
-                plain, rest = self.codec.split_at_first_control(piece)
-                fragment += plain
-                if not rest:
-                    break
-                length = self.codec.control_length(rest)
-                ids += self.codec.encode(fragment, parse_special=False) + self.codec.encode(rest[:length], parse_special=True)
-                fragment, piece = "", rest[length:]
-            if is_argument:
-                fragment += piece  # control-token text in an argument stays text
+            for span, is_control in [(piece, False)] if is_argument else self.codec.control_spans(piece):
+                if is_control:
+                    ids += self.codec.encode(fragment, parse_special=False) + self.codec.encode(span, parse_special=True)
+                    fragment = ""
+                else:
+                    fragment += span  # control-token text in an argument stays text
         return ids + self.codec.encode(fragment, parse_special=False)

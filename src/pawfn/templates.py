@@ -80,5 +80,5 @@ class NumberedTemplate:
     def head(self) -> str:
         """The literal text before the first slot (the whole template when it has none)."""
         first = self.segments[0]
-        assert isinstance(first, str)
-        return first if self.arity else "".join(segment for segment in self.segments if isinstance(segment, str))
+        assert isinstance(first, str)  # parsing always starts with text, if empty
+        return first

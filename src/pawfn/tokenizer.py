@@ -145,10 +145,16 @@ class TextCodec:
         match = self._control_pattern.search(text)
         return (text, "") if match is None else (text[: match.start()], text[match.start() :])
 
-    def control_length(self, text: str) -> int:
-        """Length of the control token's text `text` starts with (0 if it starts with none)."""
-        match = None if self._control_pattern is None else self._control_pattern.match(text)
-        return 0 if match is None else match.end()
+    def control_spans(self, text: str) -> list[tuple[str, bool]]:
+        """`text` cut at its control tokens' text, as llama.cpp cuts a prompt first: (piece, is a control token)."""
+        if self._control_pattern is None:
+            return [(text, False)]
+        spans: list[tuple[str, bool]] = []
+        end = 0
+        for match in self._control_pattern.finditer(text):
+            spans += [(text[end : match.start()], False), (match.group(), True)]
+            end = match.end()
+        return [*spans, (text[end:], False)]
 
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes of `ids`, control tokens rendered as nothing (llama.cpp detokenize, special=False)."""

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..config import EngineSettings
-from ..constraint import Constraint, allowed_tokens
+from ..constraint import Constraint
 from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
@@ -149,9 +149,7 @@ class LlamaCppSession:
 
 def _masking(constraint: Constraint, width: int) -> Callable[[NDArray[np.intc], NDArray[np.single]], NDArray[np.single]]:
     """A llama.cpp logits processor that sets the tokens `constraint` forbids now to -inf."""
-    bitmask = np.full((1, constraint.words), -1, dtype=np.int32)
-    constraint.fill(bitmask, 0)
-    allowed = allowed_tokens(bitmask, width)[0]
+    allowed = constraint.allowed(width)
 
     def mask(_: NDArray[np.intc], scores: NDArray[np.single]) -> NDArray[np.single]:
         return np.where(allowed[: scores.shape[0]], scores, np.single(-np.inf)).astype(np.single)

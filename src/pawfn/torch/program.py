@@ -145,10 +145,7 @@ class TorchProgram(PromptRuntime):
             return pending
         if decoding.budget.limit == 0:
             pending.set_running_or_notify_cancel()
-            try:
-                pending.set_result(decoding.result())
-            except Exception as exc:  # noqa: BLE001 - a constrained output with no room for a value
-                pending.set_exception(exc)
+            pending.settle(decoding.result)
             self._exit_run()
             return pending
         self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self.prefix_state, pending, self._exit_run, self.batch_invariant))

@@ -8,9 +8,9 @@ for all rows at once (one host sync per step), sampled rows each with the call's
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
-from ..constraint import allowed_tokens
 from ..errors import NonFiniteError
 from .network import TorchInterpreter
 from .sampling import sample_token
@@ -102,18 +102,19 @@ class Runner:
 def _constrained(calls: list[ScheduledCall], logits: torch.Tensor) -> tuple[torch.Tensor, dict[int, Exception]]:
     """`logits` with each constrained row's forbidden tokens at -inf (a new tensor: a prefix's logits are shared),
     and the rows whose grammar failed."""
-    rows = [(i, call.decoding.constraint) for i, call in enumerate(calls) if call.decoding.constraint is not None]
-    if not rows:
-        return logits, {}
-    bitmask = np.full((len(rows), rows[0][1].words), -1, dtype=np.int32)
+    width = logits.shape[-1]
+    masks: dict[int, npt.NDArray[np.bool_]] = {}
     refused: dict[int, Exception] = {}
-    for j, (i, constraint) in enumerate(rows):
-        try:
-            constraint.fill(bitmask, j)
-        except Exception as exc:  # noqa: BLE001 - a failing mask fails its own call
-            refused[i] = exc
-    allowed = torch.as_tensor(allowed_tokens(bitmask, logits.shape[-1]), device=logits.device)
-    index = torch.tensor([i for i, _ in rows], device=logits.device)
+    for i, call in enumerate(calls):
+        if call.decoding.constraint is not None:
+            try:
+                masks[i] = call.decoding.constraint.allowed(width)
+            except Exception as exc:  # noqa: BLE001 - a failing mask fails its own call
+                refused[i] = exc
+    if not masks:
+        return logits, refused
+    allowed = torch.as_tensor(np.stack(list(masks.values())), device=logits.device)
+    index = torch.tensor(list(masks), device=logits.device)
     masked = logits.clone()
     masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return masked, refused

@@ -196,10 +196,5 @@ class Scheduler:
                 elif pending.abandoned.is_set():
                     pending.set_exception(CancelledError())
                 else:
-                    try:
-                        generation = call.decoding.result()
-                    except Exception as exc:  # noqa: BLE001 - an output that is no value of its type: that call's error
-                        pending.set_exception(exc)
-                    else:
-                        pending.set_result(generation)
+                    pending.settle(call.decoding.result)
             call.ended()
