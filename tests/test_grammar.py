@@ -180,14 +180,14 @@ def _text(value: object, draw: Callable[[st.SearchStrategy[Any]], Any]) -> str:
     """`value` as JSON with its spacing, key order (now and then shuffled) and number forms drawn."""
     space: str = draw(SEPARATORS)
     if isinstance(value, dict):
-        fields = cast(dict[str, object], value)
+        fields = cast(dict[str, object], value)  # cast: a drawn JSON object (str keys)
         keys: list[str] = list(fields)
         if draw(st.integers(0, 4)) == 0:
             keys = draw(st.permutations(keys))
         items = [f"{json.dumps(key)}{draw(SEPARATORS)}:{draw(SEPARATORS)}{_text(fields[key], draw)}" for key in keys]
         return "{" + space + ("," + str(draw(SEPARATORS))).join(items) + "}" + str(draw(SEPARATORS))
     if isinstance(value, list):
-        items = [_text(item, draw) for item in cast(list[object], value)]
+        items = [_text(item, draw) for item in cast(list[object], value)]  # cast: a drawn JSON array
         return "[" + space + ("," + space).join(items) + "]" + str(draw(SEPARATORS))
     if isinstance(value, int | float) and not isinstance(value, bool):
         return (json.dumps(value) if draw(st.booleans()) else str(draw(st.sampled_from(NUMBERS)))) + space

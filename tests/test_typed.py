@@ -5,6 +5,7 @@ llama.cpp's own grammar's (`response_format`)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,6 +155,7 @@ def test_through_a_server_and_remote(server: ServeProcess, local_runs: dict[str,
             INPUTS, options
         )
         assert remote.returning(int).run_batch(INPUTS, options) == local.returning(int).run_batch(INPUTS, options)
+        assert asyncio.run(remote.returning(int).arun_batch(INPUTS, options)) == local.returning(int).run_batch(INPUTS, options)  # one request
         with pytest.raises(OutputTypeError, match="Summary") as unfinished:  # the server's error, typed as a local call's
             remote.returning(Summary).run(INPUTS[0], RuntimeOptions(max_tokens=4))
         with pytest.raises(OutputTypeError) as unfinished_here:

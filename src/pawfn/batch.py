@@ -59,7 +59,7 @@ def _check_call(index: int, call: object) -> None:
 def run_many(calls: Sequence[tuple[PawFn[Any, Any], str]], options: RuntimeOptions | None = None) -> list[str]: ...
 @overload
 def run_many(calls: Sequence[tuple[TypedFn[T], str]], options: RuntimeOptions | None = None) -> list[T]: ...
-def run_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions | None = None) -> list[Any]:
+def run_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions | None = None) -> list[Any]:  # Any: the overloads type it
     """The values of `generate_many`: a plain program's text, a typed one's value (each under its own grammar). The
     checkers type a list of plain programs as `list[str]` and one of typed programs as `list[T]` (their types'
     union); mix in a plain program as `program.returning(str)` to keep the typing."""
@@ -71,7 +71,7 @@ def run_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions 
 async def arun_many(calls: Sequence[tuple[PawFn[Any, Any], str]], options: RuntimeOptions | None = None) -> list[str]: ...
 @overload
 async def arun_many(calls: Sequence[tuple[TypedFn[T], str]], options: RuntimeOptions | None = None) -> list[T]: ...
-async def arun_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions | None = None) -> list[Any]:
+async def arun_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions | None = None) -> list[Any]:  # Any: the overloads type it
     """`run_many` without blocking the event loop; cancelling the task stops its calls."""
     pendings = [await program.asubmit(text, options) for program, text in _checked_calls(calls)]
     generations = await gather_in_order(pendings)

@@ -122,14 +122,14 @@ def _regex_body(pattern: str) -> str:
 # llama.cpp's schema grammar, as regular expressions: integers of at most 16 digits, no leading zero but "0"; strings
 # of any characters but an unescaped quote or backslash; JSON's escapes
 _INTEGRAL = "([0-9]|[1-9][0-9]{1,15})"
+_CHAR = '([^"\\\\]|\\\\(["\\\\\\/bfnrt]|u[0-9a-fA-F]{4}))'
 _TERMINALS = {
     "integer": f"/-?{_INTEGRAL}/",
     "number": f"/-?{_INTEGRAL}(\\.[0-9]{{1,16}})?([eE][-+]?{_INTEGRAL})?/",
     "boolean": '("true" | "false")',
     "null": '"null"',
-    "string": '/"([^"\\\\]|\\\\(["\\\\\\/bfnrt]|u[0-9a-fA-F]{4}))*"/',
+    "string": f'/"{_CHAR}*"/',
 }
-_CHAR = '([^"\\\\]|\\\\(["\\\\\\/bfnrt]|u[0-9a-fA-F]{4}))'
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})
 _SUPPORTED = {
     "object": frozenset({"type", "properties", "required", "additionalProperties"}),

@@ -24,7 +24,6 @@ from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, OutputForm
 
 __all__ = ["OutputType", "Pattern"]
 
-T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "t", "f", "y", "n", "1", "0")
@@ -74,7 +73,7 @@ class OutputType(Generic[T_co]):
             self._choices = {}
             for value in values:
                 text = _choice_text(value.value if isinstance(value, enum.Enum) else value, self.name)
-                if self._choices.setdefault(text, cast(T_co, value)) is not value:
+                if self._choices.setdefault(text, cast(T_co, value)) is not value:  # cast: a value of the declared type
                     raise GrammarError(f"{self.name}: two choices are written {text!r}; a program's text could not tell them apart")
             return ChoicesFormat(choices=tuple(self._choices))
         try:
@@ -129,7 +128,7 @@ def _choices(output: object) -> list[object] | None:
     if origin in (typing.Union, types.UnionType):
         parts = [_choices(arg) for arg in typing.get_args(output)]
         if all(part is not None for part in parts):
-            return [value for part in parts for value in cast(list[object], part)]
+            return [value for part in parts for value in cast(list[object], part)]  # cast: none is None, checked above
     return None
 
 

@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from .calls import PendingGeneration, gather_in_order
+from .calls import PendingGeneration
 from .options import RuntimeOptions
 from .outputs import OutputType
 from .results import Generation
 
 __all__ = ["TextProgram", "TypedFn", "TypedGeneration"]
 
-T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -38,6 +37,10 @@ class TextProgram(Protocol):
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[Generation]:
         """`generate` for each input, results in input order."""
+        ...
+
+    async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[str]:
+        """`generate_batch`'s texts, for the event loop."""
         ...
 
 
@@ -108,9 +111,8 @@ class TypedFn(Generic[T_co]):
         return [typed.value for typed in self.generate_batch(inputs, options)]
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[T_co]:
-        """`run_batch` without blocking the event loop."""
-        pendings = [await self._program.asubmit(text, self._options(options)) for text in inputs]
-        return [self._output.parse(generation.text) for generation in await gather_in_order(pendings)]
+        """`run_batch` without blocking the event loop (as `PawFn.arun_batch`: one request on Remote)."""
+        return [self._output.parse(text) for text in await self._program.arun_batch(inputs, self._options(options))]
 
     def value_of(self, generation: Generation) -> T_co:
         """The value of a `Generation` this program's call produced under its type (`OutputTypeError` if none)."""
