@@ -6,7 +6,21 @@ from __future__ import annotations
 
 import pytest
 
-from pawfn import ArityError, ConfigError, GPT2, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_0_6B, Remote, RuntimeOptions, TemplateError, Torch
+from pawfn import (
+    ArityError,
+    BaseModelError,
+    ConfigError,
+    GPT2,
+    LlamaCpp,
+    PawConfig,
+    PawFn,
+    Positional,
+    Qwen3_0_6B,
+    Remote,
+    RuntimeOptions,
+    TemplateError,
+    Torch,
+)
 from pawfn.backends import Backend
 from pawfn.models import InterpreterModel
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -89,6 +103,8 @@ def test_wrong_counts_and_kinds_are_refused_before_any_work(qwen3: TinyInterpret
 def test_templates_and_backends_it_cannot_take(qwen3: TinyInterpreter, qwen3_program: TinyProgram) -> None:
     with pytest.raises(TemplateError, match="indices must start at 0 without gaps"):
         PawFn[Qwen3_0_6B, Torch].bare(base=qwen3.gguf_path, template="{INPUT_0} {INPUT_2}")
+    with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B in the cache: pass base=PATH"):
+        PawFn[Qwen3_0_6B, Torch].bare(template=NUMBERED)  # the test's cache is empty
     with pytest.raises(ConfigError, match="runs locally"):
         PawFn[Qwen3_0_6B, Remote].bare(template=NUMBERED)
     with pytest.raises(TypeError, match="takes a loaded PawFn"):

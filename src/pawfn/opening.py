@@ -102,16 +102,21 @@ def open_files(
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     with open_bundle(bundle, cache.staging_dir()) as opened:
         model = choose(opened.meta, opened.name)
-        base = base or find_cached_base(model, opened.meta, cache)
-        if base is None:
-            raise BaseModelError(
-                None,
-                f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file "
-                f"such as {model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of "
-                f"{model.default_hf_repo}, or load by reference with load_sync (it downloads what is missing)",
-            )
+        base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
         runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir()), config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
+
+
+def _base_weights(base: Path | None, model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache, otherwise: str) -> Path:
+    """`base`, else the verified base in the cache; `BaseModelError` naming where to get one (`otherwise`: another way)."""
+    found = base or find_cached_base(model, meta, cache)
+    if found is None:
+        raise BaseModelError(
+            None,
+            f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file such as "
+            f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of {model.default_hf_repo}{otherwise}",
+        )
+    return found
 
 
 def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path | None, template: str | None, config: PawConfig) -> Opened:
@@ -120,15 +125,11 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     started = time.perf_counter()
     if issubclass(backend, Remote):
         raise ConfigError("a bare interpreter runs locally: open it on Torch or LlamaCpp")
+    numbered = NumberedTemplate.single(model.base_template) if template is None else NumberedTemplate.parse(template)
     opener = runtime_opener(backend)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     meta = ProgramMeta(interpreter=model.interpreter_id)
-    base = base or find_cached_base(model, meta, cache)
-    if base is None:
-        raise BaseModelError(
-            None, f"no base weights for {model.__name__} in the cache: pass base=PATH, a GGUF file such as {model.default_gguf.file}"
-        )
-    numbered = NumberedTemplate.single(model.base_template) if template is None else NumberedTemplate.parse(template)
+    base = _base_weights(base, model, meta, cache, "")
     runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered), config)
     return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
 
