@@ -35,7 +35,7 @@ from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import compile_request
 from .jsonio import parse_json_object
-from .models import GPT2, InterpreterModel, Qwen3_0_6B, model_for_interpreter
+from .models import InterpreterModel, builtin_models, model_for_interpreter
 from .positional import Positional
 from .options import DType, Numerics, RuntimeOptions, WeightDType
 from .results import Generation
@@ -394,7 +394,7 @@ def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[Interpre
         return PawFn.load_any_sync(args.program, _BACKENDS[args.backend], base=base, config=config)
     model = model_for_interpreter(args.interpreter)
     if model is None:
-        raise _CliError(f"--interpreter {args.interpreter!r}: pawfn knows {', '.join(m.interpreter_id for m in (Qwen3_0_6B, GPT2))}")
+        raise _CliError(f"--interpreter {args.interpreter!r}: pawfn knows {', '.join(m.interpreter_id for m in builtin_models())}")
     return PawFn.specialize(model, _BACKENDS[args.backend]).bare(base=base, template=args.template, config=config)
 
 

@@ -29,11 +29,17 @@ from ..hub.http import CALL_RETRY_STATUSES, SERVER_RETRY_STATUSES, Endpoint, Err
 __all__ = ["ServerClient", "StreamEvent"]
 
 
+def _output_error(code: str | None, message: str | None) -> OutputTypeError | None:
+    """The `OutputTypeError` a local call raises, for a server's answer that its call's output is no value."""
+    return OutputTypeError.reported(f"the server's call: {message}") if code == "output_not_of_type" else None
+
+
 def _as_server_error(error: HubError) -> PawError:
     """A pawfn server's refusals: a bad request is a `RequestError`, a refused key names the server's setting, an
     output that is no value of its type the `OutputTypeError` a local call raises."""
-    if error.code == "output_not_of_type":
-        return OutputTypeError.reported(f"the server's call: {error.server_message}")
+    output_error = _output_error(error.code, error.server_message)
+    if output_error is not None:
+        return output_error
     facts = ErrorFacts(status=error.status or 0, server_message=error.server_message, url=error.url or "", code=error.code)
     if isinstance(error, AuthenticationError):
         return AuthenticationError(
@@ -167,8 +173,9 @@ def _stream_events(lines: Iterator[str], url: str) -> Iterator[StreamEvent]:
                 return
             elif event == "error":
                 failure = ErrorBody.model_validate_json(data)
-                if failure.error == "output_not_of_type":
-                    raise OutputTypeError.reported(f"the server's call: {failure.message}")
+                output_error = _output_error(failure.error, failure.message)
+                if output_error is not None:
+                    raise output_error
                 raise ServerError(f"the server's call failed: {failure.message}", code=failure.error, url=url, server_message=failure.message)
             event, data = "message", ""
     raise ServerError("the server's stream ended before the call's answer", url=url)
