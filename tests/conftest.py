@@ -1,4 +1,4 @@
-"""Session fixtures: tiny Qwen3 and GPT-2 interpreters, adapters and bundles generated on the fly."""
+"""Session fixtures: tiny Qwen3, Qwen3.5 and GPT-2 interpreters, adapters and bundles generated on the fly."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pawfn import ModelRegistry, PawFn, Qwen3_0_6B, Torch
 from tests.helpers.programs import TinyProgram, make_program
 from tests.helpers.servers import FIRST_ID, KEY, SECOND_ID, ServeProcess, start_server
 from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
+from tests.helpers.tiny_qwen35 import build_qwen35
 from tests.helpers.trained import TrainedProgram, load_trained
 
 
@@ -66,6 +67,21 @@ def qwen3(tiny_root: Path) -> TinyInterpreter:
 @pytest.fixture(scope="session")
 def gpt2(tiny_root: Path) -> TinyInterpreter:
     return build_interpreter("gpt2", tiny_root)
+
+
+@pytest.fixture(scope="session")
+def qwen35(tiny_root: Path) -> TinyInterpreter:
+    return build_qwen35(tiny_root)
+
+
+@pytest.fixture(scope="session")
+def qwen35_program(qwen35: TinyInterpreter, tiny_root: Path) -> TinyProgram:
+    return make_program(qwen35, tiny_root, "qwen35-program")
+
+
+@pytest.fixture(scope="session")
+def qwen35_program_q4(qwen35: TinyInterpreter, tiny_root: Path) -> TinyProgram:
+    return make_program(qwen35, tiny_root, "qwen35-program-q4", gguf.GGMLQuantizationType.Q4_0, seed=2)
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ from .outputs import OutputType, Pattern
 from .typed import TypedFn, TypedGeneration
 from .results import Generation, Timings
 from .calls import TextStream
-from .models import GPT2, InterpreterModel, Qwen3_0_6B, WeightFile
+from .models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
 from .config import EngineSettings, HubSettings, PawConfig, RemoteSettings
 from .options import RuntimeOptions
 from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
@@ -104,6 +104,7 @@ __all__ = [
     "ProgramMeta",
     "PromptTemplate",
     "Qwen3_0_6B",
+    "Qwen3_5_0_8B",
     "RateLimitError",
     "Remote",
     "RemoteSettings",

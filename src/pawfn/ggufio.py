@@ -297,6 +297,16 @@ class GGUFFile:
             raise GGUFFormatError(f"metadata {key} should be an array of integers")
         return [number for number in numbers if number is not None]
 
+    def booleans(self, key: str) -> list[bool] | None:
+        """A boolean-array metadata value, or None when absent."""
+        value = self.value(key)
+        if value is None:
+            return None
+        items = cast("list[object]", value) if isinstance(value, list) else None  # cast: list of unknown items
+        if items is None or not all(isinstance(item, (bool, np.bool_)) for item in items):
+            raise GGUFFormatError(f"metadata {key} should be an array of booleans")
+        return [bool(item) for item in items]
+
     def tensor_names(self) -> Iterator[str]:
         """Names of the tensors in file order."""
         return iter(self._tensors)

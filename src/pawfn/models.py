@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["GPT2", "InterpreterModel", "Qwen3_0_6B", "WeightFile", "builtin_models", "model_for_interpreter"]
+__all__ = ["GPT2", "InterpreterModel", "Qwen3_0_6B", "Qwen3_5_0_8B", "WeightFile", "builtin_models", "model_for_interpreter"]
 
 
 class WeightFile(BaseModel):
@@ -20,11 +20,13 @@ class WeightFile(BaseModel):
     file: str
     size_bytes: int | None = None
     sha256: str | None = None
+    revision: str = "main"
+    """The repo's branch or commit the file is read from (the official runtimes pin some by commit)."""
 
     @property
     def url(self) -> str:
         """The Hugging Face download URL of the file."""
-        return f"https://huggingface.co/{self.repo}/resolve/main/{self.file}"
+        return f"https://huggingface.co/{self.repo}/resolve/{self.revision}/{self.file}"
 
 
 class InterpreterModel:
@@ -62,9 +64,14 @@ class InterpreterModel:
     max_context: ClassVar[int | None]
     """Hard position limit of the architecture in tokens (None: bounded by n_ctx only)."""
     learned_positions: ClassVar[bool] = False
+    """Positions come from a learned table, so a checkpoint's trained length also bounds the context."""
     base_template: ClassVar[str] = "{INPUT_PLACEHOLDER}"
     """The official runtime's prompt for the bare interpreter (its base-inference contract, version 1)."""
-    """Positions come from a learned table, so a checkpoint's trained length also bounds the context."""
+    default_n_ctx: ClassVar[int] = 2048
+    """The official runtime's context size for this interpreter (tokens)."""
+    whole_prompt: ClassVar[bool] = False
+    """The official runtime tokenizes each call's rendered prompt whole (its vision runtime) rather than the
+    template's prefix once and the input with the suffix per call."""
 
     def __init__(self) -> None:
         raise TypeError(f"{type(self).__name__} is a type marker; use it as PawFn[{type(self).__name__}, ...]")
@@ -135,9 +142,52 @@ class GPT2(InterpreterModel):
     learned_positions = True
 
 
+class Qwen3_5_0_8B(InterpreterModel):  # noqa: N801 - the name mirrors the model's own spelling
+    """Qwen3.5-0.8B: 24 layers (Gated DeltaNet, full attention every fourth), hidden 1024, tied embeddings; text
+    (its images are not run yet)."""
+
+    interpreter_id = "Qwen/Qwen3.5-0.8B"
+    interpreter_aliases = frozenset({"qwen3.5-0.8b", "Qwen3.5-0.8B"})
+    family = "qwen35"
+    gguf_architecture = "qwen35"
+    hf_model_type = "qwen3_5_text"
+    runtime_id = "qwen3.5-0.8b-q8_0"
+    default_gguf = WeightFile(
+        repo="ggml-org/Qwen3.5-0.8B-GGUF",
+        file="Qwen3.5-0.8B-Q8_0.gguf",
+        size_bytes=833592096,
+        sha256="37ae482d336108d23516fa35e8e0c4126688d81018b87178a18d752a1357814f",
+        revision="8fea620810c4afa23dd6443f999a48574c1611a3",
+    )
+    default_hf_repo = "Qwen/Qwen3.5-0.8B"
+    transformers_model_class = "Qwen3_5ForCausalLM"
+    transformers_config_class = "Qwen3_5TextConfig"
+    lora_module_map = MappingProxyType(
+        {
+            "attn_q": "self_attn.q_proj",
+            "attn_k": "self_attn.k_proj",
+            "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj",
+            "attn_qkv": "linear_attn.in_proj_qkv",
+            "attn_gate": "linear_attn.in_proj_z",
+            "ssm_alpha": "linear_attn.in_proj_a",
+            "ssm_beta": "linear_attn.in_proj_b",
+            "ssm_out": "linear_attn.out_proj",
+            "ffn_gate": "mlp.gate_proj",
+            "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj",
+        }
+    )
+    eos_token = "<|im_end|>"
+    base_template = "{INPUT_0}"  # the official vision runtime's base contract: the caller's whole prompt
+    default_n_ctx = 4096
+    whole_prompt = True
+    max_context = None
+
+
 def builtin_models() -> tuple[type[InterpreterModel], ...]:
     """The interpreter models pawfn ships, in lookup order."""
-    return (Qwen3_0_6B, GPT2)
+    return (Qwen3_0_6B, GPT2, Qwen3_5_0_8B)
 
 
 def model_for_interpreter(interpreter: str) -> type[InterpreterModel] | None:

@@ -20,7 +20,7 @@ from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .remote import RemoteProgram
 from .runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
-from .templates import NumberedTemplate
+from .templates import INPUT_PLACEHOLDER, NumberedTemplate
 
 __all__ = ["ModelChoice", "Opened", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
 
@@ -125,7 +125,11 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     started = time.perf_counter()
     if issubclass(backend, Remote):
         raise ConfigError("a bare interpreter runs locally: open it on Torch or LlamaCpp")
-    numbered = NumberedTemplate.single(model.base_template) if template is None else NumberedTemplate.parse(template)
+    if template is None:  # the official base templates: version 1's `{INPUT_PLACEHOLDER}`, the vision runtime's `{INPUT_0}`
+        base_template = model.base_template
+        numbered = NumberedTemplate.single(base_template) if INPUT_PLACEHOLDER in base_template else NumberedTemplate.parse(base_template)
+    else:
+        numbered = NumberedTemplate.parse(template)
     opener = runtime_opener(backend)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     meta = ProgramMeta(interpreter=model.interpreter_id)

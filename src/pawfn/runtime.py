@@ -61,10 +61,16 @@ class ProgramFiles:
         """The program's LoRA adapter (None on a bare interpreter)."""
         return None if self.bundle is None else self.bundle.adapter_path
 
-    def prompt(self, codec: TextCodec, n_ctx: int) -> Prompt:
-        """The call encoding: the bundle's template split at its placeholder, or the bare template rendered whole."""
+    def prompt(self, codec: TextCodec, n_ctx: int, whole: bool = False) -> Prompt:
+        """The call encoding: the bundle's template split at its placeholder, or rendered whole (a bare template,
+        or `whole`: an interpreter whose official runtime renders every call's prompt whole, `InterpreterModel.whole_prompt`)."""
         if self.bundle is not None:
-            return Prompt(codec, self.bundle.template, n_ctx)
+            template = self.bundle.template
+            if isinstance(template, NumberedTemplate):
+                return WholePrompt(codec, template, n_ctx)
+            if not whole:
+                return Prompt(codec, template, n_ctx)
+            return WholePrompt(codec, NumberedTemplate((template.prefix, 0, template.suffix)), n_ctx)
         if self.template is None:
             raise ValueError("ProgramFiles needs a bundle or a bare template")
         return WholePrompt(codec, self.template, n_ctx)

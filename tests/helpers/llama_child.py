@@ -143,7 +143,7 @@ def _generate_json(request: dict[str, Any]) -> list[list[int]]:
 
 def _generate_whole(request: dict[str, Any]) -> list[list[int]]:
     """Greedy tokens per rendered prompt, tokenized whole with special tokens parsed and evaluated at once on a
-    fresh context: the official SDK's base mode (a bare interpreter, no adapter)."""
+    fresh context: the official SDK's base mode (a bare interpreter, no adapter) and its vision runtime (with one)."""
     out: list[list[int]] = []
     for prompt in request["prompts"]:
         llm = _load(request)

@@ -14,13 +14,14 @@ from pawfn import PawFn
 from pawfn.torch.program import TorchProgram
 
 from .tiny_models import GPT2_TEMPLATE, QWEN_TEMPLATE, Array, Family, TinyInterpreter, random_lora, write_adapter_gguf, write_bundle, zip_bundle
+from .tiny_qwen35 import TEMPLATE as QWEN35_TEMPLATE
 
 __all__ = ["HAS_LLAMA_CPP", "INTERPRETER_IDS", "TEMPLATES", "TinyProgram", "make_program", "requires_llama_cpp"]
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 requires_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
-INTERPRETER_IDS: dict[Family, str] = {"qwen3": "Qwen/Qwen3-0.6B", "gpt2": "gpt2"}
-TEMPLATES: dict[Family, str] = {"qwen3": QWEN_TEMPLATE, "gpt2": GPT2_TEMPLATE}
+INTERPRETER_IDS: dict[Family, str] = {"qwen3": "Qwen/Qwen3-0.6B", "gpt2": "gpt2", "qwen35": "Qwen/Qwen3.5-0.8B"}
+TEMPLATES: dict[Family, str] = {"qwen3": QWEN_TEMPLATE, "gpt2": GPT2_TEMPLATE, "qwen35": QWEN35_TEMPLATE}
 ALPHA = 16.0
 
 
@@ -46,6 +47,7 @@ def make_program(
     template: str | None = None,
     lora_std: float = 0.3,
     program_id: str | None = None,
+    meta_extra: dict[str, object] | None = None,
 ) -> TinyProgram:
     """Write an adapter and a bundle (folder + .paw) for `interpreter` under `root / name`."""
     folder = root / name
@@ -54,7 +56,7 @@ def make_program(
     adapter = folder / "adapter-source.gguf"
     write_adapter_gguf(adapter, interpreter.arch, pairs, alpha=ALPHA, qtype=qtype)
     template = template or TEMPLATES[interpreter.family]
-    meta: dict[str, object] | None = None if program_id is None else {"program_id": program_id}
+    meta: dict[str, object] = ({} if program_id is None else {"program_id": program_id}) | (meta_extra or {})
     bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template, meta)
     archive = zip_bundle(bundle, folder / "program.paw")
     return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)

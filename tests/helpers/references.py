@@ -72,11 +72,17 @@ def peft_generate(
     interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float, template: str, text: str, max_tokens: int
 ) -> list[int]:
     """Greedy tokens of transformers + peft LoRA (no KV cache: every step re-reads the whole sequence)."""
+    prefix_ids, prompt_ids = official_token_ids(interpreter.tokenizer(), template, text)
+    return peft_generate_ids(interpreter, pairs, alpha, prefix_ids + prompt_ids, max_tokens)
+
+
+def peft_generate_ids(
+    interpreter: TinyInterpreter, pairs: dict[str, tuple[Array, Array]] | None, alpha: float, prompt_ids: list[int], max_tokens: int
+) -> list[int]:
+    """`peft_generate` after a prompt given as token ids."""
     model = _peft_model(interpreter, pairs, alpha)
-    tokenizer = interpreter.tokenizer()
-    eos = tokenizer.token_to_id(interpreter.eos_token)
-    prefix_ids, prompt_ids = official_token_ids(tokenizer, template, text)
-    ids = prefix_ids + prompt_ids
+    eos = interpreter.tokenizer().token_to_id(interpreter.eos_token)
+    ids = list(prompt_ids)
     out: list[int] = []
     with torch.no_grad():
         for _ in range(max_tokens):
@@ -170,11 +176,13 @@ def llama_generate_json(
     return [[int(token) for token in tokens] for tokens in answer]
 
 
-def llama_generate_whole(base: Path, prompts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32") -> list[list[int]]:
-    """llama.cpp's greedy tokens per whole rendered prompt, no adapter (the official SDK's base mode)."""
-    answer = llama_reference(
-        {"op": "generate_whole", "base": str(base), "prompts": list(prompts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv}
-    )
+def llama_generate_whole(
+    base: Path, prompts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32", adapter: Path | None = None
+) -> list[list[int]]:
+    """llama.cpp's greedy tokens per whole rendered prompt on a fresh context: the official SDK's base mode (no
+    adapter) and its vision runtime (a program's `adapter` applied)."""
+    request = {"op": "generate_whole", "base": str(base), "prompts": list(prompts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv}
+    answer = llama_reference(request | {"adapter": None if adapter is None else str(adapter)})
     return [[int(token) for token in tokens] for tokens in answer]
 
 

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-Family = Literal["qwen3", "gpt2"]
+Family = Literal["qwen3", "gpt2", "qwen35"]
 Array = npt.NDArray[np.float32]
 
 QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -72,6 +72,10 @@ class TinyInterpreter:
         """GGUF target weight name -> (out, in) for every LoRA-adaptable weight."""
         config = self.config()
         shapes: dict[str, tuple[int, int]] = {}
+        if self.family == "qwen35":
+            from .tiny_qwen35 import lora_shapes
+
+            return lora_shapes(config)
         if self.family == "qwen3":
             hidden, heads = int(str(config["hidden_size"])), int(str(config["num_attention_heads"]))
             kv, head_dim = int(str(config["num_key_value_heads"])), int(str(config["head_dim"]))
@@ -101,6 +105,10 @@ class TinyInterpreter:
     def hf_module(self, target: str) -> str:
         """HF module path of a GGUF LoRA target (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj``)."""
         _, layer, module, _ = target.split(".")
+        if self.family == "qwen35":
+            from .tiny_qwen35 import LORA_MODULES
+
+            return f"model.layers.{layer}.{LORA_MODULES[module]}"
         if self.family == "qwen3":
             return f"model.layers.{layer}.{QWEN_LORA_MODULES[module]}"
         return f"transformer.h.{layer}.{GPT2_LORA_MODULES[module]}"
@@ -175,12 +183,17 @@ def build_interpreter(family: Family, root: Path, seed: int = 0, width: int = 64
         model = GPT2LMHeadModel(gpt2_config)
         config_dict = gpt2_config.to_dict()
     model.save_pretrained(str(hf_dir))  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
-    tokenizer.save(str(hf_dir / "tokenizer.json"))
-    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    write_tokenizer(hf_dir, tokenizer, eos)
     state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
     gguf_path = root / f"{family}-f32.gguf"
     write_base_gguf(family, config_dict, tokenizer, state, gguf_path, eos)
     return TinyInterpreter(family=family, hf_dir=hf_dir, gguf_path=gguf_path, eos_token=eos)
+
+
+def write_tokenizer(hf_dir: Path, tokenizer: Tokenizer, eos: str) -> None:
+    """The tokenizer files of a HF folder."""
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast"}))
 
 
 def _gguf_tensor_name(family: Family, hf_name: str) -> str | None:
@@ -245,7 +258,6 @@ def write_base_gguf(family: Family, config: dict[str, object], tokenizer: Tokeni
         writer.add_value_length(int(str(config["head_dim"])))
         writer.add_rope_freq_base(1000000.0)  # the rope_theta build_interpreter sets
         writer.add_layer_norm_rms_eps(float(str(config["rms_norm_eps"])))
-        writer.add_tokenizer_pre("qwen2")
     else:
         writer.add_context_length(int(str(config["n_positions"])))
         writer.add_embedding_length(int(str(config["n_embd"])))
@@ -253,7 +265,24 @@ def write_base_gguf(family: Family, config: dict[str, object], tokenizer: Tokeni
         writer.add_feed_forward_length(4 * int(str(config["n_embd"])))
         writer.add_head_count(int(str(config["n_head"])))
         writer.add_layer_norm_eps(float(str(config["layer_norm_epsilon"])))
-        writer.add_tokenizer_pre("gpt-2")
+    write_base_gguf_header(writer, tokenizer, eos, "qwen2" if family == "qwen3" else "gpt-2")
+    conv1d = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+    for hf_name, array in state.items():
+        name = _gguf_tensor_name(family, hf_name)
+        if name is None:
+            continue
+        if family == "gpt2" and hf_name.endswith(conv1d):
+            array = np.ascontiguousarray(array.T)
+        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_base_gguf_header(writer: gguf.GGUFWriter, tokenizer: Tokenizer, eos: str, pre: str) -> None:
+    """A base GGUF's tokenizer keys, as llama.cpp's converter writes a BPE vocabulary (`pre`: its pre-tokenizer)."""
+    writer.add_tokenizer_pre(pre)
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     tokens = [""] * len(vocab)
     for token, index in vocab.items():
@@ -274,18 +303,6 @@ def write_base_gguf(family: Family, config: dict[str, object], tokenizer: Tokeni
     writer.add_eos_token_id(eos_id)
     writer.add_bos_token_id(tokenizer.token_to_id("<|endoftext|>") or 0)
     writer.add_add_bos_token(False)
-    conv1d = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
-    for hf_name, array in state.items():
-        name = _gguf_tensor_name(family, hf_name)
-        if name is None:
-            continue
-        if family == "gpt2" and hf_name.endswith(conv1d):
-            array = np.ascontiguousarray(array.T)
-        writer.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def random_lora(interpreter: TinyInterpreter, rank: int = 32, seed: int = 1, std: float = 0.3) -> dict[str, tuple[Array, Array]]:

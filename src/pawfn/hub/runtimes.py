@@ -25,7 +25,7 @@ def builtin_runtime(runtime_id: str) -> RuntimeManifest | None:
                 display_name=f"{model.__name__} ({runtime_id})",
                 local_sdk=LocalSdk(
                     supported=True,
-                    n_ctx=2048,
+                    n_ctx=model.default_n_ctx,
                     base_model=BaseModelSource(
                         provider="huggingface", repo=pinned.repo, file=pinned.file, url=pinned.url, size_bytes=pinned.size_bytes, sha256=pinned.sha256
                     ),

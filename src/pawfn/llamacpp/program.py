@@ -115,13 +115,17 @@ class LlamaCppSession:
     def __init__(self, program: LlamaCppProgram, options: RuntimeOptions) -> None:
         self._llm = program.llm
         self._prefix_ids = program.prefix_ids
+        self._rewinds = program.rewinds
         self._options = options
         if options.seed is not None:
             self._llm.set_seed(options.seed)
 
     def prefill(self, prompt_ids: list[int]) -> None:
         n_prefix = len(self._prefix_ids)
-        if prompt_ids:
+        if not self._rewinds:  # a recurrent state cannot go back: the whole prompt on a cleared context
+            self._llm.reset()
+            self._llm.eval(self._prefix_ids + prompt_ids)
+        elif prompt_ids:
             self._llm.n_tokens = n_prefix  # rewind to the cached prefix; eval trims the KV cache past it
             self._llm.eval(prompt_ids)
         else:
@@ -176,10 +180,13 @@ class LlamaCppProgram(PromptRuntime):
     """One program on its own llama.cpp context (the base GGUF is memory-mapped, so the OS shares it); its calls
     queue for the program's own worker thread and run one by one, in order."""
 
-    def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt) -> None:
+    def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt, rewinds: bool = True) -> None:
         super().__init__(prompt)
         self._resources = resources
         self.llm = llm
+        self.rewinds = rewinds
+        """Whether a call rewinds the context to the evaluated prefix; a model with recurrent layers cannot (llama.cpp
+        refuses the next input), so each call clears it and evaluates its whole prompt, as the official runtime does."""
         self._lock = threading.Lock()
         self._queue: deque[tuple[PendingGeneration, CallInput, RuntimeOptions, TokenListener | None]] = deque()
         """Calls waiting for the worker (guarded by `_state`)."""
@@ -260,7 +267,7 @@ class LlamaCppProgram(PromptRuntime):
             raise BaseModelError(base, str(exc)) from exc
         if architecture != model.gguf_architecture:
             raise BaseModelError(base, f"GGUF architecture is {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}")
-        prompt = files.prompt(TextCodec.from_gguf(file), context_window(model, config.n_ctx, trained))
+        prompt = files.prompt(TextCodec.from_gguf(file), context_window(model, config.n_ctx, trained), model.whole_prompt)
         kv_type = _KV_TYPES[config.dtype]
         repack = uses_repack(config)
         if not repack and not any(name == "use_extra_bufts" for name, *_ in llama_cpp.llama_model_params._fields_):
@@ -288,9 +295,10 @@ class LlamaCppProgram(PromptRuntime):
                     )
             if adapter_path is not None:
                 _apply_adapter(llama_cpp, llm, adapter_path, resources)
-            if prompt.prefix_ids:
+            rewinds = not (llama_cpp.llama_model_is_recurrent(llm.model) or llama_cpp.llama_model_is_hybrid(llm.model))
+            if prompt.prefix_ids and rewinds:
                 llm.eval(prompt.prefix_ids)
-            return cls(resources.pop_all(), llm, prompt)
+            return cls(resources.pop_all(), llm, prompt, rewinds)
 
     def release(self) -> None:
         with self._lock:

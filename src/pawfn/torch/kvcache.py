@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,12 +16,15 @@ _CACHE_GRANULE = 256  # tokens; the KV buffer grows in steps of this size
 
 @dataclass(frozen=True)
 class PrefixState:
-    """A program's evaluated prompt prefix: its KV per layer and the logits after its last token."""
+    """A program's evaluated prompt prefix: its KV per layer (empty in recurrent layers), the recurrent layers' states
+    after it and the logits after its last token."""
 
     token_ids: tuple[int, ...]
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     last_logits: torch.Tensor | None
+    states: Mapping[int, tuple[torch.Tensor, ...]] = field(default_factory=dict[int, tuple[torch.Tensor, ...]])
+    """Recurrent layer -> its state after the prefix (never changed: each sequence replaces its own copy's entries)."""
 
     @property
     def length(self) -> int:
@@ -42,6 +46,8 @@ class KVCache:
         self.values: list[torch.Tensor] = []
         self.prefix: PrefixState | None = None
         """The program's prefix this sequence continues (None: the sequence starts at position 0)."""
+        self.states: dict[int, tuple[torch.Tensor, ...]] = {}
+        """Recurrent layer -> this sequence's state (a layer not yet run: absent)."""
 
     @property
     def offset(self) -> int:
@@ -51,19 +57,27 @@ class KVCache:
     def begin(self, prefix: PrefixState | None) -> None:
         """Start a new sequence after `prefix` (None: from position 0); what was stored is written over."""
         self.prefix = prefix
+        self.states = {} if prefix is None else dict(prefix.states)
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for `n_tokens` positions after the prefix, keeping what is stored."""
         if n_tokens <= self.capacity:
             return
         capacity = -(-n_tokens // _CACHE_GRANULE) * _CACHE_GRANULE
-        shape = (self._arch.n_kv_heads, capacity, self._arch.head_dim)
-        keys = [torch.empty(shape, device=self._device, dtype=self._dtype) for _ in range(self._arch.n_layers)]
-        values = [torch.empty(shape, device=self._device, dtype=self._dtype) for _ in range(self._arch.n_layers)]
+        arch = self._arch
+        keys = [self._layer_buffer(layer, capacity) for layer in range(arch.n_layers)]
+        values = [self._layer_buffer(layer, capacity) for layer in range(arch.n_layers)]
         for layer in range(len(self.keys)):
-            keys[layer][:, : self.capacity] = self.keys[layer]
-            values[layer][:, : self.capacity] = self.values[layer]
+            if arch.attends(layer):
+                keys[layer][:, : self.capacity] = self.keys[layer]
+                values[layer][:, : self.capacity] = self.values[layer]
         self.keys, self.values, self.capacity = keys, values, capacity
+
+    def _layer_buffer(self, layer: int, capacity: int) -> torch.Tensor:
+        """Room for `capacity` positions of `layer`'s keys or values (none in a recurrent layer)."""
+        arch = self._arch
+        length = capacity if arch.attends(layer) else 0
+        return torch.empty((arch.n_kv_heads, length, arch.head_dim), device=self._device, dtype=self._dtype)
 
     def store(self, layer: int, position: int, keys: torch.Tensor, values: torch.Tensor) -> int:
         """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at `position...`; returns the stored length."""

@@ -91,7 +91,7 @@ class LoadedBase:
         """Embedding tables decoded row by row from the base file (compact modes)."""
         self.matrices: dict[str, Product] = {}
         """Every matrix a linear layer multiplies, by GGUF name; a fused group under its first member's name."""
-        matrix_names = sorted(name for name, shape in self.shapes.items() if len(shape) == 2 and name not in _EMBEDDINGS)
+        matrix_names = sorted(name for name, shape in self.shapes.items() if self._multiplied(name, shape))
         fused = [group for group in self.family.fused_groups(self.architecture) if all(n in self.shapes for n in group)]
         if numerics == "llamacpp":
             fused = []  # llama.cpp multiplies each weight on its own
@@ -104,6 +104,8 @@ class LoadedBase:
         """llama.cpp's products, attention and exp in C (`numerics="llamacpp"`; None: the torch emulation)."""
         if numerics == "llamacpp":
             check_llamacpp_numerics(device, dtype, weight_dtype)
+            if not self.family.llamacpp_numerics:
+                raise ConfigError(f"numerics='llamacpp' does not cover the {self.family.name} family's operations yet; use numerics='native'")
             if self.architecture.head_dim % self.simd_width:  # llama.cpp then leaves tinyBLAS for other loops
                 raise ConfigError(
                     f"numerics='llamacpp' needs an attention head size that is a multiple of {self.simd_width} on this "
@@ -142,6 +144,10 @@ class LoadedBase:
             if found != shape:
                 raise BaseModelError(weights.source, f"tensor {name} has shape {found}, expected {shape}")
 
+    def _multiplied(self, name: str, shape: tuple[int, ...]) -> bool:
+        """Whether tensor `name` is a matrix some linear layer multiplies (not a vector, embedding table or kernel)."""
+        return len(shape) == 2 and name not in _EMBEDDINGS and not self.family.is_table(name)
+
     def bias(self, matrix: str) -> torch.Tensor | None:
         """Matrix `matrix`'s bias vector, if the base has one (inside the matrix's product except with
         `numerics="llamacpp"`, which adds it after the side paths)."""
@@ -169,7 +175,7 @@ class LoadedBase:
                 # fusing rows is exact: each output is the same dot product
                 self.matrices[group[0]] = plain(torch.cat([parts[member] for member in group]), None)
                 del pending[group], parts
-        self.tensors = {name: tensor for name, tensor in loaded.items() if tensor.ndim != 2 or name in _EMBEDDINGS}
+        self.tensors = {name: tensor for name, tensor in loaded.items() if not self._multiplied(name, tuple(tensor.shape))}
         loaded.setdefault("output.weight", loaded["token_embd.weight"])
         for name in matrix_names:
             if name in loaded:
@@ -294,7 +300,7 @@ class LoadedBase:
     ) -> None:
         """Build every tensor and packed matrix from stored forms that `read` hands over (once each)."""
         for name, shape in self.shapes.items():
-            if (len(shape) != 2 or name in _EMBEDDINGS) and name not in self.rows:
+            if not self._multiplied(name, shape) and name not in self.rows:
                 self.tensors[name] = read(name).to(torch.float16 if name == "token_embd.weight" else torch.float32).clone()
         in_groups = {name for group in fused for name in group}
         jobs: list[tuple[str, ...]] = [*fused, *((name,) for name in matrix_names if name not in in_groups)]

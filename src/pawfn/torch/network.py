@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..adapter import LoraAdapter
 from ..errors import BaseModelError
 from .attention import attend, attend_batched, attend_llamacpp
+from .families.base import RecurrentUpdate
 from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from .ggml_native import NativeBlockMatrix, native_rms_norm, native_rope, native_swiglu
 from .kvcache import KVCache, PrefixState
@@ -62,7 +63,8 @@ class TorchInterpreter(LoadedBase):
         else:
             empty = torch.empty((arch.n_kv_heads, 0, arch.head_dim), device=self.device, dtype=self.dtype)
             keys = values = tuple(empty for _ in range(arch.n_layers))
-        return PrefixState(token_ids=tuple(token_ids), keys=keys, values=values, last_logits=logits)
+        # a sequence replaces its states rather than changing them, so the prefix keeps these tensors as they are
+        return PrefixState(token_ids=tuple(token_ids), keys=keys, values=values, last_logits=logits, states=dict(cache.states))
 
     @torch.inference_mode()
     def forward(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
@@ -168,6 +170,9 @@ class _Pass:
             return
         lora.b.accumulate(y[start:end], self.multiply(lora.a, x[start:end]), lora.scale, self._by_rows)
 
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         rows = self._interpreter.rows.get(name)
         if rows is not None:
@@ -251,6 +256,10 @@ class _ForwardPass(_Pass):
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return x[-1:] if self._llamacpp and layer == self.architecture.n_layers - 1 else x
 
+    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
+        out, self._cache.states[layer] = update(x, self._cache.states.get(layer))
+        return out
+
 
 class _StepPass(_Pass):
     """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program.
@@ -280,6 +289,14 @@ class _StepPass(_Pass):
             return one_row(positions, dtype)
         tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
+
+    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
+        """Row by row: each row continues its own sequence's state (a state's update is cheap beside the products)."""
+        outputs: list[torch.Tensor] = []
+        for i, row in enumerate(self._rows):
+            out, row.cache.states[layer] = update(x[i : i + 1], row.cache.states.get(layer))
+            outputs.append(out)
+        return torch.cat(outputs)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """Row by row when invariant (the kernels round by shape), over the row's own positions and its program's

@@ -24,7 +24,7 @@ from .kvcache import PrefixState
 
 __all__ = ["PrefixStore"]
 
-_FORMAT = 2  # 2: the adapter is keyed by its content
+_FORMAT = 3  # 2: the adapter is keyed by its content; 3: recurrent layers' states
 
 
 @functools.cache
@@ -46,6 +46,29 @@ def _identity(path: Path) -> dict[str, object]:
 def _content(path: Path) -> str:
     """An adapter by its bytes: a `.paw` is extracted to a new temporary folder at every load."""
     return file_sha256(path)
+
+
+def _states(stored: object, architecture: Architecture) -> dict[int, tuple[torch.Tensor, ...]] | None:
+    """The recurrent layers' states as stored (a layer -> tensors mapping naming each recurrent layer that ran), or
+    None when they do not fit the architecture. An empty prefix leaves none to store."""
+    if stored is None:
+        stored = {}
+    if not isinstance(stored, dict):
+        return None
+    states: dict[int, tuple[torch.Tensor, ...]] = {}
+    for layer, tensors in stored.items():  # pyright: ignore[reportUnknownVariableType]  # checked below
+        if not isinstance(layer, int) or architecture.attends(layer) or not isinstance(tensors, list):
+            return None
+        states[layer] = tuple(t for t in tensors if isinstance(t, torch.Tensor))  # pyright: ignore[reportUnknownVariableType]  # filtered by isinstance
+    linear = architecture.linear
+    if not states:
+        return states
+    if linear is None or set(states) != set(linear.layers):
+        return None
+    expected = linear.state_shapes
+    if any(tuple(tuple(t.shape) for t in state) != expected for state in states.values()):
+        return None
+    return states
 
 
 class PrefixStore:
@@ -79,19 +102,27 @@ class PrefixStore:
             return None
         if not isinstance(data, dict):
             return None
-        token_ids, keys, values, logits = (data.get(k) for k in ("token_ids", "keys", "values", "last_logits"))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # checked below
+        token_ids, keys, values, logits, states = (data.get(k) for k in ("token_ids", "keys", "values", "last_logits", "states"))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # checked below
         if token_ids != prefix_ids or not isinstance(keys, list) or not isinstance(values, list):
             return None
-        shape = (architecture.n_kv_heads, len(prefix_ids), architecture.head_dim)
-        tensors: list[torch.Tensor] = [t for t in [*keys, *values] if isinstance(t, torch.Tensor) and tuple(t.shape) == shape]  # pyright: ignore[reportUnknownVariableType]  # filtered by isinstance
-        if len(tensors) != 2 * architecture.n_layers or not (logits is None or isinstance(logits, torch.Tensor)):
-            return None
         n = architecture.n_layers
+        shapes = [(architecture.n_kv_heads, len(prefix_ids) if architecture.attends(layer) else 0, architecture.head_dim) for layer in range(n)]
+        tensors: list[torch.Tensor] = [
+            t
+            for t, shape in zip([*keys, *values], shapes * 2, strict=False)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]  # filtered by isinstance
+            if isinstance(t, torch.Tensor) and tuple(t.shape) == shape
+        ]
+        if len(tensors) != 2 * n or not (logits is None or isinstance(logits, torch.Tensor)):
+            return None
+        recurrent = _states(states, architecture)  # pyright: ignore[reportUnknownArgumentType]  # checked there
+        if recurrent is None:
+            return None
         return PrefixState(
             token_ids=tuple(prefix_ids),
             keys=tuple(tensors[:n]),
             values=tuple(tensors[n:]),
             last_logits=logits if isinstance(logits, torch.Tensor) else None,
+            states=recurrent,
         )
 
     def save(self, prefix: PrefixState) -> None:
@@ -101,6 +132,7 @@ class PrefixStore:
             "keys": [k.cpu() for k in prefix.keys],
             "values": [v.cpu() for v in prefix.values],
             "last_logits": None if prefix.last_logits is None else prefix.last_logits.cpu(),
+            "states": {layer: [t.cpu() for t in state] for layer, state in prefix.states.items()},
         }
         with contextlib.suppress(OSError):
             write_atomically(self.path, lambda temporary: torch.save(data, temporary))

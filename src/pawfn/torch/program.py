@@ -86,7 +86,7 @@ class TorchProgram(PromptRuntime):
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            prompt = files.prompt(interpreter.codec, n_ctx)
+            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None

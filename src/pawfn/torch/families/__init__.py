@@ -7,10 +7,11 @@ from ...models import InterpreterModel
 from .base import Architecture, Family, Ops
 from .gpt2 import GPT2Family
 from .qwen3 import Qwen3Family
+from .qwen35 import Qwen35Family
 
 __all__ = ["Architecture", "Family", "Ops", "family_for"]
 
-_FAMILIES: dict[str, Family] = {family.name: family for family in (Qwen3Family(), GPT2Family())}
+_FAMILIES: dict[str, Family] = {family.name: family for family in (Qwen3Family(), Qwen35Family(), GPT2Family())}
 
 
 def family_for(model: type[InterpreterModel]) -> Family:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
@@ -20,7 +20,32 @@ from pydantic import BaseModel, ValidationError
 from ...errors import BaseModelError, describe_validation_error
 from ...ggufio import GGUFFile
 
-__all__ = ["Architecture", "Family", "Ops", "check_architecture", "parse_hf_config", "required_int"]
+__all__ = ["Architecture", "Family", "LinearAttention", "Ops", "RecurrentUpdate", "check_architecture", "parse_hf_config", "required_int"]
+
+
+@dataclass(frozen=True)
+class LinearAttention:
+    """A hybrid model's Gated DeltaNet layers: which layers, their short convolution and their recurrent heads."""
+
+    layers: frozenset[int]
+    """The recurrent layers (the others attend over a KV cache)."""
+    conv_kernel: int
+    """Width of the causal convolution over the q, k, v channels (tokens)."""
+    n_key_heads: int
+    n_value_heads: int
+    head_dim: int
+    """Size of a key and of a value head (equal: the state of a head is head_dim x head_dim)."""
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the convolution: queries, keys and values."""
+        return (2 * self.n_key_heads + self.n_value_heads) * self.head_dim
+
+    @property
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """A sequence's state in one layer: the convolution's last inputs [channels, kernel - 1] and each value
+        head's memory [value heads, head_dim (keys), head_dim (values)]."""
+        return (self.conv_channels, self.conv_kernel - 1), (self.n_value_heads, self.head_dim, self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -39,6 +64,14 @@ class Architecture:
     rope_theta: float
     max_positions: int
     """Positions the checkpoint was trained for (GPT-2 cannot exceed it: learned position table)."""
+    rope_dims: int = 0
+    """Leading dimensions of a head that rotate (0: all of them)."""
+    linear: LinearAttention | None = None
+    """Recurrent layers of a hybrid model (None: every layer attends)."""
+
+    def attends(self, layer: int) -> bool:
+        """Whether `layer` attends over a KV cache (else it is recurrent and keeps a state)."""
+        return self.linear is None or layer not in self.linear.layers
 
 
 def check_architecture(arch: Architecture, source: Path, n_tensors: int) -> None:
@@ -65,10 +98,19 @@ def check_architecture(arch: Architecture, source: Path, n_tensors: int) -> None
         raise BaseModelError(source, f"the RoPE base is {arch.rope_theta}; it must be a positive finite number")
 
 
+RecurrentUpdate = Callable[[torch.Tensor, tuple[torch.Tensor, ...] | None], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
+"""A recurrent layer's work on one sequence's rows: (its inputs [T, ...], its state or None at the start) -> (its
+outputs [T, ...], its new state). It never changes the state it is given (a program's prefix shares it)."""
+
+
 class Ops(Protocol):
     """The engine's operations a family's forward pass is written with."""
 
     architecture: Architecture
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Base tensor `name` as loaded (a vector or a table the pass reads rather than multiplies)."""
+        ...
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
         """Rows `ids` of base matrix `name` (GGUF naming), in the compute dtype."""
@@ -84,6 +126,11 @@ class Ops(Protocol):
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """Causal attention over the KV cache; q: [T, H, D], k, v: [T, KV, D]; returns [T, H * D]."""
+        ...
+
+    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
+        """`update` over each sequence's rows of `x` [T, ...] with that sequence's state of `layer`, which it then
+        replaces; the outputs in row order."""
         ...
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -194,6 +241,13 @@ class Family(ABC):
     @abstractmethod
     def expected_shapes(self, arch: Architecture) -> dict[str, tuple[int, ...]]:
         """Every base tensor the forward pass reads, with its shape (`output.weight` may be tied)."""
+
+    llamacpp_numerics: ClassVar[bool] = True
+    """Whether `numerics="llamacpp"` (llama.cpp's CPU arithmetic, emulated) covers the family's operations."""
+
+    def is_table(self, name: str) -> bool:
+        """Whether 2-D tensor `name` is read as values (e.g. a convolution's kernel) rather than multiplied."""
+        return False
 
     def rope_frequencies(self, arch: Architecture) -> torch.Tensor | None:
         """Inverse RoPE frequencies [head_dim / 2] in float32, or None without rotary embeddings."""

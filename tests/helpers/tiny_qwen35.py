@@ -1,0 +1,261 @@
+"""A tiny random Qwen3.5 (three Gated DeltaNet layers, one gated attention layer) made with transformers, and its
+GGUF twin written as llama.cpp's converter writes it (an independent table of its transformations, not pawfn's).
+
+The converter's transformations: zero-centred norms stored as 1 + w (not the gated norm of the recurrent
+layers), A_log stored as -exp(A_log), the convolution's kernel squeezed to [channels, width], and the value heads
+reordered from grouped to tiled order (value head j of key head k moves from k * r + j to j * n_key_heads + k).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import gguf
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import Qwen3_5TextConfig
+
+from .tiny_models import Array, TinyInterpreter, train_tokenizer, write_base_gguf_header, write_tokenizer
+
+TEMPLATE = "<|im_start|>user\nClassify the urgency of the message.\n\n[INPUT]\n{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n"
+LORA_MODULES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_out": "linear_attn.out_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "linear_attn.in_proj_qkv": "attn_qkv",
+    "linear_attn.in_proj_z": "attn_gate",
+    "linear_attn.in_proj_b": "ssm_beta",
+    "linear_attn.in_proj_a": "ssm_alpha",
+    "linear_attn.conv1d": "ssm_conv1d",
+    "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
+}
+
+
+def tiny_config(vocab_size: int, eos_id: int, width: int = 64) -> Qwen3_5TextConfig:
+    """4 layers (the fourth attends), 2 key heads shared by 4 value heads, a quarter of each attention head rotating
+    with M-RoPE sections 2/1/1."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        tie_word_embeddings=True,
+        initializer_range=0.3,
+        eos_token_id=eos_id,
+    )
+
+
+def build_qwen35(root: Path, seed: int = 0) -> TinyInterpreter:
+    """Write a tiny random Qwen3.5 HF checkpoint (norms perturbed, so 1 + w matters) and its F32 GGUF under `root`."""
+    from transformers import Qwen3_5ForCausalLM
+
+    tokenizer = train_tokenizer("qwen3")
+    eos = "<|im_end|>"
+    eos_id = tokenizer.token_to_id(eos)
+    assert eos_id is not None
+    hf_dir = root / "qwen35-hf"
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType]  # torch leaves `seed` unannotated
+    config = tiny_config(tokenizer.get_vocab_size(), eos_id)
+    model = Qwen3_5ForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.add_(torch.randn_like(parameter) * 0.2)
+    model.save_pretrained(str(hf_dir))  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
+    write_tokenizer(hf_dir, tokenizer, eos)
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    gguf_path = root / "qwen35-f32.gguf"
+    write_qwen35_gguf(config.to_dict(), tokenizer, state, gguf_path, eos)
+    return TinyInterpreter(family="qwen35", hf_dir=hf_dir, gguf_path=gguf_path, eos_token=eos)
+
+
+def _tiled(array: Array, axis: int, n_key_heads: int, per_key: int, head: int) -> Array:
+    """`array`'s value-head axis `axis` ([n_key_heads * per_key * head]) from grouped to tiled order."""
+    moved = np.moveaxis(array, axis, 0)
+    rest = moved.shape[1:]
+    grouped = moved.reshape(n_key_heads, per_key, head, *rest)
+    tiled = np.swapaxes(grouped, 0, 1).reshape(n_key_heads * per_key * head, *rest)
+    return np.ascontiguousarray(np.moveaxis(tiled, 0, axis))
+
+
+def converted(config: dict[str, object], hf_name: str, array: Array) -> tuple[str, Array] | None:
+    """A HF tensor as llama.cpp's converter stores it: (GGUF name, values), None for the tied output matrix."""
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    n_key, n_value = int(str(config["linear_num_key_heads"])), int(str(config["linear_num_value_heads"]))
+    head, per_key = int(str(config["linear_value_head_dim"])), n_value // n_key
+    if hf_name == "lm_head.weight":
+        return None
+    if hf_name in top:
+        name = top[hf_name]
+    else:
+        parts = hf_name.split(".")
+        module, kind = ".".join(parts[3:-1]), parts[-1]
+        if kind in ("A_log", "dt_bias"):
+            name = f"blk.{parts[2]}.ssm_a" if kind == "A_log" else f"blk.{parts[2]}.ssm_dt.bias"
+            module = "linear_attn." + kind
+        else:
+            name = f"blk.{parts[2]}.{_BLOCK[module]}.{kind}"
+        if module == "linear_attn.in_proj_qkv":
+            keys = 2 * n_key * int(str(config["linear_key_head_dim"]))
+            array = np.concatenate([array[:keys], _tiled(array[keys:], 0, n_key, per_key, head)])
+        elif module == "linear_attn.in_proj_z":
+            array = _tiled(array, 0, n_key, per_key, head)
+        elif module in ("linear_attn.in_proj_a", "linear_attn.in_proj_b", "linear_attn.A_log", "linear_attn.dt_bias"):
+            array = _tiled(array, 0, n_key, per_key, 1)
+        elif module == "linear_attn.conv1d":
+            array = array.squeeze(1)
+            keys = 2 * n_key * int(str(config["linear_key_head_dim"]))
+            array = np.concatenate([array[:keys], _tiled(array[keys:], 0, n_key, per_key, head)])
+        elif module == "linear_attn.out_proj":
+            array = _tiled(array, 1, n_key, per_key, head)
+        if module == "linear_attn.A_log":
+            array = -np.exp(array)
+    if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        array = array + 1.0
+    return name, np.ascontiguousarray(array, dtype=np.float32)
+
+
+def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: dict[str, Array], path: Path, eos: str) -> None:
+    """The F32 GGUF llama.cpp's converter writes for this checkpoint (keys and tensors)."""
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    head_dim = int(str(config["head_dim"]))
+    rope = cast("dict[str, object]", config["rope_parameters"])
+    writer.add_name("tiny-qwen35")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(int(str(config["max_position_embeddings"])))
+    writer.add_embedding_length(int(str(config["hidden_size"])))
+    writer.add_block_count(int(str(config["num_hidden_layers"])))
+    writer.add_feed_forward_length(int(str(config["intermediate_size"])))
+    writer.add_head_count(int(str(config["num_attention_heads"])))
+    writer.add_head_count_kv(int(str(config["num_key_value_heads"])))
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(str(rope["rope_theta"])))
+    writer.add_layer_norm_rms_eps(float(str(config["rms_norm_eps"])))
+    writer.add_ssm_conv_kernel(int(str(config["linear_conv_kernel_dim"])))
+    writer.add_ssm_state_size(int(str(config["linear_key_head_dim"])))
+    writer.add_ssm_group_count(int(str(config["linear_num_key_heads"])))
+    writer.add_ssm_time_step_rank(int(str(config["linear_num_value_heads"])))
+    writer.add_ssm_inner_size(int(str(config["linear_value_head_dim"])) * int(str(config["linear_num_value_heads"])))
+    writer.add_full_attention_interval(4)
+    writer.add_rope_dimension_count(int(head_dim * float(str(rope["partial_rotary_factor"]))))
+    writer.add_rope_dimension_sections([*(int(str(s)) for s in cast("list[object]", rope["mrope_section"])), 0])
+    write_base_gguf_header(writer, tokenizer, eos, "qwen2")
+    for hf_name, array in state.items():
+        named = converted(config, hf_name, array)
+        if named is not None:
+            writer.add_tensor(*named)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def lora_shapes(config: dict[str, object]) -> dict[str, tuple[int, int]]:
+    """GGUF target weight name -> (out, in) for every LoRA-adaptable weight of the tiny Qwen3.5."""
+    hidden, heads, kv = (int(str(config[k])) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    head, ffn = int(str(config["head_dim"])), int(str(config["intermediate_size"]))
+    n_key, n_value = int(str(config["linear_num_key_heads"])), int(str(config["linear_num_value_heads"]))
+    state = int(str(config["linear_key_head_dim"]))
+    feed_forward = {"ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+    attention = {
+        "attn_q": (2 * heads * head, hidden),
+        "attn_k": (kv * head, hidden),
+        "attn_v": (kv * head, hidden),
+        "attn_output": (hidden, heads * head),
+    }
+    recurrent = {
+        "attn_qkv": ((2 * n_key + n_value) * state, hidden),
+        "attn_gate": (n_value * state, hidden),
+        "ssm_alpha": (n_value, hidden),
+        "ssm_beta": (n_value, hidden),
+        "ssm_out": (hidden, n_value * state),
+    }
+    shapes: dict[str, tuple[int, int]] = {}
+    for layer in range(int(str(config["num_hidden_layers"]))):
+        modules = attention if (layer + 1) % 4 == 0 else recurrent
+        for module, shape in (modules | feed_forward).items():
+            shapes[f"blk.{layer}.{module}.weight"] = shape
+    return shapes
+
+
+def config_of(interpreter: TinyInterpreter) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((interpreter.hf_dir / "config.json").read_text())
+    return loaded
+
+
+def _grouped(array: Array, axis: int, n_key_heads: int, per_key: int, head: int) -> Array:
+    """`_tiled`'s inverse: a value-head axis from tiled back to grouped (HF) order."""
+    moved = np.moveaxis(array, axis, 0)
+    rest = moved.shape[1:]
+    tiled = moved.reshape(per_key, n_key_heads, head, *rest)
+    grouped = np.swapaxes(tiled, 0, 1).reshape(n_key_heads * per_key * head, *rest)
+    return np.ascontiguousarray(np.moveaxis(grouped, 0, axis))
+
+
+def hf_pairs(config: dict[str, object], pairs: dict[str, tuple[Array, Array]]) -> dict[str, tuple[Array, Array]]:
+    """GGUF LoRA pairs (value heads in tiled order) as peft adapts the HF modules (grouped order)."""
+    n_key, n_value = int(str(config["linear_num_key_heads"])), int(str(config["linear_num_value_heads"]))
+    head, per_key = int(str(config["linear_value_head_dim"])), n_value // n_key
+    keys = 2 * n_key * int(str(config["linear_key_head_dim"]))
+    out: dict[str, tuple[Array, Array]] = {}
+    for target, (a, b) in pairs.items():
+        module = target.split(".")[2]
+        if module == "attn_qkv":
+            b = np.concatenate([b[:keys], _grouped(b[keys:], 0, n_key, per_key, head)])
+        elif module == "attn_gate":
+            b = _grouped(b, 0, n_key, per_key, head)
+        elif module in ("ssm_alpha", "ssm_beta"):
+            b = _grouped(b, 0, n_key, per_key, 1)
+        elif module == "ssm_out":
+            a = _grouped(a, 1, n_key, per_key, head)
+        out[target] = (a, b)
+    return out

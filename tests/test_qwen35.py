@@ -1,0 +1,178 @@
+"""Qwen3.5 (Gated DeltaNet layers and gated attention) on a tiny random checkpoint made with transformers and
+written as llama.cpp's converter writes it: pawfn's tokens equal llama.cpp's (the official vision runtime: each
+call's whole prompt on a fresh context) and transformers + peft's, bare and with F32 and Q4_0 adapters; batched
+calls equal lone ones; the prefix's recurrent states, cached and stored, give the tokens of no cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TypeVar
+
+import gguf
+import pytest
+import torch
+
+from pawfn import ArityError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch
+from pawfn.backends import Backend
+from pawfn.torch.families.base import Architecture, LinearAttention
+from pawfn.torch.kvcache import KVCache, PrefixState
+from pawfn.torch.lora import DeviceAdapter
+from pawfn.torch.network import TorchInterpreter
+from pawfn.torch.prefix_store import PrefixStore
+from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
+from tests.helpers.references import llama_generate_whole, peft_generate_ids
+from tests.helpers.tiny_models import TinyInterpreter, dequantized
+from tests.helpers.tiny_qwen35 import config_of, hf_pairs
+
+TEXTS = ["Urgent: the server is down!", "hello", "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 3, "x"]
+MAX_TOKENS = 16
+B = TypeVar("B", bound=Backend)
+BACKENDS = [Torch, pytest.param(LlamaCpp, marks=requires_llama_cpp)]
+
+
+def _rendered(template: str, text: str) -> str:
+    return template.replace("{INPUT_PLACEHOLDER}", text)
+
+
+def _tokens(function: PawFn[Qwen3_5_0_8B, B], texts: list[str]) -> list[list[int]]:
+    return [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in texts]
+
+
+def test_the_architecture_comes_from_the_gguf(qwen35: TinyInterpreter) -> None:
+    with PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.gguf_path) as bare:
+        architecture = torch_program(bare).base.interpreter.architecture
+    assert architecture.linear == LinearAttention(layers=frozenset({0, 1, 2}), conv_kernel=4, n_key_heads=2, n_value_heads=4, head_dim=16)
+    assert architecture.rope_dims == 8
+    assert [architecture.attends(layer) for layer in range(4)] == [False, False, False, True]
+
+
+@requires_llama_cpp
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bare_tokens_equal_llama_cpp_and_transformers(qwen35: TinyInterpreter, backend: type[Backend]) -> None:
+    """The official base contract for Qwen3.5 is `{INPUT_0}`: the caller's text is the whole prompt."""
+    expected = llama_generate_whole(qwen35.gguf_path, TEXTS, MAX_TOKENS)
+    tokenizer = qwen35.tokenizer()
+    assert expected == [peft_generate_ids(qwen35, None, 16.0, tokenizer.encode(text).ids, MAX_TOKENS) for text in TEXTS]
+    with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=qwen35.gguf_path) as bare:
+        assert _tokens(bare, TEXTS) == expected
+
+
+@requires_llama_cpp
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_program_tokens_equal_llama_cpp(qwen35_program: TinyProgram, backend: type[Backend]) -> None:
+    program = qwen35_program
+    tiny = program.interpreter
+    expected = llama_generate_whole(tiny.gguf_path, [_rendered(program.template, text) for text in TEXTS], MAX_TOKENS, adapter=program.adapter)
+    with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=tiny.gguf_path) as function:
+        assert _tokens(function, TEXTS) == expected
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["f32", "q4_0"])
+def test_program_tokens_equal_peft(qwen35_program: TinyProgram, qwen35_program_q4: TinyProgram, quantized: bool) -> None:
+    """A Q4_0 adapter against peft on the same adapter dequantized (what pawfn reads)."""
+    program = qwen35_program_q4 if quantized else qwen35_program
+    tiny = program.interpreter
+    pairs = dequantized(program.pairs, gguf.GGMLQuantizationType.Q4_0) if quantized else program.pairs
+    tokenizer = tiny.tokenizer()
+    expected = [
+        peft_generate_ids(tiny, hf_pairs(config_of(tiny), pairs), program.alpha, tokenizer.encode(_rendered(program.template, text)).ids, MAX_TOKENS)
+        for text in TEXTS
+    ]
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=tiny.gguf_path) as function:
+        assert _tokens(function, TEXTS) == expected
+        without = peft_generate_ids(tiny, None, program.alpha, tokenizer.encode(_rendered(program.template, TEXTS[0])).ids, MAX_TOKENS)
+        assert expected[0] != without  # the adapter is not silently ignored
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_batched_calls_equal_lone_calls(qwen35_program: TinyProgram, batch_invariant: bool) -> None:
+    """Rows of one decode step each carry their own recurrent state (continuous batching over calls)."""
+    program = qwen35_program
+    config = PawConfig(max_batch_rows=4, batch_invariant=batch_invariant)
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path, config=config) as function:
+        lone = _tokens(function, TEXTS)
+        batched = [list(g.token_ids) for g in function.generate_batch(TEXTS, RuntimeOptions(max_tokens=MAX_TOKENS))]
+    assert batched == lone
+
+
+def test_the_prefix_state_cache_gives_the_tokens_of_no_cache(qwen35_program: TinyProgram) -> None:
+    """A program's prefix is evaluated once (its recurrent states kept) and stored beside it; a bare interpreter on
+    the same whole template with the adapter's effect aside cannot serve as reference, so the check is against the
+    prompt evaluated whole, from position 0, on the same weights."""
+    program = qwen35_program
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path) as function:
+        runtime = torch_program(function)
+        interpreter, adapter = runtime.base.interpreter, runtime.device_adapter
+        prefix = runtime.prefix_state
+        assert prefix.length > 0 and set(prefix.states) == {0, 1, 2}
+        for text in TEXTS[:2]:
+            prompt = function.prompt_token_ids(text)
+            cached = interpreter.new_cache()
+            cached.begin(prefix)
+            after_prefix = interpreter.forward(prompt, prefix.length, cached, adapter)
+            whole = interpreter.new_cache()
+            whole.begin(None)
+            from_start = interpreter.forward(list(prefix.token_ids) + prompt, 0, whole, adapter)
+            torch.testing.assert_close(after_prefix, from_start, rtol=0, atol=1e-4 * float(from_start.abs().max()))
+            assert int(after_prefix.argmax()) == int(from_start.argmax())
+
+
+def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second load reads the prefix from the shared cache (no evaluation) and gives the same tokens; a stored
+    prefix whose states do not fit the architecture is a miss."""
+    evaluated: list[int] = []
+    original = TorchInterpreter.prefill_prefix
+
+    def counting(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
+        evaluated.append(len(ids))
+        return original(self, ids, adapter, cache)
+
+    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
+    config = PawConfig(cache_dir=tmp_path / "cache")
+    base = qwen35_program.interpreter.gguf_path
+
+    def run() -> tuple[list[list[int]], PrefixState, Architecture]:
+        with PawFn[Qwen3_5_0_8B, Torch].from_path(qwen35_program.folder, base=base, config=config) as function:
+            runtime = torch_program(function)
+            return _tokens(function, TEXTS[:2]), runtime.prefix_state, runtime.base.interpreter.architecture
+
+    first, _, _ = run()
+    second, prefix, arch = run()
+    assert first == second and len(evaluated) == 1
+    (stored,) = (tmp_path / "cache" / ".pawfn-derived").glob("*/.pawfn-prefix-*.pt")
+    store = PrefixStore(stored)
+    loaded = store.load(list(prefix.token_ids), arch, torch.device("cpu"))
+    assert loaded is not None and set(loaded.states) == {0, 1, 2}
+    for layer, state in prefix.states.items():
+        for kept, read in zip(state, loaded.states[layer], strict=True):
+            assert torch.equal(kept, read)
+    store.save(dataclasses.replace(prefix, states={layer: state[:1] for layer, state in prefix.states.items()}))
+    assert store.load(list(prefix.token_ids), arch, torch.device("cpu")) is None
+
+
+NUMBERED = "<|im_start|>system\n{INPUT_0}<|im_end|>\n<|im_start|>user\n{INPUT_1}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@requires_llama_cpp
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_vision_runtime_program_takes_its_numbered_arguments(qwen35: TinyInterpreter, tmp_path: Path, backend: type[Backend]) -> None:
+    """A program of the official vision runtime (meta.json's runtime_manifest_version 2) holds a numbered template:
+    its calls take one argument per slot, each prompt rendered whole (the official runtime's tokens)."""
+    program = make_program(
+        qwen35, tmp_path, "numbered", template=NUMBERED, meta_extra={"runtime_manifest_version": 2, "runtime_id": "qwen3.5-0.8b-q8_0"}
+    )
+    calls = [("be brief", text) for text in TEXTS]
+    prompts = [NUMBERED.replace("{INPUT_0}", first).replace("{INPUT_1}", second) for first, second in calls]
+    expected = llama_generate_whole(qwen35.gguf_path, prompts, MAX_TOKENS, adapter=program.adapter)
+    with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=qwen35.gguf_path) as function:
+        chat = Positional[str, str](function)
+        assert [list(chat.generate(first, second, options=RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for first, second in calls] == expected
+        with pytest.raises(ArityError):
+            function.run("one argument for two slots")
+
+
+def test_a_vision_runtime_program_with_a_gap_in_its_slots_is_refused(qwen35: TinyInterpreter, tmp_path: Path) -> None:
+    program = make_program(qwen35, tmp_path, "gap", template="{INPUT_0} and {INPUT_2}", meta_extra={"runtime_manifest_version": 2})
+    with pytest.raises(BundleError, match="without gaps"):
+        PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35.gguf_path)
