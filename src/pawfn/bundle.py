@@ -15,10 +15,12 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import BundleError, describe_validation_error
+from .templates import NumberedTemplate, TemplateError
 
 __all__ = [
     "INPUT_PLACEHOLDER",
@@ -49,6 +51,10 @@ MAX_TEMPLATE_BYTES = 1024 * 1024
 _COPY_CHUNK = 1024 * 1024
 
 
+VISION_MANIFEST_VERSION = 2
+"""The official runtime manifest version of the vision runtime (numbered templates, text and image arguments)."""
+
+
 class ProgramMeta(BaseModel):
     """`meta.json` of a program; fields pawfn does not know are kept in `model_extra`."""
 
@@ -60,6 +66,27 @@ class ProgramMeta(BaseModel):
     compiler_snapshot: str | None = None
     runtime_id: str | None = None
     created_at: str | None = None
+    runtime_manifest_version: int | None = None
+    """2 for a program of the official vision runtime (numbered `{INPUT_N}` template, every prompt rendered whole)."""
+
+    @property
+    def numbered(self) -> bool:
+        """Whether the program declares the official vision runtime (its manifest version 2, an embedded manifest of
+        that version, or its input and vision fields), whose `prompt_template.txt` holds numbered slots; recognized as
+        the official SDK does, malformed or downgraded manifests included."""
+        if self.runtime_manifest_version == VISION_MANIFEST_VERSION:
+            return True
+        runtime = (self.model_extra or {}).get("runtime")
+        if not isinstance(runtime, dict):
+            return False
+        declared = cast("dict[str, object]", runtime)  # cast: JSON object with unknown values
+        local, prompt = declared.get("local_sdk"), declared.get("prompt_template")
+        return (
+            declared.get("manifest_version") == VISION_MANIFEST_VERSION
+            or "input" in declared
+            or (isinstance(local, dict) and "vision" in local)
+            or (isinstance(prompt, dict) and cast("dict[str, object]", prompt).get("format") == "chat_messages")
+        )
 
     @field_validator("interpreter")
     @classmethod
@@ -92,7 +119,8 @@ class ProgramBundle:
 
     source: Path
     meta: ProgramMeta
-    template: PromptTemplate
+    template: PromptTemplate | NumberedTemplate
+    """Split at its placeholder, or numbered (a program of the official vision runtime: `ProgramMeta.numbered`)."""
     adapter_path: Path
 
     @property
@@ -181,7 +209,14 @@ def _read_folder(folder: Path, source: Path) -> ProgramBundle:
         template_text = template_path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BundleError(source, f"prompt_template.txt is not UTF-8: {exc}") from exc
-    template = PromptTemplate.parse(template_text, source)
+    template: PromptTemplate | NumberedTemplate
+    if meta.numbered:
+        try:
+            template = NumberedTemplate.parse(template_text)
+        except TemplateError as exc:
+            raise BundleError(source, str(exc)) from exc
+    else:
+        template = PromptTemplate.parse(template_text, source)
 
     with adapter_path.open("rb") as handle:
         magic = handle.read(4)
