@@ -10,7 +10,7 @@ import sys
 
 from pawfn import PawError
 from pawfn.adapter import read_lora_adapter
-from pawfn.bundle import open_bundle
+from pawfn.bundle import PromptTemplate, open_bundle
 from pawfn.models import model_for_interpreter
 
 
@@ -26,7 +26,11 @@ def main() -> int:
                 return 1
             adapter = read_lora_adapter(bundle.adapter_path, model)
             print(f"program {bundle.meta.program_id} for {bundle.meta.interpreter} ({model.__name__})")
-            print(f"template: prefix {len(bundle.template.prefix)} chars, suffix {len(bundle.template.suffix)} chars")
+            template = bundle.template
+            if isinstance(template, PromptTemplate):
+                print(f"template: prefix {len(template.prefix)} chars, suffix {len(template.suffix)} chars")
+            else:  # a program of the official vision runtime
+                print(f"template: numbered, {template.arity} argument{'s' * (template.arity != 1)}")
             modules = sorted({name.split(".")[2] for name in adapter.pairs})
             print(
                 f"adapter: rank {adapter.rank}, alpha {adapter.alpha}, {len(adapter.pairs)} weights "

@@ -43,6 +43,7 @@ def test_reads_folder_and_zip(qwen3_program: TinyProgram) -> None:
         with open_bundle(source) as bundle:
             assert bundle.meta.interpreter == "Qwen/Qwen3-0.6B"
             assert bundle.meta.program_id == "0123456789abcdef0123"
+            assert isinstance(bundle.template, PromptTemplate)
             assert bundle.template.prefix + "{INPUT_PLACEHOLDER}" + bundle.template.suffix == qwen3_program.template
             assert bundle.adapter_path.read_bytes()[:4] == b"GGUF"
 

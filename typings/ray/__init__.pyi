@@ -4,15 +4,9 @@ from typing import Any
 from . import util as util
 
 def init(
-    *,
-    num_cpus: int | None = ...,
-    include_dashboard: bool | None = ...,
-    object_store_memory: int | None = ...,
-    ignore_reinit_error: bool = ...,
-    log_to_driver: bool = ...,
-    runtime_env: dict[str, Any] | None = ...,
-    address: str | None = ...,
-    namespace: str | None = ...,
+    *, num_cpus: int | None = ..., include_dashboard: bool | None = ..., object_store_memory: int | None = ...,
+    ignore_reinit_error: bool = ..., log_to_driver: bool = ..., runtime_env: dict[str, Any] | None = ...,
+    address: str | None = ..., namespace: str | None = ...,
 ) -> Any: ...
 def shutdown() -> None: ...
 def is_initialized() -> bool: ...
