@@ -69,6 +69,10 @@ class InterpreterModel:
     """The official runtime's prompt for the bare interpreter (its base-inference contract, version 1)."""
     default_n_ctx: ClassVar[int] = 2048
     """The official runtime's context size for this interpreter (tokens)."""
+    default_projector: ClassVar[WeightFile | None] = None
+    """The official vision runtime's image projector GGUF (None: the interpreter takes no images)."""
+    image_tokens: ClassVar[tuple[int, int] | None] = None
+    """The vision runtime's bounds on one image's tokens (min, max)."""
     whole_prompt: ClassVar[bool] = False
     """The official runtime tokenizes each call's rendered prompt whole (its vision runtime) rather than the
     template's prefix once and the input with the suffix per call."""
@@ -179,6 +183,14 @@ class Qwen3_5_0_8B(InterpreterModel):  # noqa: N801 - the name mirrors the model
         }
     )
     eos_token = "<|im_end|>"
+    default_projector = WeightFile(
+        repo="unsloth/Qwen3.5-0.8B-GGUF",
+        file="mmproj-BF16.gguf",
+        size_bytes=207346528,
+        sha256="d312c4d02fd46eea7a16e4f3bbb58840e6222209322ca1e33ca03247ad8935d6",
+        revision="6ab461498e2023f6e3c1baea90a8f0fe38ab64d0",
+    )
+    image_tokens = (1, 512)
     base_template = "{INPUT_0}"  # the official vision runtime's base contract: the caller's whole prompt
     default_n_ctx = 4096
     whole_prompt = True

@@ -151,8 +151,9 @@ class _Server(ThreadingHTTPServer):
     def route(self, handler: _Handler, method: str, path: str) -> None:
         state = self.state
         api = "/api/v1/"
-        if path.startswith("/files/"):
-            name = path.removeprefix("/files/")
+        hugging_face = re.fullmatch(r"/[^/]+/[^/]+/resolve/[^/]+/([^/]+)", path)  # a Hugging Face repo's file URL
+        if path.startswith("/files/") or hugging_face:
+            name = hugging_face.group(1) if hugging_face else path.removeprefix("/files/")
             if name in state.files:
                 handler.send_file(state.files[name], name)
             else:

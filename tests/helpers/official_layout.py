@@ -69,8 +69,11 @@ def official_base_ok(cache: Path, file: str, size: int, sha256: str) -> bool:
     return hashlib.sha256(path.read_bytes()).hexdigest() == sha256
 
 
-def write_official_cache(cache: Path, program_id: str, bundle: Path, runtime: dict[str, object], base: Path, slugs: dict[str, str]) -> None:
-    """Lay out a cache as `programasweights` writes it: hydrated meta.json, base GGUF, runtimes, slug cache."""
+def write_official_cache(
+    cache: Path, program_id: str, bundle: Path, runtime: dict[str, object], base: Path | None, slugs: dict[str, str], manifest_version: int = 1
+) -> None:
+    """Lay out a cache as `programasweights` writes it: hydrated meta.json, base GGUF (None: already placed, as the
+    vision runtime places its files by sha256), runtimes, slug cache."""
     folder = cache / "programs" / program_id
     folder.mkdir(parents=True)
     for name in ("adapter.gguf", "prompt_template.txt"):
@@ -78,12 +81,13 @@ def write_official_cache(cache: Path, program_id: str, bundle: Path, runtime: di
     meta: dict[str, Any] = json.loads((bundle / "meta.json").read_text())
     meta["runtime"] = runtime
     meta.setdefault("runtime_id", runtime["runtime_id"])
-    meta.setdefault("runtime_manifest_version", 1)
+    meta.setdefault("runtime_manifest_version", manifest_version)
     (folder / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     local: Any = runtime["local_sdk"]
-    (cache / "base_models").mkdir(parents=True)
-    (cache / "base_models" / local["base_model"]["file"]).write_bytes(base.read_bytes())
-    (cache / "runtimes").mkdir(parents=True)
-    for name in (f"{runtime['runtime_id']}.json", f"{runtime['runtime_id']}.v1.json"):
+    if base is not None:
+        (cache / "base_models").mkdir(parents=True, exist_ok=True)
+        (cache / "base_models" / local["base_model"]["file"]).write_bytes(base.read_bytes())
+    (cache / "runtimes").mkdir(parents=True, exist_ok=True)
+    for name in (f"{runtime['runtime_id']}.json", f"{runtime['runtime_id']}.v{manifest_version}.json"):
         (cache / "runtimes" / name).write_text(json.dumps(runtime, indent=2, sort_keys=True) + "\n")
     (cache / "slug_cache.json").write_text(json.dumps(slugs, indent=2, sort_keys=True) + "\n")

@@ -2,6 +2,7 @@
 
     <root>/programs/<id>/{meta.json, prompt_template.txt, adapter.gguf, ...}
     <root>/base_models/<file>.gguf
+    <root>/base_models/sha256/<digest>.gguf       (a version-2 runtime's base and projector, by content)
     <root>/runtimes/<runtime_id>.json and <runtime_id>.v<version>.json
     <root>/slug_cache.json
     <root>/.locks/...
@@ -341,9 +342,53 @@ class PawCache:
             return None
         return recorded.sha256 if (recorded.size, recorded.mtime_ns) == (stat.st_size, stat.st_mtime_ns) else None
 
+    def asset_path(self, source: BaseModelSource) -> Path:
+        """Where a version-2 runtime's file (base or projector) is cached: `<root>/base_models/sha256/<digest>.gguf`,
+        whatever its source file name, as the official SDK keeps it."""
+        if source.sha256 is None:
+            raise ValueError(f"{source.file} has no sha256: a content-addressed file needs one")
+        return self.base_models_dir / "sha256" / f"{source.sha256}.gguf"
+
+    def verified_asset(self, source: BaseModelSource) -> Path | None:
+        """A version-2 runtime's file at its content address, verified; else one cached under its file name (by
+        either SDK's text runtime) adopted there (a hard link, or a copy), as the official SDK adopts it. Callers hold
+        `lock("vision_assets", sha256)`, the official SDK's lock for it."""
+        path = self.asset_path(source)
+        found = self._verified(path, source)
+        if found is not None:
+            return found
+        legacy = self._verified(self.base_models_dir / source.file, source)
+        if legacy is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f".adopt-{os.getpid()}-{threading.get_ident()}.tmp")
+        staged.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(legacy, staged)
+                linked = self._verified_sha256(legacy) == source.sha256  # one file: still as verified, no second hash
+            except OSError:  # another file system, or no hard links: a copy
+                shutil.copyfile(legacy, staged)
+                linked = False
+            if not linked and self._verified(staged, source) is None:
+                return None  # changed while adopted: a download will replace it
+            os.replace(staged, path)
+        finally:
+            staged.unlink(missing_ok=True)
+            self._marker(staged).unlink(missing_ok=True)
+        if linked:
+            stat = path.stat()
+            _atomic_write_json(
+                self._marker(path), _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=str(source.sha256)).model_dump()
+            )
+        return self._verified(path, source)
+
     def verified_base_model(self, source: BaseModelSource) -> Path | None:
         """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""
-        path = self.base_model_path(source)
+        return self._verified(self.base_model_path(source), source)
+
+    def _verified(self, path: Path, source: BaseModelSource) -> Path | None:
+        """`path` if it is a regular GGUF file with `source`'s size and (hashed once, then remembered) sha256."""
         if path.is_symlink() or not path.is_file():
             return None
         stat = path.stat()

@@ -92,36 +92,61 @@ def _ensure_program(program_id: str, reference: str, cache: PawCache, client: Pa
 
 
 def _ensure_base(runtime: RuntimeManifest, reference: str, cache: PawCache, client: PawClient, config: PawConfig) -> Path:
+    """The runtime's base weights in the cache, downloaded if missing; a version-2 runtime's projector too (by
+    content address, as the official SDK keeps them, so either SDK then runs offline from the other's files)."""
     source = runtime.local_sdk.base_model
     if not runtime.local_sdk.supported or source is None:
         raise OfflineError(f"runtime {runtime.runtime_id} has no base model for local use")
-    found = cache.verified_base_model(source)
+    if runtime.manifest_version == 1:
+        return _ensure_file(source, "base model", runtime, reference, cache, client, config)
+    found = [
+        _ensure_file(asset, "base model" if asset is source else "projector", runtime, reference, cache, client, config) for asset in runtime.assets
+    ]
+    return found[0]
+
+
+def _ensure_file(
+    source: BaseModelSource, what: str, runtime: RuntimeManifest, reference: str, cache: PawCache, client: PawClient, config: PawConfig
+) -> Path:
+    """One of the runtime's files, verified in the cache or downloaded there (under its name for version 1, its
+    sha256 for version 2) under the lock the official SDK takes for it."""
+    by_content = runtime.manifest_version == 2
+    lock = ("vision_assets", str(source.sha256)) if by_content else ("base_models", source.file)
+
+    verified = cache.verified_asset if by_content else cache.verified_base_model
+    if by_content:
+        with cache.lock(*lock):  # adopting a file cached under its name writes the content address
+            found = verified(source)
+    else:
+        found = verified(source)
     if found is not None:
         return found
     if config.offline:
         raise OfflineError(
-            f"base model {source.file} (runtime {runtime.runtime_id}) is not in the cache and offline mode is on; "
-            f"{_offline_hint(reference)}, or pass a local copy of it with --base PATH (base=PATH in Python)"
+            f"{what} {source.file} (runtime {runtime.runtime_id}) is not in the cache and offline mode is on; "
+            f"{_offline_hint(reference)}, or pass a local copy of the base with --base PATH (base=PATH in Python)"
         )
-    with cache.lock("base_models", source.file):
-        found = cache.verified_base_model(source)
+    with cache.lock(*lock):
+        found = verified(source)
         if found is None:
-            cache.base_models_dir.mkdir(parents=True, exist_ok=True)
+            destination = cache.asset_path(source) if by_content else cache.base_model_path(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
             try:
                 found = client.download_file(
                     source.download_url(),
-                    cache.base_model_path(source),
+                    destination,
                     size_bytes=source.size_bytes,
                     sha256=source.sha256,
-                    progress=download_progress(f"base model {source.file}", config.progress),
+                    progress=download_progress(f"{what} {source.file}", config.progress),
                 )
             except HubError as exc:
+                by_hand = "pass it with --base PATH (base=PATH in Python)" if source is runtime.local_sdk.base_model else f"save it as {destination}"
                 raise BaseModelError(
                     None,
-                    f"cannot download base model {source.file} (runtime {runtime.runtime_id}): {exc}; run again to "
-                    f"resume, or fetch {source.download_url()} yourself and pass it with --base PATH (base=PATH in Python)",
+                    f"cannot download {what} {source.file} (runtime {runtime.runtime_id}): {exc}; run again to "
+                    f"resume, or fetch {source.download_url()} yourself and {by_hand}",
                 ) from exc
-            cache.verified_base_model(source)  # records the hash so the next load skips it
+            verified(source)  # records the hash so the next load skips it
     return found
 
 
@@ -130,9 +155,15 @@ def find_cached_base(model: type[InterpreterModel], meta: ProgramMeta, cache: Pa
     model type's own `default_gguf` (how a mirror subclass points at its weights)."""
     sources: list[BaseModelSource] = []
     try:
-        named = resolve_runtime(meta, cache, None).local_sdk.base_model
+        runtime: RuntimeManifest | None = resolve_runtime(meta, cache, None)
     except OfflineError:
-        named = None  # no manifest in the cache for this runtime: only the model type's default can serve
+        runtime = None  # no manifest in the cache for this runtime: only the model type's default can serve
+    named = None if runtime is None else runtime.local_sdk.base_model
+    if runtime is not None and named is not None and runtime.manifest_version == 2:
+        with cache.lock("vision_assets", str(named.sha256)):
+            found = cache.verified_asset(named)
+        if found is not None:
+            return found
     if named is not None:
         sources.append(named)
     pinned = model.default_gguf

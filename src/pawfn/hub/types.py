@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 
 from typing_extensions import TypedDict, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "BaseModelSource",
@@ -19,6 +20,7 @@ __all__ = [
     "CompileSettings",
     "CompileStatus",
     "CompilerInfo",
+    "ImagePreprocessing",
     "LocalSdk",
     "ProgramInfo",
     "ProgramList",
@@ -26,6 +28,7 @@ __all__ = [
     "ProgramVersion",
     "ProgramVersions",
     "RuntimeManifest",
+    "VisionAssets",
     "compile_request",
 ]
 
@@ -226,12 +229,30 @@ class BaseModelSource(_Response):
         return None if value is None else value.lower()
 
     def download_url(self) -> str:
-        """The URL to fetch the file from (`url`, else the Hugging Face repo)."""
+        """The URL to fetch the file from (`url`, else the Hugging Face repo, on `HF_ENDPOINT` when set: a mirror, as
+        huggingface_hub reads it)."""
         if self.url:
             return self.url
         if self.provider == "huggingface" and self.repo:
-            return f"https://huggingface.co/{self.repo}/resolve/main/{self.file}"
+            endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or "https://huggingface.co"
+            return f"{endpoint}/{self.repo}/resolve/main/{self.file}"
         raise ValueError(f"runtime base model {self.file} has neither a url nor a Hugging Face repo")
+
+
+class ImagePreprocessing(_Response):
+    """How the vision runtime prepares an image (version 1: RGB over white, stored orientation, no colour profile,
+    resized by the backend within the image-token bounds)."""
+
+    version: Literal[1] = 1
+    image_min_tokens: int = Field(gt=0)
+    image_max_tokens: int = Field(gt=0)
+
+
+class VisionAssets(_Response):
+    """The `local_sdk.vision` section of a version-2 manifest: the projector GGUF and the image preprocessing."""
+
+    projector: BaseModelSource
+    preprocessing: ImagePreprocessing
 
 
 class LocalSdk(_Response):
@@ -240,17 +261,39 @@ class LocalSdk(_Response):
     supported: bool
     base_model: BaseModelSource | None = None
     n_ctx: int | None = Field(default=None, gt=0)
+    vision: VisionAssets | None = Field(default=None, exclude_if=lambda value: value is None)
+    """Version 2 (the vision runtime): its projector and preprocessing. Never written as null: the official SDK
+    takes a `vision` key, whatever its value, for a vision program."""
 
 
 class RuntimeManifest(_Response):
-    """A runtime manifest (`GET /api/v1/models/runtimes/{id}`, or embedded in meta.json as `runtime`)."""
+    """A runtime manifest (`GET /api/v1/models/runtimes/{id}`, or embedded in meta.json as `runtime`); version 2 is
+    the official vision runtime's (numbered templates; its base and projector cached by sha256)."""
 
     runtime_id: str
-    manifest_version: Literal[1] = 1
+    manifest_version: Literal[1, 2] = 1
     display_name: str | None = None
     interpreter: str
     adapter_format: Literal["gguf_lora"] = "gguf_lora"
     local_sdk: LocalSdk
+
+    @model_validator(mode="after")
+    def _vision_assets_pinned(self) -> RuntimeManifest:
+        """A version-2 runtime run locally names its base and projector by size and sha256 (their cache path is the
+        digest)."""
+        local = self.local_sdk
+        if self.manifest_version == 2 and local.supported:
+            assets = [local.base_model, None if local.vision is None else local.vision.projector]
+            if any(asset is None or asset.sha256 is None or asset.size_bytes is None for asset in assets):
+                raise ValueError("a version-2 runtime needs local_sdk.base_model and local_sdk.vision.projector with size_bytes and sha256")
+        return self
+
+    @property
+    def assets(self) -> list[BaseModelSource]:
+        """The files a local run needs: the base weights, and a version-2 runtime's projector."""
+        local = self.local_sdk
+        found = [local.base_model, None if local.vision is None else local.vision.projector]
+        return [asset for asset in found if asset is not None]
 
     @field_validator("runtime_id")
     @classmethod
