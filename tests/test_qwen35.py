@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import gguf
 import pytest
@@ -23,7 +23,7 @@ from pawfn.torch.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
 from tests.helpers.references import llama_generate_whole, peft_generate_ids
 from tests.helpers.tiny_models import TinyInterpreter, dequantized
-from tests.helpers.tiny_qwen35 import config_of, hf_pairs
+from tests.helpers.tiny_qwen35 import config_of, hf_pairs, write_qwen35_gguf
 
 TEXTS = ["Urgent: the server is down!", "hello", "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 3, "x"]
 MAX_TOKENS = 16
@@ -45,6 +45,22 @@ def test_the_architecture_comes_from_the_gguf(qwen35: TinyInterpreter) -> None:
     assert architecture.linear == LinearAttention(layers=frozenset({0, 1, 2}), conv_kernel=4, n_key_heads=2, n_value_heads=4, head_dim=16)
     assert architecture.rope_dims == 8
     assert [architecture.attends(layer) for layer in range(4)] == [False, False, False, True]
+
+
+@requires_llama_cpp
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_multi_token_prediction_block_is_not_run(qwen35: TinyInterpreter, tmp_path: Path, backend: type[Backend]) -> None:
+    """Qwen3.5's GGUFs may end with an MTP block (nextn_predict_layers): the trunk's tokens are unchanged."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(qwen35.hf_dir), dtype=torch.float32)  # pyright: ignore[reportUnknownMemberType]
+    state = {name: tensor.detach().float().numpy() for name, tensor in hf.state_dict().items()}
+    with_mtp = tmp_path / "with-mtp.gguf"
+    write_qwen35_gguf(config_of(qwen35), Tokenizer.from_file(str(qwen35.hf_dir / "tokenizer.json")), state, with_mtp, qwen35.eos_token, mtp=True)
+    expected = llama_generate_whole(with_mtp, TEXTS[:2], MAX_TOKENS)
+    with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=with_mtp) as bare, PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.gguf_path) as plain:
+        assert _tokens(bare, TEXTS[:2]) == expected == _tokens(plain, TEXTS[:2])
 
 
 @requires_llama_cpp

@@ -163,8 +163,9 @@ def converted(config: dict[str, object], hf_name: str, array: Array) -> tuple[st
     return name, np.ascontiguousarray(array, dtype=np.float32)
 
 
-def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: dict[str, Array], path: Path, eos: str) -> None:
-    """The F32 GGUF llama.cpp's converter writes for this checkpoint (keys and tensors)."""
+def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: dict[str, Array], path: Path, eos: str, mtp: bool = False) -> None:
+    """The F32 GGUF llama.cpp's converter writes for this checkpoint (keys and tensors); `mtp`: with one more block
+    for multi-token prediction after the trunk (random weights: it is never run), as Qwen3.5's own GGUFs carry."""
     writer = gguf.GGUFWriter(str(path), "qwen35")
     head_dim = int(str(config["head_dim"]))
     rope = cast("dict[str, object]", config["rope_parameters"])
@@ -172,7 +173,10 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(int(str(config["max_position_embeddings"])))
     writer.add_embedding_length(int(str(config["hidden_size"])))
-    writer.add_block_count(int(str(config["num_hidden_layers"])))
+    layers = int(str(config["num_hidden_layers"]))
+    writer.add_block_count(layers + mtp)
+    if mtp:
+        writer.add_uint32("qwen35.nextn_predict_layers", 1)
     writer.add_feed_forward_length(int(str(config["intermediate_size"])))
     writer.add_head_count(int(str(config["num_attention_heads"])))
     writer.add_head_count_kv(int(str(config["num_key_value_heads"])))
@@ -193,6 +197,14 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
         named = converted(config, hf_name, array)
         if named is not None:
             writer.add_tensor(*named)
+    if mtp:
+        hidden, rng = int(str(config["hidden_size"])), np.random.default_rng(7)
+        last = f"blk.{layers - 1}."  # an attention block's tensors, then the predictor's own
+        for name, array in [(n, a) for n, a in ((converted(config, k, v) or ("", v)) for k, v in state.items()) if n.startswith(last)]:
+            writer.add_tensor(name.replace(last, f"blk.{layers}.", 1), array)
+        writer.add_tensor(f"blk.{layers}.nextn.eh_proj.weight", rng.normal(0.0, 0.3, (hidden, 2 * hidden)).astype(np.float32))
+        writer.add_tensor(f"blk.{layers}.nextn.enorm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{layers}.nextn.hnorm.weight", np.ones(hidden, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

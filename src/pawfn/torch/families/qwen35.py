@@ -97,6 +97,11 @@ class Qwen35Family(Family):
     def architecture_from_gguf(self, file: GGUFFile, vocab_size: int) -> Architecture:
         arch = super().architecture_from_gguf(file, vocab_size)
         key = f"{file.string('general.architecture') or self.name}."
+        # blocks for multi-token prediction follow the trunk's and are not run (llama.cpp's n_layer() leaves them out)
+        predictors = file.integer(key + "nextn_predict_layers") or 0
+        if not 0 <= predictors < arch.n_layers:
+            raise BaseModelError(file.path, f"nextn_predict_layers is {predictors} of {arch.n_layers} blocks; the metadata is damaged")
+        arch = dataclasses.replace(arch, n_layers=arch.n_layers - predictors)
         head_dim = required_int(file, key + "ssm.state_size")
         n_value_heads = required_int(file, key + "ssm.time_step_rank")
         inner = required_int(file, key + "ssm.inner_size")
