@@ -5,15 +5,18 @@ calls equal lone ones; the prefix's recurrent states, cached and stored, give th
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib.util
 from pathlib import Path
 from typing import Any, TypeVar
 
 import gguf
+import httpx
 import pytest
 import torch
 
-from pawfn import ArityError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch
+from pawfn import ArityError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
 from pawfn.backends import Backend
 from pawfn.torch.families.base import Architecture, LinearAttention
 from pawfn.torch.kvcache import KVCache, PrefixState
@@ -21,6 +24,7 @@ from pawfn.torch.lora import DeviceAdapter
 from pawfn.torch.network import TorchInterpreter
 from pawfn.torch.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
+from tests.helpers.servers import start_server
 from tests.helpers.references import llama_generate_whole, peft_generate_ids
 from tests.helpers.tiny_models import TinyInterpreter, dequantized
 from tests.helpers.tiny_qwen35 import config_of, hf_pairs, write_qwen35_gguf
@@ -192,3 +196,38 @@ def test_a_vision_runtime_program_with_a_gap_in_its_slots_is_refused(qwen35: Tin
     program = make_program(qwen35, tmp_path, "gap", template="{INPUT_0} and {INPUT_2}", meta_extra={"runtime_manifest_version": 2})
     with pytest.raises(BundleError, match="without gaps"):
         PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35.gguf_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="pawfn serve needs the serve extra")
+def test_a_server_takes_a_numbered_programs_arguments(qwen35: TinyInterpreter, tmp_path: Path) -> None:
+    """`pawfn serve` and `Remote` carry a call's several arguments (`RunRequest.arguments`); the served program says
+    how many it takes, so a wrong count is refused before any request, and a raw request with one gets a 422."""
+    program_id = "d6b454023d41ac9ca845"
+    meta: dict[str, object] = {"runtime_manifest_version": 2}
+    program = make_program(qwen35, tmp_path, "served", template=NUMBERED, program_id=program_id, meta_extra=meta)
+    server = start_server("--program", str(program.archive), "--base", str(qwen35.gguf_path))
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    try:
+        with (
+            PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35.gguf_path) as local,
+            PawFn[Qwen3_5_0_8B, Remote].load_sync(program_id, config=PawConfig.from_env(server_url=server.url, max_retries=0)) as remote,
+        ):
+            here, there = Positional[str, str](local), Positional[str, str](remote)
+            assert remote.runtime.arity == 2
+            for text in TEXTS[:2]:
+                assert there.generate("be brief", text, options=options).token_ids == here.generate("be brief", text, options=options).token_ids
+            assert there.prompt_token_ids("be brief", TEXTS[0]) == here.prompt_token_ids("be brief", TEXTS[0])
+
+            async def streamed() -> str:
+                async with await there.astream("be brief", TEXTS[0], options=options) as stream:
+                    return "".join([piece async for piece in stream])
+
+            assert asyncio.run(streamed()).strip() == here.run("be brief", TEXTS[0], options=options)
+            with pytest.raises(ArityError):
+                remote.run("one input for two slots")
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for body, code in (({"arguments": ["one"]}, "wrong_argument_count"), ({"input": "x", "arguments": ["a", "b"]}, "invalid_request")):
+                response = client.post(f"/v1/programs/{program_id}/run", json=body)
+                assert (response.status_code, response.json()["error"]) == (422, code), response.text
+    finally:
+        server.stop()

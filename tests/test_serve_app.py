@@ -17,6 +17,7 @@ from hypothesis import given
 from pawfn import ContextOverflowError, NotFoundError, RuntimeOptions
 from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 from pawfn.results import Generation, Timings
+from pawfn.runtime import CallInput
 from pawfn.serve import ServeSettings
 from pawfn.serve.service import ServiceCounters
 from tests.helpers.servers import free_port
@@ -52,10 +53,11 @@ class ScriptedService:
             name="p", program_id=None, references=["p"], interpreter="gpt2", model="GPT2", backend="torch", n_ctx=64, prefix_tokens=3
         )
 
-    async def run(self, reference: str, text: str, options: RuntimeOptions) -> RunResponse:
+    async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         await self.info(reference)
         if text == "overflow":
             raise ContextOverflowError(60, 10, 64)
+        assert isinstance(text, str)
         self.started += 1
         try:
             await self.release.wait()
@@ -67,13 +69,13 @@ class ScriptedService:
     async def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
         return RunBatchResponse(program="p", generations=[(await self.run(reference, t, options)).generation for t in texts])
 
-    async def stream(self, reference: str, text: str, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+    async def stream(self, reference: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
         await self.info(reference)
         yield StreamPiece(text="a")
         yield StreamPiece(text="b")
         yield await self.run(reference, text, options)
 
-    async def tokenize(self, reference: str, text: str, options: RuntimeOptions) -> list[int]:
+    async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         return [1]
 
     def counters(self) -> ServiceCounters:
@@ -154,7 +156,7 @@ def test_a_stream_holds_one_slot_until_its_last_event_and_a_client_that_leaves_f
     service = ScriptedService()
     loop_release = threading.Event()
 
-    async def run_with_release(reference: str, text: str, options: RuntimeOptions) -> RunResponse:
+    async def run_with_release(reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         service.started += 1
         try:
             while not loop_release.is_set():
@@ -162,7 +164,7 @@ def test_a_stream_holds_one_slot_until_its_last_event_and_a_client_that_leaves_f
         except asyncio.CancelledError:
             service.cancelled += 1
             raise
-        return RunResponse(program="p", generation=_generation(text))
+        return RunResponse(program="p", generation=_generation(str(text)))
 
     service.run = run_with_release  # type: ignore[method-assign]  # a thread-safe release for the server's loop
     with _uvicorn(create_app(service, ServeSettings(max_queue=1))) as url, httpx.Client(base_url=url, timeout=10) as client:

@@ -147,7 +147,12 @@ def _program_options() -> argparse.ArgumentParser:
     what.add_argument("--program", metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
     what.add_argument("--interpreter", metavar="ID", help="no program: the bare interpreter (Qwen/Qwen3-0.6B, gpt2)")
     options.add_argument("--template", metavar="TEXT", help="with --interpreter: a numbered template ({INPUT_0}, {INPUT_1}, ...)")
-    options.add_argument("--arg", action="append", metavar="TEXT", help="one call's arguments, in slot order (repeatable; with --template)")
+    options.add_argument(
+        "--arg",
+        action="append",
+        metavar="TEXT",
+        help="one call's arguments, in slot order (repeatable; a numbered template: --template, or a program of the vision runtime)",
+    )
     options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
     options.add_argument("--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin")
     options.add_argument(

@@ -8,7 +8,7 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVarTuple, Unpack
 
-from .calls import PendingGeneration, checked_options, results_in_order
+from .calls import PendingGeneration, TextStream, checked_options, results_in_order
 from .options import RuntimeOptions
 from .results import Generation
 from .runtime import ProgramRuntime
@@ -59,4 +59,19 @@ class Positional(Generic[Unpack[Args]]):
 
     async def arun(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> str:
         """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
-        return (await asyncio.wrap_future(self.submit(*arguments, options=options))).text
+        return (await self.agenerate(*arguments, options=options)).text
+
+    async def agenerate(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> Generation:
+        """`generate` without blocking the event loop; cancelling the task stops the call at its next token."""
+        return await asyncio.wrap_future(self.submit(*arguments, options=options))
+
+    async def astream(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> TextStream:
+        """The call's text as it is generated: `async for piece in stream`, then `await stream.generation()`;
+        leaving the stream early cancels the call."""
+        stream = TextStream(self._runtime.decode_tokens)
+        stream.follow(self._runtime.submit_streaming(self._checked(arguments), checked_options(options), stream))
+        return stream
+
+    def prompt_token_ids(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> list[int]:
+        """The token ids a call on `arguments` evaluates after the cached prefix."""
+        return self._runtime.encode_prompt(self._checked(arguments), checked_options(options))

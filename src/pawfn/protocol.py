@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import Self
 
 from .options import RuntimeOptions
 from .results import Generation
@@ -19,6 +20,7 @@ __all__ = [
     "Health",
     "InferRequest",
     "InferResponse",
+    "MAX_ARGUMENTS",
     "ServedProgram",
     "ServedPrograms",
     "ResolveResponse",
@@ -60,13 +62,45 @@ class ResolveResponse(BaseModel):
     program_id: str
 
 
-class RunRequest(BaseModel):
-    """`POST /v1/programs/{ref}/run` and `/stream`."""
+MAX_ARGUMENTS = 64
+"""Most arguments one call may carry (a numbered template's slots)."""
+
+
+class _CallBody(BaseModel):
+    """One call's input: `input` (one), or a numbered template's `arguments` in slot order."""
 
     model_config = ConfigDict(extra="forbid")
 
-    input: str
+    input: str | None = None
+    arguments: list[str] | None = Field(default=None, max_length=MAX_ARGUMENTS)
     options: RuntimeOptions = _DEFAULT_OPTIONS
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> _CallBody:
+        if (self.input is None) == (self.arguments is None):
+            raise ValueError("give `input` (one) or `arguments` (a numbered template's, in slot order), not both or neither")
+        return self
+
+    @property
+    def call(self) -> str | tuple[str, ...]:
+        """The call's input as a runtime takes it."""
+        if self.arguments is not None:
+            return tuple(self.arguments)
+        assert self.input is not None  # one of the two, by the validator
+        return self.input
+
+    def body(self) -> dict[str, object]:
+        """The JSON body, without the unused one of `input` and `arguments`."""
+        return self.model_dump(mode="json", exclude={"arguments" if self.arguments is None else "input"})
+
+    @classmethod
+    def of(cls, call: str | tuple[str, ...], options: RuntimeOptions) -> Self:
+        """The body for `call` (one input, or several arguments)."""
+        return cls(input=call, options=options) if isinstance(call, str) else cls(arguments=list(call), options=options)
+
+
+class RunRequest(_CallBody):
+    """`POST /v1/programs/{ref}/run` and `/stream`."""
 
 
 class RunBatchRequest(BaseModel):
@@ -93,13 +127,8 @@ class RunBatchResponse(BaseModel):
     generations: list[Generation]
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(_CallBody):
     """`POST /v1/programs/{ref}/tokenize`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    input: str
-    options: RuntimeOptions = _DEFAULT_OPTIONS
 
 
 class TokenizeResponse(BaseModel):
@@ -123,6 +152,8 @@ class ServedProgram(BaseModel):
     backend: str
     n_ctx: int
     prefix_tokens: int
+    arity: int = Field(default=1, ge=0)
+    """How many arguments a call takes: one input, or a numbered template's slots (`RunRequest.arguments`)."""
     spec: str | None = None
     replica: str | None = None
     """The Ray Serve replica that answered (its actor name), where there are replicas."""

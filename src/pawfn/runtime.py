@@ -183,6 +183,11 @@ class ProgramRuntime(ABC):
         """What computes the calls, for reports (a native runtime's build); None where nothing needs saying."""
         return None
 
+    @property
+    def arity(self) -> int:
+        """How many positional arguments a call takes (a numbered template's slots; otherwise one input)."""
+        return 1
+
     @abstractmethod
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""
@@ -273,6 +278,11 @@ class PromptRuntime(ProgramRuntime):
     def prefix_tokens(self) -> int:
         """Length of the cached prompt prefix in tokens."""
         return len(self._prompt.prefix_ids)
+
+    @property
+    def arity(self) -> int:
+        """How many positional arguments a call takes."""
+        return self._prompt.arity
 
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""

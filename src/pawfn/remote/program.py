@@ -20,6 +20,7 @@ from ..options import RuntimeOptions
 from ..protocol import RunResponse, ServedProgram
 from ..results import Generation
 from ..runtime import CallInput, ProgramRuntime
+from ..templates import ArityError
 from ..calls import PendingGeneration, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
@@ -60,7 +61,18 @@ class RemoteProgram(ProgramRuntime):
         return self._served.prefix_tokens
 
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
-        return self._client.tokenize(self._served.name, _one_input(text), options)
+        return self._client.tokenize(self._served.name, self._checked(text), options)
+
+    @property
+    def arity(self) -> int:
+        return self._served.arity
+
+    def _checked(self, text: CallInput) -> CallInput:
+        """`text` if its count fits the served program's (`ArityError` before any request)."""
+        given = 1 if isinstance(text, str) else len(text)
+        if given != self.arity:
+            raise ArityError(self.arity, given)
+        return text
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str:
         raise ConfigError("a Remote program has no tokenizer here: its text comes from the server (Generation.text)")
@@ -70,13 +82,13 @@ class RemoteProgram(ProgramRuntime):
         `cancel()` closes its connection and the server stops it at its next token."""
         if on_token is not None:
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
-        return self._streamed(_one_input(text), options, None)
+        return self._streamed(self._checked(text), options, None)
 
     def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
-        return self._streamed(_one_input(text), options, stream.on_text)
+        return self._streamed(self._checked(text), options, stream.on_text)
 
-    def _streamed(self, text: str, options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
+    def _streamed(self, text: CallInput, options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
         pending = self.track(PendingGeneration())
 
         def request() -> list[Generation]:
@@ -143,12 +155,3 @@ class RemoteProgram(ProgramRuntime):
 
     def release(self) -> None:
         self._client.close()  # a cancelled call still in flight loses its connection: the server stops it
-
-
-def _one_input(text: CallInput) -> str:
-    """A served program's one input (a server takes several arguments only in a later protocol)."""
-    if isinstance(text, str):
-        return text
-    if len(text) != 1:
-        raise ConfigError(f"a Remote program takes one input per call; got {len(text)} arguments (run a numbered template locally)")
-    return text[0]

@@ -36,6 +36,8 @@ from ..errors import (
     ProgramClosedError,
 )
 from ..options import RuntimeOptions
+from ..runtime import CallInput
+from ..templates import ArityError
 from ..protocol import (
     ErrorBody,
     Health,
@@ -82,6 +84,8 @@ def api_error(exc: PawError) -> ApiError:
         return ApiError(422, "invalid_response_format", str(exc))
     if isinstance(exc, OutputTypeError):
         return ApiError(422, "output_not_of_type", str(exc))
+    if isinstance(exc, ArityError):
+        return ApiError(422, "wrong_argument_count", str(exc))
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, ProgramClosedError):
@@ -224,11 +228,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                 401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"}
             )
 
-    def check_input(text: str) -> None:
-        if len(text) > settings.max_input_chars:
-            raise ApiError(413, "input_too_long", f"the input has {len(text)} characters; this server takes at most {settings.max_input_chars}")
+    def check_input(text: CallInput) -> None:
+        length = len(text) if isinstance(text, str) else sum(map(len, text))
+        if length > settings.max_input_chars:
+            raise ApiError(413, "input_too_long", f"the input has {length} characters; this server takes at most {settings.max_input_chars}")
 
-    def checked(text: str, options: RuntimeOptions) -> RuntimeOptions:
+    def checked(text: CallInput, options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap, after checking the input's length."""
         check_input(text)
         return capped(options)
@@ -277,9 +282,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def run(reference: str, body: RunRequest, request: Request) -> RunResponse:
         """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
         disconnects cancels its call."""
-        options = checked(body.input, body.options)
+        options = checked(body.call, body.options)
         with admission.hold(1), _answered():
-            result = await _unless_disconnected(request, service.run(reference, body.input, options))
+            result = await _unless_disconnected(request, service.run(reference, body.call, options))
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
@@ -304,10 +309,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def stream(reference: str, body: RunRequest) -> StreamingResponse:
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
-        options = checked(body.input, body.options)
+        options = checked(body.call, body.options)
         held = AsyncExitStack()  # the queue slot and the call, until the last event is sent (or the client leaves)
         held.enter_context(admission.hold(1))
-        items = await held.enter_async_context(aclosing(service.stream(reference, body.input, options)))
+        items = await held.enter_async_context(aclosing(service.stream(reference, body.call, options)))
         try:
             with _answered():  # errors before the first piece (unknown program, overflow) keep their status
                 first = await anext(items)
@@ -336,9 +341,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     @api.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse, tags=["programs"])
     async def tokenize(reference: str, body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
-        checked(body.input, body.options)
+        checked(body.call, body.options)
         with _answered():
-            ids = await service.tokenize(reference, body.input, body.options)
+            ids = await service.tokenize(reference, body.call, body.options)
         return TokenizeResponse(token_ids=ids)
 
     @api.get("/v1/programs/{reference:path}", response_model=ServedProgram, tags=["programs"])
