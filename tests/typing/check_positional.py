@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, Generation, PawFn, Positional, Torch
+from pawfn import GPT2, Generation, LlamaCpp, PawFn, Positional, Qwen3_5_0_8B, Remote, TextStream, Torch
 
 
 def calls(bare: PawFn[GPT2, Torch]) -> None:
@@ -23,3 +23,19 @@ async def asynchronous(bare: PawFn[GPT2, Torch]) -> None:
 
 def loads() -> None:
     assert_type(PawFn[GPT2, Torch].bare(base="gpt2.gguf", template="Q: {INPUT_0} A:"), PawFn[GPT2, Torch])
+
+
+async def streams_and_tokens(program: PawFn[Qwen3_5_0_8B, Remote]) -> None:
+    """A program of the vision runtime, here on a server: its arguments stream and tokenize typed too."""
+    chat = Positional[str, str](program)
+    assert_type(await chat.agenerate("be brief", "hello"), Generation)
+    assert_type(chat.prompt_token_ids("be brief", "hello"), list[int])
+    stream = await chat.astream("be brief", "hello")
+    assert_type(stream, TextStream)
+    await chat.agenerate("only one")  # expect-error: call-arg; reportCallIssue
+    chat.prompt_token_ids("a", 2)  # expect-error: arg-type; reportArgumentType
+
+
+def qwen35_loads() -> None:
+    assert_type(PawFn[Qwen3_5_0_8B, Torch].bare(base="qwen3.5.gguf"), PawFn[Qwen3_5_0_8B, Torch])
+    assert_type(PawFn[Qwen3_5_0_8B, LlamaCpp].from_path("vision.paw"), PawFn[Qwen3_5_0_8B, LlamaCpp])
