@@ -1,0 +1,191 @@
+"""pawfn beside llama.cpp on a Qwen3.5-0.8B-shaped program, in one run: a random base of Qwen3.5-0.8B's shape (24
+layers, 18 of them Gated DeltaNet, hidden 1024, vocabulary 248,320), quantized to Q8_0 by llama.cpp as the official
+runtime's base is, and a rank-64 Q4_0 adapter over every linear layer. Each configuration is one `pawfn bench
+--json` process (load, a warm-up call, then --runs 10-token calls); --rounds rounds run every configuration in turn.
+llama.cpp runs each call as the official vision runtime does (a cleared context, the whole prompt evaluated);
+pawfn's Torch backend continues from the program's evaluated prefix (its recurrent states kept). Prints the median
+figures and the median of each round's ratios to llama.cpp.
+
+    python benchmarks/qwen35.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 5] [--rounds 3] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+from cpu_modes import bench
+from load_cost import INPUT, SPECIALS, TEMPLATE, llama_cpp_build
+
+HIDDEN, LAYERS, FFN, VOCAB = 1024, 24, 3584, 248320
+HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
+KEY_HEADS, VALUE_HEADS, STATE, CONV = 16, 16, 128, 4
+RECURRENT = {layer: (layer + 1) % 4 != 0 for layer in range(LAYERS)}
+ATTENTION = {
+    "attn_q": (2 * HEADS * HEAD_DIM, HIDDEN),
+    "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+}
+DELTA_NET = {
+    "attn_qkv": ((2 * KEY_HEADS + VALUE_HEADS) * STATE, HIDDEN),
+    "attn_gate": (VALUE_HEADS * STATE, HIDDEN),
+    "ssm_alpha": (VALUE_HEADS, HIDDEN),
+    "ssm_beta": (VALUE_HEADS, HIDDEN),
+    "ssm_out": (HIDDEN, VALUE_HEADS * STATE),
+}
+FEED_FORWARD = {"ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+MODES: dict[str, list[str]] = {"llama.cpp": ["--backend", "llamacpp"], "torch float32": [], "torch int8 weights": ["--weight-dtype", "int8"]}
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike, scale: float = 0.02) -> npt.NDArray[np.generic]:
+    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+
+def _vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """Byte symbols, a few merges, the specials, then filler to Qwen3.5's vocabulary size."""
+    from tokenizers import pre_tokenizers
+
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
+    merges = ["Ġ t", "Ġ a", "t h", "i n", "e r"]
+    tokens += [merge.replace(" ", "") for merge in merges] + SPECIALS
+    types = [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIALS)) + [int(gguf.TokenType.CONTROL)] * len(SPECIALS)
+    filler = VOCAB - len(tokens)
+    return [*tokens, *(f"zzfill{i}" for i in range(filler))], types + [int(gguf.TokenType.NORMAL)] * filler, merges
+
+
+def _write_f16_base(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    writer.add_name("qwen3.5-0.8b-shape-random")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_context_length(262144)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_rope_freq_base(10000000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_ssm_conv_kernel(CONV)
+    writer.add_ssm_state_size(STATE)
+    writer.add_ssm_group_count(KEY_HEADS)
+    writer.add_ssm_time_step_rank(VALUE_HEADS)
+    writer.add_ssm_inner_size(VALUE_HEADS * STATE)
+    writer.add_full_attention_interval(4)
+    writer.add_rope_dimension_count(HEAD_DIM // 4)
+    writer.add_rope_dimension_sections([11, 11, 10, 0])
+    tokens, types, merges = _vocabulary()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_tensor("token_embd.weight", _random(rng, (VOCAB, HIDDEN), np.float16))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    for layer in range(LAYERS):
+        block = f"blk.{layer}."
+        for norm in ("attn_norm", "post_attention_norm"):
+            writer.add_tensor(f"{block}{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
+        if RECURRENT[layer]:
+            writer.add_tensor(f"{block}ssm_conv1d.weight", _random(rng, (DELTA_NET["attn_qkv"][0], CONV), np.float32, 0.3))
+            writer.add_tensor(f"{block}ssm_dt.bias", np.ones(VALUE_HEADS, dtype=np.float32))
+            writer.add_tensor(f"{block}ssm_a", -np.exp(rng.uniform(0.0, 2.7, VALUE_HEADS)).astype(np.float32))
+            writer.add_tensor(f"{block}ssm_norm.weight", np.ones(STATE, dtype=np.float32))
+        else:
+            for norm in ("attn_q_norm", "attn_k_norm"):
+                writer.add_tensor(f"{block}{norm}.weight", np.ones(HEAD_DIM, dtype=np.float32))
+        for module, shape in ((DELTA_NET if RECURRENT[layer] else ATTENTION) | FEED_FORWARD).items():
+            writer.add_tensor(f"{block}{module}.weight", _random(rng, shape, np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _write_adapter(path: Path, rank: int = 64) -> None:
+    rng = np.random.default_rng(1)
+    writer = gguf.GGUFWriter(str(path), "qwen35")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", 16.0)
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    for layer in range(LAYERS):
+        for module, (out_features, in_features) in ((DELTA_NET if RECURRENT[layer] else ATTENTION) | FEED_FORWARD).items():
+            name = f"blk.{layer}.{module}.weight"
+            for half, shape in (("lora_a", (rank, in_features)), ("lora_b", (out_features, rank))):
+                writer.add_tensor(f"{name}.{half}", gguf.quants.quantize(_random(rng, shape, np.float32), q4), raw_dtype=q4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _quantize_q8_0(source: Path, destination: Path) -> None:
+    """Q8_0 with llama.cpp's own quantizer, as the official Qwen3.5 base was made."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)):
+        raise SystemExit(f"llama.cpp could not quantize {source}")
+
+
+def prepare(workdir: Path) -> tuple[Path, Path]:
+    """The Q8_0 base and the bundle folder, written once into `workdir`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    base, bundle = workdir / "qwen3.5-0.8b-shape-q8_0.gguf", workdir / "bundle"
+    if not base.is_file():
+        f16 = workdir / "qwen3.5-0.8b-shape-f16.gguf"
+        print(f"writing {f16} ...", flush=True)
+        _write_f16_base(f16)
+        print(f"quantizing to {base} ...", flush=True)
+        _quantize_q8_0(f16, base)
+        f16.unlink()
+    if not (bundle / "adapter.gguf").is_file():
+        bundle.mkdir(exist_ok=True)
+        meta = {"interpreter": "Qwen/Qwen3.5-0.8B", "program_id": "00000000000000000035", "spec": "benchmark program"}
+        (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        (bundle / "prompt_template.txt").write_text(TEMPLATE.replace("<think>\n\n</think>\n\n", ""), encoding="utf-8")
+        _write_adapter(bundle / "adapter.gguf")
+    return base, bundle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen35-shape"))
+    parser.add_argument("--runs", type=int, default=5, help="timed calls per process, after a warm-up call")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    base, bundle = prepare(args.workdir)
+    rounds = [{mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in MODES.items()} for _ in range(args.rounds)]
+
+    def value(figures: dict[str, object], key: str) -> float:
+        return float(str(figures[key]))
+
+    print(llama_cpp_build())
+    print(f"input {INPUT!r}, 10 tokens a call, {args.runs} calls a process, {args.rounds} rounds")
+    for mode in MODES:
+        call = statistics.median(value(r[mode], "median_ms") for r in rounds)
+        ratio = statistics.median(value(r[mode], "median_ms") / value(r["llama.cpp"], "median_ms") for r in rounds)
+        each = ", ".join(f"{value(r[mode], 'median_ms'):.0f}" for r in rounds)
+        print(f"{mode:20s} median call {call:8.1f} ms   {ratio:5.2f}x llama.cpp's   (rounds: {each} ms)")
+
+
+if __name__ == "__main__":
+    main()
