@@ -123,7 +123,10 @@ class LlamaCppSession:
     def prefill(self, prompt_ids: list[int]) -> None:
         n_prefix = len(self._prefix_ids)
         if not self._rewinds:  # a recurrent state cannot go back: the whole prompt on a cleared context
-            self._llm.reset()
+            import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
+
+            self._llm.reset()  # its position; the memory (KV and recurrent states) is cleared explicitly, as the official runtime does
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm.ctx), True)
             self._llm.eval(self._prefix_ids + prompt_ids)
         elif prompt_ids:
             self._llm.n_tokens = n_prefix  # rewind to the cached prefix; eval trims the KV cache past it
