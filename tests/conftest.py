@@ -16,7 +16,7 @@ from pawfn import ModelRegistry, PawFn, Qwen3_0_6B, Torch
 from tests.helpers.programs import TinyProgram, make_program
 from tests.helpers.servers import FIRST_ID, KEY, SECOND_ID, ServeProcess, start_server
 from tests.helpers.tiny_models import TinyInterpreter, build_interpreter
-from tests.helpers.tiny_qwen35 import build_qwen35
+from tests.helpers.tiny_qwen35 import TinyVision, build_qwen35, build_qwen35_vision
 from tests.helpers.trained import TrainedProgram, load_trained
 
 
@@ -72,6 +72,11 @@ def gpt2(tiny_root: Path) -> TinyInterpreter:
 @pytest.fixture(scope="session")
 def qwen35(tiny_root: Path) -> TinyInterpreter:
     return build_qwen35(tiny_root)
+
+
+@pytest.fixture(scope="session")
+def qwen35_vision(tiny_root: Path) -> TinyVision:
+    return build_qwen35_vision(tiny_root)
 
 
 @pytest.fixture(scope="session")

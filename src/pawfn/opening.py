@@ -15,7 +15,7 @@ from .bundle import ProgramMeta, open_bundle
 from .config import PawConfig
 from .errors import BaseModelError, ConfigError, InterpreterMismatchError
 from .hub.cache import PawCache
-from .hub.prepare import find_cached_base, prepare_program
+from .hub.prepare import find_cached_base, find_cached_projector, prepare_program
 from .llamacpp import LlamaCppProgram
 from .models import InterpreterModel, model_for_interpreter
 from .remote import RemoteProgram
@@ -103,7 +103,8 @@ def open_files(
     with open_bundle(bundle, cache.staging_dir()) as opened:
         model = choose(opened.meta, opened.name)
         base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
-        runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir()), config)
+        projector = _projector(model, base, opened.meta, cache)
+        runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
 
 
@@ -116,6 +117,18 @@ def _base_weights(base: Path | None, model: type[InterpreterModel], meta: Progra
             f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file such as "
             f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of {model.default_hf_repo}{otherwise}",
         )
+    return found
+
+
+def _projector(model: type[InterpreterModel], base: Path, meta: ProgramMeta, cache: PawCache) -> Path | None:
+    """The interpreter's image projector, for one that takes images: the one its runtime names, verified in the
+    cache, else the one `mmproj*.gguf` beside a base file (llama.cpp's convention); None without."""
+    if model.default_projector is None:
+        return None
+    found = find_cached_projector(model, meta, cache)
+    if found is None and base.is_file():
+        beside = sorted(base.parent.glob("mmproj*.gguf"))
+        found = beside[0] if len(beside) == 1 else None
     return found
 
 
@@ -134,7 +147,7 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     meta = ProgramMeta(interpreter=model.interpreter_id)
     base = _base_weights(base, model, meta, cache, "")
-    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered), config)
+    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered, _projector(model, base, meta, cache)), config)
     return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
 
 

@@ -1,5 +1,6 @@
 """`Positional[*Args]`: calls with several positional arguments, for a numbered template (`{INPUT_0}`, `{INPUT_1}`,
-...), typed by their kinds: `Positional[str, str](program).run("context", "question")`."""
+...), typed by their kinds: `Positional[str, str](program).run("context", "question")`, or with an image:
+`Positional[str, Image](program).run("Describe it.", Image("photo.png"))`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing_extensions import TypeVarTuple, Unpack
 from .calls import PendingGeneration, TextStream, checked_options, results_in_order
 from .options import RuntimeOptions
 from .results import Generation
+from .images import Image
+from .prompt import Argument
 from .runtime import ProgramRuntime
 from .templates import ArityError
 
@@ -35,15 +38,17 @@ class Positional(Generic[Unpack[Args]]):
         """The program underneath (a `PawFn`)."""
         return self._program
 
-    def _checked(self, arguments: tuple[object, ...]) -> tuple[str, ...]:
+    def _checked(self, arguments: tuple[object, ...]) -> tuple[Argument, ...]:
         kinds = getattr(self, "__orig_class__", None)
         declared = None if kinds is None else kinds.__args__
         if declared is not None and len(declared) != len(arguments):
             raise ArityError(len(declared), len(arguments))
+        checked: list[Argument] = []
         for index, argument in enumerate(arguments):
-            if not isinstance(argument, str):
-                raise TypeError(f"argument {index} ({{INPUT_{index}}}) must be str, not {type(argument).__name__}")
-        return tuple(str(argument) for argument in arguments)
+            if not isinstance(argument, (str, Image)):
+                raise TypeError(f"argument {index} ({{INPUT_{index}}}) must be str or pawfn.Image, not {type(argument).__name__}")
+            checked.append(argument)
+        return tuple(checked)
 
     def submit(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> PendingGeneration:
         """Start a call; its future gives the `Generation` (`ArityError` at once on a wrong count)."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .bundle import PromptTemplate
-from .errors import ContextOverflowError
+from .errors import ConfigError, ContextOverflowError
+from .images import Image
 from .options import RuntimeOptions
 from .results import StopReason
 from .templates import ArityError, NumberedTemplate
 from .tokenizer import TextCodec
 
-__all__ = ["Budget", "CallInput", "Prompt", "WholePrompt"]
+__all__ = ["Argument", "Budget", "CallInput", "Prompt", "WholePrompt", "refuse_images"]
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,22 @@ class Budget:
     exhausted_reason: StopReason
 
 
-CallInput = str | tuple[str, ...]
+Argument = str | Image
+"""One argument of a numbered template: text, or an image (on interpreters that take images)."""
+CallInput = str | tuple[Argument, ...]
 """A call's input: the text of a compiled program's one slot, or the arguments of a numbered template's slots."""
+
+
+def refuse_images(text: CallInput) -> tuple[str, ...]:
+    """The arguments as text, or a `ConfigError` for an image: only llama.cpp's mtmd runs images for now."""
+    arguments = (text,) if isinstance(text, str) else text
+    strings = tuple(argument for argument in arguments if isinstance(argument, str))
+    if len(strings) != len(arguments):
+        raise ConfigError(
+            "image arguments run on the LlamaCpp backend for now (llama.cpp's mtmd, as the official runtime): open the "
+            "program with PawFn[Qwen3_5_0_8B, LlamaCpp], its projector GGUF beside the base or in the cache"
+        )
+    return strings
 
 
 class Prompt:
@@ -59,7 +74,7 @@ class Prompt:
         if isinstance(text, tuple):
             if len(text) != 1:
                 raise ArityError(1, len(text))
-            text = text[0]
+            text = refuse_images(text)[0]
         if options.parse_special_in_input:
             return self.codec.encode(text + self._suffix, parse_special=True)
         return self.codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
@@ -88,12 +103,35 @@ class WholePrompt(Prompt):
         head = template.head
         cut = len(head) - len(codec.control_spans(head)[-1][0])  # the end of its last control token
         self.prefix_ids = self._prefix_ids(head[:cut])
+        self._prefix_text = head[:cut]
         self._template = NumberedTemplate((head[cut:], *template.segments[1:]))
+
+    def rendered(self, text: CallInput, marker: str) -> tuple[str, list[Image]]:
+        """The whole prompt, prefix included, with `marker` where each image argument goes, and the images in
+        prompt order (a repeated slot repeats its image), as the official vision runtime renders it."""
+        arguments = (text,) if isinstance(text, str) else text
+        if len(arguments) != self.arity:
+            raise ArityError(self.arity, len(arguments))
+        pieces: list[str] = [self._prefix_text]
+        images: list[Image] = []
+        for segment in self._template.segments:
+            if isinstance(segment, str):
+                pieces.append(segment)
+                continue
+            argument = arguments[segment]
+            if isinstance(argument, Image):
+                images.append(argument)
+                argument = marker
+            pieces.append(argument)
+        prompt = "".join(pieces)
+        if prompt.count(marker) != len(images):
+            raise ConfigError(f"the prompt holds the image marker {marker!r} as text; it is reserved for images (pass a pawfn.Image)")
+        return prompt, images
 
     def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
-        pieces = self._template.bind((text,) if isinstance(text, str) else text)
+        pieces = self._template.bind(refuse_images(text))
         if options.parse_special_in_input or not any(is_argument and len(self.codec.control_spans(piece)) > 1 for piece, is_argument in pieces):
             return self.codec.encode("".join(piece for piece, _ in pieces), parse_special=True)
         ids: list[int] = []

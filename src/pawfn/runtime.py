@@ -55,6 +55,8 @@ class ProgramFiles:
     base_derived_dir: Path | None = None
     template: NumberedTemplate | None = None
     """A bare interpreter's template, each call's prompt rendered whole (None for a program: its bundle's)."""
+    projector: Path | None = None
+    """The interpreter's image projector GGUF (mmproj), where it takes images and one was found."""
 
     @property
     def adapter_path(self) -> Path | None:
@@ -90,14 +92,17 @@ def context_window(model: type[InterpreterModel], requested: int, trained_positi
 class Decoding:
     """One call from its input to its `Generation`, token by token: the stopping rules and timings every loop shares."""
 
-    def __init__(self, prompt: Prompt, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> None:
-        """Encode `text` and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
+    def __init__(
+        self, prompt: Prompt, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None, prompt_ids: list[int] | None = None
+    ) -> None:
+        """Encode `text` (unless a backend evaluated it already: `prompt_ids`, the positions it took after the prefix)
+        and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
         self._on_token = on_token
         self._clock = time.perf_counter
         self._started = self._clock()
         self._prompt = prompt
         self.options = options
-        self.prompt_ids = prompt.encode(text, options)
+        self.prompt_ids = prompt.encode(text, options) if prompt_ids is None else prompt_ids
         self.budget = prompt.budget(len(self.prompt_ids), options)
         if self.budget.limit > 0 and not self.prompt_ids and not prompt.prefix_ids:
             raise PawError("the program's template and the input are both empty: there is nothing to continue")

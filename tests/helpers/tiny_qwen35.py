@@ -9,6 +9,7 @@ reordered from grouped to tiled order (value head j of key head k moves from k *
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -213,6 +214,9 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
 
 def lora_shapes(config: dict[str, object]) -> dict[str, tuple[int, int]]:
     """GGUF target weight name -> (out, in) for every LoRA-adaptable weight of the tiny Qwen3.5."""
+    nested = config.get("text_config")  # a checkpoint with images keeps the text model's config inside
+    if isinstance(nested, dict):
+        config = cast("dict[str, object]", nested)
     hidden, heads, kv = (int(str(config[k])) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
     head, ffn = int(str(config["head_dim"])), int(str(config["intermediate_size"]))
     n_key, n_value = int(str(config["linear_num_key_heads"])), int(str(config["linear_num_value_heads"]))
@@ -271,3 +275,136 @@ def hf_pairs(config: dict[str, object], pairs: dict[str, tuple[Array, Array]]) -
             a = _grouped(a, 1, n_key, per_key, head)
         out[target] = (a, b)
     return out
+
+
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+_VISION_BLOCK = {
+    "norm1": "ln1",
+    "norm2": "ln2",
+    "attn.qkv": "attn_qkv",
+    "attn.proj": "attn_out",
+    "mlp.linear_fc1": "ffn_up",
+    "mlp.linear_fc2": "ffn_down",
+}
+_MERGER = {"norm": "v.post_ln", "linear_fc1": "mm.0", "linear_fc2": "mm.2"}
+IMAGE_MEAN = IMAGE_STD = [0.5, 0.5, 0.5]
+PREPROCESSOR: dict[str, object] = {
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "image_mean": IMAGE_MEAN,
+    "image_std": IMAGE_STD,
+    "patch_size": 16,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+}
+
+
+@dataclass(frozen=True)
+class TinyVision:
+    """A tiny Qwen3.5 with its vision tower: the HF folder, the text GGUF and the projector GGUF (mmproj)."""
+
+    text: TinyInterpreter
+    projector: Path
+
+
+def build_qwen35_vision(root: Path, seed: int = 0) -> TinyVision:
+    """A tiny random Qwen3.5 with images (2 vision blocks of width 32, 16-pixel patches merged 2x2 into the text's
+    64), its text GGUF and its projector written as llama.cpp's converter writes them."""
+    from tokenizers import AddedToken
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    tokenizer = train_tokenizer("qwen3")
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in VISION_TOKENS])  # pyright: ignore[reportUnknownMemberType]
+    eos = "<|im_end|>"
+    ids: dict[str, int] = {}
+    for token in [eos, *VISION_TOKENS]:
+        found = tokenizer.token_to_id(token)
+        assert found is not None
+        ids[token] = found
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 64,
+        "initializer_range": 0.3,
+    }
+    text = tiny_config(tokenizer.get_vocab_size(), ids[eos])
+    config = Qwen3_5Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)  # pyright: ignore[reportUnknownMemberType]  # torch leaves `seed` unannotated
+    model = Qwen3_5ForConditionalGeneration(config)
+    hf_dir = root / "qwen35-vision-hf"
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(hf_dir))  # pyright: ignore[reportUnknownMemberType]  # transformers' **kwargs
+    write_tokenizer(hf_dir, tokenizer, eos)
+    (hf_dir / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    text_state = {
+        "model." + name.removeprefix("model.language_model."): array for name, array in state.items() if name.startswith("model.language_model.")
+    }
+    folder = root / "qwen35-vision"
+    folder.mkdir(parents=True, exist_ok=True)
+    text_gguf = folder / "qwen35-vision-text-f32.gguf"
+    write_qwen35_gguf(text.to_dict(), tokenizer, text_state, text_gguf, eos)
+    projector = folder / "mmproj-qwen35-vision-f32.gguf"  # beside the text GGUF, where pawfn looks for it
+    write_projector(vision, state, projector)
+    return TinyVision(TinyInterpreter(family="qwen35", hf_dir=hf_dir, gguf_path=text_gguf, eos_token=eos), projector)
+
+
+def write_projector(vision: dict[str, int | float], state: dict[str, Array], path: Path) -> None:
+    """The projector GGUF llama.cpp's converter writes (`--mmproj`) for a Qwen3.5 vision tower: architecture clip,
+    projector type qwen3vl_merger, the 3-D patch kernel split into its two frames."""
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.type", "mmproj")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    patch, positions = int(vision["patch_size"]), int(vision["num_position_embeddings"])
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_uint32("clip.vision.projection_dim", int(vision["out_hidden_size"]))
+    writer.add_uint32("clip.vision.image_size", int(positions**0.5 * patch))
+    writer.add_uint32("clip.vision.patch_size", patch)
+    writer.add_uint32("clip.vision.embedding_length", int(vision["hidden_size"]))
+    writer.add_uint32("clip.vision.feed_forward_length", int(vision["intermediate_size"]))
+    writer.add_uint32("clip.vision.block_count", int(vision["depth"]))
+    writer.add_uint32("clip.vision.attention.head_count", int(vision["num_heads"]))
+    writer.add_array("clip.vision.image_mean", IMAGE_MEAN)
+    writer.add_array("clip.vision.image_std", IMAGE_STD)
+    writer.add_string("clip.projector_type", "qwen3vl_merger")
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.spatial_merge_size", int(vision["spatial_merge_size"]))
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.is_deepstack_layers", [False] * int(vision["depth"]))
+    for name, array in state.items():
+        if not name.startswith("model.visual."):
+            continue
+        inner = name.removeprefix("model.visual.")
+        if inner == "patch_embed.proj.weight":
+            writer.add_tensor("v.patch_embd.weight", np.ascontiguousarray(array[:, :, 0]))
+            writer.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(array[:, :, 1]))
+            continue
+        if inner == "patch_embed.proj.bias":
+            target = "v.patch_embd.bias"
+        elif inner == "pos_embed.weight":
+            target = "v.position_embd.weight"
+        elif inner.startswith("blocks."):
+            _, block, rest = inner.split(".", 2)
+            module, kind = rest.rsplit(".", 1)
+            target = f"v.blk.{block}.{_VISION_BLOCK[module]}.{kind}"
+        else:
+            module, kind = inner.removeprefix("merger.").rsplit(".", 1)
+            target = f"{_MERGER[module]}.{kind}"
+        writer.add_tensor(target, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

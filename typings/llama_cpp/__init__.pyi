@@ -18,10 +18,16 @@ llama_model_p = ctypes.c_void_p
 llama_context_p = ctypes.c_void_p
 llama_memory_t = ctypes.c_void_p
 
+llama_pos = ctypes.c_int
+llama_seq_id = ctypes.c_int
+LLAMA_FLASH_ATTN_TYPE_ENABLED: int
+
 class Llama:
     n_tokens: int
+    n_batch: int
     model_params: llama_model_params
     scores: npt.NDArray[np.single]
+    input_ids: npt.NDArray[np.intc]
     def __init__(
         self,
         model_path: str,
@@ -36,6 +42,8 @@ class Llama:
         lora_scale: float = 1.0,
         type_k: int | None = None,
         type_v: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool = False,
         verbose: bool = True,
     ) -> None: ...
     @property
@@ -58,6 +66,7 @@ class Llama:
     def set_seed(self, seed: int) -> None: ...
     def token_eos(self) -> int: ...
     def n_vocab(self) -> int: ...
+    def n_ctx(self) -> int: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
 

@@ -21,7 +21,7 @@ from .refs import ProgramReference, parse_reference
 from .runtimes import resolve_runtime
 from .types import BaseModelSource, CompileRequest, CompileResult, RuntimeManifest
 
-__all__ = ["PreparedProgram", "aprepare_program", "compile_program", "compile_spec", "find_cached_base", "prepare_program"]
+__all__ = ["PreparedProgram", "aprepare_program", "compile_program", "compile_spec", "find_cached_base", "find_cached_projector", "prepare_program"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,29 @@ def find_cached_base(model: type[InterpreterModel], meta: ProgramMeta, cache: Pa
     sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
     for source in sources:
         found = cache.verified_base_model(source)
+        if found is not None:
+            return found
+    return None
+
+
+def find_cached_projector(model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache) -> Path | None:
+    """A verified image projector in the cache (no network): the one the program's version-2 runtime names, else the
+    model type's own `default_projector`; None for an interpreter without images."""
+    sources: list[BaseModelSource] = []
+    try:
+        vision = resolve_runtime(meta, cache, None).local_sdk.vision
+    except OfflineError:
+        vision = None
+    if vision is not None:
+        sources.append(vision.projector)
+    pinned = model.default_projector
+    if pinned is not None:
+        sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
+    for source in sources:
+        if source.sha256 is None or not (cache.asset_path(source).exists() or (cache.base_models_dir / source.file).exists()):
+            continue  # nothing to verify or adopt: no lock taken (a read-only cache stays untouched)
+        with cache.lock("vision_assets", source.sha256):
+            found = cache.verified_asset(source)
         if found is not None:
             return found
     return None

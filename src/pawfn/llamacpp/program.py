@@ -25,18 +25,21 @@ from numpy.typing import NDArray
 
 from ..config import EngineSettings
 from ..constraint import Constraint
-from ..errors import AdapterError, BaseModelError, NonFiniteError, PawError
+from ..errors import AdapterError, BaseModelError, ConfigError, ContextOverflowError, NonFiniteError, PawError
 from ..ggufio import GGUFFile, GGUFFormatError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..results import Generation
-from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..images import Image, ImageError
+from ..prompt import Argument
+from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, WholePrompt, context_window
 from ..calls import PendingGeneration, TokenListener
 from ..tokenizer import TextCodec
 from . import cpu
 
 if TYPE_CHECKING:
     import llama_cpp
+    from llama_cpp import mtmd_cpp as mtmd
 
 __all__ = ["LlamaCppProgram", "LlamaCppSession", "uses_repack"]
 
@@ -179,14 +182,45 @@ def _apply_adapter(llama_cpp: types.ModuleType, llm: llama_cpp.Llama, adapter_pa
     resources.callback(llama_cpp.llama_set_adapters_lora, llm.ctx, None, 0, None)
 
 
+def _open_projector(
+    path: Path, llm: llama_cpp.Llama, model: type[InterpreterModel], config: EngineSettings, resources: contextlib.ExitStack
+) -> mtmd.mtmd_context_p:
+    """llama.cpp's mtmd context on the projector GGUF, with the official vision runtime's parameters; freed with
+    `resources`."""
+    from llama_cpp import mtmd_cpp as mtmd
+
+    import llama_cpp
+
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu = config.device != "cpu"
+    params.print_timings = False
+    if config.threads is not None:
+        params.n_threads = config.threads
+    if model.image_tokens is not None:
+        params.image_min_tokens, params.image_max_tokens = model.image_tokens
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    with _quiet_native_stderr():
+        context = mtmd.mtmd_init_from_file(os.fsencode(path), llm.model, params)
+    if not context:
+        raise BaseModelError(path, "llama.cpp's mtmd could not load this projector (mmproj GGUF)")
+    resources.callback(mtmd.mtmd_free, context)
+    if not mtmd.mtmd_support_vision(context):
+        raise BaseModelError(path, "this projector takes no images")
+    return context
+
+
 class LlamaCppProgram(PromptRuntime):
     """One program on its own llama.cpp context (the base GGUF is memory-mapped, so the OS shares it); its calls
     queue for the program's own worker thread and run one by one, in order."""
 
-    def __init__(self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt, rewinds: bool = True) -> None:
+    def __init__(
+        self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt, rewinds: bool = True, vision: mtmd.mtmd_context_p | None = None
+    ) -> None:
         super().__init__(prompt)
         self._resources = resources
         self.llm = llm
+        self._vision = vision
+        """llama.cpp's mtmd context on the projector, for image arguments (None: no projector)."""
         self.rewinds = rewinds
         """Whether a call rewinds the context to the evaluated prefix; a model with recurrent layers cannot (llama.cpp
         refuses the next input), so each call clears it and evaluates its whole prompt, as the official runtime does."""
@@ -227,19 +261,114 @@ class LlamaCppProgram(PromptRuntime):
 
     def _decode(self, text: CallInput, options: RuntimeOptions, pending: PendingGeneration, on_token: TokenListener | None) -> Generation:
         """One call to its end on the program's context; once the call is cancelled it stops at its next token."""
+        if not isinstance(text, str) and any(isinstance(argument, Image) for argument in text):
+            with self._lock:
+                evaluated = self._evaluate_images(text, options)
+                decoding = Decoding(self._prompt, text, options, on_token, evaluated)
+                decoding.prefilled()
+                return self._continue(decoding, LlamaCppSession(self, options), pending)
         decoding = Decoding(self._prompt, text, options, on_token)
         if decoding.budget.limit > 0:
             with self._lock:  # the context is the program's: release() takes it too
                 session = LlamaCppSession(self, options)
                 session.prefill(decoding.prompt_ids)
                 decoding.prefilled()
-                token = session.sample(decoding.constraint)
-                while decoding.take(token):
-                    if pending.abandoned.is_set():
-                        raise CancelledError()
-                    session.advance(token)
-                    token = session.sample(decoding.constraint)
+                return self._continue(decoding, session, pending)
         return decoding.result()
+
+    def _continue(self, decoding: Decoding, session: LlamaCppSession, pending: PendingGeneration) -> Generation:
+        """Sample the call's tokens after its prompt was evaluated, to its end or its cancellation."""
+        if decoding.budget.limit > 0:
+            token = session.sample(decoding.constraint)
+            while decoding.take(token):
+                if pending.abandoned.is_set():
+                    raise CancelledError()
+                session.advance(token)
+                token = session.sample(decoding.constraint)
+        return decoding.result()
+
+    def _evaluate_images(self, text: tuple[Argument, ...], options: RuntimeOptions) -> list[int]:
+        """Evaluate a call with image arguments on a cleared context as the official vision runtime does: the whole
+        prompt rendered with mtmd's marker for each image, tokenized by mtmd one image at a time (its text up to and
+        including the image's marker; the rest with the last image), text chunks evaluated as tokens and image chunks
+        by mtmd. Returns the ids of the positions after the prefix (0 where an image's embeddings went)."""
+        import llama_cpp
+        from llama_cpp import mtmd_cpp as mtmd
+
+        prompt, vision = self._prompt, self._vision
+        if vision is None:
+            raise ConfigError(
+                "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
+                "base (named mmproj*.gguf), or load the program from the hub, which fetches it"
+            )
+        if not isinstance(prompt, WholePrompt):
+            raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
+        if not options.parse_special_in_input and any(isinstance(a, str) and len(prompt.codec.control_spans(a)) > 1 for a in text):
+            raise ConfigError(
+                "an argument beside an image holds control-token text, and mtmd parses the whole prompt's special tokens "
+                "(as the official runtime does): pass parse_special_in_input=True to accept that, or remove the text"
+            )
+        marker = mtmd.mtmd_default_marker().decode("utf-8")
+        rendered, images = prompt.rendered(text, marker)
+        llm = self.llm
+        llm.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        bitmaps: list[mtmd.mtmd_bitmap_p] = []
+        try:
+            for image in images:
+                data = image.png()  # the official preprocessing contract's pixels, decoded again by mtmd (stb_image)
+                buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+                bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(vision, buffer, len(data), False)
+                if not bitmap:
+                    raise ImageError("llama.cpp's mtmd could not read the image; it is damaged or of an unsupported kind")
+                bitmaps.append(bitmap)
+            pieces = rendered.split(marker)
+            if not bitmaps:
+                self._evaluate_chunks(vision, rendered, [])
+            for index, bitmap in enumerate(bitmaps):  # one image per tokenization: never merged as a video's frames
+                tail = pieces[-1] if index == len(bitmaps) - 1 else ""
+                self._evaluate_chunks(vision, pieces[index] + marker + tail, [bitmap])
+        finally:
+            for bitmap in bitmaps:
+                mtmd.mtmd_bitmap_free(bitmap)
+        return [int(token) for token in llm.input_ids[len(prompt.prefix_ids) : llm.n_tokens]]
+
+    def _evaluate_chunks(self, vision: mtmd.mtmd_context_p, text: str, bitmaps: list[mtmd.mtmd_bitmap_p]) -> None:
+        """One mtmd tokenization (text with at most one image) evaluated on the context after what is there."""
+        import llama_cpp
+        from llama_cpp import mtmd_cpp as mtmd
+
+        llm, encoded = self.llm, text.encode("utf-8")
+        given = mtmd.mtmd_input_text()
+        given.text, given.text_len, given.add_special, given.parse_special = encoded, len(encoded), False, True
+        chunks = mtmd.mtmd_input_chunks_init()
+        if not chunks:
+            raise PawError("llama.cpp's mtmd could not allocate the prompt's chunks")
+        try:
+            array = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
+            if mtmd.mtmd_tokenize(vision, chunks, ctypes.byref(given), array, len(bitmaps)) != 0:
+                raise PawError("llama.cpp's mtmd could not tokenize the prompt with its image")
+            for index in range(mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = mtmd.mtmd_input_chunks_get(chunks, index)
+                size = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+                if llm.n_tokens + size >= llm.n_ctx():
+                    raise ContextOverflowError(llm.n_tokens, size, llm.n_ctx())
+                if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    count = ctypes.c_size_t()
+                    tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                    if count.value:
+                        llm.eval([tokens[i] for i in range(count.value)])
+                    continue
+                start, end = llm.n_tokens, llama_cpp.llama_pos(0)
+                status = mtmd.mtmd_helper_eval_chunk_single(
+                    vision, llm.ctx, chunk, llama_cpp.llama_pos(start), llama_cpp.llama_seq_id(0), llm.n_batch, True, ctypes.byref(end)
+                )
+                if status != 0 or not start < end.value < llm.n_ctx():
+                    raise PawError(f"llama.cpp's mtmd could not evaluate the image (status {status})")
+                llm.input_ids[start : end.value] = 0  # the image's positions: bookkeeping, as the official runtime keeps it
+                llm.n_tokens = end.value
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
 
     @property
     def engine(self) -> str:
@@ -289,6 +418,9 @@ class LlamaCppProgram(PromptRuntime):
                         type_v=kv_type,
                         n_threads=config.threads,
                         verbose=False,
+                        # the official vision runtime's settings for its interpreters (Qwen3.5): batches of 128, flash attention
+                        n_batch=128 if model.whole_prompt else 512,
+                        flash_attn=model.whole_prompt,
                     )
                 resources.callback(llm.close)
                 if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere
@@ -301,7 +433,8 @@ class LlamaCppProgram(PromptRuntime):
             rewinds = not (llama_cpp.llama_model_is_recurrent(llm.model) or llama_cpp.llama_model_is_hybrid(llm.model))
             if prompt.prefix_ids and rewinds:
                 llm.eval(prompt.prefix_ids)
-            return cls(resources.pop_all(), llm, prompt, rewinds)
+            vision = None if files.projector is None else _open_projector(files.projector, llm, model, config, resources)
+            return cls(resources.pop_all(), llm, prompt, rewinds, vision)
 
     def release(self) -> None:
         with self._lock:

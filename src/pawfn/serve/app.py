@@ -36,7 +36,6 @@ from ..errors import (
     ProgramClosedError,
 )
 from ..options import RuntimeOptions
-from ..runtime import CallInput
 from ..templates import ArityError
 from ..protocol import (
     ErrorBody,
@@ -55,7 +54,7 @@ from ..protocol import (
     TokenizeResponse,
 )
 from .metrics import ServerMetrics
-from .service import ProgramService
+from .service import ProgramService, TextInput
 from .settings import ServeSettings
 
 __all__ = ["ApiError", "create_app"]
@@ -228,12 +227,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                 401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"}
             )
 
-    def check_input(text: CallInput) -> None:
+    def check_input(text: TextInput) -> None:
         length = len(text) if isinstance(text, str) else sum(map(len, text))
         if length > settings.max_input_chars:
             raise ApiError(413, "input_too_long", f"the input has {length} characters; this server takes at most {settings.max_input_chars}")
 
-    def checked(text: CallInput, options: RuntimeOptions) -> RuntimeOptions:
+    def checked(text: TextInput, options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap, after checking the input's length."""
         check_input(text)
         return capped(options)

@@ -1,0 +1,126 @@
+"""Image arguments on the LlamaCpp backend (llama.cpp's mtmd, as the official vision runtime drives it), against
+the official SDK's own vision runtime run in a child process on a tiny Qwen3.5 with a vision tower (its projector
+written as llama.cpp's converter writes it): the same text for images of several sizes, two images in one call,
+bare and with a program's adapter; Torch and Remote refuse images with the way to run them."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pawfn import ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch
+from tests.helpers.programs import make_program, requires_llama_cpp
+from tests.helpers.tiny_qwen35 import TinyVision
+
+pytest.importorskip("PIL")
+official = pytest.importorskip("programasweights._runtime_vision")
+pytestmark = requires_llama_cpp
+
+ONE_IMAGE = "<|im_start|>user\n{INPUT_0}<|vision_start|>{INPUT_1}<|vision_end|><|im_end|>\n<|im_start|>assistant\n"
+TWO_IMAGES = "<|im_start|>user\nCompare {INPUT_0} with {INPUT_1}: {INPUT_2}<|im_end|>\n<|im_start|>assistant\n"
+MAX_TOKENS = 12
+N_CTX = 1024
+
+_OFFICIAL = """
+import hashlib, json, sys
+from pathlib import Path
+from programasweights import Image
+from programasweights._prompt_template import bind_template, parse_template
+from programasweights._runtime_vision import _Runtime
+from programasweights._vision_assets import VisionAssetPaths
+request = json.loads(sys.stdin.read())
+paths = VisionAssetPaths(Path(request["base"]), Path(request["projector"]))
+runtime = _Runtime(paths, {"image_min_tokens": 1, "image_max_tokens": 512}, n_ctx=request["n_ctx"], n_gpu_layers=0, verbose=False)
+adapter = None
+if request["adapter"] is not None:
+    path = Path(request["adapter"])
+    adapter = (path, hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_size)
+segments = parse_template(request["template"], "{INPUT_N}")
+texts = []
+for arguments in request["calls"]:
+    values = [Image(bytes.fromhex(a["image"])) if "image" in a else a["text"] for a in arguments]
+    texts.append(runtime.run(adapter, bind_template(segments, *values), max_tokens=request["max_tokens"], temperature=0.0))
+runtime.close()
+print(json.dumps(texts))
+"""
+
+
+def _png(width: int, height: int, seed: int) -> bytes:
+    from PIL import Image as PILImage
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    PILImage.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _official_texts(vision: TinyVision, template: str, calls: list[list[str | bytes]], adapter: Path | None = None) -> list[str]:
+    request = {
+        "base": str(vision.text.gguf_path),
+        "projector": str(vision.projector),
+        "adapter": None if adapter is None else str(adapter),
+        "template": template,
+        "n_ctx": N_CTX,
+        "max_tokens": MAX_TOKENS,
+        "calls": [[{"image": a.hex()} if isinstance(a, bytes) else {"text": a} for a in call] for call in calls],
+    }
+    done = subprocess.run([sys.executable, "-c", _OFFICIAL], input=json.dumps(request), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    texts: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return texts
+
+
+def _agrees(got: Generation, official: str) -> bool:
+    """pawfn's generation reads as the official runtime's text: llama-cpp-python's completion drops bytes that are
+    not UTF-8 (pawfn shows U+FFFD) and, at max_tokens in the middle of a character, generates on to finish it, so
+    the official text then runs past pawfn's."""
+    text = got.text.replace("\ufffd", "").strip()
+    return text == official or (got.stop_reason == "max_tokens" and official.startswith(text))
+
+
+def _config() -> PawConfig:
+    return PawConfig(n_ctx=N_CTX, dtype="float16", threads=2)  # the official vision runtime's f16 KV cache and threads
+
+
+IMAGES = [_png(100, 70, 1), _png(40, 200, 2), _png(64, 64, 3), _png(333, 250, 4)]
+
+
+def test_images_of_several_sizes_give_the_official_runtimes_text(qwen35_vision: TinyVision) -> None:
+    calls: list[list[str | bytes]] = [["Describe the picture.", image] for image in IMAGES]
+    expected = _official_texts(qwen35_vision, ONE_IMAGE, calls)
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=_config()) as bare:
+        describe = Positional[str, Image](bare)
+        got = [describe.generate("Describe the picture.", Image(image), options=options) for image in IMAGES]
+    assert all(_agrees(g, official) for g, official in zip(got, expected, strict=True)), ([g.text for g in got], expected)
+    assert sum(g.text.replace("\ufffd", "").strip() == official for g, official in zip(got, expected, strict=True)) >= 2  # most end together
+    assert len({g.prompt_tokens for g in got}) > 1  # the images took different numbers of positions
+    assert len(set(expected)) > 1  # the image changes the answer
+
+
+def test_two_images_in_one_call_and_a_programs_adapter(qwen35_vision: TinyVision, tmp_path: Path) -> None:
+    program = make_program(qwen35_vision.text, tmp_path, "vision-program", template=TWO_IMAGES, meta_extra={"runtime_manifest_version": 2})
+    calls: list[tuple[bytes, bytes, str]] = [(IMAGES[0], IMAGES[1], "which is brighter?"), (IMAGES[2], IMAGES[2], "same?")]
+    expected = _official_texts(qwen35_vision, TWO_IMAGES, [list(call) for call in calls], program.adapter)
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].from_path(program.folder, base=qwen35_vision.text.gguf_path, config=_config()) as function:
+        compare = Positional[Image, Image, str](function)
+        got = [compare.generate(Image(first), Image(second), question, options=options) for first, second, question in calls]
+        assert all(_agrees(g, official) for g, official in zip(got, expected, strict=True)), ([g.text for g in got], expected)
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_vision.text.gguf_path) as on_torch:
+        with pytest.raises(ConfigError, match="LlamaCpp"):
+            Positional[Image, Image, str](on_torch).run(Image(IMAGES[0]), Image(IMAGES[1]), "?")
+
+
+def test_an_image_call_without_a_projector_says_where_to_put_it(qwen35_vision: TinyVision, tmp_path: Path) -> None:
+    lone = tmp_path / "base.gguf"
+    lone.write_bytes(qwen35_vision.text.gguf_path.read_bytes())
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=lone, template=ONE_IMAGE, config=_config()) as bare:
+        with pytest.raises(ConfigError, match="mmproj"):
+            Positional[str, Image](bare).run("Describe.", Image(IMAGES[0]))
