@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from pawfn import ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch
+from pawfn.cli import main
 from tests.helpers.programs import make_program, requires_llama_cpp
 from tests.helpers.tiny_qwen35 import TinyVision
 
@@ -124,3 +125,18 @@ def test_an_image_call_without_a_projector_says_where_to_put_it(qwen35_vision: T
     with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=lone, template=ONE_IMAGE, config=_config()) as bare:
         with pytest.raises(ConfigError, match="mmproj"):
             Positional[str, Image](bare).run("Describe.", Image(IMAGES[0]))
+
+
+def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(IMAGES[1])
+    base = str(qwen35_vision.text.gguf_path)
+    command = ["run", "--interpreter", "Qwen/Qwen3.5-0.8B", "--base", base, "--backend", "llamacpp", "--template", ONE_IMAGE]
+    assert main([*command, "--arg", "Describe the picture.", "--image", str(picture), "--max-tokens", str(MAX_TOKENS), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=base, template=ONE_IMAGE) as bare:
+        expected = Positional[str, Image](bare).generate("Describe the picture.", Image(picture), options=RuntimeOptions(max_tokens=MAX_TOKENS))
+    assert printed["tokens"] == list(expected.token_ids) and printed["input"][0] == "Describe the picture."
+    with pytest.raises(SystemExit) as usage:
+        main([*command, "--arg", "Describe.", "--image", str(tmp_path / "missing.png")])
+    assert usage.value.code == 2 and "missing.png" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from .bench import run_bench
 from .bundle import open_bundle
 from .config import PawConfig, save_api_key
 from .errors import OptionError, OptionProblem, PawError, describe_validation_error
+from .images import Image, ImageError
 from .function import PawFn
 from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
 from .hub.cache import PawCache
@@ -152,6 +153,14 @@ def _program_options() -> argparse.ArgumentParser:
         action="append",
         metavar="TEXT",
         help="one call's arguments, in slot order (repeatable; a numbered template: --template, or a program of the vision runtime)",
+    )
+    options.add_argument(
+        "--image",
+        action="append",
+        dest="arg",
+        type=_image_argument,
+        metavar="PATH",
+        help="an image argument, in slot order among the --arg values (an interpreter that takes images: Qwen3.5, on --backend llamacpp)",
     )
     options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
     options.add_argument("--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin")
@@ -403,6 +412,14 @@ def _load_program(args: argparse.Namespace, config: PawConfig) -> PawFn[Interpre
     return PawFn.specialize(model, _BACKENDS[args.backend]).bare(base=base, template=args.template, config=config)
 
 
+def _image_argument(path: str) -> Image:
+    """`--image PATH` as an image argument (read now: a missing or special file is a usage error)."""
+    try:
+        return Image(path)
+    except ImageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _run(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     config = _config(args)
@@ -411,10 +428,11 @@ def _run(args: argparse.Namespace) -> int:
     options = _options(args)
     if args.arg is not None:
         if args.input or args.input_file is not None:
-            raise _CliError("--arg gives one call's arguments; drop --input/--input-file (or give one --input per call)")
+            raise _CliError("--arg and --image give one call's arguments; drop --input/--input-file (or give one --input per call)")
         with _load_program(args, config) as program:
-            call: Positional[Unpack[tuple[str, ...]]] = Positional(program)  # the count is checked against the template
-            _print_generation(args, program, list(args.arg), call.generate(*args.arg, options=options))
+            call: Positional[Unpack[tuple[str | Image, ...]]] = Positional(program)  # the count is checked against the template
+            shown = [argument if isinstance(argument, str) else repr(argument) for argument in args.arg]
+            _print_generation(args, program, shown, call.generate(*args.arg, options=options))
         return 0
     inputs = _inputs(args)
     with _load_program(args, config) as program:

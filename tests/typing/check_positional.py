@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, Generation, LlamaCpp, PawFn, Positional, Qwen3_5_0_8B, Remote, TextStream, Torch
+from pawfn import GPT2, Generation, Image, LlamaCpp, PawFn, Positional, Qwen3_5_0_8B, Remote, TextStream, Torch
 
 
 def calls(bare: PawFn[GPT2, Torch]) -> None:
@@ -39,3 +39,10 @@ async def streams_and_tokens(program: PawFn[Qwen3_5_0_8B, Remote]) -> None:
 def qwen35_loads() -> None:
     assert_type(PawFn[Qwen3_5_0_8B, Torch].bare(base="qwen3.5.gguf"), PawFn[Qwen3_5_0_8B, Torch])
     assert_type(PawFn[Qwen3_5_0_8B, LlamaCpp].from_path("vision.paw"), PawFn[Qwen3_5_0_8B, LlamaCpp])
+
+
+def images(program: PawFn[Qwen3_5_0_8B, LlamaCpp]) -> None:
+    describe = Positional[str, Image](program)
+    assert_type(describe.run("Describe it.", Image(b"...")), str)
+    describe.run("Describe it.", "not an image")  # expect-error: arg-type; reportArgumentType
+    describe.run(Image(b"..."), "swapped")  # expect-error: arg-type; reportArgumentType
