@@ -5,18 +5,22 @@ bare and with a program's adapter; Torch and Remote refuse images with the way t
 
 from __future__ import annotations
 
+import base64
+import importlib.util
 import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
-from pawfn import ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch
+from pawfn import ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
 from pawfn.cli import main
 from tests.helpers.programs import make_program, requires_llama_cpp
+from tests.helpers.servers import start_server
 from tests.helpers.tiny_qwen35 import TinyVision
 
 pytest.importorskip("PIL")
@@ -140,3 +144,30 @@ def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path
     with pytest.raises(SystemExit) as usage:
         main([*command, "--arg", "Describe.", "--image", str(tmp_path / "missing.png")])
     assert usage.value.code == 2 and "missing.png" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="pawfn serve needs the serve extra")
+def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path) -> None:
+    """`Remote` sends an image as its normalized PNG in a data URL (`ImagePart`); the server's LlamaCpp program runs it
+    as a local one does; an image that does not decode is a 422."""
+    program_id = "e6b454023d41ac9ca845"
+    program = make_program(
+        qwen35_vision.text, tmp_path, "served", template=ONE_IMAGE, program_id=program_id, meta_extra={"runtime_manifest_version": 2}
+    )
+    server = start_server("--program", str(program.archive), "--base", str(qwen35_vision.text.gguf_path), "--backend", "llamacpp")
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    try:
+        with (
+            PawFn[Qwen3_5_0_8B, LlamaCpp].from_path(program.folder, base=qwen35_vision.text.gguf_path) as local,
+            PawFn[Qwen3_5_0_8B, Remote].load_sync(program_id, config=PawConfig.from_env(server_url=server.url, max_retries=0)) as remote,
+        ):
+            here, there = Positional[str, Image](local), Positional[str, Image](remote)
+            for image in IMAGES[:2]:
+                expected = here.generate("Describe the picture.", Image(image), options=options).token_ids
+                assert there.generate("Describe the picture.", Image(image), options=options).token_ids == expected
+        garbage = "data:image/png;base64," + base64.b64encode(b"not a picture at all").decode()
+        body = {"arguments": ["Describe.", {"type": "image_url", "image_url": {"url": garbage}}]}
+        response = httpx.post(f"{server.url}/v1/programs/{program_id}/run", json=body, timeout=60)
+        assert (response.status_code, response.json()["error"]) == (422, "invalid_image"), response.text
+    finally:
+        server.stop()

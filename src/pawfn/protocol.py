@@ -7,11 +7,14 @@ carry pawfn's own `RuntimeOptions` and `Generation`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self
 
+from .images import Image, ImageError
 from .options import RuntimeOptions
 from .results import Generation
 
@@ -19,6 +22,8 @@ __all__ = [
     "ErrorBody",
     "Health",
     "InferRequest",
+    "ImagePart",
+    "ImageUrl",
     "InferResponse",
     "MAX_ARGUMENTS",
     "ServedProgram",
@@ -66,13 +71,42 @@ MAX_ARGUMENTS = 64
 """Most arguments one call may carry (a numbered template's slots)."""
 
 
+class ImageUrl(BaseModel):
+    """An image as a base64 `data:` URL (`data:image/png;base64,...`); the server fetches nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^data:image/[A-Za-z0-9.+-]+;base64,[A-Za-z0-9+/=\s]*$")
+
+
+class ImagePart(BaseModel):
+    """An image argument: OpenAI's `image_url` content part, inline only (bounded by the server's body limit)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["image_url"] = "image_url"
+    image_url: ImageUrl
+
+    def image(self) -> Image:
+        """The image it carries (`ImageError` for base64 that does not decode)."""
+        try:
+            return Image(base64.b64decode(self.image_url.url.split(",", 1)[1], validate=False))
+        except binascii.Error as exc:
+            raise ImageError(f"an image argument's data URL is not valid base64: {exc}") from None
+
+    @classmethod
+    def of(cls, image: Image) -> ImagePart:
+        """`image` as its normalized PNG (the official preprocessing contract's pixels) in a data URL."""
+        return cls(image_url=ImageUrl(url="data:image/png;base64," + base64.b64encode(image.png()).decode("ascii")))
+
+
 class _CallBody(BaseModel):
-    """One call's input: `input` (one), or a numbered template's `arguments` in slot order."""
+    """One call's input: `input` (one), or a numbered template's `arguments` in slot order (text, or images)."""
 
     model_config = ConfigDict(extra="forbid")
 
     input: str | None = None
-    arguments: list[str] | None = Field(default=None, max_length=MAX_ARGUMENTS)
+    arguments: list[str | ImagePart] | None = Field(default=None, max_length=MAX_ARGUMENTS)
     options: RuntimeOptions = _DEFAULT_OPTIONS
 
     @model_validator(mode="after")
@@ -82,10 +116,10 @@ class _CallBody(BaseModel):
         return self
 
     @property
-    def call(self) -> str | tuple[str, ...]:
-        """The call's input as a runtime takes it."""
+    def call(self) -> str | tuple[str | Image, ...]:
+        """The call's input as a runtime takes it (images decoded from their data URLs)."""
         if self.arguments is not None:
-            return tuple(self.arguments)
+            return tuple(argument if isinstance(argument, str) else argument.image() for argument in self.arguments)
         assert self.input is not None  # one of the two, by the validator
         return self.input
 
@@ -94,9 +128,11 @@ class _CallBody(BaseModel):
         return self.model_dump(mode="json", exclude={"arguments" if self.arguments is None else "input"})
 
     @classmethod
-    def of(cls, call: str | tuple[str, ...], options: RuntimeOptions) -> Self:
-        """The body for `call` (one input, or several arguments)."""
-        return cls(input=call, options=options) if isinstance(call, str) else cls(arguments=list(call), options=options)
+    def of(cls, call: str | tuple[str | Image, ...], options: RuntimeOptions) -> Self:
+        """The body for `call` (one input, or several arguments, images as data URLs)."""
+        if isinstance(call, str):
+            return cls(input=call, options=options)
+        return cls(arguments=[argument if isinstance(argument, str) else ImagePart.of(argument) for argument in call], options=options)
 
 
 class RunRequest(_CallBody):

@@ -12,6 +12,7 @@ import httpx
 from ..config import PawConfig, RemoteSettings
 from ..errors import AuthenticationError, ConfigError, HubError, OutputTypeError, PawError, RequestError, ServerError
 from ..options import RuntimeOptions
+from ..runtime import CallInput
 from ..protocol import (
     ErrorBody,
     RunBatchRequest,
@@ -107,7 +108,7 @@ class ServerClient(SyncClient):
         """Every program the server holds now."""
         return self._call(self._v1(ServedPrograms, "GET", "programs", "programs")).programs
 
-    def run(self, reference: str, text: str | tuple[str, ...], options: RuntimeOptions, timeout_s: float) -> RunResponse:
+    def run(self, reference: str, text: CallInput, options: RuntimeOptions, timeout_s: float) -> RunResponse:
         """One call (`POST /v1/programs/{ref}/run`), sent once, its answer awaited `timeout_s` (`call_timeout`)."""
         body = RunRequest.of(text, options).body()
         endpoint = self._v1(RunResponse, "POST", f"a run of {reference}", "programs", reference, "run", json=body, call_s=timeout_s)
@@ -120,16 +121,14 @@ class ServerClient(SyncClient):
         endpoint = self._v1(RunBatchResponse, "POST", f"a batch of {reference}", "programs", reference, "run_batch", json=body, call_s=timeout_s)
         return self._call(endpoint)
 
-    def tokenize(self, reference: str, text: str | tuple[str, ...], options: RuntimeOptions) -> list[int]:
+    def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as the server's program evaluates them."""
         body = TokenizeRequest.of(text, options).body()
         what = f"tokens of an input to {reference}"
         return self._call(self._v1(TokenizeResponse, "POST", what, "programs", reference, "tokenize", json=body)).token_ids
 
     @contextmanager
-    def stream(
-        self, reference: str, text: str | tuple[str, ...], options: RuntimeOptions, timeout_s: float
-    ) -> Generator[Iterator[StreamEvent], None, None]:
+    def stream(self, reference: str, text: CallInput, options: RuntimeOptions, timeout_s: float) -> Generator[Iterator[StreamEvent], None, None]:
         """One call's server-sent events (`POST /v1/programs/{ref}/stream`): `StreamPiece`s, then the
         `RunResponse`; an `error` event raises the server's error. Refusals before the first event are typed errors.
         Sent once; past `timeout_s` in all, or as long without an event, a `CallTimeoutError` (leaving the block

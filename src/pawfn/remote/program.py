@@ -67,17 +67,12 @@ class RemoteProgram(ProgramRuntime):
     def arity(self) -> int:
         return self._served.arity
 
-    def _checked(self, text: CallInput) -> str | tuple[str, ...]:
-        """`text` if its count fits the served program's (`ArityError` before any request), text only."""
-        if isinstance(text, str):
-            arguments: tuple[str, ...] = (text,)
-        else:
-            arguments = tuple(argument for argument in text if isinstance(argument, str))
-            if len(arguments) != len(text):
-                raise ConfigError("a Remote program takes text arguments only for now; run image arguments locally on LlamaCpp")
-        if len(arguments) != self.arity:
-            raise ArityError(self.arity, len(arguments))
-        return text if isinstance(text, str) else arguments
+    def _checked(self, text: CallInput) -> CallInput:
+        """`text` if its count fits the served program's (`ArityError` before any request)."""
+        given = 1 if isinstance(text, str) else len(text)
+        if given != self.arity:
+            raise ArityError(self.arity, given)
+        return text
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str:
         raise ConfigError("a Remote program has no tokenizer here: its text comes from the server (Generation.text)")
@@ -93,7 +88,7 @@ class RemoteProgram(ProgramRuntime):
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
         return self._streamed(self._checked(text), options, stream.on_text)
 
-    def _streamed(self, text: str | tuple[str, ...], options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
+    def _streamed(self, text: CallInput, options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
         pending = self.track(PendingGeneration())
 
         def request() -> list[Generation]:

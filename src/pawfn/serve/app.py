@@ -36,6 +36,8 @@ from ..errors import (
     ProgramClosedError,
 )
 from ..options import RuntimeOptions
+from ..runtime import CallInput
+from ..images import ImageError
 from ..templates import ArityError
 from ..protocol import (
     ErrorBody,
@@ -54,7 +56,7 @@ from ..protocol import (
     TokenizeResponse,
 )
 from .metrics import ServerMetrics
-from .service import ProgramService, TextInput
+from .service import ProgramService
 from .settings import ServeSettings
 
 __all__ = ["ApiError", "create_app"]
@@ -85,6 +87,8 @@ def api_error(exc: PawError) -> ApiError:
         return ApiError(422, "output_not_of_type", str(exc))
     if isinstance(exc, ArityError):
         return ApiError(422, "wrong_argument_count", str(exc))
+    if isinstance(exc, ImageError):
+        return ApiError(422, "invalid_image", str(exc))
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, ProgramClosedError):
@@ -227,12 +231,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                 401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"}
             )
 
-    def check_input(text: TextInput) -> None:
-        length = len(text) if isinstance(text, str) else sum(map(len, text))
+    def check_input(text: CallInput) -> None:
+        length = len(text) if isinstance(text, str) else sum(len(argument) for argument in text if isinstance(argument, str))
         if length > settings.max_input_chars:
             raise ApiError(413, "input_too_long", f"the input has {length} characters; this server takes at most {settings.max_input_chars}")
 
-    def checked(text: TextInput, options: RuntimeOptions) -> RuntimeOptions:
+    def checked(text: CallInput, options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap, after checking the input's length."""
         check_input(text)
         return capped(options)

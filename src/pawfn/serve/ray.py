@@ -32,8 +32,9 @@ from ..function import PawFn
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from ..runtime import CallInput
 from .app import ApiError, api_error, create_app
-from .service import ServiceCounters, TextInput, check_loadable, program_info, run_call, run_calls, split_alias, stream_call, tokenize_call
+from .service import ServiceCounters, check_loadable, program_info, run_call, run_calls, split_alias, stream_call, tokenize_call
 from .settings import ServeSettings
 
 __all__ = ["RayAppArgs", "RayPrograms", "app_builder", "ray_app", "replica_scaling"]
@@ -134,19 +135,19 @@ class _ProgramReplica:
 
         return await self._answer(work)
 
-    async def run(self, text: TextInput, options: RuntimeOptions) -> RunResponse | _Refused:
+    async def run(self, text: CallInput, options: RuntimeOptions) -> RunResponse | _Refused:
         return await self._answer(lambda held: run_call(held.program, held.name, text, options))
 
     async def run_batch(self, texts: list[str], options: RuntimeOptions) -> RunBatchResponse | _Refused:
         return await self._answer(lambda held: run_calls(held.program, held.name, texts, options))
 
-    async def tokenize(self, text: TextInput, options: RuntimeOptions) -> list[int] | _Refused:
+    async def tokenize(self, text: CallInput, options: RuntimeOptions) -> list[int] | _Refused:
         async def work(held: _HeldProgram) -> list[int]:
             return tokenize_call(held.program, text, options)
 
         return await self._answer(work)
 
-    async def stream(self, text: TextInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse | _Refused, None]:
+    async def stream(self, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse | _Refused, None]:
         try:
             held = await self._program()
             async with aclosing(stream_call(held.program, held.name, text, options)) as items:
@@ -229,7 +230,7 @@ class RayPrograms:
         assert isinstance(info, ServedProgram)
         return info
 
-    async def run(self, reference: str, text: TextInput, options: RuntimeOptions) -> RunResponse:
+    async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         result = await self._call(reference, "run", text, options)
         assert isinstance(result, RunResponse)
         return result
@@ -239,7 +240,7 @@ class RayPrograms:
         assert isinstance(result, RunBatchResponse)
         return result
 
-    async def stream(self, reference: str, text: TextInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+    async def stream(self, reference: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
         items = self._for(await self._route(reference), "stream", stream=True).remote(text, options)
         async for item in items:
             if isinstance(item, _Refused):
@@ -247,7 +248,7 @@ class RayPrograms:
             assert isinstance(item, (StreamPiece, RunResponse))
             yield item
 
-    async def tokenize(self, reference: str, text: TextInput, options: RuntimeOptions) -> list[int]:
+    async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         result = await self._call(reference, "tokenize", text, options)
         return cast(list[int], result)  # cast: a replica's tokenize answers list[int] (a refusal was raised above)
 

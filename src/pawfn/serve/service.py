@@ -22,8 +22,10 @@ from ..function import PawFn
 from ..hub.refs import is_hub_reference
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
+from ..images import Image
 from ..positional import Positional
 from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from ..runtime import CallInput
 
 __all__ = [
     "LocalPrograms",
@@ -52,7 +54,7 @@ class ProgramService(Protocol):
         """The program `reference` names (loading it first where the service allows)."""
         ...
 
-    async def run(self, reference: str, text: TextInput, options: RuntimeOptions) -> RunResponse:
+    async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         """One call."""
         ...
 
@@ -60,11 +62,11 @@ class ProgramService(Protocol):
         """Calls decoded together, results in input order."""
         ...
 
-    def stream(self, reference: str, text: TextInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+    def stream(self, reference: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
         """One call's text as it is generated, then its `RunResponse`; closing the iterator early cancels the call."""
         ...
 
-    async def tokenize(self, reference: str, text: TextInput, options: RuntimeOptions) -> list[int]:
+    async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix."""
         ...
 
@@ -130,22 +132,18 @@ def program_info(name: str, references: Sequence[str], program: AnyPawFn) -> Ser
     )
 
 
-TextInput = str | tuple[str, ...]
-"""A served call's input: one text, or a numbered template's text arguments (images do not travel over HTTP yet)."""
-
-
-def _arguments(program: AnyPawFn) -> Positional[Unpack[tuple[str, ...]]]:
+def _arguments(program: AnyPawFn) -> Positional[Unpack[tuple[str | Image, ...]]]:
     """`program` called with a numbered template's arguments (their count is checked against its template)."""
     return Positional(program)
 
 
-async def run_call(program: AnyPawFn, name: str, text: TextInput, options: RuntimeOptions) -> RunResponse:
+async def run_call(program: AnyPawFn, name: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
     """One call (one input, or a numbered template's arguments) on a loaded program, answered under `name`."""
     generation = await (program.agenerate(text, options) if isinstance(text, str) else _arguments(program).agenerate(*text, options=options))
     return RunResponse(program=name, generation=generation)
 
 
-def tokenize_call(program: AnyPawFn, text: TextInput, options: RuntimeOptions) -> list[int]:
+def tokenize_call(program: AnyPawFn, text: CallInput, options: RuntimeOptions) -> list[int]:
     """The token ids a call evaluates after the program's cached prefix."""
     return program.prompt_token_ids(text, options) if isinstance(text, str) else _arguments(program).prompt_token_ids(*text, options=options)
 
@@ -162,7 +160,7 @@ async def run_calls(program: AnyPawFn, name: str, texts: Sequence[str], options:
     return RunBatchResponse(program=name, generations=generations)
 
 
-async def stream_call(program: AnyPawFn, name: str, text: TextInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+async def stream_call(program: AnyPawFn, name: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
     """One call's text as generated, then its `RunResponse`; closing the generator early cancels the call."""
     opened = program.astream(text, options) if isinstance(text, str) else _arguments(program).astream(*text, options=options)
     async with await opened as stream:
@@ -231,7 +229,7 @@ class LocalPrograms:
         program = await self._program(reference)
         return program_info(self._names[id(program)], self._references(program), program)
 
-    async def run(self, reference: str, text: TextInput, options: RuntimeOptions) -> RunResponse:
+    async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         program = await self._program(reference)
         return await run_call(program, self._names[id(program)], text, options)
 
@@ -239,13 +237,13 @@ class LocalPrograms:
         program = await self._program(reference)
         return await run_calls(program, self._names[id(program)], texts, options)
 
-    async def stream(self, reference: str, text: TextInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
+    async def stream(self, reference: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
         program = await self._program(reference)
         async with aclosing(stream_call(program, self._names[id(program)], text, options)) as items:
             async for item in items:
                 yield item
 
-    async def tokenize(self, reference: str, text: TextInput, options: RuntimeOptions) -> list[int]:
+    async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         program = await self._program(reference)
         return tokenize_call(program, text, options)
 
