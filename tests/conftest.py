@@ -208,3 +208,21 @@ def local_runs(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInte
     yield loaded
     for program in loaded.values():
         program.close()
+
+
+@pytest.fixture
+def prefills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Lengths of the prefixes the Torch backend evaluated during the test."""
+    from pawfn.torch.kvcache import KVCache, PrefixState
+    from pawfn.torch.lora import DeviceAdapter
+    from pawfn.torch.network import TorchInterpreter
+
+    evaluated: list[int] = []
+    original = TorchInterpreter.prefill_prefix
+
+    def counting(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
+        evaluated.append(len(ids))
+        return original(self, ids, adapter, cache)
+
+    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
+    return evaluated

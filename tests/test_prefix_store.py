@@ -8,26 +8,9 @@ import pytest
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.hub.cache import PawCache
-from pawfn.torch.kvcache import KVCache, PrefixState
-from pawfn.torch.lora import DeviceAdapter
-from pawfn.torch.network import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 OPTIONS = RuntimeOptions(max_tokens=12)
-
-
-@pytest.fixture
-def prefills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Lengths of the prefixes evaluated during the test."""
-    evaluated: list[int] = []
-    original = TorchInterpreter.prefill_prefix
-
-    def counting(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
-        evaluated.append(len(ids))
-        return original(self, ids, adapter, cache)
-
-    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
-    return evaluated
 
 
 @pytest.mark.parametrize("kind", ["archive", "folder"])

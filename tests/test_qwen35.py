@@ -19,9 +19,7 @@ import torch
 from pawfn import ArityError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
 from pawfn.backends import Backend
 from pawfn.torch.families.base import Architecture, LinearAttention
-from pawfn.torch.kvcache import KVCache, PrefixState
-from pawfn.torch.lora import DeviceAdapter
-from pawfn.torch.network import TorchInterpreter
+from pawfn.torch.kvcache import PrefixState
 from pawfn.torch.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
 from tests.helpers.servers import start_server
@@ -138,17 +136,9 @@ def test_the_prefix_state_cache_gives_the_tokens_of_no_cache(qwen35_program: Tin
             assert int(after_prefix.argmax()) == int(from_start.argmax())
 
 
-def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgram, tmp_path: Path, prefills: list[int]) -> None:
     """The second load reads the prefix from the shared cache (no evaluation) and gives the same tokens; a stored
     prefix whose states do not fit the architecture is a miss."""
-    evaluated: list[int] = []
-    original = TorchInterpreter.prefill_prefix
-
-    def counting(self: TorchInterpreter, ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
-        evaluated.append(len(ids))
-        return original(self, ids, adapter, cache)
-
-    monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
     config = PawConfig(cache_dir=tmp_path / "cache")
     base = qwen35_program.interpreter.gguf_path
 
@@ -159,7 +149,7 @@ def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgra
 
     first, _, _ = run()
     second, prefix, arch = run()
-    assert first == second and len(evaluated) == 1
+    assert first == second and len(prefills) == 1
     (stored,) = (tmp_path / "cache" / ".pawfn-derived").glob("*/.pawfn-prefix-*.pt")
     store = PrefixStore(stored)
     loaded = store.load(list(prefix.token_ids), arch, torch.device("cpu"))

@@ -118,13 +118,17 @@ def build_qwen35(root: Path, seed: int = 0) -> TinyInterpreter:
     return TinyInterpreter(family="qwen35", hf_dir=hf_dir, gguf_path=gguf_path, eos_token=eos)
 
 
-def _tiled(array: Array, axis: int, n_key_heads: int, per_key: int, head: int) -> Array:
-    """`array`'s value-head axis `axis` ([n_key_heads * per_key * head]) from grouped to tiled order."""
+def _swapped(array: Array, axis: int, outer: int, inner: int, head: int) -> Array:
+    """`array`'s head axis `axis`, read as [outer, inner, head], reordered to [inner, outer, head]."""
     moved = np.moveaxis(array, axis, 0)
     rest = moved.shape[1:]
-    grouped = moved.reshape(n_key_heads, per_key, head, *rest)
-    tiled = np.swapaxes(grouped, 0, 1).reshape(n_key_heads * per_key * head, *rest)
-    return np.ascontiguousarray(np.moveaxis(tiled, 0, axis))
+    swapped = np.swapaxes(moved.reshape(outer, inner, head, *rest), 0, 1).reshape(outer * inner * head, *rest)
+    return np.ascontiguousarray(np.moveaxis(swapped, 0, axis))
+
+
+def _tiled(array: Array, axis: int, n_key_heads: int, per_key: int, head: int) -> Array:
+    """`array`'s value-head axis `axis` ([n_key_heads * per_key * head]) from grouped to tiled order."""
+    return _swapped(array, axis, n_key_heads, per_key, head)
 
 
 def converted(config: dict[str, object], hf_name: str, array: Array) -> tuple[str, Array] | None:
@@ -250,11 +254,7 @@ def config_of(interpreter: TinyInterpreter) -> dict[str, object]:
 
 def _grouped(array: Array, axis: int, n_key_heads: int, per_key: int, head: int) -> Array:
     """`_tiled`'s inverse: a value-head axis from tiled back to grouped (HF) order."""
-    moved = np.moveaxis(array, axis, 0)
-    rest = moved.shape[1:]
-    tiled = moved.reshape(per_key, n_key_heads, head, *rest)
-    grouped = np.swapaxes(tiled, 0, 1).reshape(n_key_heads * per_key * head, *rest)
-    return np.ascontiguousarray(np.moveaxis(grouped, 0, axis))
+    return _swapped(array, axis, per_key, n_key_heads, head)
 
 
 def hf_pairs(config: dict[str, object], pairs: dict[str, tuple[Array, Array]]) -> dict[str, tuple[Array, Array]]:
