@@ -49,6 +49,7 @@ from tests.helpers.official_layout import official_base_ok, official_program_pro
 from tests.helpers.programs import TinyProgram
 from tests.helpers.servers import start_server
 from tests.helpers.tiny_models import write_bundle, zip_bundle
+from tests.helpers.tiny_qwen35 import TinyVision
 
 PROGRAM_ID = "a6b454023d41ac9ca845"
 SLUG = "tester/triage"
@@ -701,9 +702,10 @@ def test_the_readmes_command_lines_work_as_written(hub: Hub, tmp_path: Path) -> 
     assert json.loads((tmp_path / "config.json").read_text())["api_key"] == "secret-key"
 
 
-def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: TinyProgram, tmp_path: Path) -> None:
+def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: TinyProgram, qwen35_vision: TinyVision, tmp_path: Path) -> None:
     """Each Python block of the README and the docs' guide and typed outputs page but the server ones, as a script against the test hub, in
-    a folder holding the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku)."""
+    a folder holding the files it names (the tiny Qwen3 program and base under the README's names, the tiny GPT-2 as the haiku, the tiny
+    Qwen3.5 with its projector and a photo)."""
     hub.server.state.slugs["email-triage"] = PROGRAM_ID
     for spec in ("Classify sentiment", "Classify sentiment: POSITIVE or NEGATIVE"):
         hub.server.state.compiled[spec] = PROGRAM_ID
@@ -714,6 +716,11 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     shutil.copyfile(hub.base, work / "qwen3-0.6b-q6_k.gguf")
     shutil.copyfile(gpt2_program.archive, work / "haiku.paw")
     shutil.copyfile(gpt2_program.interpreter.gguf_path, work / "gpt2-q8_0.gguf")
+    shutil.copyfile(qwen35_vision.text.gguf_path, work / "Qwen3.5-0.8B-Q8_0.gguf")
+    shutil.copyfile(qwen35_vision.projector, work / "mmproj-BF16.gguf")
+    from PIL import Image as PILImage
+
+    PILImage.new("RGB", (48, 40), (200, 120, 40)).save(work / "photo.jpg")
     root = Path(__file__).resolve().parent.parent
     blocks: list[str] = []
     for page in (root / "README.md", root / "docs" / "guide.md", root / "docs" / "index.md", root / "docs" / "typed-outputs.md"):

