@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from pawfn import HubError, OfflineError, PawConfig, PawFn, Qwen3_5_0_8B, RuntimeOptions, Torch
+from pawfn.hub.cache import PawCache
 from pawfn.hub.runtimes import builtin_runtime, canonical
+from pawfn.hub.usage import cache_files
 from pawfn.hub.types import RuntimeManifest
 from tests.helpers.hub_server import HubServer
 from tests.helpers.official_layout import write_official_cache
@@ -133,6 +135,8 @@ def test_pawfn_installs_what_the_official_sdk_then_runs_offline(hub: VisionHub) 
     for file in (BASE_FILE, PROJECTOR_FILE):
         assert hub.content_path(file).read_bytes() == hub.files[file]
     assert not (hub.cache_dir / "base_models" / BASE_FILE).exists()  # by content only, as the official SDK keeps them
+    listed = {item.path for item in cache_files(PawCache(hub.cache_dir)) if item.kind == "base_model"}
+    assert listed == {hub.content_path(BASE_FILE), hub.content_path(PROJECTOR_FILE)}  # what `pawfn cache list` shows
     paths = json.loads(_official(hub.cache_dir, _OFFICIAL_READS, str(hub.cache_dir), PROGRAM_ID, extra_env={"PAW_OFFLINE": "1"}))
     assert paths == [str(hub.content_path(BASE_FILE)), str(hub.content_path(PROJECTOR_FILE))]
     with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True)) as again:

@@ -16,7 +16,7 @@ from .cache import PawCache
 __all__ = ["CacheFile", "CacheFileKind", "cache_files", "clear_derived"]
 
 CacheFileKind = Literal["base_model", "converted_base", "prefix", "kernel"]
-"""A base model downloaded for the official runtime, or one of pawfn's derived files: a base converted for a
+"""A base model (or a vision runtime's projector) downloaded for the official runtime, or one of pawfn's derived files: a base converted for a
 compact mode (``int8``, ``float16``), a program's evaluated prefix, a compiled C kernel library."""
 
 _DERIVED_KINDS: frozenset[CacheFileKind] = frozenset({"converted_base", "prefix", "kernel"})
@@ -46,6 +46,8 @@ def cache_files(cache: PawCache) -> list[CacheFile]:
     found: list[CacheFile] = []
     if cache.base_models_dir.is_dir():
         found += [_entry("base_model", path) for path in sorted(cache.base_models_dir.iterdir()) if _visible_file(path)]
+        by_content = cache.base_models_dir / "sha256"  # a version-2 runtime's base and projector, named by digest
+        found += [_entry("base_model", path, "by sha256") for path in _files(by_content, "*.gguf") if _visible_file(path)]
     found += [_entry("converted_base", path, _converted_from(path)) for path in _files(cache.base_derived_dir(), "*.safetensors")]
     prefixes = _files(cache.root / _DERIVED, f"*/{_PREFIX_GLOB}") + _files(cache.programs_dir, f"*/{_PREFIX_GLOB}")
     found += [_entry("prefix", path) for path in sorted(prefixes)]
