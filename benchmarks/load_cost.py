@@ -64,8 +64,9 @@ print(json.dumps({"load_s": loaded - started, "call_ms": result.timings.total_ms
 """
 
 
-def _vocabulary() -> tuple[list[str], list[int], list[str]]:
-    """A byte-level BPE vocabulary of Qwen3's size: the 256 byte symbols, a few merges, specials, then filler."""
+def vocabulary(size: int = VOCAB) -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE vocabulary of `size` tokens (Qwen3's by default): the 256 byte symbols, a few merges,
+    specials, then filler."""
     from tokenizers import pre_tokenizers
 
     tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -73,14 +74,27 @@ def _vocabulary() -> tuple[list[str], list[int], list[str]]:
     tokens += [merge.replace(" ", "") for merge in merges]
     tokens += SPECIALS
     types = [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIALS)) + [int(gguf.TokenType.CONTROL)] * len(SPECIALS)
-    filler = VOCAB - len(tokens)
+    filler = size - len(tokens)
     tokens += [f"zzfill{i}" for i in range(filler)]
     types += [int(gguf.TokenType.NORMAL)] * filler
     return tokens, types, merges
 
 
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike) -> npt.NDArray[np.generic]:
-    return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
+def write_vocabulary(writer: gguf.GGUFWriter, size: int = VOCAB) -> None:
+    """`vocabulary(size)` as a base GGUF's tokenizer keys (Qwen's pre-tokenizer, no BOS added)."""
+    tokens, types, merges = vocabulary(size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+
+
+def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike, scale: float = 0.02) -> npt.NDArray[np.generic]:
+    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
 
 
 def _write_f16_base(path: Path) -> None:
@@ -98,53 +112,46 @@ def _write_f16_base(path: Path) -> None:
     writer.add_value_length(HEAD_DIM)
     writer.add_rope_freq_base(1000000.0)
     writer.add_layer_norm_rms_eps(1e-6)
-    tokens, types, merges = _vocabulary()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_add_bos_token(False)
-    writer.add_tensor("token_embd.weight", _random(rng, (VOCAB, HIDDEN), np.float16))
+    write_vocabulary(writer)
+    writer.add_tensor("token_embd.weight", random_array(rng, (VOCAB, HIDDEN), np.float16))
     writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     for layer in range(LAYERS):
         block = f"blk.{layer}."
         for norm, size in (("attn_norm", HIDDEN), ("ffn_norm", HIDDEN), ("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM)):
             writer.add_tensor(f"{block}{norm}.weight", np.ones(size, dtype=np.float32))
         for module, shape in PROJECTIONS.items():
-            writer.add_tensor(f"{block}{module}.weight", _random(rng, shape, np.float16))
+            writer.add_tensor(f"{block}{module}.weight", random_array(rng, shape, np.float16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
-def _quantize(source: Path, destination: Path) -> None:
-    """Q6_K with llama.cpp's own quantizer, as the official base was made."""
+def quantize(source: Path, destination: Path, ftype: str = "Q6_K") -> None:
+    """`source` quantized to `ftype` (a LLAMA_FTYPE_MOSTLY_* suffix) with llama.cpp's own quantizer, as the official
+    bases were made (Qwen3: Q6_K)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = 2
     if llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)):
         raise SystemExit(f"llama.cpp could not quantize {source}")
 
 
-def _write_adapter(path: Path, rank: int = 64) -> None:
+def write_adapter(path: Path, architecture: str, layers: list[dict[str, tuple[int, int]]], rank: int = 64) -> None:
+    """A random rank-`rank` Q4_0 LoRA, alpha 16, over each layer's modules (`layers[i]`: module -> (out, in))."""
     rng = np.random.default_rng(1)
-    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", 16.0)
     q4 = gguf.GGMLQuantizationType.Q4_0
-    for layer in range(LAYERS):
-        for module, (out_features, in_features) in PROJECTIONS.items():
+    for layer, modules in enumerate(layers):
+        for module, (out_features, in_features) in modules.items():
             name = f"blk.{layer}.{module}.weight"
             for half, shape in (("lora_a", (rank, in_features)), ("lora_b", (out_features, rank))):
-                data = gguf.quants.quantize(_random(rng, shape, np.float32), q4)
-                writer.add_tensor(f"{name}.{half}", data, raw_dtype=q4)
+                writer.add_tensor(f"{name}.{half}", gguf.quants.quantize(random_array(rng, shape, np.float32), q4), raw_dtype=q4)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -165,7 +172,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
         print(f"writing {f16} ...", file=sys.stderr)
         _write_f16_base(f16)
         print(f"quantizing to {base} ...", file=sys.stderr)
-        _quantize(f16, base)
+        quantize(f16, base)
         f16.unlink()
     if (bundle / "prompt_template.txt").is_file() and (bundle / "prompt_template.txt").read_text(encoding="utf-8") != TEMPLATE:
         (bundle / "prompt_template.txt").write_text(TEMPLATE, encoding="utf-8")
@@ -174,7 +181,7 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
         meta = {"interpreter": "Qwen/Qwen3-0.6B", "program_id": "00000000000000000000", "spec": "benchmark program"}
         (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         (bundle / "prompt_template.txt").write_text(TEMPLATE, encoding="utf-8")
-        _write_adapter(bundle / "adapter.gguf")
+        write_adapter(bundle / "adapter.gguf", "qwen3", [PROJECTIONS] * LAYERS)
     return base, bundle
 
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-import numpy.typing as npt
 
 from cpu_modes import bench
-from load_cost import INPUT, SPECIALS, TEMPLATE, llama_cpp_build
+from load_cost import INPUT, TEMPLATE, llama_cpp_build, quantize, random_array, write_adapter, write_vocabulary
 
 HIDDEN, LAYERS, FFN, VOCAB = 1024, 24, 3584, 248320
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
@@ -42,22 +41,6 @@ DELTA_NET = {
 }
 FEED_FORWARD = {"ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
 MODES: dict[str, list[str]] = {"llama.cpp": ["--backend", "llamacpp"], "torch float32": [], "torch int8 weights": ["--weight-dtype", "int8"]}
-
-
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike, scale: float = 0.02) -> npt.NDArray[np.generic]:
-    return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
-
-
-def _vocabulary() -> tuple[list[str], list[int], list[str]]:
-    """Byte symbols, a few merges, the specials, then filler to Qwen3.5's vocabulary size."""
-    from tokenizers import pre_tokenizers
-
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
-    merges = ["Ġ t", "Ġ a", "t h", "i n", "e r"]
-    tokens += [merge.replace(" ", "") for merge in merges] + SPECIALS
-    types = [int(gguf.TokenType.NORMAL)] * (len(tokens) - len(SPECIALS)) + [int(gguf.TokenType.CONTROL)] * len(SPECIALS)
-    filler = VOCAB - len(tokens)
-    return [*tokens, *(f"zzfill{i}" for i in range(filler))], types + [int(gguf.TokenType.NORMAL)] * filler, merges
 
 
 def _write_f16_base(path: Path) -> None:
@@ -83,23 +66,15 @@ def _write_f16_base(path: Path) -> None:
     writer.add_full_attention_interval(4)
     writer.add_rope_dimension_count(HEAD_DIM // 4)
     writer.add_rope_dimension_sections([11, 11, 10, 0])
-    tokens, types, merges = _vocabulary()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(tokens.index("<|im_end|>"))
-    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-    writer.add_add_bos_token(False)
-    writer.add_tensor("token_embd.weight", _random(rng, (VOCAB, HIDDEN), np.float16))
+    write_vocabulary(writer, VOCAB)
+    writer.add_tensor("token_embd.weight", random_array(rng, (VOCAB, HIDDEN), np.float16))
     writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
     for layer in range(LAYERS):
         block = f"blk.{layer}."
         for norm in ("attn_norm", "post_attention_norm"):
             writer.add_tensor(f"{block}{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
         if RECURRENT[layer]:
-            writer.add_tensor(f"{block}ssm_conv1d.weight", _random(rng, (DELTA_NET["attn_qkv"][0], CONV), np.float32, 0.3))
+            writer.add_tensor(f"{block}ssm_conv1d.weight", random_array(rng, (DELTA_NET["attn_qkv"][0], CONV), np.float32, 0.3))
             writer.add_tensor(f"{block}ssm_dt.bias", np.ones(VALUE_HEADS, dtype=np.float32))
             writer.add_tensor(f"{block}ssm_a", -np.exp(rng.uniform(0.0, 2.7, VALUE_HEADS)).astype(np.float32))
             writer.add_tensor(f"{block}ssm_norm.weight", np.ones(STATE, dtype=np.float32))
@@ -107,42 +82,11 @@ def _write_f16_base(path: Path) -> None:
             for norm in ("attn_q_norm", "attn_k_norm"):
                 writer.add_tensor(f"{block}{norm}.weight", np.ones(HEAD_DIM, dtype=np.float32))
         for module, shape in ((DELTA_NET if RECURRENT[layer] else ATTENTION) | FEED_FORWARD).items():
-            writer.add_tensor(f"{block}{module}.weight", _random(rng, shape, np.float16))
+            writer.add_tensor(f"{block}{module}.weight", random_array(rng, shape, np.float16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-
-
-def _write_adapter(path: Path, rank: int = 64) -> None:
-    rng = np.random.default_rng(1)
-    writer = gguf.GGUFWriter(str(path), "qwen35")
-    writer.add_string("general.type", "adapter")
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", 16.0)
-    q4 = gguf.GGMLQuantizationType.Q4_0
-    for layer in range(LAYERS):
-        for module, (out_features, in_features) in ((DELTA_NET if RECURRENT[layer] else ATTENTION) | FEED_FORWARD).items():
-            name = f"blk.{layer}.{module}.weight"
-            for half, shape in (("lora_a", (rank, in_features)), ("lora_b", (out_features, rank))):
-                writer.add_tensor(f"{name}.{half}", gguf.quants.quantize(_random(rng, shape, np.float32), q4), raw_dtype=q4)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def _quantize_q8_0(source: Path, destination: Path) -> None:
-    """Q8_0 with llama.cpp's own quantizer, as the official Qwen3.5 base was made."""
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
-    params.nthread = 2
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(destination).encode(), ctypes.byref(params)):
-        raise SystemExit(f"llama.cpp could not quantize {source}")
 
 
 def prepare(workdir: Path) -> tuple[Path, Path]:
@@ -154,14 +98,15 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
         print(f"writing {f16} ...", flush=True)
         _write_f16_base(f16)
         print(f"quantizing to {base} ...", flush=True)
-        _quantize_q8_0(f16, base)
+        quantize(f16, base, "Q8_0")  # as the official Qwen3.5 base was made
         f16.unlink()
     if not (bundle / "adapter.gguf").is_file():
         bundle.mkdir(exist_ok=True)
         meta = {"interpreter": "Qwen/Qwen3.5-0.8B", "program_id": "00000000000000000035", "spec": "benchmark program"}
         (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         (bundle / "prompt_template.txt").write_text(TEMPLATE.replace("<think>\n\n</think>\n\n", ""), encoding="utf-8")
-        _write_adapter(bundle / "adapter.gguf")
+        modules = [(DELTA_NET if RECURRENT[layer] else ATTENTION) | FEED_FORWARD for layer in range(LAYERS)]
+        write_adapter(bundle / "adapter.gguf", "qwen35", modules)
     return base, bundle
 
 
