@@ -45,6 +45,19 @@ QWEN_LORA_MODULES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+QWEN_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+"""HF module inside a Qwen block -> llama.cpp's GGUF name, what Qwen3 and Qwen3.5 share (not the second norm)."""
 GPT2_LORA_MODULES = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 
 
@@ -199,19 +212,7 @@ def write_tokenizer(hf_dir: Path, tokenizer: Tokenizer, eos: str) -> None:
 def _gguf_tensor_name(family: Family, hf_name: str) -> str | None:
     if family == "qwen3":
         top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-        block = {
-            "input_layernorm": "attn_norm",
-            "self_attn.q_proj": "attn_q",
-            "self_attn.k_proj": "attn_k",
-            "self_attn.v_proj": "attn_v",
-            "self_attn.o_proj": "attn_output",
-            "self_attn.q_norm": "attn_q_norm",
-            "self_attn.k_norm": "attn_k_norm",
-            "post_attention_layernorm": "ffn_norm",
-            "mlp.gate_proj": "ffn_gate",
-            "mlp.up_proj": "ffn_up",
-            "mlp.down_proj": "ffn_down",
-        }
+        block = QWEN_BLOCK | {"post_attention_layernorm": "ffn_norm"}
         if hf_name in top:
             return top[hf_name]
         if hf_name == "lm_head.weight":

@@ -21,35 +21,18 @@ from tokenizers import Tokenizer
 if TYPE_CHECKING:
     from transformers import Qwen3_5TextConfig
 
-from .tiny_models import Array, TinyInterpreter, train_tokenizer, write_base_gguf_header, write_tokenizer
+from .tiny_models import QWEN_BLOCK, QWEN_LORA_MODULES, Array, TinyInterpreter, train_tokenizer, write_base_gguf_header, write_tokenizer
 
 TEMPLATE = "<|im_start|>user\nClassify the urgency of the message.\n\n[INPUT]\n{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n"
-LORA_MODULES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+LORA_MODULES = QWEN_LORA_MODULES | {
     "attn_qkv": "linear_attn.in_proj_qkv",
     "attn_gate": "linear_attn.in_proj_z",
     "ssm_alpha": "linear_attn.in_proj_a",
     "ssm_beta": "linear_attn.in_proj_b",
     "ssm_out": "linear_attn.out_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
-_BLOCK = {
-    "input_layernorm": "attn_norm",
+_BLOCK = QWEN_BLOCK | {
     "post_attention_layernorm": "post_attention_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
     "linear_attn.in_proj_qkv": "attn_qkv",
     "linear_attn.in_proj_z": "attn_gate",
     "linear_attn.in_proj_b": "ssm_beta",
