@@ -352,7 +352,7 @@ class PawCache:
     def verified_asset(self, source: BaseModelSource) -> Path | None:
         """A version-2 runtime's file at its content address, verified; else one cached under its file name (by
         either SDK's text runtime) adopted there (a hard link, or a copy), as the official SDK adopts it. Callers hold
-        `lock("vision_assets", sha256)`, the official SDK's lock for it."""
+        `lock("vision_assets", sha256)`, the official SDK's lock for it (`cached_asset` takes it)."""
         path = self.asset_path(source)
         found = self._verified(path, source)
         if found is not None:
@@ -382,6 +382,14 @@ class PawCache:
                 self._marker(path), _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=str(source.sha256)).model_dump()
             )
         return self._verified(path, source)
+
+    def cached_asset(self, source: BaseModelSource) -> Path | None:
+        """`verified_asset` under the official SDK's lock for it; None at once, no lock taken (a read-only cache
+        stays untouched), when neither its content address nor its name holds a file."""
+        if source.sha256 is None or not (self.asset_path(source).exists() or (self.base_models_dir / source.file).exists()):
+            return None
+        with self.lock("vision_assets", source.sha256):
+            return self.verified_asset(source)
 
     def verified_base_model(self, source: BaseModelSource) -> Path | None:
         """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""

@@ -114,11 +114,7 @@ def _ensure_file(
     lock = ("vision_assets", str(source.sha256)) if by_content else ("base_models", source.file)
 
     verified = cache.verified_asset if by_content else cache.verified_base_model
-    if by_content:
-        with cache.lock(*lock):  # adopting a file cached under its name writes the content address
-            found = verified(source)
-    else:
-        found = verified(source)
+    found = cache.cached_asset(source) if by_content else verified(source)
     if found is not None:
         return found
     if config.offline:
@@ -160,8 +156,7 @@ def find_cached_base(model: type[InterpreterModel], meta: ProgramMeta, cache: Pa
         runtime = None  # no manifest in the cache for this runtime: only the model type's default can serve
     named = None if runtime is None else runtime.local_sdk.base_model
     if runtime is not None and named is not None and runtime.manifest_version == 2:
-        with cache.lock("vision_assets", str(named.sha256)):
-            found = cache.verified_asset(named)
+        found = cache.cached_asset(named)
         if found is not None:
             return found
     if named is not None:
@@ -189,10 +184,7 @@ def find_cached_projector(model: type[InterpreterModel], meta: ProgramMeta, cach
     if pinned is not None:
         sources.append(BaseModelSource(file=pinned.file, size_bytes=pinned.size_bytes, sha256=pinned.sha256))
     for source in sources:
-        if source.sha256 is None or not (cache.asset_path(source).exists() or (cache.base_models_dir / source.file).exists()):
-            continue  # nothing to verify or adopt: no lock taken (a read-only cache stays untouched)
-        with cache.lock("vision_assets", source.sha256):
-            found = cache.verified_asset(source)
+        found = cache.cached_asset(source)
         if found is not None:
             return found
     return None
