@@ -132,7 +132,7 @@ class WholePrompt(Prompt):
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
         pieces = self._template.bind(refuse_images(text))
-        if options.parse_special_in_input or not any(is_argument and len(self.codec.control_spans(piece)) > 1 for piece, is_argument in pieces):
+        if options.parse_special_in_input or not any(is_argument and self.codec.holds_control_text(piece) for piece, is_argument in pieces):
             return self.codec.encode("".join(piece for piece, _ in pieces), parse_special=True)
         ids: list[int] = []
         fragment = ""  # text between control tokens, tokenized as one piece

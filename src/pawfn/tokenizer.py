@@ -156,6 +156,10 @@ class TextCodec:
             end = match.end()
         return [*spans, (text[end:], False)]
 
+    def holds_control_text(self, text: str) -> bool:
+        """Whether `text` holds a control token's text (which the official runtime would parse as that token)."""
+        return len(self.control_spans(text)) > 1
+
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes of `ids`, control tokens rendered as nothing (llama.cpp detokenize, special=False)."""
         return b"".join(self._pieces[i] for i in ids if 0 <= i < len(self._pieces))

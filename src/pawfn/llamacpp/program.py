@@ -126,10 +126,7 @@ class LlamaCppSession:
     def prefill(self, prompt_ids: list[int]) -> None:
         n_prefix = len(self._prefix_ids)
         if not self._rewinds:  # a recurrent state cannot go back: the whole prompt on a cleared context
-            import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
-
-            self._llm.reset()  # its position; the memory (KV and recurrent states) is cleared explicitly, as the official runtime does
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm.ctx), True)
+            _clear(self._llm)
             self._llm.eval(self._prefix_ids + prompt_ids)
         elif prompt_ids:
             self._llm.n_tokens = n_prefix  # rewind to the cached prefix; eval trims the KV cache past it
@@ -155,6 +152,15 @@ class LlamaCppSession:
 
     def advance(self, token: int) -> None:
         self._llm.eval([token])
+
+
+def _clear(llm: llama_cpp.Llama) -> None:
+    """Empty the context: `Llama.reset` moves its position only, so the memory (KV and recurrent states) is cleared
+    explicitly, as the official vision runtime does."""
+    import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
+
+    llm.reset()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
 
 
 def _masking(constraint: Constraint, width: int) -> Callable[[NDArray[np.intc], NDArray[np.single]], NDArray[np.single]]:
@@ -292,7 +298,6 @@ class LlamaCppProgram(PromptRuntime):
         prompt rendered with mtmd's marker for each image, tokenized by mtmd one image at a time (its text up to and
         including the image's marker; the rest with the last image), text chunks evaluated as tokens and image chunks
         by mtmd. Returns the ids of the positions after the prefix (0 where an image's embeddings went)."""
-        import llama_cpp
         from llama_cpp import mtmd_cpp as mtmd
 
         prompt, vision = self._prompt, self._vision
@@ -303,7 +308,7 @@ class LlamaCppProgram(PromptRuntime):
             )
         if not isinstance(prompt, WholePrompt):
             raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
-        if not options.parse_special_in_input and any(isinstance(a, str) and len(prompt.codec.control_spans(a)) > 1 for a in text):
+        if not options.parse_special_in_input and any(isinstance(a, str) and prompt.codec.holds_control_text(a) for a in text):
             raise ConfigError(
                 "an argument beside an image holds control-token text, and mtmd parses the whole prompt's special tokens "
                 "(as the official runtime does): pass parse_special_in_input=True to accept that, or remove the text"
@@ -311,8 +316,7 @@ class LlamaCppProgram(PromptRuntime):
         marker = mtmd.mtmd_default_marker().decode("utf-8")
         rendered, images = prompt.rendered(text, marker)
         llm = self.llm
-        llm.reset()
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
+        _clear(llm)
         bitmaps: list[mtmd.mtmd_bitmap_p] = []
         try:
             for image in images:
@@ -322,9 +326,7 @@ class LlamaCppProgram(PromptRuntime):
                 if not bitmap:
                     raise ImageError("llama.cpp's mtmd could not read the image; it is damaged or of an unsupported kind")
                 bitmaps.append(bitmap)
-            pieces = rendered.split(marker)
-            if not bitmaps:
-                self._evaluate_chunks(vision, rendered, [])
+            pieces = rendered.split(marker)  # a call here holds at least one image (`_decode` sends only those)
             for index, bitmap in enumerate(bitmaps):  # one image per tokenization: never merged as a video's frames
                 tail = pieces[-1] if index == len(bitmaps) - 1 else ""
                 self._evaluate_chunks(vision, pieces[index] + marker + tail, [bitmap])
