@@ -166,8 +166,9 @@ def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Pat
                 expected = here.generate("Describe the picture.", Image(image), options=options).token_ids
                 assert there.generate("Describe the picture.", Image(image), options=options).token_ids == expected
         garbage = "data:image/png;base64," + base64.b64encode(b"not a picture at all").decode()
-        body = {"arguments": ["Describe.", {"type": "image_url", "image_url": {"url": garbage}}]}
-        response = httpx.post(f"{server.url}/v1/programs/{program_id}/run", json=body, timeout=60)
-        assert (response.status_code, response.json()["error"]) == (422, "invalid_image"), response.text
+        for url in (garbage, "data:image/png;base64,abc"):  # not an image; base64 without its padding
+            body = {"arguments": ["Describe.", {"type": "image_url", "image_url": {"url": url}}]}
+            response = httpx.post(f"{server.url}/v1/programs/{program_id}/run", json=body, timeout=60)
+            assert (response.status_code, response.json()["error"]) == (422, "invalid_image"), response.text
     finally:
         server.stop()

@@ -241,6 +241,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         check_input(text)
         return capped(options)
 
+    def decoded(body: RunRequest | TokenizeRequest) -> tuple[CallInput, RuntimeOptions]:
+        """The call's input, its images decoded once (one that does not decode: 422), and `checked` options."""
+        with _answered():
+            call = body.call
+        return call, checked(call, body.options)
+
     def capped(options: RuntimeOptions) -> RuntimeOptions:
         """`options` with the server's max_tokens cap (422 past it)."""
         if options.max_tokens is None:
@@ -285,9 +291,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def run(reference: str, body: RunRequest, request: Request) -> RunResponse:
         """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
         disconnects cancels its call."""
-        options = checked(body.call, body.options)
+        call, options = decoded(body)
         with admission.hold(1), _answered():
-            result = await _unless_disconnected(request, service.run(reference, body.call, options))
+            result = await _unless_disconnected(request, service.run(reference, call, options))
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
@@ -312,10 +318,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def stream(reference: str, body: RunRequest) -> StreamingResponse:
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
-        options = checked(body.call, body.options)
+        call, options = decoded(body)
         held = AsyncExitStack()  # the queue slot and the call, until the last event is sent (or the client leaves)
         held.enter_context(admission.hold(1))
-        items = await held.enter_async_context(aclosing(service.stream(reference, body.call, options)))
+        items = await held.enter_async_context(aclosing(service.stream(reference, call, options)))
         try:
             with _answered():  # errors before the first piece (unknown program, overflow) keep their status
                 first = await anext(items)
@@ -344,9 +350,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     @api.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse, tags=["programs"])
     async def tokenize(reference: str, body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
-        checked(body.call, body.options)
+        call, _ = decoded(body)
         with _answered():
-            ids = await service.tokenize(reference, body.call, body.options)
+            ids = await service.tokenize(reference, call, body.options)
         return TokenizeResponse(token_ids=ids)
 
     @api.get("/v1/programs/{reference:path}", response_model=ServedProgram, tags=["programs"])
