@@ -281,10 +281,9 @@ class RuntimeManifest(_Response):
     def _vision_assets_pinned(self) -> RuntimeManifest:
         """A version-2 runtime run locally names its base and projector by size and sha256 (their cache path is the
         digest)."""
-        local = self.local_sdk
-        if self.manifest_version == 2 and local.supported:
-            assets = [local.base_model, None if local.vision is None else local.vision.projector]
-            if any(asset is None or asset.sha256 is None or asset.size_bytes is None for asset in assets):
+        if self.manifest_version == 2 and self.local_sdk.supported:
+            assets = self.assets
+            if len(assets) != 2 or any(asset.sha256 is None or asset.size_bytes is None for asset in assets):
                 raise ValueError("a version-2 runtime needs local_sdk.base_model and local_sdk.vision.projector with size_bytes and sha256")
         return self
 
