@@ -14,7 +14,7 @@ from .results import StopReason
 from .templates import ArityError, NumberedTemplate
 from .tokenizer import TextCodec
 
-__all__ = ["Argument", "Budget", "CallInput", "Prompt", "WholePrompt", "refuse_images"]
+__all__ = ["Argument", "Budget", "CallInput", "Prompt", "WholePrompt"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ CallInput = str | tuple[Argument, ...]
 """A call's input: the text of a compiled program's one slot, or the arguments of a numbered template's slots."""
 
 
-def refuse_images(text: CallInput) -> tuple[str, ...]:
+def _text_arguments(text: CallInput) -> tuple[str, ...]:
     """The arguments as text, or a `ConfigError` for an image: only llama.cpp's mtmd runs images for now."""
     arguments = (text,) if isinstance(text, str) else text
     strings = tuple(argument for argument in arguments if isinstance(argument, str))
@@ -74,7 +74,7 @@ class Prompt:
         if isinstance(text, tuple):
             if len(text) != 1:
                 raise ArityError(1, len(text))
-            text = refuse_images(text)[0]
+            text = _text_arguments(text)[0]
         if options.parse_special_in_input:
             return self.codec.encode(text + self._suffix, parse_special=True)
         return self.codec.encode(text + self._suffix_head, parse_special=False) + self._suffix_rest_ids
@@ -131,7 +131,7 @@ class WholePrompt(Prompt):
     def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
-        pieces = self._template.bind(refuse_images(text))
+        pieces = self._template.bind(_text_arguments(text))
         if options.parse_special_in_input or not any(is_argument and self.codec.holds_control_text(piece) for piece, is_argument in pieces):
             return self.codec.encode("".join(piece for piece, _ in pieces), parse_special=True)
         ids: list[int] = []
