@@ -187,7 +187,7 @@ def test_offline_without_the_projector_names_it(hub: VisionHub) -> None:
 
 
 def test_the_builtin_vision_runtime_is_the_official_one_and_cannot_be_weakened() -> None:
-    official: Any = pytest.importorskip("programasweights._vision_contract")
+    official: Any = pytest.importorskip("programasweights._vision_contract")  # Any: the official SDK ships no types
     BUILTIN_VISION_RUNTIMES: dict[str, Any] = official.BUILTIN_VISION_RUNTIMES  # noqa: N806 - the official SDK's name
     pinned = builtin_runtime("qwen3.5-0.8b-q8_0")
     assert pinned is not None

@@ -69,7 +69,7 @@ def test_a_multi_token_prediction_block_is_not_run(qwen35: TinyInterpreter, tmp_
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    hf: Any = AutoModelForCausalLM.from_pretrained(str(qwen35.hf_dir), dtype=torch.float32)  # pyright: ignore[reportUnknownMemberType]
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(qwen35.hf_dir), dtype=torch.float32)  # pyright: ignore[reportUnknownMemberType]  # Any: transformers' auto class
     state = {name: tensor.detach().float().numpy() for name, tensor in hf.state_dict().items()}
     with_mtp = tmp_path / "with-mtp.gguf"
     write_qwen35_gguf(config_of(qwen35), Tokenizer.from_file(str(qwen35.hf_dir / "tokenizer.json")), state, with_mtp, qwen35.eos_token, mtp=True)

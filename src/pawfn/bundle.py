@@ -85,7 +85,7 @@ class ProgramMeta(BaseModel):
             declared.get("manifest_version") == VISION_MANIFEST_VERSION
             or "input" in declared
             or (isinstance(local, dict) and "vision" in local)
-            or (isinstance(prompt, dict) and cast("dict[str, object]", prompt).get("format") == "chat_messages")
+            or (isinstance(prompt, dict) and cast("dict[str, object]", prompt).get("format") == "chat_messages")  # cast: JSON object
         )
 
     @field_validator("interpreter")

@@ -156,7 +156,7 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
     for multi-token prediction after the trunk (random weights: it is never run), as Qwen3.5's own GGUFs carry."""
     writer = gguf.GGUFWriter(str(path), "qwen35")
     head_dim = int(str(config["head_dim"]))
-    rope = cast("dict[str, object]", config["rope_parameters"])
+    rope = cast("dict[str, object]", config["rope_parameters"])  # cast: a transformers config dict's JSON object
     writer.add_name("tiny-qwen35")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(int(str(config["max_position_embeddings"])))
@@ -179,7 +179,7 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
     writer.add_ssm_inner_size(int(str(config["linear_value_head_dim"])) * int(str(config["linear_num_value_heads"])))
     writer.add_full_attention_interval(4)
     writer.add_rope_dimension_count(int(head_dim * float(str(rope["partial_rotary_factor"]))))
-    writer.add_rope_dimension_sections([*(int(str(s)) for s in cast("list[object]", rope["mrope_section"])), 0])
+    writer.add_rope_dimension_sections([*(int(str(s)) for s in cast("list[object]", rope["mrope_section"])), 0])  # cast: JSON list
     write_base_gguf_header(writer, tokenizer, eos, "qwen2")
     for hf_name, array in state.items():
         named = converted(config, hf_name, array)
@@ -203,7 +203,7 @@ def lora_shapes(config: dict[str, object]) -> dict[str, tuple[int, int]]:
     """GGUF target weight name -> (out, in) for every LoRA-adaptable weight of the tiny Qwen3.5."""
     nested = config.get("text_config")  # a checkpoint with images keeps the text model's config inside
     if isinstance(nested, dict):
-        config = cast("dict[str, object]", nested)
+        config = cast("dict[str, object]", nested)  # cast: the nested JSON object of a config.json
     hidden, heads, kv = (int(str(config[k])) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
     head, ffn = int(str(config["head_dim"])), int(str(config["intermediate_size"]))
     n_key, n_value = int(str(config["linear_num_key_heads"])), int(str(config["linear_num_value_heads"]))
@@ -296,7 +296,7 @@ def build_qwen35_vision(root: Path, seed: int = 0) -> TinyVision:
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     tokenizer = train_tokenizer("qwen3")
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in VISION_TOKENS])  # pyright: ignore[reportUnknownMemberType]
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in VISION_TOKENS])  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
     eos = "<|im_end|>"
     ids: dict[str, int] = {}
     for token in [eos, *VISION_TOKENS]:
