@@ -1,10 +1,12 @@
-"""Image arguments on the LlamaCpp backend (llama.cpp's mtmd, as the official vision runtime drives it), against
-the official SDK's own vision runtime run in a child process on a tiny Qwen3.5 with a vision tower (its projector
-written as llama.cpp's converter writes it): the same text for images of several sizes, two images in one call,
-bare and with a program's adapter; Torch and Remote refuse images with the way to run them."""
+"""Image arguments on a tiny Qwen3.5 with a vision tower (its projector written as llama.cpp's converter writes it).
+The LlamaCpp backend (llama.cpp's mtmd, as the official vision runtime drives it) against the official SDK's own
+vision runtime run in a child process: the same text for images of several sizes, two images in one call, bare and
+with a program's adapter. The Torch backend's tower against mtmd's embeddings, and its tokens against LlamaCpp's,
+one call at a time and batched."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import importlib.util
 import io
@@ -12,16 +14,21 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 import pytest
 
-from pawfn import ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
+from pawfn import Backend, ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
 from pawfn.cli import main
 from tests.helpers.programs import make_program, requires_llama_cpp
 from tests.helpers.servers import start_server
 from tests.helpers.tiny_qwen35 import TinyVision
+
+if TYPE_CHECKING:
+    from llama_cpp.mtmd_cpp import mtmd_context_p
 
 pytest.importorskip("PIL")
 official = pytest.importorskip("programasweights._runtime_vision")
@@ -31,6 +38,7 @@ ONE_IMAGE = "<|im_start|>user\n{INPUT_0}<|vision_start|>{INPUT_1}<|vision_end|><
 TWO_IMAGES = "<|im_start|>user\nCompare {INPUT_0} with {INPUT_1}: {INPUT_2}<|im_end|>\n<|im_start|>assistant\n"
 MAX_TOKENS = 12
 N_CTX = 1024
+TEXT_WIDTH = 64  # the tiny model's hidden size: the projector's output
 
 _OFFICIAL = """
 import hashlib, json, sys
@@ -118,17 +126,106 @@ def test_two_images_in_one_call_and_a_programs_adapter(qwen35_vision: TinyVision
         compare = Positional[Image, Image, str](function)
         got = [compare.generate(Image(first), Image(second), question, options=options) for first, second, question in calls]
         assert all(_agrees(g, official) for g, official in zip(got, expected, strict=True)), ([g.text for g in got], expected)
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_vision.text.gguf_path) as on_torch:
-        with pytest.raises(ConfigError, match="LlamaCpp"):
-            Positional[Image, Image, str](on_torch).run(Image(IMAGES[0]), Image(IMAGES[1]), "?")
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_vision.text.gguf_path, config=PawConfig(n_ctx=N_CTX)) as on_torch:
+        compare = Positional[Image, Image, str](on_torch)
+        alone = [compare.generate(Image(first), Image(second), question, options=options) for first, second, question in calls]
+
+        async def together() -> list[Generation]:
+            return list(await asyncio.gather(*(compare.agenerate(Image(a), Image(b), q, options=options) for a, b, q in calls)))
+
+        batched = asyncio.run(together())
+    assert [g.token_ids for g in alone] == [g.token_ids for g in got]  # Torch's tokens are llama.cpp's
+    assert [g.token_ids for g in batched] == [g.token_ids for g in alone]  # and the same when the calls share steps
 
 
-def test_an_image_call_without_a_projector_says_where_to_put_it(qwen35_vision: TinyVision, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", [LlamaCpp, Torch])
+def test_an_image_call_without_a_projector_says_where_to_put_it(qwen35_vision: TinyVision, tmp_path: Path, backend: type[Backend]) -> None:
     lone = tmp_path / "base.gguf"
     lone.write_bytes(qwen35_vision.text.gguf_path.read_bytes())
-    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=lone, template=ONE_IMAGE, config=_config()) as bare:
+    with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=lone, template=ONE_IMAGE, config=_config()) as bare:
         with pytest.raises(ConfigError, match="mmproj"):
             Positional[str, Image](bare).run("Describe.", Image(IMAGES[0]))
+
+
+TOWER_SIZES = [(100, 70), (40, 200), (64, 64), (128, 128), (7, 3), (2000, 30), (1000, 900)]
+"""Resized and padded on both sides, shrunk more down than across (Pillow itself would filter down first there; mtmd
+always across first), the position table's own size, below the smallest image, very wide, past the token limit."""
+
+
+def test_the_torch_towers_embeddings_are_mtmds(qwen35_vision: TinyVision) -> None:
+    """pawfn's tower (its preprocessing included) gives mtmd's grid and embeddings, to the f16 roundings of llama.cpp's
+    flash attention that it does not follow."""
+    import torch
+
+    import llama_cpp
+    from llama_cpp import mtmd_cpp as mtmd
+    from pawfn.torch.vision import VisionTower
+
+    llm = llama_cpp.Llama(str(qwen35_vision.text.gguf_path), n_ctx=N_CTX, verbose=False)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu, params.print_timings, params.n_threads = False, False, 2
+    assert Qwen3_5_0_8B.image_tokens is not None
+    params.image_min_tokens, params.image_max_tokens = Qwen3_5_0_8B.image_tokens
+    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    context = mtmd.mtmd_init_from_file(str(qwen35_vision.projector).encode(), llm.model, params)
+    assert context
+    tower = VisionTower.read(qwen35_vision.projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens)
+    try:
+        for index, (width, height) in enumerate(TOWER_SIZES):
+            data = _png(width, height, index)
+            expected, grid = _mtmd_embeddings(context, data)
+            prepared = tower.prepare(Image(data))
+            got = tower.encode(prepared).numpy()
+            assert (prepared.rows, prepared.columns) == grid, (width, height)
+            assert np.abs(got - expected).max() <= 1e-3 * np.abs(expected).max(), (width, height)
+    finally:
+        mtmd.mtmd_free(context)
+        llm.close()
+
+
+def _mtmd_embeddings(context: mtmd_context_p, data: bytes) -> tuple[npt.NDArray[np.float32], tuple[int, int]]:
+    """mtmd's embeddings of one image and its grid (rows, columns) of merged tokens."""
+    import ctypes
+
+    from llama_cpp import mtmd_cpp as mtmd
+
+    buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(context, buffer, len(data), False)
+    chunks = mtmd.mtmd_input_chunks_init()
+    assert bitmap is not None and chunks is not None
+    try:
+        marker = mtmd.mtmd_default_marker()
+        given = mtmd.mtmd_input_text()
+        given.text, given.text_len, given.add_special, given.parse_special = marker, len(marker), False, True
+        assert mtmd.mtmd_tokenize(context, chunks, ctypes.byref(given), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        for index in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, index)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
+                grid = (mtmd.mtmd_image_tokens_get_ny(tokens), mtmd.mtmd_image_tokens_get_nx(tokens))
+                assert mtmd.mtmd_encode_chunk(context, chunk) == 0
+                n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+                width = TEXT_WIDTH
+                return np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(n * width,)).reshape(n, width).copy(), grid
+        raise AssertionError("mtmd made no image chunk")
+    finally:
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bitmap)
+
+
+def test_torch_images_give_llamacpps_tokens(qwen35_vision: TinyVision) -> None:
+    """Each image's embeddings at their M-RoPE positions (time, row, column), the text after it advanced by the
+    image's longer side: the Torch backend's greedy tokens are llama.cpp's for images of several sizes."""
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    runs: dict[str, list[Generation]] = {}
+    backends: list[tuple[type[Backend], PawConfig]] = [(LlamaCpp, _config()), (Torch, PawConfig(n_ctx=N_CTX))]
+    for backend, config in backends:
+        with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=config) as bare:
+            describe = Positional[str, Image](bare)
+            runs[backend.__name__] = [describe.generate("Describe the picture.", Image(image), options=options) for image in IMAGES]
+    assert [g.token_ids for g in runs["Torch"]] == [g.token_ids for g in runs["LlamaCpp"]], (runs["Torch"], runs["LlamaCpp"])
+    assert [g.prompt_tokens for g in runs["Torch"]] == [g.prompt_tokens for g in runs["LlamaCpp"]]  # positions, counted alike
+    assert len({g.token_ids for g in runs["Torch"]}) == len(IMAGES)  # each image changes the answer
 
 
 def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +269,16 @@ def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Pat
             assert (response.status_code, response.json()["error"]) == (422, "invalid_image"), response.text
     finally:
         server.stop()
+
+
+def test_programs_on_one_base_share_its_vision_tower(qwen35_vision: TinyVision) -> None:
+    from pawfn.torch.program import TorchProgram
+
+    config = PawConfig(n_ctx=N_CTX)
+    with (
+        PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=config) as first,
+        PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35_vision.text.gguf_path, template=TWO_IMAGES, config=config) as second,
+    ):
+        one, other = first.runtime, second.runtime
+        assert isinstance(one, TorchProgram) and isinstance(other, TorchProgram)
+        assert one.vision_tower is not None and one.vision_tower is other.vision_tower

@@ -73,6 +73,8 @@ class InterpreterModel:
     """The official vision runtime's image projector GGUF (None: the interpreter takes no images)."""
     image_tokens: ClassVar[tuple[int, int] | None] = None
     """The vision runtime's bounds on one image's tokens (min, max)."""
+    image_delimiters: ClassVar[tuple[str, str]] = ("", "")
+    """Control-token texts mtmd puts before and after an image's embeddings."""
     whole_prompt: ClassVar[bool] = False
     """The official runtime tokenizes each call's rendered prompt whole (its vision runtime) rather than the
     template's prefix once and the input with the suffix per call."""
@@ -191,6 +193,7 @@ class Qwen3_5_0_8B(InterpreterModel):  # noqa: N801 - the name mirrors the model
         revision="6ab461498e2023f6e3c1baea90a8f0fe38ab64d0",
     )
     image_tokens = (1, 512)
+    image_delimiters = ("<|vision_start|>", "<|vision_end|>")
     base_template = "{INPUT_0}"  # the official vision runtime's base contract: the caller's whole prompt
     default_n_ctx = 4096
     whole_prompt = True

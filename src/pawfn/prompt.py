@@ -4,6 +4,7 @@ budget of a call."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .bundle import PromptTemplate
@@ -32,13 +33,13 @@ CallInput = str | tuple[Argument, ...]
 
 
 def _text_arguments(text: CallInput) -> tuple[str, ...]:
-    """The arguments as text, or a `ConfigError` for an image: only llama.cpp's mtmd runs images for now."""
+    """The arguments as text, or a `ConfigError` for an image (a backend evaluates those itself, with `parts`)."""
     arguments = (text,) if isinstance(text, str) else text
     strings = tuple(argument for argument in arguments if isinstance(argument, str))
     if len(strings) != len(arguments):
         raise ConfigError(
-            "image arguments run on the LlamaCpp backend for now (llama.cpp's mtmd, as the official runtime): open the "
-            "program with PawFn[Qwen3_5_0_8B, LlamaCpp], its projector GGUF beside the base or in the cache"
+            "an image argument has no token ids of its own: its embeddings come from the interpreter's projector when "
+            "the call runs; count a prompt with images from a call's Generation.prompt_tokens instead"
         )
     return strings
 
@@ -131,7 +132,28 @@ class WholePrompt(Prompt):
     def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
-        pieces = self._template.bind(_text_arguments(text))
+        return self._encoded(self._template.bind(_text_arguments(text)), options)
+
+    def parts(self, text: CallInput, options: RuntimeOptions, delimiters: tuple[str, str]) -> list[list[int] | Image]:
+        """The prompt after the prefix as mtmd splits it: runs of token ids (encoded as `encode` does) and each image
+        argument between the texts of `delimiters` (control tokens, e.g. <|vision_start|> and <|vision_end|>)."""
+        arguments = (text,) if isinstance(text, str) else text
+        if len(arguments) != self.arity:
+            raise ArityError(self.arity, len(arguments))
+        parts: list[list[int] | Image] = []
+        run: list[tuple[str, bool]] = []  # (text, is an argument) since the last image
+        for segment in self._template.segments:
+            argument = segment if isinstance(segment, str) else arguments[segment]
+            if isinstance(argument, Image):
+                parts += [self._encoded([*run, (delimiters[0], False)], options), argument]
+                run = [(delimiters[1], False)]
+            elif argument:
+                run.append((argument, not isinstance(segment, str)))
+        return [*parts, self._encoded(run, options)]
+
+    def _encoded(self, pieces: Sequence[tuple[str, bool]], options: RuntimeOptions) -> list[int]:
+        """Token ids of (text, is an argument) pieces: an argument's control-token text stays text unless
+        `parse_special_in_input`."""
         if options.parse_special_in_input or not any(is_argument and self.codec.holds_control_text(piece) for piece, is_argument in pieces):
             return self.codec.encode("".join(piece for piece, _ in pieces), parse_special=True)
         ids: list[int] = []

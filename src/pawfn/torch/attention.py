@@ -20,11 +20,11 @@ __all__ = ["attend", "attend_batched", "attend_llamacpp", "attention_by_matmul",
 
 
 def attend(
-    arch: Architecture, cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    arch: Architecture, cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
-    """Store k/v [new, kv_heads, D] at `position...` in `cache`, then attend q [new, heads, D] over the cache's own
-    positions (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
-    end = cache.store(layer, position, k, v)
+    """Store k/v [new, kv_heads, D] at slots `slot...` of `cache`, then attend q [new, heads, D] over the cache's own
+    slots (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
+    end = cache.store(layer, slot, k, v)
     queries = _grouped(arch, q)
     out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], mask)
     prefix = cache.prefix
@@ -37,12 +37,12 @@ def attend(
 def attend_batched(
     arch: Architecture, rows: list[tuple[KVCache, int]], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> torch.Tensor:
-    """Store each row's k/v [1, kv_heads, D] at its (cache, position) in `rows`, then attend every row's query
+    """Store each row's k/v [1, kv_heads, D] at its (cache, slot) in `rows`, then attend every row's query
     (q [n, heads, D]) over its program's prefix and its own positions in one fused kernel: the keys of all rows
     padded to the longest, a mask hiding the padding. [n, heads * D]; not row-exact (the kernel rounds by shape)."""
     lengths: list[tuple[int, int]] = []
-    for i, (cache, position) in enumerate(rows):  # (prefix length, own length)
-        lengths.append((cache.offset, cache.store(layer, position, k[i : i + 1], v[i : i + 1])))
+    for i, (cache, slot) in enumerate(rows):  # (prefix length, own length)
+        lengths.append((cache.offset, cache.store(layer, slot, k[i : i + 1], v[i : i + 1])))
     n, longest = len(rows), max(shared + own for shared, own in lengths)
     keys = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
     values = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
@@ -60,10 +60,10 @@ def attend_batched(
 
 
 def attend_llamacpp(
-    cache: KVCache, layer: int, position: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase
+    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase
 ) -> torch.Tensor:
     """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
-    end = cache.store(layer, position, k, v)
+    end = cache.store(layer, slot, k, v)
     keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
     prefix = cache.prefix
     shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None

@@ -33,9 +33,10 @@ class PrefixState:
 
 
 class KVCache:
-    """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]` for
-    positions `prefix.length...`, grown on demand. The prefix's KV is read where it lies (every sequence of a
-    program shares it; nothing is copied per sequence)."""
+    """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]`, one
+    slot per evaluated token after the prefix, grown on demand. The prefix's KV is read where it lies (every
+    sequence of a program shares it; nothing is copied per sequence). A token's slot is its position after the
+    prefix, plus `shift` once an image (whose tokens outnumber the positions they advance) was stored."""
 
     def __init__(self, architecture: Architecture, device: torch.device, dtype: torch.dtype) -> None:
         self._arch = architecture
@@ -48,6 +49,9 @@ class KVCache:
         """The program's prefix this sequence continues (None: the sequence starts at position 0)."""
         self.states: dict[int, tuple[torch.Tensor, ...]] = {}
         """Recurrent layer -> this sequence's state (a layer not yet run: absent)."""
+        self.shift = 0
+        """Slots the sequence's images took beyond the positions they advance (M-RoPE: rows x columns tokens for
+        max(rows, columns) positions)."""
 
     @property
     def offset(self) -> int:
@@ -58,9 +62,14 @@ class KVCache:
         """Start a new sequence after `prefix` (None: from position 0); what was stored is written over."""
         self.prefix = prefix
         self.states = {} if prefix is None else dict(prefix.states)
+        self.shift = 0
+
+    def slot(self, position: int) -> int:
+        """The slot of the token at text `position` (after every image stored so far)."""
+        return position - self.offset + self.shift
 
     def reserve(self, n_tokens: int) -> None:
-        """Make room for `n_tokens` positions after the prefix, keeping what is stored."""
+        """Make room for `n_tokens` slots after the prefix, keeping what is stored."""
         if n_tokens <= self.capacity:
             return
         capacity = -(-n_tokens // _CACHE_GRANULE) * _CACHE_GRANULE
@@ -79,9 +88,9 @@ class KVCache:
         length = capacity if arch.attends(layer) else 0
         return torch.empty((arch.n_kv_heads, length, arch.head_dim), device=self._device, dtype=self._dtype)
 
-    def store(self, layer: int, position: int, keys: torch.Tensor, values: torch.Tensor) -> int:
-        """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at `position...`; returns the stored length."""
-        start = position - self.offset
+    def store(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> int:
+        """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at slots `slot...`; returns the stored length."""
+        start = slot
         end = start + keys.shape[0]
         self.keys[layer][:, start:end] = keys.transpose(0, 1)
         self.values[layer][:, start:end] = values.transpose(0, 1)

@@ -71,13 +71,30 @@ class TorchInterpreter(LoadedBase):
         """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device)
-        cache.reserve(start - cache.offset + len(token_ids))
-        ops = _ForwardPass(self, adapter, cache, start)
+        cache.reserve(cache.slot(start) + len(token_ids))
+        ops = _ForwardPass(self, adapter, cache, cache.slot(start))
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
         return ops.multiply(self.matrices["output.weight"], last)[0].float()
+
+    @torch.inference_mode()
+    def forward_image(self, embeddings: torch.Tensor, rows: int, columns: int, start: int, cache: KVCache, adapter: DeviceAdapter) -> None:
+        """Evaluate an image's embeddings [rows * columns, hidden] (row-major) at text position `start` into `cache`,
+        as llama.cpp places them with M-RoPE: every token at time `start`, row `start + r` and column `start + c`.
+        The image takes rows * columns slots and advances the text by max(rows, columns) positions."""
+        n = rows * columns
+        if self.architecture.rope_sections == ():
+            raise BaseModelError(None, f"family {self.architecture.family!r} has no multi-section rotary positions for images")
+        index = torch.arange(n, device=self.device)
+        positions = torch.stack((torch.full_like(index, start), start + index // columns, start + index % columns, torch.zeros_like(index)), dim=1)
+        cache.reserve(cache.slot(start) + n)
+        ops = _ForwardPass(self, adapter, cache, cache.slot(start))
+        hidden = embeddings.to(self.device, self.dtype)
+        for layer in range(self.architecture.n_layers):
+            hidden = self.family.block(ops, layer, hidden, positions)
+        cache.shift += n - max(rows, columns)
 
     @torch.inference_mode()
     def step(self, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
@@ -91,7 +108,7 @@ class TorchInterpreter(LoadedBase):
         ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
         for row in rows:
-            row.cache.reserve(row.position - row.cache.offset + 1)
+            row.cache.reserve(row.cache.slot(row.position) + 1)
         ops = _StepPass(self, rows, invariant)
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
@@ -222,10 +239,15 @@ class _Pass:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, D/2] of `positions` [T]."""
+        """cos and sin [T, 1, D/2] of `positions` [T], or of M-RoPE positions [T, 4] (time, row, column, extra:
+        each pair of dimensions turns with its section's position, `Architecture.pair_sections`)."""
         frequencies = self._interpreter.rope_frequencies
         if frequencies is None:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
+        if positions.dim() == 2:
+            sections = torch.tensor(self.architecture.pair_sections(frequencies.shape[0]), device=positions.device)
+            angles = positions.to(torch.float32)[:, sections] * frequencies.unsqueeze(0)
+            return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
         if self._llamacpp:
             return ggml_rope_table(positions, self.architecture.head_dim, self.architecture.rope_theta)
         angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
@@ -235,23 +257,24 @@ class _Pass:
 class _ForwardPass(_Pass):
     """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
 
-    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, start: int) -> None:
+    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, slot: int) -> None:
         super().__init__(interpreter, [(0, None, adapter)])
         self._cache = cache
-        self._start = start
+        self._slot = slot
+        """The first new token's slot in the cache."""
         self._mask: torch.Tensor | None = None
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         n_new, arch = q.shape[0], self.architecture
         if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
-            group, end = arch.n_heads // arch.n_kv_heads, self._start - self._cache.offset + n_new
+            group, end = arch.n_heads // arch.n_kv_heads, self._slot + n_new
             query_at = torch.arange(end - n_new, end, device=q.device).unsqueeze(1)
             hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
         if self._llamacpp:
-            return attend_llamacpp(self._cache, layer, self._start, q, k, v, self._interpreter)
-        return attend(arch, self._cache, layer, self._start, q, k, v, self._mask)
+            return attend_llamacpp(self._cache, layer, self._slot, q, k, v, self._interpreter)
+        return attend(arch, self._cache, layer, self._slot, q, k, v, self._mask)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return x[-1:] if self._llamacpp and layer == self.architecture.n_layers - 1 else x
@@ -304,14 +327,17 @@ class _StepPass(_Pass):
         CPU's cache. Else one fused kernel over all rows (`attend_batched`)."""
         arch = self.architecture
         if not self._by_rows:
-            return attend_batched(arch, [(row.cache, row.position) for row in self._rows], layer, q, k, v)
+            return attend_batched(arch, [(row.cache, row.cache.slot(row.position)) for row in self._rows], layer, q, k, v)
         if self._llamacpp:
             return torch.cat(
                 [
-                    attend_llamacpp(row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
+                    attend_llamacpp(row.cache, layer, row.cache.slot(row.position), q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
                     for i, row in enumerate(self._rows)
                 ]
             )
         return torch.cat(
-            [attend(arch, row.cache, layer, row.position, q[i : i + 1], k[i : i + 1], v[i : i + 1], None) for i, row in enumerate(self._rows)]
+            [
+                attend(arch, row.cache, layer, row.cache.slot(row.position), q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
+                for i, row in enumerate(self._rows)
+            ]
         )

@@ -11,6 +11,8 @@ from ..config import EngineSettings
 from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
+from ..images import Image
+from ..prompt import Argument, WholePrompt
 from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
@@ -22,6 +24,7 @@ from .network import TorchInterpreter
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
 from .scheduler import ScheduledCall
+from .vision import ImagePart, VisionTower
 from .weights import read_base_weights
 
 __all__ = ["TorchProgram"]
@@ -45,13 +48,25 @@ def _batch_invariant(config: EngineSettings, device: torch.device) -> bool:
 class TorchProgram(PromptRuntime):
     """One program: the LoRA side paths and prefix KV it owns, and the shared base it borrows until `close`."""
 
-    def __init__(self, base: SharedBase, adapter: DeviceAdapter, prefix: PrefixState, prompt: Prompt, batch_invariant: bool = True) -> None:
+    def __init__(
+        self,
+        base: SharedBase,
+        adapter: DeviceAdapter,
+        prefix: PrefixState,
+        prompt: Prompt,
+        batch_invariant: bool = True,
+        vision: VisionTower | None = None,
+        image_delimiters: tuple[str, str] = ("", ""),
+    ) -> None:
         super().__init__(prompt)
         self._base: SharedBase | None = base
         self._adapter = adapter
         self._prefix: PrefixState | None = prefix
         self.batch_invariant = batch_invariant
         """Its calls' decode steps are row-exact (`PawConfig.batch_invariant`, resolved for the device)."""
+        self._vision = vision
+        """The interpreter's vision tower, for image arguments (None: no projector found)."""
+        self._image_delimiters = image_delimiters
 
     @classmethod
     def open(cls, model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings) -> TorchProgram:
@@ -101,9 +116,13 @@ class TorchProgram(PromptRuntime):
                     prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, device_adapter, copy.cache)
                 if store is not None:
                     on_compute_thread(store.save, prefix)
+            vision, projector = None, files.projector
+            if projector is not None and model.image_tokens is not None:
+                tokens = model.image_tokens
+                vision = base.vision_tower(projector, lambda: on_compute_thread(VisionTower.read, projector, device, tokens))
             on_error.pop_all()
         trim_heap()
-        return cls(base, device_adapter, prefix, prompt, batch_invariant)
+        return cls(base, device_adapter, prefix, prompt, batch_invariant, vision, model.image_delimiters)
 
     @property
     def base(self) -> SharedBase:
@@ -123,6 +142,11 @@ class TorchProgram(PromptRuntime):
         return f"llama.cpp numerics on {how}, {interpreter.simd_width} float32 lanes"
 
     @property
+    def vision_tower(self) -> VisionTower | None:
+        """The interpreter's image tower, shared by the programs on its base (None: no projector was found)."""
+        return self._vision
+
+    @property
     def device_adapter(self) -> DeviceAdapter:
         """The program's LoRA side paths on the device (emptied by `close`)."""
         return self._adapter
@@ -137,8 +161,15 @@ class TorchProgram(PromptRuntime):
     def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
         pending = self.track(PendingGeneration())
+        parts: list[list[int] | ImagePart] = []
         try:
-            decoding = Decoding(self._prompt, text, options, on_token)
+            if isinstance(text, tuple) and any(isinstance(argument, Image) for argument in text):
+                parts = self._image_parts(text, options)
+                # the positions after the prefix, 0 where an image's went (as the LlamaCpp backend counts them)
+                evaluated = [i for part in parts for i in ([0] * part.image.n_positions if isinstance(part, ImagePart) else part)]
+                decoding = Decoding(self._prompt, text, options, on_token, evaluated)
+            else:
+                decoding = Decoding(self._prompt, text, options, on_token)
             self._enter_run()
         except Exception as exc:  # noqa: BLE001 - this call's error, delivered like a running call's
             pending.set_exception(exc)
@@ -148,8 +179,23 @@ class TorchProgram(PromptRuntime):
             pending.settle(decoding.result)
             self._exit_run()
             return pending
-        self.base.scheduler.submit(ScheduledCall(decoding, self._adapter, self.prefix_state, pending, self._exit_run, self.batch_invariant))
+        call = ScheduledCall(decoding, self._adapter, self.prefix_state, pending, self._exit_run, self.batch_invariant, parts=parts)
+        self.base.scheduler.submit(call)
         return pending
+
+    def _image_parts(self, arguments: tuple[Argument, ...], options: RuntimeOptions) -> list[list[int] | ImagePart]:
+        """The prompt of a call with images, after the prefix: runs of token ids and the images, each decoded,
+        resized and normalized here (the caller's thread); the tower encodes them when the prompt runs."""
+        vision, prompt = self._vision, self._prompt
+        if vision is None:
+            raise ConfigError(
+                "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
+                "base (named mmproj*.gguf), or load the program from the hub, which fetches it"
+            )
+        if not isinstance(prompt, WholePrompt):
+            raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
+        parts = prompt.parts(arguments, options, self._image_delimiters)
+        return [ImagePart(vision.prepare(part), vision) if isinstance(part, Image) else part for part in parts]
 
     def release(self) -> None:
         self._adapter.release()

@@ -7,6 +7,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from ..models import InterpreterModel
@@ -14,6 +15,7 @@ from .copies import ModelCopies, ModelCopy
 from .network import TorchInterpreter
 from .runner import Runner
 from .scheduler import Scheduler
+from .vision import VisionTower
 
 __all__ = ["BaseKey", "ModelRegistry", "SharedBase"]
 
@@ -41,6 +43,18 @@ class SharedBase:
         """Programs holding this base (guarded by the registry's lock)."""
         self.scheduler = Scheduler(self._copies, Runner(interpreter))
         """Batches every call on this base."""
+        self._towers: dict[Path, VisionTower] = {}
+        self._towers_lock = threading.Lock()
+
+    def vision_tower(self, projector: Path, load: Callable[[], VisionTower]) -> VisionTower:
+        """The image tower of `projector` beside this base, loaded by the first program that asks (`load`) and shared
+        by every program on the base; it goes with the base."""
+        key = projector.resolve()
+        with self._towers_lock:
+            tower = self._towers.get(key)
+            if tower is None:
+                tower = self._towers[key] = load()
+            return tower
 
     @property
     def max_copies(self) -> int:

@@ -16,6 +16,7 @@ from .network import TorchInterpreter
 from .sampling import sample_token
 from .scheduler import Failures, Plan, ScheduledCall, Step
 from .session import TorchSession
+from .vision import ImagePart
 
 __all__ = ["Runner"]
 
@@ -42,11 +43,15 @@ class Runner:
         assert call.copy is not None  # a started call holds a copy
         session = TorchSession(call.adapter, call.prefix, call.copy.cache, call.decoding.options)
         call.session = session
-        prompt_ids = call.decoding.prompt_ids
         logits = call.prefix.last_logits
-        if prompt_ids:
-            logits = self._interpreter.forward(prompt_ids, session.position, session.cache, session.adapter)
-            session.position += len(prompt_ids)
+        for part in call.parts or [call.decoding.prompt_ids]:
+            if isinstance(part, ImagePart):
+                image = part.image
+                self._interpreter.forward_image(part.embeddings(), image.rows, image.columns, session.position, session.cache, session.adapter)
+                session.position += image.n_positions
+            elif part:
+                logits = self._interpreter.forward(part, session.position, session.cache, session.adapter)
+                session.position += len(part)
         call.decoding.prefilled()
         assert logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
         token = self._tokens([call], logits.unsqueeze(0))[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
@@ -22,6 +22,7 @@ from .copies import ModelCopies, ModelCopy
 from .kvcache import PrefixState
 from .lora import DeviceAdapter
 from .session import TorchSession
+from .vision import ImagePart
 
 __all__ = ["Plan", "ScheduledCall", "Scheduler", "Step"]
 
@@ -43,6 +44,8 @@ class ScheduledCall:
     session: TorchSession | None = None
     token: int = 0
     """The token sampled last, to be taken (and evaluated, if the call goes on) in the next step."""
+    parts: Sequence[list[int] | ImagePart] = ()
+    """A prompt with images: its runs of token ids and its images in order (empty: `decoding.prompt_ids`)."""
 
 
 @dataclass(frozen=True)

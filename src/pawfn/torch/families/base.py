@@ -68,6 +68,27 @@ class Architecture:
     """Leading dimensions of a head that rotate (0: all of them)."""
     linear: LinearAttention | None = None
     """Recurrent layers of a hybrid model (None: every layer attends)."""
+    rope_sections: tuple[int, ...] = ()
+    """Interleaved M-RoPE: pairs of rotated dimensions per position section (time, row, column, extra); () for
+    plain RoPE, where every token has one position."""
+
+    def pair_sections(self, n_pairs: int) -> list[int]:
+        """The position section (0 time, 1 row, 2 column, 3 extra) each of `n_pairs` rotated pairs turns with, as
+        llama.cpp's interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE) assigns them."""
+        t, h, w = (self.rope_sections + (0, 0, 0))[:3]
+        total = sum(self.rope_sections) or 1
+
+        def section(pair: int) -> int:
+            sector = pair % total
+            if sector % 3 == 1 and sector < 3 * h:
+                return 1
+            if sector % 3 == 2 and sector < 3 * w:
+                return 2
+            if sector % 3 == 0 and sector < 3 * t:
+                return 0
+            return 3
+
+        return [section(pair) for pair in range(n_pairs)]
 
     def attends(self, layer: int) -> bool:
         """Whether `layer` attends over a KV cache (else it is recurrent and keeps a state)."""

@@ -128,7 +128,10 @@ class Qwen35Family(Family):
         rope_dims = file.integer(key + "rope.dimension_count") or arch.head_dim
         if not 0 < rope_dims <= arch.head_dim or rope_dims % 2:
             raise BaseModelError(file.path, f"rope.dimension_count is {rope_dims}; it must be even and at most the head size {arch.head_dim}")
-        return dataclasses.replace(arch, rope_dims=rope_dims, linear=linear)
+        sections = tuple(file.integers(key + "rope.dimension_sections") or ())
+        if sections and (len(sections) != 4 or min(sections) < 0 or sum(sections) > rope_dims // 2):
+            raise BaseModelError(file.path, f"rope.dimension_sections is {list(sections)}; it must be 4 counts of at most {rope_dims // 2} pairs")
+        return dataclasses.replace(arch, rope_dims=rope_dims, linear=linear, rope_sections=sections)
 
     def architecture_from_hf(self, raw_config: bytes, path: Path) -> Architecture:
         raise BaseModelError(
