@@ -21,7 +21,21 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from pawfn import Backend, ConfigError, Generation, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
+from pawfn import (
+    Backend,
+    ConfigError,
+    Generation,
+    Image,
+    ImageError,
+    LlamaCpp,
+    PawConfig,
+    PawFn,
+    Positional,
+    Qwen3_5_0_8B,
+    Remote,
+    RuntimeOptions,
+    Torch,
+)
 from pawfn.cli import main
 from tests.helpers.programs import make_program, requires_llama_cpp
 from tests.helpers.servers import start_server
@@ -282,3 +296,14 @@ def test_programs_on_one_base_share_its_vision_tower(qwen35_vision: TinyVision) 
         one, other = first.runtime, second.runtime
         assert isinstance(one, TorchProgram) and isinstance(other, TorchProgram)
         assert one.vision_tower is not None and one.vision_tower is other.vision_tower
+
+
+def test_torch_refuses_a_damaged_image_and_runs_the_next_call(qwen35_vision: TinyVision) -> None:
+    """A call whose image does not decode fails with `ImageError` before any work; the program runs on."""
+    options = RuntimeOptions(max_tokens=4)
+    with PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=PawConfig(n_ctx=N_CTX)) as bare:
+        describe = Positional[str, Image](bare)
+        for damaged in (IMAGES[0][:-40], b"not an image at all"):
+            with pytest.raises(ImageError, match="could not be decoded"):
+                describe.run("Describe.", Image(damaged), options=options)
+        assert len(describe.generate("Describe.", Image(IMAGES[0]), options=options).token_ids) == 4

@@ -315,6 +315,8 @@ def _resampled(pixels: npt.NDArray[np.uint8], width: int, height: int) -> npt.ND
 
 
 _PRECISION_BITS = 22
+_GATHERED_VALUES = 4 * 1024 * 1024
+"""Input values (int64) one pass of the filter gathers: 32 MiB, whatever the image's size."""
 
 
 def _filtered(pixels: npt.NDArray[np.uint8], size: int) -> npt.NDArray[np.uint8]:
@@ -337,8 +339,12 @@ def _filtered(pixels: npt.NDArray[np.uint8], size: int) -> npt.NDArray[np.uint8]
     weights = np.where(totals != 0.0, weights / np.where(totals != 0.0, totals, 1.0), weights)
     fixed = np.trunc(weights * (1 << _PRECISION_BITS) + np.where(weights < 0, -0.5, 0.5)).astype(np.int64)
     rows = np.minimum(first[:, None] + offsets[None, :], n - 1)  # past `count` the weight is 0
-    sums = np.einsum("ok,okmc->omc", fixed, pixels[rows].astype(np.int64)) + (1 << (_PRECISION_BITS - 1))
-    filtered: npt.NDArray[np.uint8] = np.clip(sums >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+    filtered = np.empty((size, *pixels.shape[1:]), dtype=np.uint8)
+    step = max(1, _GATHERED_VALUES // (width * pixels[0].size))  # output rows a pass: the gathered inputs stay bounded
+    for start in range(0, size, step):
+        end = min(size, start + step)
+        sums = np.einsum("ok,okmc->omc", fixed[start:end], pixels[rows[start:end]].astype(np.int64))
+        filtered[start:end] = np.clip((sums + (1 << (_PRECISION_BITS - 1))) >> _PRECISION_BITS, 0, 255)
     return filtered
 
 
