@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
@@ -307,3 +307,48 @@ def test_torch_refuses_a_damaged_image_and_runs_the_next_call(qwen35_vision: Tin
             with pytest.raises(ImageError, match="could not be decoded"):
                 describe.run("Describe.", Image(damaged), options=options)
         assert len(describe.generate("Describe.", Image(IMAGES[0]), options=options).token_ids) == 4
+
+
+def test_torch_images_give_transformers_tokens(qwen35_vision: TinyVision) -> None:
+    """transformers' Qwen3.5 on the same pixels (pawfn's preprocessing laid out as its processor's patches) places the
+    image by its own M-RoPE rule: its greedy tokens are the Torch backend's."""
+    import torch
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    from pawfn.torch.vision import PreparedImage, VisionTower
+
+    model: Any = Qwen3_5ForConditionalGeneration.from_pretrained(str(qwen35_vision.text.hf_dir), dtype=torch.float32)  # pyright: ignore[reportUnknownMemberType]  # Any: transformers' from_pretrained
+    image_token: int = model.config.image_token_id
+    tokenizer = qwen35_vision.text.tokenizer()
+    tower = VisionTower.read(qwen35_vision.projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens)
+    before = tokenizer.encode("<|im_start|>user\nDescribe the picture.<|vision_start|><|vision_start|>").ids  # mtmd adds its own pair
+    after = tokenizer.encode("<|vision_end|><|vision_end|><|im_end|>\n<|im_start|>assistant\n").ids
+    eos = tokenizer.token_to_id(qwen35_vision.text.eos_token)
+
+    def patches(image: PreparedImage) -> tuple[torch.Tensor, torch.Tensor]:
+        """The processor's layout: both temporal frames, patches of 2x2 merge blocks in row-major order."""
+        channels, height, width = image.pixels.shape
+        rows, columns = height // 16, width // 16
+        frames = image.pixels.unsqueeze(0).repeat(2, 1, 1, 1).reshape(2, channels, rows // 2, 2, 16, columns // 2, 2, 16)
+        return frames.permute(2, 5, 3, 6, 1, 0, 4, 7).reshape(rows * columns, -1), torch.tensor([[1, rows, columns]])
+
+    def generate(image: PreparedImage) -> list[int]:
+        pixels, grid = patches(image)
+        ids = before + [image_token] * image.n_tokens + after
+        out: list[int] = []
+        with torch.no_grad():
+            for _ in range(MAX_TOKENS):
+                sequence = ids + out
+                types = torch.tensor([[int(token == image_token) for token in sequence]])
+                logits = model(input_ids=torch.tensor([sequence]), mm_token_type_ids=types, pixel_values=pixels, image_grid_thw=grid, use_cache=False)
+                token = int(torch.argmax(logits.logits[0, -1]).item())
+                if token == eos:
+                    break
+                out.append(token)
+        return out
+
+    expected = [generate(tower.prepare(Image(image))) for image in IMAGES]
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    with PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=PawConfig(n_ctx=N_CTX)) as bare:
+        describe = Positional[str, Image](bare)
+        assert [list(describe.generate("Describe the picture.", Image(image), options=options).token_ids) for image in IMAGES] == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 
@@ -55,7 +56,7 @@ class TorchProgram(PromptRuntime):
         prefix: PrefixState,
         prompt: Prompt,
         batch_invariant: bool = True,
-        vision: VisionTower | None = None,
+        projector: tuple[Path, tuple[int, int]] | None = None,
         image_delimiters: tuple[str, str] = ("", ""),
     ) -> None:
         super().__init__(prompt)
@@ -64,8 +65,9 @@ class TorchProgram(PromptRuntime):
         self._prefix: PrefixState | None = prefix
         self.batch_invariant = batch_invariant
         """Its calls' decode steps are row-exact (`PawConfig.batch_invariant`, resolved for the device)."""
-        self._vision = vision
-        """The interpreter's vision tower, for image arguments (None: no projector found)."""
+        self._projector = projector
+        """The interpreter's projector GGUF and its bounds on an image's tokens (None: it takes no images, or none was
+        found)."""
         self._image_delimiters = image_delimiters
 
     @classmethod
@@ -116,13 +118,10 @@ class TorchProgram(PromptRuntime):
                     prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, device_adapter, copy.cache)
                 if store is not None:
                     on_compute_thread(store.save, prefix)
-            vision, projector = None, files.projector
-            if projector is not None and model.image_tokens is not None:
-                tokens = model.image_tokens
-                vision = base.vision_tower(projector, lambda: on_compute_thread(VisionTower.read, projector, device, tokens))
+            projector = None if files.projector is None or model.image_tokens is None else (files.projector, model.image_tokens)
             on_error.pop_all()
         trim_heap()
-        return cls(base, device_adapter, prefix, prompt, batch_invariant, vision, model.image_delimiters)
+        return cls(base, device_adapter, prefix, prompt, batch_invariant, projector, model.image_delimiters)
 
     @property
     def base(self) -> SharedBase:
@@ -143,8 +142,12 @@ class TorchProgram(PromptRuntime):
 
     @property
     def vision_tower(self) -> VisionTower | None:
-        """The interpreter's image tower, shared by the programs on its base (None: no projector was found)."""
-        return self._vision
+        """The interpreter's image tower, read from its projector when first asked for (the first image call: ~415 MB
+        for Qwen3.5's) and shared by the programs on its base; None without a projector."""
+        if self._projector is None:
+            return None
+        (path, tokens), device = self._projector, self.base.interpreter.device
+        return self.base.vision_tower(path, lambda: on_compute_thread(VisionTower.read, path, device, tokens))
 
     @property
     def device_adapter(self) -> DeviceAdapter:
@@ -186,7 +189,7 @@ class TorchProgram(PromptRuntime):
     def _image_parts(self, arguments: tuple[Argument, ...], options: RuntimeOptions) -> list[list[int] | ImagePart]:
         """The prompt of a call with images, after the prefix: runs of token ids and the images, each decoded,
         resized and normalized here (the caller's thread); the tower encodes them when the prompt runs."""
-        vision, prompt = self._vision, self._prompt
+        vision, prompt = self.vision_tower, self._prompt
         if vision is None:
             raise ConfigError(
                 "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
