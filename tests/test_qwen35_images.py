@@ -242,14 +242,15 @@ def test_torch_images_give_llamacpps_tokens(qwen35_vision: TinyVision) -> None:
     assert len({g.token_ids for g in runs["Torch"]}) == len(IMAGES)  # each image changes the answer
 
 
-def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("backend", [LlamaCpp, Torch])
+def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: type[Backend]) -> None:
     picture = tmp_path / "picture.png"
     picture.write_bytes(IMAGES[1])
     base = str(qwen35_vision.text.gguf_path)
-    command = ["run", "--interpreter", "Qwen/Qwen3.5-0.8B", "--base", base, "--backend", "llamacpp", "--template", ONE_IMAGE]
+    command = ["run", "--interpreter", "Qwen/Qwen3.5-0.8B", "--base", base, "--backend", backend.name, "--template", ONE_IMAGE]
     assert main([*command, "--arg", "Describe the picture.", "--image", str(picture), "--max-tokens", str(MAX_TOKENS), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=base, template=ONE_IMAGE) as bare:
+    with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=base, template=ONE_IMAGE) as bare:
         expected = Positional[str, Image](bare).generate("Describe the picture.", Image(picture), options=RuntimeOptions(max_tokens=MAX_TOKENS))
     assert printed["tokens"] == list(expected.token_ids) and printed["input"][0] == "Describe the picture."
     with pytest.raises(SystemExit) as usage:
@@ -258,18 +259,19 @@ def test_the_cli_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="pawfn serve needs the serve extra")
-def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path) -> None:
-    """`Remote` sends an image as its normalized PNG in a data URL (`ImagePart`); the server's LlamaCpp program runs it
+@pytest.mark.parametrize("backend", [LlamaCpp, Torch])
+def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Path, backend: type[Backend]) -> None:
+    """`Remote` sends an image as its normalized PNG in a data URL (`ImagePart`); the server's program runs it
     as a local one does; an image that does not decode is a 422."""
     program_id = "e6b454023d41ac9ca845"
     program = make_program(
         qwen35_vision.text, tmp_path, "served", template=ONE_IMAGE, program_id=program_id, meta_extra={"runtime_manifest_version": 2}
     )
-    server = start_server("--program", str(program.archive), "--base", str(qwen35_vision.text.gguf_path), "--backend", "llamacpp")
+    server = start_server("--program", str(program.archive), "--base", str(qwen35_vision.text.gguf_path), "--backend", backend.name)
     options = RuntimeOptions(max_tokens=MAX_TOKENS)
     try:
         with (
-            PawFn[Qwen3_5_0_8B, LlamaCpp].from_path(program.folder, base=qwen35_vision.text.gguf_path) as local,
+            PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=qwen35_vision.text.gguf_path) as local,
             PawFn[Qwen3_5_0_8B, Remote].load_sync(program_id, config=PawConfig.from_env(server_url=server.url, max_retries=0)) as remote,
         ):
             here, there = Positional[str, Image](local), Positional[str, Image](remote)
