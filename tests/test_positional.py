@@ -11,6 +11,7 @@ from pawfn import (
     BaseModelError,
     ConfigError,
     GPT2,
+    Image,
     LlamaCpp,
     PawConfig,
     PawFn,
@@ -96,6 +97,8 @@ def test_wrong_counts_and_kinds_are_refused_before_any_work(qwen3: TinyInterpret
         untyped: Positional[str, str] = Positional(bare)
         with pytest.raises(TypeError, match=r"argument 1 \({INPUT_1}\) must be str"):
             untyped.run("a", 2)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # a wrong kind on purpose
+        with pytest.raises(ConfigError, match="argument 1 is an image, but Qwen3_0_6B takes no images"):
+            Positional[str, Image](bare).run("a", Image(b"never decoded"))
     with PawFn[Qwen3_0_6B, Torch].bare(base=qwen3.gguf_path) as default:
         assert default.run("a single input") == Positional[str](default).run("a single input")
 

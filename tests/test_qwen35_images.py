@@ -11,6 +11,7 @@ import base64
 import importlib.util
 import io
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -354,3 +355,17 @@ def test_torch_images_give_transformers_tokens(qwen35_vision: TinyVision) -> Non
     with PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=PawConfig(n_ctx=N_CTX)) as bare:
         describe = Positional[str, Image](bare)
         assert [list(describe.generate("Describe the picture.", Image(image), options=options).token_ids) for image in IMAGES] == expected
+
+
+def test_an_image_call_on_llamacpp_prints_nothing(
+    qwen35_vision: TinyVision, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """llama.cpp's and mtmd's messages go to the logger `pawfn.llamacpp` (an image call logs a dozen lines and a
+    warning at each M-RoPE position jump; llama-cpp-python's callback printed that warning as an error)."""
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].bare(base=qwen35_vision.text.gguf_path, template=ONE_IMAGE, config=_config()) as bare:
+        capfd.readouterr()
+        with caplog.at_level(logging.DEBUG, logger="pawfn.llamacpp"):
+            Positional[str, Image](bare).run("Describe.", Image(IMAGES[0]), options=RuntimeOptions(max_tokens=2))
+        assert capfd.readouterr().err == ""
+    logged = {(record.levelno, record.getMessage().split(":")[0]) for record in caplog.records if record.name == "pawfn.llamacpp"}
+    assert (logging.INFO, "find_slot") in logged and (logging.DEBUG, "add_text") in logged

@@ -12,7 +12,9 @@ from typing_extensions import TypeVarTuple, Unpack
 from .calls import PendingGeneration, TextStream, checked_options, results_in_order
 from .options import RuntimeOptions
 from .results import Generation
+from .errors import ConfigError
 from .images import Image
+from .models import InterpreterModel
 from .prompt import Argument
 from .runtime import ProgramRuntime
 from .templates import ArityError
@@ -32,6 +34,8 @@ class Positional(Generic[Unpack[Args]]):
             raise TypeError(f"Positional takes a loaded PawFn, not {type(program).__name__}")
         self._program: object = program
         self._runtime = runtime
+        model = getattr(program, "model_type", lambda: None)()
+        self._model: type[InterpreterModel] | None = model if isinstance(model, type) and issubclass(model, InterpreterModel) else None
 
     @property
     def program(self) -> object:
@@ -47,6 +51,8 @@ class Positional(Generic[Unpack[Args]]):
         for index, argument in enumerate(arguments):
             if not isinstance(argument, (str, Image)):
                 raise TypeError(f"argument {index} ({{INPUT_{index}}}) must be str or pawfn.Image, not {type(argument).__name__}")
+            if isinstance(argument, Image) and self._model is not None and self._model.image_tokens is None:
+                raise ConfigError(f"argument {index} is an image, but {self._model.__name__} takes no images (Qwen3_5_0_8B does)")
             checked.append(argument)
         return tuple(checked)
 

@@ -2,6 +2,7 @@
 # Checking against this stub keeps strict mode independent of whether the optional extra is installed.
 import ctypes
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -97,3 +98,8 @@ def llama_model_quantize(
 ) -> int: ...
 
 def llama_get_logits_ith(ctx: llama_context_p, i: int, /) -> ctypes._Pointer[ctypes.c_float]: ...
+
+_LogCallbackT = TypeVar("_LogCallbackT", bound=Callable[[int, bytes, ctypes.c_void_p | None], None])
+
+def llama_log_callback(function: _LogCallbackT, /) -> _LogCallbackT: ...
+def llama_log_set(log_callback: Callable[[int, bytes, ctypes.c_void_p | None], None] | None, user_data: ctypes.c_void_p | None, /) -> None: ...

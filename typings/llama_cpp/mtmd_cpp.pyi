@@ -2,6 +2,7 @@
 import ctypes
 
 from . import llama_context_p, llama_model_p
+from collections.abc import Callable
 
 mtmd_context_p = ctypes.c_void_p
 mtmd_bitmap_p = ctypes.c_void_p
@@ -26,6 +27,7 @@ class mtmd_input_text(ctypes.Structure):
     add_special: bool
     parse_special: bool
 
+def mtmd_helper_log_set(log_callback: Callable[[int, bytes, ctypes.c_void_p | None], None] | None, user_data: ctypes.c_void_p | None, /) -> None: ...
 def mtmd_default_marker() -> bytes: ...
 def mtmd_context_params_default() -> mtmd_context_params: ...
 def mtmd_init_from_file(mmproj_fname: bytes, text_model: llama_model_p, ctx_params: mtmd_context_params, /) -> mtmd_context_p | None: ...

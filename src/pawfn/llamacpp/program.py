@@ -98,6 +98,33 @@ def _model_params(use_extra_bufts: bool) -> Generator[None, None, None]:
         native.llama_model_default_params = default_params
 
 
+_NATIVE_LOG = logging.getLogger("pawfn.llamacpp")
+_NATIVE_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
+"""ggml's log levels (1 debug, 2 info, 3 warning, 4 error; 5 continues the last message) as pawfn logs them. Its
+warnings are routine here (a recurrent model's position jump at every image), so they log at INFO."""
+
+
+@functools.cache
+def _route_native_logs() -> Callable[[int, bytes, ctypes.c_void_p | None], None]:
+    """Send llama.cpp's and mtmd's messages to the logger `pawfn.llamacpp`, process-wide, once (llama-cpp-python's own
+    callback reads an older numbering of ggml's levels and prints every warning as an error); the callback is kept
+    alive by the cache."""
+    import llama_cpp
+    from llama_cpp import mtmd_cpp as mtmd
+
+    last = [logging.DEBUG]
+
+    @llama_cpp.llama_log_callback
+    def forward(level: int, text: bytes, user_data: ctypes.c_void_p | None) -> None:
+        last[0] = last[0] if level == 5 else _NATIVE_LEVELS.get(level, logging.DEBUG)
+        if _NATIVE_LOG.isEnabledFor(last[0]):
+            _NATIVE_LOG.log(last[0], "%s", text.decode("utf-8", "replace").rstrip("\n"))
+
+    llama_cpp.llama_log_set(forward, None)
+    mtmd.mtmd_helper_log_set(forward, None)  # mtmd's logger too
+    return forward
+
+
 @contextlib.contextmanager
 def _quiet_native_stderr() -> Generator[None, None, None]:
     """Silence llama.cpp's C-level logging on fd 2 while it loads (process-wide, so serialized)."""
@@ -390,6 +417,7 @@ class LlamaCppProgram(PromptRuntime):
             import llama_cpp
         except ImportError as exc:
             raise PawError("the LlamaCpp backend needs llama-cpp-python: pip install 'pawfn[llamacpp]'") from exc
+        _route_native_logs()
         base, adapter_path = files.base, files.adapter_path
         if base.is_dir() or not base.is_file():
             raise BaseModelError(base, "the LlamaCpp backend needs a GGUF file of the base weights")

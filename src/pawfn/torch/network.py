@@ -9,7 +9,9 @@ what every family shares.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +27,15 @@ from .kernels import Matrix
 from .loading import LoadedBase, Product
 from .lora import DeviceAdapter, attach
 
-__all__ = ["StepRow", "TorchInterpreter"]
+__all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
+
+
+class ImageEmbeddings(NamedTuple):
+    """An image in a prompt: its embeddings [rows * columns, hidden] in row-major order and its grid of tokens."""
+
+    values: torch.Tensor
+    rows: int
+    columns: int
 
 
 @dataclass(frozen=True)
@@ -80,21 +90,42 @@ class TorchInterpreter(LoadedBase):
         return ops.multiply(self.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
-    def forward_image(self, embeddings: torch.Tensor, rows: int, columns: int, start: int, cache: KVCache, adapter: DeviceAdapter) -> None:
-        """Evaluate an image's embeddings [rows * columns, hidden] (row-major) at text position `start` into `cache`,
-        as llama.cpp places them with M-RoPE: every token at time `start`, row `start + r` and column `start + c`.
-        The image takes rows * columns slots and advances the text by max(rows, columns) positions."""
-        n = rows * columns
-        if self.architecture.rope_sections == ():
+    def forward_with_images(self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
+        """Evaluate a prompt of token runs and images at positions `start...` into `cache` in one pass; returns the last
+        position's logits [vocab] (the prompt ends with text). Images sit where llama.cpp places them with M-RoPE:
+        every token at time p (where the image starts), row p + r and column p + c; an image takes rows x columns
+        cache slots and advances the text by max(rows, columns) positions."""
+        if not self.architecture.rope_sections:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no multi-section rotary positions for images")
-        index = torch.arange(n, device=self.device)
-        positions = torch.stack((torch.full_like(index, start), start + index // columns, start + index % columns, torch.zeros_like(index)), dim=1)
-        cache.reserve(cache.slot(start) + n)
+        embedded: list[torch.Tensor | tuple[list[int], torch.Tensor]] = []  # an image's embeddings, or ids and positions
+        sections: list[torch.Tensor] = []  # each row's (time, row, column, extra) positions
+        position, n_slots = start, 0
+        for part in parts:
+            if isinstance(part, ImageEmbeddings):
+                index = torch.arange(part.rows * part.columns, device=self.device)
+                at = torch.full_like(index, position)
+                sections.append(torch.stack((at, at + index // part.columns, at + index % part.columns, torch.zeros_like(index)), dim=1))
+                embedded.append(part.values.to(self.device, self.dtype))
+                position, n_slots = position + max(part.rows, part.columns), n_slots + len(index)
+            elif part:
+                text_positions = torch.arange(position, position + len(part), device=self.device)
+                sections.append(text_positions.unsqueeze(1).expand(-1, 4))
+                embedded.append((part, text_positions))
+                position, n_slots = position + len(part), n_slots + len(part)
+        positions = torch.cat(sections)
+        cache.reserve(cache.slot(start) + n_slots)
         ops = _ForwardPass(self, adapter, cache, cache.slot(start))
-        hidden = embeddings.to(self.device, self.dtype)
+        hidden = torch.cat(
+            [
+                piece if isinstance(piece, torch.Tensor) else self.family.embed(ops, torch.tensor(piece[0], device=self.device), piece[1])
+                for piece in embedded
+            ]
+        )
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
-        cache.shift += n - max(rows, columns)
+        cache.shift += n_slots - (position - start)
+        last = self.family.final_norm(ops, hidden[-1:])
+        return ops.multiply(self.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
     def step(self, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:

@@ -25,7 +25,7 @@ from .network import TorchInterpreter
 from .prefix_store import PrefixStore
 from .registry import BaseKey, ModelRegistry, SharedBase
 from .scheduler import ScheduledCall
-from .vision import ImagePart, VisionTower
+from .vision import PromptImage, VisionTower
 from .weights import read_base_weights
 
 __all__ = ["TorchProgram"]
@@ -164,12 +164,12 @@ class TorchProgram(PromptRuntime):
     def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         """Queue a call on the base's scheduler and return at once; errors come with the result."""
         pending = self.track(PendingGeneration())
-        parts: list[list[int] | ImagePart] = []
+        parts: list[list[int] | PromptImage] = []
         try:
             if isinstance(text, tuple) and any(isinstance(argument, Image) for argument in text):
                 parts = self._image_parts(text, options)
                 # the positions after the prefix, 0 where an image's went (as the LlamaCpp backend counts them)
-                evaluated = [i for part in parts for i in ([0] * part.image.n_positions if isinstance(part, ImagePart) else part)]
+                evaluated = [i for part in parts for i in ([0] * part.image.n_positions if isinstance(part, PromptImage) else part)]
                 decoding = Decoding(self._prompt, text, options, on_token, evaluated)
             else:
                 decoding = Decoding(self._prompt, text, options, on_token)
@@ -186,7 +186,7 @@ class TorchProgram(PromptRuntime):
         self.base.scheduler.submit(call)
         return pending
 
-    def _image_parts(self, arguments: tuple[Argument, ...], options: RuntimeOptions) -> list[list[int] | ImagePart]:
+    def _image_parts(self, arguments: tuple[Argument, ...], options: RuntimeOptions) -> list[list[int] | PromptImage]:
         """The prompt of a call with images, after the prefix: runs of token ids and the images, each decoded,
         resized and normalized here (the caller's thread); the tower encodes them when the prompt runs."""
         vision, prompt = self.vision_tower, self._prompt
@@ -198,7 +198,7 @@ class TorchProgram(PromptRuntime):
         if not isinstance(prompt, WholePrompt):
             raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
         parts = prompt.parts(arguments, options, self._image_delimiters)
-        return [ImagePart(vision.prepare(part), vision) if isinstance(part, Image) else part for part in parts]
+        return [PromptImage(vision.prepare(part), vision) if isinstance(part, Image) else part for part in parts]
 
     def release(self) -> None:
         self._adapter.release()

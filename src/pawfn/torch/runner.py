@@ -12,11 +12,11 @@ import numpy.typing as npt
 import torch
 
 from ..errors import NonFiniteError
-from .network import TorchInterpreter
+from .network import ImageEmbeddings, TorchInterpreter
 from .sampling import sample_token
 from .scheduler import Failures, Plan, ScheduledCall, Step
 from .session import TorchSession
-from .vision import ImagePart
+from .vision import PromptImage
 
 __all__ = ["Runner"]
 
@@ -43,15 +43,14 @@ class Runner:
         assert call.copy is not None  # a started call holds a copy
         session = TorchSession(call.adapter, call.prefix, call.copy.cache, call.decoding.options)
         call.session = session
+        prompt_ids = call.decoding.prompt_ids  # with images: 0 at each image's positions
         logits = call.prefix.last_logits
-        for part in call.parts or [call.decoding.prompt_ids]:
-            if isinstance(part, ImagePart):
-                image = part.image
-                self._interpreter.forward_image(part.embeddings(), image.rows, image.columns, session.position, session.cache, session.adapter)
-                session.position += image.n_positions
-            elif part:
-                logits = self._interpreter.forward(part, session.position, session.cache, session.adapter)
-                session.position += len(part)
+        if call.parts:
+            parts = [ImageEmbeddings(p.embeddings(), p.image.rows, p.image.columns) if isinstance(p, PromptImage) else p for p in call.parts]
+            logits = self._interpreter.forward_with_images(parts, session.position, session.cache, session.adapter)
+        elif prompt_ids:
+            logits = self._interpreter.forward(prompt_ids, session.position, session.cache, session.adapter)
+        session.position += len(prompt_ids)
         call.decoding.prefilled()
         assert logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
         token = self._tokens([call], logits.unsqueeze(0))[0]

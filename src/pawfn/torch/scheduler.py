@@ -22,7 +22,7 @@ from .copies import ModelCopies, ModelCopy
 from .kvcache import PrefixState
 from .lora import DeviceAdapter
 from .session import TorchSession
-from .vision import ImagePart
+from .vision import PromptImage
 
 __all__ = ["Plan", "ScheduledCall", "Scheduler", "Step"]
 
@@ -44,7 +44,7 @@ class ScheduledCall:
     session: TorchSession | None = None
     token: int = 0
     """The token sampled last, to be taken (and evaluated, if the call goes on) in the next step."""
-    parts: Sequence[list[int] | ImagePart] = ()
+    parts: Sequence[list[int] | PromptImage] = ()
     """A prompt with images: its runs of token ids and its images in order (empty: `decoding.prompt_ids`)."""
 
 

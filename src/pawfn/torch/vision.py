@@ -29,7 +29,7 @@ from .ggml import ggml_gelu
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
-__all__ = ["ImagePart", "PreparedImage", "VisionTower"]
+__all__ = ["PromptImage", "PreparedImage", "VisionTower"]
 
 _F32 = np.float32
 
@@ -57,7 +57,7 @@ class PreparedImage:
 
 
 @dataclass(frozen=True)
-class ImagePart:
+class PromptImage:
     """An image in a call's prompt: prepared on the caller's thread, encoded by `tower` when the prompt runs."""
 
     image: PreparedImage
