@@ -15,7 +15,7 @@ from .results import StopReason
 from .templates import ArityError, NumberedTemplate
 from .tokenizer import TextCodec
 
-__all__ = ["Argument", "Budget", "CallInput", "Prompt", "WholePrompt"]
+__all__ = ["Argument", "Budget", "CallInput", "Prompt", "WholePrompt", "image_prompt"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,18 @@ def _text_arguments(text: CallInput) -> tuple[str, ...]:
             "the call runs; count a prompt with images from a call's Generation.prompt_tokens instead"
         )
     return strings
+
+
+def image_prompt(prompt: Prompt, projector_found: bool) -> WholePrompt:
+    """`prompt` for a call with images: a `ConfigError` when no projector was found or the template has one text slot."""
+    if not projector_found:
+        raise ConfigError(
+            "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
+            "base (named mmproj*.gguf), or load the program from the hub, which fetches it"
+        )
+    if not isinstance(prompt, WholePrompt):
+        raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
+    return prompt
 
 
 class Prompt:

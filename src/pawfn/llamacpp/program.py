@@ -31,8 +31,8 @@ from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..results import Generation
 from ..images import Image, ImageError
-from ..prompt import Argument
-from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, WholePrompt, context_window
+from ..prompt import Argument, image_prompt
+from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from ..tokenizer import TextCodec
 from . import cpu
@@ -327,14 +327,9 @@ class LlamaCppProgram(PromptRuntime):
         by mtmd. Returns the ids of the positions after the prefix (0 where an image's embeddings went)."""
         from llama_cpp import mtmd_cpp as mtmd
 
-        prompt, vision = self._prompt, self._vision
-        if vision is None:
-            raise ConfigError(
-                "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
-                "base (named mmproj*.gguf), or load the program from the hub, which fetches it"
-            )
-        if not isinstance(prompt, WholePrompt):
-            raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
+        vision = self._vision
+        prompt = image_prompt(self._prompt, vision is not None)
+        assert vision is not None  # image_prompt refused a call without one
         if not options.parse_special_in_input and any(isinstance(a, str) and prompt.codec.holds_control_text(a) for a in text):
             raise ConfigError(
                 "an argument beside an image holds control-token text, and mtmd parses the whole prompt's special tokens "

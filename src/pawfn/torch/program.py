@@ -13,7 +13,7 @@ from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import RuntimeOptions
 from ..images import Image
-from ..prompt import Argument, WholePrompt
+from ..prompt import Argument, image_prompt
 from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
@@ -189,14 +189,9 @@ class TorchProgram(PromptRuntime):
     def _image_parts(self, arguments: tuple[Argument, ...], options: RuntimeOptions) -> list[list[int] | PromptImage]:
         """The prompt of a call with images, after the prefix: runs of token ids and the images, each decoded,
         resized and normalized here (the caller's thread); the tower encodes them when the prompt runs."""
-        vision, prompt = self.vision_tower, self._prompt
-        if vision is None:
-            raise ConfigError(
-                "this program's interpreter takes images, but no projector was found: put its mmproj GGUF beside the "
-                "base (named mmproj*.gguf), or load the program from the hub, which fetches it"
-            )
-        if not isinstance(prompt, WholePrompt):
-            raise ConfigError("image arguments go into a numbered template's slots; this program has one text input")
+        vision = self.vision_tower
+        prompt = image_prompt(self._prompt, vision is not None)
+        assert vision is not None  # image_prompt refused a call without one
         parts = prompt.parts(arguments, options, self._image_delimiters)
         return [PromptImage(vision.prepare(part), vision) if isinstance(part, Image) else part for part in parts]
 
