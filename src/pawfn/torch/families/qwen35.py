@@ -260,15 +260,19 @@ def _delta_rule(
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
     q = _l2_normalized(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     k = _l2_normalized(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    v = v.reshape(n, heads, size)
+    v = v.reshape(n, heads, size).contiguous()
     scale = 1.0 / math.sqrt(size)
-    # per token: views and batched products prepared once (einsum's parsing cost more than the products themselves)
-    gates, keys, queries = torch.exp(decay).view(n, heads, 1, 1), k.unsqueeze(2), q.unsqueeze(2)  # keys [T, h, 1, key]
-    betas = beta.unsqueeze(2)
+    # per token: views prepared once, batched products into buffers, the state updated in place (einsum's parsing and
+    # a new state tensor a token cost more than the products themselves)
+    gates, betas = torch.exp(decay).reshape(n, heads, 1, 1).contiguous(), beta.unsqueeze(2).contiguous()
+    keys, columns, queries = k.unsqueeze(2), k.unsqueeze(3), q.unsqueeze(2)  # keys [T, h, 1, key], columns [T, h, key, 1]
     outputs = torch.empty((n, heads, 1, size), dtype=rows.dtype, device=rows.device)
+    recalled = torch.empty((heads, 1, size), dtype=rows.dtype, device=rows.device)
+    memory = memory.clone()  # the state given (a prefix's) is never changed
     for t in range(n):
-        memory = memory * gates[t]  # a new tensor: the state given (a prefix's) is never changed
-        delta = (v[t] - torch.bmm(keys[t], memory).squeeze(1)) * betas[t]
-        memory.baddbmm_(keys[t].transpose(1, 2), delta.unsqueeze(1))  # += k (outer) delta
+        memory.mul_(gates[t])
+        torch.bmm(keys[t], memory, out=recalled)
+        delta = (v[t] - recalled.squeeze(1)).mul_(betas[t])
+        memory.baddbmm_(columns[t], delta.unsqueeze(1))  # += k (outer) delta
         torch.bmm(queries[t], memory, out=outputs[t])
     return (outputs * scale).reshape(n, heads * size), (window[:, n:].clone(), memory)
