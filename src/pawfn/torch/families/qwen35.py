@@ -14,7 +14,7 @@ import math
 import re
 from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -244,10 +244,11 @@ class Qwen35Family(Family):
 def _delta_rule(
     linear: LinearAttention, kernel: torch.Tensor, eps: float, rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule, token by token as llama.cpp's
-    CPU kernel runs it. `rows` [T, channels + 2 * value heads]: the q, k, v projections, beta and the log decay.
-    The state: the convolution's last `conv_kernel - 1` inputs [channels, K - 1] and each value head's matrix
-    [heads, key, value]. Returns the outputs [T, value heads * head_dim] and the new state."""
+    """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule. `rows` [T, channels + 2 *
+    value heads]: the q, k, v projections, beta and the log decay. The state: the convolution's last `conv_kernel -
+    1` inputs [channels, K - 1] and each value head's matrix [heads, key, value]. Returns the outputs [T, value heads
+    * head_dim] and the new state. One token is stepped as llama.cpp's CPU kernel steps it; several go by chunks of
+    `_CHUNK` (the same recurrence solved as products, ~1e-6 relative apart in float32, as transformers' prefill)."""
     n, channels, heads, size = rows.shape[0], linear.conv_channels, linear.n_value_heads, linear.head_dim
     if state is None:
         state = tuple(rows.new_zeros(shape) for shape in linear.state_shapes)
@@ -260,19 +261,58 @@ def _delta_rule(
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
     q = _l2_normalized(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     k = _l2_normalized(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    v = v.reshape(n, heads, size).contiguous()
-    scale = 1.0 / math.sqrt(size)
-    # per token: views prepared once, batched products into buffers, the state updated in place (einsum's parsing and
-    # a new state tensor a token cost more than the products themselves)
+    v = v.reshape(n, heads, size)
+    recurrence = _by_tokens if n == 1 else _by_chunks
+    outputs, memory = recurrence(q, k, v, beta, decay, memory)
+    return (outputs * (1.0 / math.sqrt(size))).reshape(n, heads * size), (window[:, n:].clone(), memory)
+
+
+_CHUNK = 64
+"""Tokens the chunked delta rule solves at once."""
+
+
+def _by_tokens(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule token by token: per head, S = g S; u = beta (v - S^T k); S += k u^T; out = S^T q (unscaled).
+    q, k [T, heads, key], v [T, heads, value], beta and the log decay [T, heads], the memory [heads, key, value]."""
+    n, heads, size = v.shape
     gates, betas = torch.exp(decay).reshape(n, heads, 1, 1).contiguous(), beta.unsqueeze(2).contiguous()
-    keys, columns, queries = k.unsqueeze(2), k.unsqueeze(3), q.unsqueeze(2)  # keys [T, h, 1, key], columns [T, h, key, 1]
-    outputs = torch.empty((n, heads, 1, size), dtype=rows.dtype, device=rows.device)
-    recalled = torch.empty((heads, 1, size), dtype=rows.dtype, device=rows.device)
+    keys, columns, queries, v = k.unsqueeze(2), k.unsqueeze(3), q.unsqueeze(2), v.contiguous()
+    outputs = torch.empty((n, heads, 1, size), dtype=v.dtype, device=v.device)
+    recalled = torch.empty((heads, 1, size), dtype=v.dtype, device=v.device)
     memory = memory.clone()  # the state given (a prefix's) is never changed
-    for t in range(n):
+    for t in range(n):  # views and products into buffers: einsum's parsing and a new state a token cost more
         memory.mul_(gates[t])
         torch.bmm(keys[t], memory, out=recalled)
         delta = (v[t] - recalled.squeeze(1)).mul_(betas[t])
         memory.baddbmm_(columns[t], delta.unsqueeze(1))  # += k (outer) delta
         torch.bmm(queries[t], memory, out=outputs[t])
-    return (outputs * scale).reshape(n, heads * size), (window[:, n:].clone(), memory)
+    return outputs.squeeze(2), memory
+
+
+def _by_chunks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_by_tokens` for `_CHUNK` tokens at a time. Within a chunk starting from memory S0, with G the running sum of
+    the log decay, token s's update is u_s = beta_s (v_s - e^G_s S0^T k_s - sum_{r<s} e^(G_s - G_r) (k_s.k_r) u_r): a
+    unit lower-triangular system for all u at once; then out_t = e^G_t S0^T q_t + sum_{s<=t} e^(G_t - G_s) (q_t.k_s)
+    u_s and the memory after the chunk is e^G_C S0 + sum_s e^(G_C - G_s) k_s u_s^T. Every factor e^(G_t - G_s) with
+    s <= t is at most 1, so nothing overflows."""
+    outputs: list[torch.Tensor] = []
+    for start in range(0, q.shape[0], _CHUNK):
+        qc, kc, vc = (x[start : start + _CHUNK].transpose(0, 1) for x in (q, k, v))  # [heads, c, size]
+        betas = beta[start : start + _CHUNK].T.unsqueeze(2)  # [heads, c, 1]
+        running = torch.cumsum(decay[start : start + _CHUNK].T, dim=1)  # [heads, c]
+        c = running.shape[1]
+        later = torch.ones((c, c), dtype=torch.bool, device=q.device).tril()  # t >= s
+        ratios = torch.exp((running.unsqueeze(2) - running.unsqueeze(1)).masked_fill(~later, -math.inf))  # [heads, t, s]
+        scales = torch.exp(running).unsqueeze(2)  # [heads, c, 1]
+        system = (betas * ratios * torch.bmm(kc, kc.transpose(1, 2))).tril(-1) + torch.eye(c, dtype=q.dtype, device=q.device)
+        targets = betas * (vc - scales * torch.bmm(kc, memory))
+        solved = torch.linalg.solve_triangular(system, targets, upper=False, unitriangular=True)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # torch.linalg is untyped
+        updates = cast("torch.Tensor", solved)  # cast: torch.linalg's stubs leave the result untyped
+        attended = torch.bmm(qc, kc.transpose(1, 2)) * ratios
+        outputs.append((scales * torch.bmm(qc, memory) + torch.bmm(attended, updates)).transpose(0, 1))
+        memory = scales[:, -1:] * memory + torch.bmm((kc * ratios[:, -1].unsqueeze(2)).transpose(1, 2), updates)
+    return torch.cat(outputs), memory
