@@ -90,8 +90,7 @@ class KVCache:
 
     def store(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> int:
         """Store `keys`/`values` [new, n_kv_heads, head_dim] of `layer` at slots `slot...`; returns the stored length."""
-        start = slot
-        end = start + keys.shape[0]
-        self.keys[layer][:, start:end] = keys.transpose(0, 1)
-        self.values[layer][:, start:end] = values.transpose(0, 1)
+        end = slot + keys.shape[0]
+        self.keys[layer][:, slot:end] = keys.transpose(0, 1)
+        self.values[layer][:, slot:end] = values.transpose(0, 1)
         return end
