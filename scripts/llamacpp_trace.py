@@ -1,12 +1,13 @@
 """Every intermediate tensor llama.cpp computes for one call of a program, driven as the official SDK drives it
-(llama-cpp-python's defaults: f16 KV cache, no flash attention), saved to an .npz for comparing op by op.
+(llama-cpp-python's defaults: f16 KV cache, no flash attention; with ``--whole``, as its vision runtime drives
+Qwen3.5: the whole rendered prompt at once, flash attention, batches of 128), saved to an .npz for comparing op by op.
 
 For the official-numerics work (issue 19): which op first departs from pawfn's arithmetic. llama.cpp names its
 graph's tensors per layer (``attn_norm-0``, ``Qcur-0``, ``kq-0``, ``kq_soft_max-0``, ``kqv_out-0``, ``ffn_out-0``,
 ``result_output`` ...); each evaluation of the graph (0: the prefix, 1: the input) adds its own copies under
 ``<eval>/<order> <name>``, in the order computed. Only float32 tensors are kept (the f16 caches and quantized weights are inputs, not results).
 
-    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32] [--no-repack] [--steps N]
+    python scripts/llamacpp_trace.py --program DIR --base BASE.gguf --input TEXT --out trace.npz [--kv f16|f32] [--no-repack] [--steps N] [--whole]
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def _read(tensor: GgmlTensor) -> npt.NDArray[np.float32]:
     return np.array(view, dtype=np.float32)
 
 
-def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True, steps: int = 0) -> dict[str, npt.NDArray[np.float32]]:
+def trace(
+    program: Path, base: Path, text: str, kv: str, repack: bool = True, steps: int = 0, whole: bool = False, threads: int = 1
+) -> dict[str, npt.NDArray[np.float32]]:
     import llama_cpp
     from llama_cpp import llama_cpp as native
 
@@ -88,19 +91,32 @@ def trace(program: Path, base: Path, text: str, kv: str, repack: bool = True, st
     try:
         kv_type = {"f16": 1, "f32": 0}[kv]
         llm = llama_cpp.Llama(
-            model_path=str(base), lora_path=str(program / "adapter.gguf"), n_ctx=2048, n_threads=1, type_k=kv_type, type_v=kv_type, verbose=False
+            model_path=str(base),
+            lora_path=str(program / "adapter.gguf"),
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=kv_type,
+            type_v=kv_type,
+            verbose=False,
+            n_batch=128 if whole else 512,
+            flash_attn=whole,
         )
     finally:
         native.llama_context_default_params = defaults
         native.llama_model_default_params = model_defaults
     template = (program / "prompt_template.txt").read_text(encoding="utf-8")
     prefix, suffix = template.split(PLACEHOLDER)
-    llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
-    evaluation[0] = 1
-    llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
-    for step in range(steps):  # greedy decode steps, each its own evaluation (2, 3 ...)
+    if whole:
+        llm.eval(llm.tokenize((prefix + text + suffix).encode(), add_bos=False, special=True))
+    else:
+        llm.eval(llm.tokenize(prefix.encode(), add_bos=False, special=True))
+        evaluation[0] = 1
+        llm.eval(llm.tokenize((text + suffix).encode(), add_bos=False, special=True))
+    first_step = evaluation[0] + 1
+    for step in range(steps):  # greedy decode steps, each its own evaluation
         logits = next(v for k, v in reversed(captured.items()) if k.endswith(" result_output"))
-        evaluation[0] = 2 + step
+        evaluation[0] = first_step + step
         llm.eval([int(np.argmax(logits.reshape(-1, logits.shape[-1])[-1]))])
     llm.close()
     return captured
@@ -115,8 +131,10 @@ def main() -> None:
     parser.add_argument("--kv", choices=("f16", "f32"), default="f16", help="KV cache type (default: f16, the official)")
     parser.add_argument("--steps", type=int, default=0, help="greedy decode steps to trace after the input (evaluations 2, 3 ...)")
     parser.add_argument("--no-repack", action="store_true", help="load without llama.cpp's extra buffer types (--no-repack)")
+    parser.add_argument("--whole", action="store_true", help="the vision runtime's way (Qwen3.5): whole prompt, flash attention")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp's threads (the vision runtime's: 2)")
     args = parser.parse_args()
-    captured = trace(args.program, args.base, args.input, args.kv, repack=not args.no_repack, steps=args.steps)
+    captured = trace(args.program, args.base, args.input, args.kv, not args.no_repack, args.steps, args.whole, args.threads)
     np.savez(args.out, **captured)
     print(f"{len(captured)} tensors -> {args.out}", file=sys.stderr)
 

@@ -109,12 +109,13 @@ class WholePrompt(Prompt):
     the cached prefix (llama.cpp cuts a prompt at control tokens before anything else, so that cut changes no
     token)."""
 
-    def __init__(self, codec: TextCodec, template: NumberedTemplate, n_ctx: int) -> None:
+    def __init__(self, codec: TextCodec, template: NumberedTemplate, n_ctx: int, cached_prefix: bool = True) -> None:
+        """`cached_prefix=False`: nothing cached, each call evaluates the whole prompt."""
         self.codec = codec
         self.n_ctx = n_ctx
         self.arity = template.arity
         head = template.head
-        cut = len(head) - len(codec.control_spans(head)[-1][0])  # the end of its last control token
+        cut = len(head) - len(codec.control_spans(head)[-1][0]) if cached_prefix else 0  # the end of its last control token
         self.prefix_ids = self._prefix_ids(head[:cut])
         self._prefix_text = head[:cut]
         self._template = NumberedTemplate((head[cut:], *template.segments[1:]))

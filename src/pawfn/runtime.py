@@ -63,19 +63,20 @@ class ProgramFiles:
         """The program's LoRA adapter (None on a bare interpreter)."""
         return None if self.bundle is None else self.bundle.adapter_path
 
-    def prompt(self, codec: TextCodec, n_ctx: int, whole: bool = False) -> Prompt:
+    def prompt(self, codec: TextCodec, n_ctx: int, whole: bool = False, cached_prefix: bool = True) -> Prompt:
         """The call encoding: the bundle's template split at its placeholder, or rendered whole (a bare template,
-        or `whole`: an interpreter whose official runtime renders every call's prompt whole, `InterpreterModel.whole_prompt`)."""
+        or `whole`: an interpreter whose official runtime renders every call's prompt whole, `InterpreterModel.whole_prompt`;
+        `cached_prefix=False`: a whole prompt with nothing cached)."""
         if self.bundle is not None:
             template = self.bundle.template
             if isinstance(template, NumberedTemplate):
-                return WholePrompt(codec, template, n_ctx)
+                return WholePrompt(codec, template, n_ctx, cached_prefix)
             if not whole:
                 return Prompt(codec, template, n_ctx)
-            return WholePrompt(codec, NumberedTemplate((template.prefix, 0, template.suffix)), n_ctx)
+            return WholePrompt(codec, NumberedTemplate((template.prefix, 0, template.suffix)), n_ctx, cached_prefix)
         if self.template is None:
             raise ValueError("ProgramFiles needs a bundle or a bare template")
-        return WholePrompt(codec, self.template, n_ctx)
+        return WholePrompt(codec, self.template, n_ctx, cached_prefix)
 
 
 def context_window(model: type[InterpreterModel], requested: int, trained_positions: int) -> int:

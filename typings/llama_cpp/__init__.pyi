@@ -38,6 +38,7 @@ class Llama:
         seed: int = ...,
         n_ctx: int = 512,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         logits_all: bool = False,
         lora_path: str | None = None,
         lora_scale: float = 1.0,

@@ -10,13 +10,24 @@ import torch.nn.functional as F
 
 from .families import Architecture
 from .ggml import ggml_attention
+from .ggml_hybrid import ggml_flash_attention
 from .ggml_native import native_attention
 from .kvcache import KVCache
 
 if TYPE_CHECKING:
     from .loading import LoadedBase
 
-__all__ = ["attend", "attend_batched", "attend_llamacpp", "attention_by_matmul", "merge_attention", "partial_attention"]
+__all__ = [
+    "LLAMACPP_BATCH",
+    "attend",
+    "attend_batched",
+    "attend_llamacpp",
+    "attend_llamacpp_flash",
+    "llamacpp_batches",
+    "attention_by_matmul",
+    "merge_attention",
+    "partial_attention",
+]
 
 
 def attend(
@@ -72,6 +83,35 @@ def attend_llamacpp(
     if shared is not None:
         keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
     return ggml_attention(q, keys, values, interpreter.simd_width)
+
+
+LLAMACPP_THREADS = 2
+"""Threads the official vision runtime gives llama.cpp (its flash attention splits one row's cells by them)."""
+LLAMACPP_BATCH = 128
+"""Tokens the official vision runtime gives llama.cpp a batch (`n_batch`, so also its micro-batches)."""
+
+
+def llamacpp_batches(n_tokens: int) -> list[int]:
+    """The row counts of the batches llama.cpp evaluates `n_tokens` tokens of one chunk in."""
+    return [min(LLAMACPP_BATCH, n_tokens - start) for start in range(0, n_tokens, LLAMACPP_BATCH)]
+
+
+def attend_llamacpp_flash(
+    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase, batches: list[int]
+) -> torch.Tensor:
+    """`attend_llamacpp` with flash attention, as the official vision runtime runs it (`ggml_flash_attention`): the
+    rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
+    cells used, padded to 256). The sequence starts at position 0 (no prefix)."""
+    end = cache.store(layer, slot, k, v)
+    outputs: list[torch.Tensor] = []
+    first = 0
+    for rows in batches:
+        stop = end - q.shape[0] + first + rows
+        cells = max(256, -(-stop // 256) * 256)
+        keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
+        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, interpreter.simd_width))
+        first += rows
+    return torch.cat(outputs)
 
 
 def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,11 @@ from .ggml_native import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, int8_
 
 __all__ = [
     "BlockMatrix",
+    "c_math",
+    "f32",
+    "fma32",
+    "sqrtf",
+    "sum_halves",
     "block_matrix",
     "ggml_attention",
     "ggml_layer_norm",
@@ -151,7 +156,7 @@ class BlockMatrix:
     def _sum_lanes(self, x_scale: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """The one-row kernels' float steps: each of the 8 lanes [blocks, n, out, 8] accumulates
         `fma(d_x * d_w, lane, acc)` over the blocks in order; then the lanes are summed (hsum_float_8)."""
-        return _halves(_fma_chain(self._block_scales(x_scale).unsqueeze(-1), lanes))
+        return sum_halves(_fma_chain(self._block_scales(x_scale).unsqueeze(-1), lanes))
 
     def _block_sums(self, block: int, codes: torch.Tensor) -> torch.Tensor:
         """`codes` [m, 256] (int8) times block `block` of every row: exact int32 [m, out] (int8 products summed in
@@ -189,7 +194,7 @@ class BlockMatrix:
         acc = torch.zeros((x.shape[0], self.out_features), dtype=torch.float32, device=x.device)
         for block in range(codes.shape[1]):
             exact = self._block_sums(block, codes[:, block]) - offsets[block]
-            acc = _fma32(exact.float() * self.scale[:, block].unsqueeze(0), x_scale[:, block : block + 1], acc)
+            acc = fma32(exact.float() * self.scale[:, block].unsqueeze(0), x_scale[:, block : block + 1], acc)
         return acc
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
@@ -284,11 +289,11 @@ def _q0_lanes(codes: torch.Tensor) -> torch.Tensor:
     return codes.reshape(out, blocks * _LANES, 4).permute(1, 2, 0).contiguous()
 
 
-def _f32(value: float) -> torch.Tensor:
+def f32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32)
 
 
-def _sqrtf(x: torch.Tensor) -> torch.Tensor:
+def sqrtf(x: torch.Tensor) -> torch.Tensor:
     """`sqrtf`, correctly rounded: torch's float32 sqrt is not always (1 ulp off on this Xeon); from float64 it is."""
     return torch.sqrt(x.double()).float()
 
@@ -296,7 +301,7 @@ def _sqrtf(x: torch.Tensor) -> torch.Tensor:
 def ggml_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`ggml_rms_norm` then `ggml_mul`: squares summed in double, `1/sqrtf(mean + eps)` in float32, `x*scale*w`."""
     mean = ((x * x).double().sum(dim=-1, keepdim=True) / x.shape[-1]).float()
-    scale = torch.div(_f32(1.0), _sqrtf(mean + _f32(eps)))
+    scale = torch.div(f32(1.0), sqrtf(mean + f32(eps)))
     return x * scale * weight
 
 
@@ -304,14 +309,14 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     """`ggml_norm` then `ggml_mul` and `ggml_add`: the mean from a double sum; the variance from float32 sums of
     `lanes` squares (AVX-512: 16, AVX2: 8, each reduced by halves), added in double."""
     n = x.shape[-1]
-    mean = torch.div(x.double().sum(dim=-1, keepdim=True).float(), _f32(float(n)))
+    mean = torch.div(x.double().sum(dim=-1, keepdim=True).float(), f32(float(n)))
     centered = x - mean
     squares = centered * centered
     whole = n - n % lanes
-    chunks = _halves(squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes))
+    chunks = sum_halves(squares[..., :whole].reshape(*squares.shape[:-1], whole // lanes, lanes))
     total = chunks.double().sum(dim=-1, keepdim=True) + squares[..., whole:].double().sum(dim=-1, keepdim=True)
     variance = (total / n).float()
-    scale = torch.div(_f32(1.0), _sqrtf(variance + _f32(eps)))
+    scale = torch.div(f32(1.0), sqrtf(variance + f32(eps)))
     return centered * scale * weight + bias
 
 
@@ -319,11 +324,11 @@ def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tupl
     """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
     `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
     correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded."""
-    libm = _libm()
+    libm = c_math()
     if libm is None:
         step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
     else:
-        step = _f32(libm.powf(base, -2.0 / head_dim))
+        step = f32(libm.powf(base, -2.0 / head_dim))
     theta = positions.to(torch.float32).unsqueeze(1)
     angles = [theta]
     for _ in range(head_dim // 2 - 1):
@@ -343,29 +348,31 @@ def ggml_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     GCC into an FMA with the rounded second."""
     half = x.shape[-1] // 2
     x0, x1 = x[..., :half], x[..., half:]
-    return torch.cat((_fma32(x0, cos, -(x1 * sin)), _fma32(x0, sin, x1 * cos)), dim=-1)
+    return torch.cat((fma32(x0, cos, -(x1 * sin)), fma32(x0, sin, x1 * cos)), dim=-1)
 
 
-class _Libm(Protocol):
+class Libm(Protocol):
     def cosf(self, x: float, /) -> float: ...
     def sinf(self, x: float, /) -> float: ...
     def powf(self, x: float, y: float, /) -> float: ...
+    def expf(self, x: float, /) -> float: ...
+    def logf(self, x: float, /) -> float: ...
 
 
 @functools.cache
-def _libm() -> _Libm | None:
-    """The C library's float32 `cosf`, `sinf` and `powf` (what llama.cpp links), or None where none is found."""
+def c_math() -> Libm | None:
+    """The C library's float32 `cosf`, `sinf`, `powf`, `expf` and `logf` (what llama.cpp links), or None where none is found."""
     name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
     if name is None:
         return None
     try:
         library = ctypes.CDLL(name)
-        for function, arguments in (("cosf", 1), ("sinf", 1), ("powf", 2)):
+        for function, arguments in (("cosf", 1), ("sinf", 1), ("powf", 2), ("expf", 1), ("logf", 1)):
             getattr(library, function).restype = ctypes.c_float
             getattr(library, function).argtypes = [ctypes.c_float] * arguments
     except (OSError, AttributeError):
         return None
-    return cast(_Libm, library)  # ctypes resolves the functions by name at run time: the Protocol names them
+    return cast(Libm, library)  # ctypes resolves the functions by name at run time: the Protocol names them
 
 
 def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, width: int = 16) -> torch.Tensor:
@@ -377,7 +384,7 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
     group = heads // keys.shape[0]
     length = keys.shape[1]
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; masked positions weigh 0
-    scale = torch.div(_f32(1.0), _sqrtf(_f32(float(dim))))
+    scale = torch.div(f32(1.0), sqrtf(f32(float(dim))))
     queries = q.half().transpose(0, 1)  # [H, n, D]
     hidden = torch.arange(padded, device=q.device).unsqueeze(0) > torch.arange(length - n, length, device=q.device).unsqueeze(1)
     # heads a pass at a time: the elementwise products of the f16 dots take heads * n * L * D floats
@@ -394,7 +401,7 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, wi
         scores = (scores * scale).masked_fill(hidden, -torch.inf)
         top = scores.amax(dim=-1, keepdim=True)
         weights = ggml_expf(scores - top, width)
-        chunk_sums = _halves(weights.reshape(last - first, n, padded // width, width))
+        chunk_sums = sum_halves(weights.reshape(last - first, n, padded // width, width))
         inverse = torch.div(torch.ones((), dtype=torch.float64), chunk_sums.double().sum(dim=-1, keepdim=True)).float()
         probabilities = (weights * inverse).half()  # [heads, n, padded]
         out[first:last] = ggml_dot_f16(probabilities.unsqueeze(2), v.transpose(1, 2).unsqueeze(1), one_row=n == 1, width=width)
@@ -406,7 +413,7 @@ def _h(literal: str) -> float:
     return float.fromhex(literal)
 
 
-def _fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
+def fma32(a: torch.Tensor | float, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
     """float32 fused multiply-add of float32 operands: the exact product plus `c` in float64, then float32 (that
     double rounding differs from one rounding only where the float64 sum lands exactly halfway between two float32
     values, about 2**-29 of sums)."""
@@ -422,28 +429,28 @@ def ggml_expf(x: torch.Tensor, width: int = 16) -> torch.Tensor:
     (`width` 16) scales `1 + p(b)` by `2**n`; its AVX2 form (`width` 8) adds the 1 in the last FMA instead,
     `fma(p(b), 2**n, 2**n)`, and scales the far ranges in two steps: the results round differently."""
     shifter = _h("0x1.8p23")
-    z = _fma32(x, _h("0x1.715476p+0"), shifter)
+    z = fma32(x, _h("0x1.715476p+0"), shifter)
     n = z - torch.tensor(shifter, dtype=torch.float32)
-    b = _fma32(-n, _h("0x1.7f7d1cp-20"), _fma32(-n, _h("0x1.62e4p-1"), x))
+    b = fma32(-n, _h("0x1.7f7d1cp-20"), fma32(-n, _h("0x1.62e4p-1"), x))
     u = b * b
-    high = _fma32(_fma32(_h("0x1.0e4020p-7"), b, _h("0x1.573e2ep-5")), u, _fma32(_h("0x1.555e66p-3"), b, _h("0x1.fffdb6p-2")))
+    high = fma32(fma32(_h("0x1.0e4020p-7"), b, _h("0x1.573e2ep-5")), u, fma32(_h("0x1.555e66p-3"), b, _h("0x1.fffdb6p-2")))
     if width == 16:
-        j = _fma32(high, u, _fma32(_h("0x1.ffffecp-1"), b, 1.0))
+        j = fma32(high, u, fma32(_h("0x1.ffffecp-1"), b, 1.0))
         result = torch.ldexp(j.double(), n.double()).float()
         special = n.abs() > 192
         return torch.where(special, torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf)), result)
-    j = _fma32(high, u, _h("0x1.ffffecp-1") * b)
+    j = fma32(high, u, _h("0x1.ffffecp-1") * b)
     power = torch.ldexp(torch.ones_like(n), n)  # 2**n, exact for |n| <= 126
-    near = _fma32(j, power, power)
+    near = fma32(j, power, power)
     # |n| > 126: (2**(n - e) * (1 + j), rounded) * 2**e with e = -125 (n <= 0) or 127, rounded again
     shift = torch.where(n <= 0, torch.full_like(n, -125.0), torch.full_like(n, 127.0))
     scaled = torch.ldexp(torch.ones_like(n), n - shift)
-    far = (_fma32(scaled, j, scaled).double() * torch.ldexp(torch.ones_like(n, dtype=torch.float64), shift.double())).float()
+    far = (fma32(scaled, j, scaled).double() * torch.ldexp(torch.ones_like(n, dtype=torch.float64), shift.double())).float()
     beyond = torch.where(n <= 0, torch.zeros_like(x), torch.full_like(x, torch.inf))
     return torch.where(n.abs() > 192, beyond, torch.where(n.abs() > 126, far, near))
 
 
-def _halves(lanes: torch.Tensor) -> torch.Tensor:
+def sum_halves(lanes: torch.Tensor) -> torch.Tensor:
     """A SIMD register's horizontal sum (last axis): halves added until one lane is left."""
     while lanes.shape[-1] > 1:
         half = lanes.shape[-1] // 2
@@ -469,7 +476,7 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
         parts = acc.reshape(*acc.shape[:-1], 4, width)
         lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
         if width == 16:
-            reduced = _halves(lanes)
+            reduced = sum_halves(lanes)
         else:
             quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
             reduced = (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
@@ -483,7 +490,7 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
     acc = a[..., :width] * b[..., :width]
     for start in range(width, k, width):
         acc = torch.addcmul(acc, a[..., start : start + width], b[..., start : start + width])
-    return _halves(acc)
+    return sum_halves(acc)
 
 
 def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor, width: int = 16) -> torch.Tensor:
@@ -496,8 +503,8 @@ def _gelu_table() -> torch.Tensor:
     """`ggml_table_gelu_f16`: the tanh GELU of every f16 value (float32 steps, `tanhf` from float64), as f16. GCC
     contracts `1 + a*x*x` into one FMA (its default for C): one entry of the 65536 depends on it."""
     values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
-    c, a = _f32(0.79788456080286535587989211986876), _f32(0.044715)
-    inner = c * values * _fma32(a * values, values, 1.0)
+    c, a = f32(0.79788456080286535587989211986876), f32(0.044715)
+    inner = c * values * fma32(a * values, values, 1.0)
     return (0.5 * values * (1.0 + torch.tanh(inner.double()).float())).half().float()
 
 

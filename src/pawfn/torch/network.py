@@ -18,14 +18,15 @@ import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
 from ..errors import BaseModelError
-from .attention import attend, attend_batched, attend_llamacpp
+from .attention import attend, attend_batched, attend_llamacpp, attend_llamacpp_flash, llamacpp_batches
 from .families.base import RecurrentUpdate
-from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
-from .ggml_native import NativeBlockMatrix, native_rms_norm, native_rope, native_swiglu
+from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_silu_mul
+from .ggml_native import NativeBlockMatrix, native_rms_norm, native_swiglu
 from .kvcache import KVCache, PrefixState
 from .kernels import Matrix
 from .loading import LoadedBase, Product
 from .lora import DeviceAdapter, attach
+from .rotary import rotate, rotation_table
 
 __all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
 
@@ -82,7 +83,7 @@ class TorchInterpreter(LoadedBase):
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device)
         cache.reserve(cache.slot(start) + len(token_ids))
-        ops = _ForwardPass(self, adapter, cache, cache.slot(start))
+        ops = _ForwardPass(self, adapter, cache, cache.slot(start), llamacpp_batches(len(token_ids)))
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
@@ -100,7 +101,9 @@ class TorchInterpreter(LoadedBase):
         embedded: list[torch.Tensor | tuple[list[int], torch.Tensor]] = []  # an image's embeddings, or ids and positions
         sections: list[torch.Tensor] = []  # each row's (time, row, column, extra) positions
         position, n_slots = start, 0
+        batches: list[int] = []  # llama.cpp's (mtmd evaluates each text run and each image on its own)
         for part in parts:
+            batches += llamacpp_batches(part.rows * part.columns if isinstance(part, ImageEmbeddings) else len(part))
             if isinstance(part, ImageEmbeddings):
                 index = torch.arange(part.rows * part.columns, device=self.device)
                 at = torch.full_like(index, position)
@@ -114,7 +117,7 @@ class TorchInterpreter(LoadedBase):
                 position, n_slots = position + len(part), n_slots + len(part)
         positions = torch.cat(sections)
         cache.reserve(cache.slot(start) + n_slots)
-        ops = _ForwardPass(self, adapter, cache, cache.slot(start))
+        ops = _ForwardPass(self, adapter, cache, cache.slot(start), batches)
         hidden = torch.cat(
             [
                 piece if isinstance(piece, torch.Tensor) else self.family.embed(ops, torch.tensor(piece[0], device=self.device), piece[1])
@@ -161,6 +164,8 @@ class _Pass:
         """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
         self._llamacpp = interpreter.numerics == "llamacpp"
+        self.llamacpp_width = interpreter.simd_width if self._llamacpp else None
+        self._flash = self._llamacpp and interpreter.family.llamacpp_flash_attention
 
     _by_rows = False
     """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
@@ -259,40 +264,23 @@ class _Pass:
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self._rotation is None:  # one table per pass: every layer rotates the same positions
             self._rotation = self._rotation_table(positions, x.dtype)
-        cos, sin = self._rotation
-        if self._llamacpp:
-            kernels = self._interpreter.ggml_kernels
-            if kernels is not None and x.dim() == 3 and cos.shape[0] == x.shape[0]:
-                return native_rope(kernels, x, cos, sin)
-            return ggml_rope(x, cos, sin)
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotate(self._interpreter, x, *self._rotation)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, D/2] of `positions` [T], or of M-RoPE positions [T, 4] (time, row, column, extra:
-        each pair of dimensions turns with its section's position, `Architecture.pair_sections`)."""
-        frequencies = self._interpreter.rope_frequencies
-        if frequencies is None:
-            raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
-        if positions.dim() == 2:
-            sections = torch.tensor(self.architecture.pair_sections(frequencies.shape[0]), device=positions.device)
-            angles = positions.to(torch.float32)[:, sections] * frequencies.unsqueeze(0)
-            return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
-        if self._llamacpp:
-            return ggml_rope_table(positions, self.architecture.head_dim, self.architecture.rope_theta)
-        angles = positions.to(torch.float32).unsqueeze(1) * frequencies.unsqueeze(0)
-        return torch.cos(angles).to(dtype).unsqueeze(1), torch.sin(angles).to(dtype).unsqueeze(1)
+        return rotation_table(self._interpreter, positions, dtype)
 
 
 class _ForwardPass(_Pass):
     """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
 
-    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, slot: int) -> None:
+    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, slot: int, batches: list[int]) -> None:
         super().__init__(interpreter, [(0, None, adapter)])
         self._cache = cache
         self._slot = slot
         """The first new token's slot in the cache."""
+        self._batches = batches
+        """The row counts of the batches llama.cpp would evaluate these rows in (its flash attention's kernel
+        follows a batch's size)."""
         self._mask: torch.Tensor | None = None
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
@@ -303,6 +291,8 @@ class _ForwardPass(_Pass):
             hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
+        if self._flash:
+            return attend_llamacpp_flash(self._cache, layer, self._slot, q, k, v, self._interpreter, self._batches)
         if self._llamacpp:
             return attend_llamacpp(self._cache, layer, self._slot, q, k, v, self._interpreter)
         return attend(arch, self._cache, layer, self._slot, q, k, v, self._mask)
@@ -360,12 +350,14 @@ class _StepPass(_Pass):
         if not self._by_rows:
             return attend_batched(arch, [(row.cache, row.cache.slot(row.position)) for row in self._rows], layer, q, k, v)
         if self._llamacpp:
-            return torch.cat(
-                [
-                    attend_llamacpp(row.cache, layer, row.cache.slot(row.position), q[i : i + 1], k[i : i + 1], v[i : i + 1], self._interpreter)
-                    for i, row in enumerate(self._rows)
-                ]
-            )
+            outputs: list[torch.Tensor] = []
+            for i, row in enumerate(self._rows):
+                one, slot = (q[i : i + 1], k[i : i + 1], v[i : i + 1]), row.cache.slot(row.position)
+                if self._flash:  # each decode step is a batch of one row
+                    outputs.append(attend_llamacpp_flash(row.cache, layer, slot, *one, self._interpreter, [1]))
+                else:
+                    outputs.append(attend_llamacpp(row.cache, layer, slot, *one, self._interpreter))
+            return torch.cat(outputs)
         return torch.cat(
             [
                 attend(arch, row.cache, layer, row.cache.slot(row.position), q[i : i + 1], k[i : i + 1], v[i : i + 1], None)

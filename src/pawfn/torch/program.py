@@ -103,7 +103,9 @@ class TorchProgram(PromptRuntime):
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt)
+            # llama.cpp's flash attention follows its batches, which start at each call's first token there
+            uncached = config.numerics == "llamacpp" and interpreter.family.llamacpp_flash_attention
+            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt, cached_prefix=not uncached)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None

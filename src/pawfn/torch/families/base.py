@@ -128,6 +128,8 @@ class Ops(Protocol):
     """The engine's operations a family's forward pass is written with."""
 
     architecture: Architecture
+    llamacpp_width: int | None
+    """float32 lanes of the llama.cpp kernels whose arithmetic the pass follows (`numerics="llamacpp"`), else None."""
 
     def tensor(self, name: str) -> torch.Tensor:
         """Base tensor `name` as loaded (a vector or a table the pass reads rather than multiplies)."""
@@ -265,6 +267,9 @@ class Family(ABC):
 
     llamacpp_numerics: ClassVar[bool] = True
     """Whether `numerics="llamacpp"` (llama.cpp's CPU arithmetic, emulated) covers the family's operations."""
+    llamacpp_flash_attention: ClassVar[bool] = False
+    """Whether the official runtime runs the family with flash attention, in batches of 128 on a fresh
+    context per call (its vision runtime); `numerics="llamacpp"` then follows it, the whole prompt in each call."""
 
     def is_table(self, name: str) -> bool:
         """Whether 2-D tensor `name` is read as values (e.g. a convolution's kernel) rather than multiplied."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ...errors import BaseModelError
 from ...ggufio import GGUFFile
+from ..ggml_hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
 from .base import Architecture, Family, LinearAttention, Ops, required_int
 
 __all__ = ["Qwen35Family"]
@@ -89,7 +90,7 @@ class Qwen35Family(Family):
     name = "qwen35"
     norm_eps_key = "attention.layer_norm_rms_epsilon"
     rotary = True
-    llamacpp_numerics = False
+    llamacpp_flash_attention = True
     hf_top = MappingProxyType({})  # pawfn reads Qwen3.5 from its GGUF only (architecture_from_hf says so)
     hf_block = MappingProxyType({})
     hf_layer = re.compile(r"(?!)")
@@ -211,7 +212,8 @@ class Qwen35Family(Family):
         q = self._rope(ops, ops.rms_norm(query_gate[:, :, 0], names.q_norm), positions)
         k = self._rope(ops, ops.rms_norm(ops.linear(x, names.attn_k).view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
         v = ops.linear(x, names.attn_v).view(n, arch.n_kv_heads, arch.head_dim)
-        attended = ops.attention(q, k, v, layer) * torch.sigmoid(query_gate[:, :, 1].reshape(n, -1))
+        gate = query_gate[:, :, 1].reshape(n, -1)
+        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate))
         return ops.linear(attended, names.attn_output)
 
     def _rope(self, ops: Ops, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -224,44 +226,54 @@ class Qwen35Family(Family):
     def _delta_net(self, ops: Ops, layer: int, x: torch.Tensor) -> torch.Tensor:
         """A Gated DeltaNet layer: projections for every row, then each sequence's convolution and recurrence
         (`Ops.recurrent`) in float32, as llama.cpp keeps its states, then the gated norm and output projection."""
-        arch, names, n = ops.architecture, _names(layer), x.shape[0]
+        arch, names, n, width = ops.architecture, _names(layer), x.shape[0], ops.llamacpp_width
         linear = arch.linear
         assert linear is not None  # a recurrent layer exists only with its hyperparameters
-        decay = F.softplus(ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()) * ops.tensor(names.decay).float()
-        beta = torch.sigmoid(ops.linear(x, names.beta).float())
+        biased = ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()
+        decay = (F.softplus(biased) if width is None else ggml_softplus(biased)) * ops.tensor(names.decay).float()
+        beta = ops.linear(x, names.beta).float()
+        beta = torch.sigmoid(beta) if width is None else ggml_sigmoid(beta)
         inputs = torch.cat((ops.linear(x, names.qkv).float(), beta, decay), dim=-1)
         kernel, eps = ops.tensor(names.conv).float(), arch.norm_eps
 
         def update(rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-            return _delta_rule(linear, kernel, eps, rows, state)
+            return _delta_rule(linear, kernel, eps, rows, state, width)
 
         out = ops.recurrent(layer, inputs, update).to(x.dtype).view(n, linear.n_value_heads, linear.head_dim)
         z = ops.linear(x, names.z).view(n, linear.n_value_heads, linear.head_dim)
-        gated = ops.rms_norm(out, names.ssm_norm) * F.silu(z)
+        gated = ops.rms_norm(out, names.ssm_norm) * (F.silu(z) if width is None else ggml_silu(z, width))
         return ops.linear(gated.reshape(n, -1), names.ssm_out)
 
 
 def _delta_rule(
-    linear: LinearAttention, kernel: torch.Tensor, eps: float, rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None
+    linear: LinearAttention, kernel: torch.Tensor, eps: float, rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None, width: int | None
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule. `rows` [T, channels + 2 *
     value heads]: the q, k, v projections, beta and the log decay. The state: the convolution's last `conv_kernel -
     1` inputs [channels, K - 1] and each value head's matrix [heads, key, value]. Returns the outputs [T, value heads
     * head_dim] and the new state. One token is stepped as llama.cpp's CPU kernel steps it; several go by chunks of
-    `_CHUNK` (the same recurrence solved as products, ~1e-6 relative apart in float32, as transformers' prefill)."""
+    `_CHUNK` (the same recurrence solved as products, ~1e-6 relative apart in float32, as transformers' prefill).
+    `width`: llama.cpp's arithmetic for its kernels of that many float32 lanes (`numerics="llamacpp"`)."""
     n, channels, heads, size = rows.shape[0], linear.conv_channels, linear.n_value_heads, linear.head_dim
     if state is None:
         state = tuple(rows.new_zeros(shape) for shape in linear.state_shapes)
     window, memory = state
     mixed, beta, decay = torch.split(rows, [channels, heads, heads], dim=-1)
     window = torch.cat((window, mixed.T), dim=1)  # [channels, K - 1 + T]
-    convolved = F.silu((window.unfold(1, linear.conv_kernel, 1) * kernel.unsqueeze(1)).sum(dim=-1).T)  # [T, channels]
+    if width is None:
+        convolved = F.silu((window.unfold(1, linear.conv_kernel, 1) * kernel.unsqueeze(1)).sum(dim=-1).T)  # [T, channels]
+    else:
+        convolved = ggml_silu(ggml_ssm_conv(window, kernel), width)
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
-    q = _l2_normalized(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    k = _l2_normalized(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
+    normed = _l2_normalized if width is None else ggml_l2_norm
+    q = normed(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
+    k = normed(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     v = v.reshape(n, heads, size)
+    if width is not None:
+        outputs, memory = ggml_gated_delta_net(q, k, v, decay, beta, memory, width)
+        return outputs.reshape(n, heads * size), (window[:, n:].clone(), memory)
     recurrence = _by_tokens if n == 1 else _by_chunks
     outputs, memory = recurrence(q, k, v, beta, decay, memory)
     return (outputs * (1.0 / math.sqrt(size))).reshape(n, heads * size), (window[:, n:].clone(), memory)
