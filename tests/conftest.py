@@ -90,6 +90,14 @@ def qwen35_program_q4(qwen35: TinyInterpreter, tiny_root: Path) -> TinyProgram:
 
 
 @pytest.fixture(scope="session")
+def qwen35_q8_0(qwen35: TinyInterpreter, tiny_root: Path) -> Path:
+    """The tiny Qwen3.5 quantized to Q8_0 by llama.cpp's own quantizer (the official Qwen3.5 base's type)."""
+    from tests.helpers.references import llama_quantize
+
+    return llama_quantize(qwen35.gguf_path, tiny_root / "qwen35-q8_0.gguf", "Q8_0")
+
+
+@pytest.fixture(scope="session")
 def qwen3_program(qwen3: TinyInterpreter, tiny_root: Path) -> TinyProgram:
     return make_program(qwen3, tiny_root, "qwen3-program")
 

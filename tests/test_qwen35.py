@@ -16,22 +16,10 @@ import httpx
 import pytest
 import torch
 
-from pawfn import (
-    ArityError,
-    BaseModelError,
-    BundleError,
-    ConfigError,
-    LlamaCpp,
-    PawConfig,
-    PawFn,
-    Positional,
-    Qwen3_5_0_8B,
-    Remote,
-    RuntimeOptions,
-    Torch,
-)
+from pawfn import ArityError, BaseModelError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
 from pawfn.backends import Backend
 from pawfn.torch.families.base import Architecture, LinearAttention
+from pawfn.torch.ggml_native import native_kernels
 from pawfn.torch.kvcache import PrefixState
 from pawfn.torch.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
@@ -236,10 +224,40 @@ def test_a_server_takes_a_numbered_programs_arguments(qwen35: TinyInterpreter, t
         server.stop()
 
 
-def test_what_qwen35_does_not_run_is_refused_with_the_way(qwen35: TinyInterpreter) -> None:
-    """A Hugging Face folder (the converter changes the norms and the head order: the GGUF is what runs) and
-    llama.cpp's emulated arithmetic (not written for the recurrent layers) are refused before any work."""
+def test_a_hugging_face_folder_is_refused_with_the_way(qwen35: TinyInterpreter) -> None:
+    """The converter changes the norms and the head order: the GGUF is what runs."""
     with pytest.raises(BaseModelError, match="GGUF"):
         PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.hf_dir)
-    with pytest.raises(ConfigError, match="numerics='native'"):
-        PawFn[Qwen3_5_0_8B, Torch].bare(base=qwen35.gguf_path, config=PawConfig(numerics="llamacpp"))
+
+
+LONG = "The quick brown fox jumps over the lazy dog while the cat sleeps. "
+LLAMACPP_TEXTS = [*TEXTS, LONG * 12, LONG * 9 + "end"]
+"""With prompts of one batch under 64 rows, one of 64 or more, several batches (128 each), and decode steps over 512
+cache cells or more: each of llama.cpp's three flash-attention kernels."""
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("kernels", ["c", "torch"])
+def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
+    qwen35_q8_0: Path, qwen35_program_q4: TinyProgram, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The official configuration (Q8_0 base, Q4_0 adapter, f16 cache, flash attention, batches of 128, 2 threads):
+    llama.cpp quantizes the adapter's inputs, and `numerics="llamacpp"` follows every op of it, on its C kernels and
+    on the torch emulation alike; the plain mode parts from it on this program."""
+    if kernels == "torch":
+        monkeypatch.setenv("PAW_NATIVE_KERNELS", "0")
+    native_kernels.cache_clear()
+    program = qwen35_program_q4
+    prompts = [_rendered(program.template, text) for text in LLAMACPP_TEXTS]
+    expected = llama_generate_whole(qwen35_q8_0, prompts, MAX_TOKENS, n_ctx=1024, kv="f16", adapter=program.adapter, vision_runtime=True)
+    config = PawConfig(numerics="llamacpp", n_ctx=1024)
+    try:
+        with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=config) as function:
+            assert (torch_program(function).base.interpreter.ggml_kernels is None) == (kernels == "torch")
+            assert _tokens(function, LLAMACPP_TEXTS) == expected
+            assert len(function.prompt_token_ids(LLAMACPP_TEXTS[4])) > 256  # its decode steps see 512 cells
+    finally:
+        native_kernels.cache_clear()
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024)) as plain:
+        assert _tokens(plain, LLAMACPP_TEXTS[:3]) != expected[:3]  # the case this mode is for

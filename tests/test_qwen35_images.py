@@ -12,11 +12,13 @@ import importlib.util
 import io
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import gguf
 import httpx
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +41,7 @@ from pawfn import (
 )
 from pawfn.cli import main
 from tests.helpers.programs import make_program, requires_llama_cpp
+from tests.helpers.references import llama_quantize
 from tests.helpers.servers import start_server
 from tests.helpers.tiny_qwen35 import TinyVision
 
@@ -299,6 +302,32 @@ def test_programs_on_one_base_share_its_vision_tower(qwen35_vision: TinyVision) 
         one, other = first.runtime, second.runtime
         assert isinstance(one, TorchProgram) and isinstance(other, TorchProgram)
         assert one.vision_tower is not None and one.vision_tower is other.vision_tower
+
+
+@pytest.mark.llamacpp
+def test_llamacpp_numerics_give_mtmds_tokens_with_a_q4_0_adapter(qwen35_vision: TinyVision, tmp_path: Path) -> None:
+    """The official configuration with images: a Q8_0 base (llama.cpp's quantizer), a Q4_0 adapter (llama.cpp
+    quantizes its inputs), the vision runtime's settings. `numerics="llamacpp"` follows llama.cpp's text layers
+    op for op, each text run and image in its own batches as mtmd evaluates them; the plain mode parts from it."""
+    folder = tmp_path / "official"
+    folder.mkdir()
+    base = llama_quantize(qwen35_vision.text.gguf_path, folder / "text-q8_0.gguf", "Q8_0")
+    shutil.copy(qwen35_vision.projector, folder / qwen35_vision.projector.name)  # found beside the base
+    q4_0, manifest = gguf.GGMLQuantizationType.Q4_0, dict[str, object](runtime_manifest_version=2)
+    program = make_program(qwen35_vision.text, tmp_path, "vision-q4", q4_0, seed=2, template=TWO_IMAGES, meta_extra=manifest)
+    calls = [(IMAGES[0], IMAGES[1], "which is brighter?"), (IMAGES[2], IMAGES[2], "same?"), (IMAGES[3], IMAGES[1], "x")]
+    options = RuntimeOptions(max_tokens=MAX_TOKENS)
+    runs: dict[str, list[tuple[int, ...]]] = {}
+    for name, backend, config in [
+        ("llama.cpp", LlamaCpp, _config()),
+        ("llamacpp numerics", Torch, PawConfig(n_ctx=N_CTX, numerics="llamacpp")),
+        ("plain", Torch, PawConfig(n_ctx=N_CTX)),
+    ]:
+        with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=base, config=config) as function:
+            compare = Positional[Image, Image, str](function)
+            runs[name] = [compare.generate(Image(a), Image(b), question, options=options).token_ids for a, b, question in calls]
+    assert runs["llamacpp numerics"] == runs["llama.cpp"]
+    assert runs["plain"] != runs["llama.cpp"]  # the case this mode is for
 
 
 def test_torch_refuses_a_damaged_image_and_runs_the_next_call(qwen35_vision: TinyVision) -> None:

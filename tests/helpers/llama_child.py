@@ -36,11 +36,13 @@ def _load(request: dict[str, Any], **extra: Any) -> Any:  # noqa: ANN401 - llama
     import llama_cpp
 
     kv = KV_TYPES[request.get("kv", "f32")]
+    if request.get("vision_runtime"):  # the official vision runtime's settings (its numerics follow them)
+        extra |= {"n_batch": 128, "flash_attn": True, "n_threads_batch": 2}
     return llama_cpp.Llama(
         model_path=request["base"],
         lora_path=request.get("adapter"),
         n_ctx=request.get("n_ctx", 512),
-        n_threads=1,
+        n_threads=2 if request.get("vision_runtime") else 1,
         type_k=kv,
         type_v=kv,
         verbose=False,

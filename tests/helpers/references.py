@@ -177,11 +177,26 @@ def llama_generate_json(
 
 
 def llama_generate_whole(
-    base: Path, prompts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32", adapter: Path | None = None
+    base: Path,
+    prompts: Sequence[str],
+    max_tokens: int,
+    n_ctx: int = 512,
+    kv: KV = "f32",
+    adapter: Path | None = None,
+    vision_runtime: bool = False,
 ) -> list[list[int]]:
     """llama.cpp's greedy tokens per whole rendered prompt on a fresh context: the official SDK's base mode (no
-    adapter) and its vision runtime (a program's `adapter` applied)."""
-    request = {"op": "generate_whole", "base": str(base), "prompts": list(prompts), "max_tokens": max_tokens, "n_ctx": n_ctx, "kv": kv}
+    adapter) and its vision runtime (a program's `adapter` applied); `vision_runtime`: with that runtime's
+    settings (flash attention, batches of 128, 2 threads), which its arithmetic follows."""
+    request = {
+        "op": "generate_whole",
+        "base": str(base),
+        "prompts": list(prompts),
+        "max_tokens": max_tokens,
+        "n_ctx": n_ctx,
+        "kv": kv,
+        "vision_runtime": vision_runtime,
+    }
     answer = llama_reference(request | {"adapter": None if adapter is None else str(adapter)})
     return [[int(token) for token in tokens] for tokens in answer]
 

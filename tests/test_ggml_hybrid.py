@@ -1,0 +1,139 @@
+"""`ggml_hybrid` (llama.cpp's arithmetic for Qwen3.5's own ops) against llama.cpp itself: each op on the inputs
+llama.cpp gave it for one call of a Q4_0 program on a Q8_0 base, run as the official vision runtime runs it (traced
+with `scripts/llamacpp_trace.py --whole --threads 2`), its outputs compared bit for bit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from pawfn.torch.ggml import ggml_rms_norm, ggml_rope, ggml_rope_table
+from pawfn.torch.ggml_hybrid import (
+    ggml_flash_attention,
+    ggml_gated_delta_net,
+    ggml_l2_norm,
+    ggml_mrope_table,
+    ggml_sigmoid,
+    ggml_silu,
+    ggml_softplus,
+    ggml_ssm_conv,
+)
+from pawfn.torch.kernels import cpu_flags
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
+
+pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+WIDTH = 16 if "avx512f" in cpu_flags() else 8
+"""float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 12
+"""A prompt of 442 tokens: three batches of 128 rows (tiled attention), one of 58 (row by row), and decode steps over
+512 cache cells (split between the threads)."""
+STEPS = 2
+
+
+class Trace:
+    """The float32 tensors llama.cpp computed, by evaluation (0: the prompt, all its batches; 1, 2: decode steps)."""
+
+    def __init__(self, path: Path) -> None:
+        arrays = np.load(path)
+        self._tensors = [(key.split("/", 1)[0], key.split(" ", 1)[1], arrays[key]) for key in arrays.files]
+
+    def all(self, evaluation: int, name: str) -> list[torch.Tensor]:
+        """Every tensor named `name` in `evaluation`, in graph order (one per batch, or more where a name repeats)."""
+        return [torch.tensor(np.asarray(array)) for at, found, array in self._tensors if at == str(evaluation) and found == name]
+
+    def first(self, evaluation: int, name: str) -> torch.Tensor:
+        return self.all(evaluation, name)[0]
+
+
+@pytest.fixture(scope="module")
+def trace(qwen35_q8_0: Path, qwen35_program_q4: TinyProgram, tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    out = tmp_path_factory.mktemp("trace") / "qwen35.npz"
+    command = [sys.executable, str(REPOSITORY / "scripts" / "llamacpp_trace.py"), "--program", str(qwen35_program_q4.folder)]
+    command += ["--base", str(qwen35_q8_0), "--input", TEXT, "--out", str(out), "--whole", "--threads", "2", "--steps", str(STEPS)]
+    subprocess.run(command, check=True, capture_output=True)
+    return Trace(out)
+
+
+@pytest.fixture(scope="module")
+def vectors(qwen35_q8_0: Path) -> dict[str, torch.Tensor]:
+    reader = gguf.GGUFReader(qwen35_q8_0)
+    return {t.name: torch.tensor(np.asarray(t.data)) for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.F32}
+
+
+def _bit_exact(found: torch.Tensor, expected: torch.Tensor) -> None:
+    found, expected = found.reshape(-1), expected.reshape(-1)
+    assert found.shape == expected.shape
+    different = int((found != expected).sum())
+    assert different == 0, f"{different} of {found.numel()} values differ; largest difference {float((found - expected).abs().max())}"
+
+
+@pytest.mark.parametrize("evaluation", [0, 1], ids=["prompt", "decode"])
+@pytest.mark.parametrize("layer", [0, 2])
+def test_the_gated_delta_net_layers_ops_equal_llama_cpps(trace: Trace, vectors: dict[str, torch.Tensor], evaluation: int, layer: int) -> None:
+    """Convolution, SiLU, the key/query norm, softplus and sigmoid, the fused delta rule (outputs and state) and the
+    gated norm, on the prompt's first batch and on a decode step (which continues the stored state)."""
+    conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
+    channels = conv_input.shape[0]
+    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1))
+    _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
+    _bit_exact(ggml_silu(raw, WIDTH), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
+    _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
+    biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
+    gate = ggml_softplus(biased) * vectors[f"blk.{layer}.ssm_a"]
+    _bit_exact(gate, trace.first(evaluation, f"gate-{layer}"))
+    beta = ggml_sigmoid(trace.first(evaluation, f"beta-{layer}")[0, :, :, 0])
+    _bit_exact(beta, trace.first(evaluation, f"beta_sigmoid-{layer}"))
+    k = trace.first(evaluation, f"k_conv_predelta-{layer}")[0]
+    v = trace.first(evaluation, f"v_conv_predelta-{layer}")[0]
+    repeats = v.shape[1] // k.shape[1]
+    state = trace.first(evaluation, f"state_predelta-{layer}")[0].transpose(1, 2)  # ggml keeps it [value, key]
+    out, new_state = ggml_gated_delta_net(q.repeat(1, repeats, 1), k.repeat(1, repeats, 1), v, gate, beta, state, WIDTH)
+    expected = trace.first(evaluation, f"attn_output-{layer}")[0]
+    _bit_exact(out, expected)
+    _bit_exact(new_state.transpose(1, 2), trace.first(evaluation, f"new_state-{layer}")[0])
+    z = trace.first(evaluation, f"z-{layer}")[0, 0].reshape(expected.shape)
+    gated = ggml_rms_norm(expected, vectors[f"blk.{layer}.ssm_norm.weight"], 1e-6) * ggml_silu(z, WIDTH)
+    _bit_exact(gated, trace.first(evaluation, f"final_output-{layer}"))
+
+
+def test_partial_multi_section_rope_equals_llama_cpps(trace: Trace) -> None:
+    """The attention layer's query: a quarter of each head turned (interleaved M-RoPE, text positions), the rest kept."""
+    normed, roped = trace.first(0, "Qcur_normed-3")[0], trace.all(0, "Qcur-3")[0][0]
+    rotated = 8
+    positions = torch.arange(normed.shape[0])
+    cos, sin = ggml_mrope_table(positions.unsqueeze(1).expand(-1, 4), rotated, 1e6, [0, 1, 2, 0])
+    assert torch.equal(cos, ggml_rope_table(positions, rotated, 1e6)[0])  # text: every section at the same position
+    _bit_exact(torch.cat((ggml_rope(normed[..., :rotated].contiguous(), cos, sin), normed[..., rotated:]), dim=-1), roped)
+
+
+def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace) -> None:
+    """Each batch of the prompt (tiled from 64 rows, row by row under), then decode steps split over 2 threads."""
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    kernels_seen: set[str] = set()
+    for evaluation in range(1 + STEPS):
+        # names repeat: the product [1, 1, T, 64], then the roped heads [1, T, 2, 32] (K) or [1, T, 4, 32] (Q)
+        keys += [k[0] for k in trace.all(evaluation, "Kcur-3") if k.shape[2:] == (2, 32)]
+        values += [v[0, 0].reshape(-1, 2, 32) for v in trace.all(evaluation, "Vcur-3") if v.shape[2:] != (2, 32)]
+        queries = [q[0] for q in trace.all(evaluation, "Qcur-3") if q.shape[2:] == (4, 32)]
+        outputs = trace.all(evaluation, "attn_pregate-3")
+        cache_k = torch.cat(keys).transpose(0, 1).half()
+        cache_v = torch.cat(values).transpose(0, 1).half()
+        first = cache_k.shape[1] - sum(q.shape[0] for q in queries)
+        for query, expected in zip(queries, outputs, strict=True):
+            rows = query.shape[0]
+            stop = first + rows
+            cells = max(256, -(-stop // 256) * 256)
+            kernels_seen.add("tiled" if rows >= 64 else "split" if rows == 1 and cells >= 512 else "one row")
+            _bit_exact(ggml_flash_attention(query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH), expected)
+            first = stop
+    assert kernels_seen == {"tiled", "split", "one row"}
