@@ -6,7 +6,10 @@ llama.cpp runs each call as the official vision runtime does (a cleared context,
 pawfn's Torch backend continues from the program's evaluated prefix (its recurrent states kept). Prints the median
 figures and the median of each round's ratios to llama.cpp.
 
-    python benchmarks/qwen35.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 5] [--rounds 3] [--threads N]
+    python benchmarks/qwen35.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 5] [--rounds 3] [--threads N] [--llamacpp-numerics]
+
+--llamacpp-numerics adds `numerics="llamacpp"` (llama.cpp's arithmetic emulated, the whole prompt each call): the
+official runtime's exact tokens, at a cost this prints.
 """
 
 from __future__ import annotations
@@ -116,16 +119,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed calls per process, after a warm-up call")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--llamacpp-numerics", action="store_true", help="also time numerics='llamacpp' (slow)")
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
-    rounds = [{mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in MODES.items()} for _ in range(args.rounds)]
+    modes = MODES | ({"torch llamacpp numerics": ["--numerics", "llamacpp"]} if args.llamacpp_numerics else {})
+    rounds = [{mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in modes.items()} for _ in range(args.rounds)]
 
     def value(figures: dict[str, object], key: str) -> float:
         return float(str(figures[key]))
 
     print(llama_cpp_build())
     print(f"input {INPUT!r}, 10 tokens a call, {args.runs} calls a process, {args.rounds} rounds")
-    for mode in MODES:
+    for mode in modes:
         call = statistics.median(value(r[mode], "median_ms") for r in rounds)
         ratio = statistics.median(value(r[mode], "median_ms") / value(r["llama.cpp"], "median_ms") for r in rounds)
         each = ", ".join(f"{value(r[mode], 'median_ms'):.0f}" for r in rounds)

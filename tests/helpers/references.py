@@ -177,13 +177,7 @@ def llama_generate_json(
 
 
 def llama_generate_whole(
-    base: Path,
-    prompts: Sequence[str],
-    max_tokens: int,
-    n_ctx: int = 512,
-    kv: KV = "f32",
-    adapter: Path | None = None,
-    vision_runtime: bool = False,
+    base: Path, prompts: Sequence[str], max_tokens: int, n_ctx: int = 512, kv: KV = "f32", adapter: Path | None = None, vision_runtime: bool = False
 ) -> list[list[int]]:
     """llama.cpp's greedy tokens per whole rendered prompt on a fresh context: the official SDK's base mode (no
     adapter) and its vision runtime (a program's `adapter` applied); `vision_runtime`: with that runtime's
