@@ -24,6 +24,7 @@ from pawfn.torch.ggml_hybrid import (
     ggml_softplus,
     ggml_ssm_conv,
 )
+from pawfn.torch.ggml_native import NativeKernels, native_kernels
 from pawfn.torch.kernels import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
@@ -36,6 +37,8 @@ TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 12
 """A prompt of 442 tokens: three batches of 128 rows (tiled attention), one of 58 (row by row), and decode steps over
 512 cache cells (split between the threads)."""
 STEPS = 2
+IMPLEMENTATIONS = ["torch", "c"]
+"""The torch emulation (the fallback) and the C kernels."""
 
 
 class Trace:
@@ -75,33 +78,49 @@ def _bit_exact(found: torch.Tensor, expected: torch.Tensor) -> None:
     assert different == 0, f"{different} of {found.numel()} values differ; largest difference {float((found - expected).abs().max())}"
 
 
+def _kernels(implementation: str) -> NativeKernels | None:
+    """The C kernels for "c" (the test skipped where none build), None (the torch emulation) for "torch"."""
+    if implementation == "torch":
+        return None
+    kernels = native_kernels()
+    if kernels is None:
+        pytest.skip("the C kernels could not be built here (no C compiler?)")
+    return kernels
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("evaluation", [0, 1], ids=["prompt", "decode"])
 @pytest.mark.parametrize("layer", [0, 2])
-def test_the_gated_delta_net_layers_ops_equal_llama_cpps(trace: Trace, vectors: dict[str, torch.Tensor], evaluation: int, layer: int) -> None:
+def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
+    trace: Trace, vectors: dict[str, torch.Tensor], evaluation: int, layer: int, implementation: str
+) -> None:
     """Convolution, SiLU, the key/query norm, softplus and sigmoid, the fused delta rule (outputs and state) and the
-    gated norm, on the prompt's first batch and on a decode step (which continues the stored state)."""
+    gated norm, on the torch emulation and the C kernels, on the prompt's first batch and on a decode step (which
+    continues the stored state)."""
+    kernels = _kernels(implementation)
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
-    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1))
+    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1), kernels)
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
-    _bit_exact(ggml_silu(raw, WIDTH), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    _bit_exact(ggml_silu(raw, WIDTH, kernels), trace.first(evaluation, f"conv_output_silu-{layer}"))
     q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
     _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
     biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
-    gate = ggml_softplus(biased) * vectors[f"blk.{layer}.ssm_a"]
+    gate = ggml_softplus(biased, kernels) * vectors[f"blk.{layer}.ssm_a"]
     _bit_exact(gate, trace.first(evaluation, f"gate-{layer}"))
-    beta = ggml_sigmoid(trace.first(evaluation, f"beta-{layer}")[0, :, :, 0])
+    beta = ggml_sigmoid(trace.first(evaluation, f"beta-{layer}")[0, :, :, 0], kernels)
     _bit_exact(beta, trace.first(evaluation, f"beta_sigmoid-{layer}"))
     k = trace.first(evaluation, f"k_conv_predelta-{layer}")[0]
     v = trace.first(evaluation, f"v_conv_predelta-{layer}")[0]
     repeats = v.shape[1] // k.shape[1]
     state = trace.first(evaluation, f"state_predelta-{layer}")[0].transpose(1, 2)  # ggml keeps it [value, key]
-    out, new_state = ggml_gated_delta_net(q.repeat(1, repeats, 1), k.repeat(1, repeats, 1), v, gate, beta, state, WIDTH)
+    q, k = q.repeat(1, repeats, 1), k.repeat(1, repeats, 1)
+    out, new_state = ggml_gated_delta_net(q, k, v, gate, beta, state, WIDTH, kernels)
     expected = trace.first(evaluation, f"attn_output-{layer}")[0]
     _bit_exact(out, expected)
     _bit_exact(new_state.transpose(1, 2), trace.first(evaluation, f"new_state-{layer}")[0])
     z = trace.first(evaluation, f"z-{layer}")[0, 0].reshape(expected.shape)
-    gated = ggml_rms_norm(expected, vectors[f"blk.{layer}.ssm_norm.weight"], 1e-6) * ggml_silu(z, WIDTH)
+    gated = ggml_rms_norm(expected, vectors[f"blk.{layer}.ssm_norm.weight"], 1e-6) * ggml_silu(z, WIDTH, kernels)
     _bit_exact(gated, trace.first(evaluation, f"final_output-{layer}"))
 
 
@@ -115,8 +134,10 @@ def test_partial_multi_section_rope_equals_llama_cpps(trace: Trace) -> None:
     _bit_exact(torch.cat((ggml_rope(normed[..., :rotated].contiguous(), cos, sin), normed[..., rotated:]), dim=-1), roped)
 
 
-def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace) -> None:
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace, implementation: str) -> None:
     """Each batch of the prompt (tiled from 64 rows, row by row under), then decode steps split over 2 threads."""
+    kernels = _kernels(implementation)
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     kernels_seen: set[str] = set()
@@ -126,14 +147,14 @@ def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace) -> Non
         values += [v[0, 0].reshape(-1, 2, 32) for v in trace.all(evaluation, "Vcur-3") if v.shape[2:] != (2, 32)]
         queries = [q[0] for q in trace.all(evaluation, "Qcur-3") if q.shape[2:] == (4, 32)]
         outputs = trace.all(evaluation, "attn_pregate-3")
-        cache_k = torch.cat(keys).transpose(0, 1).half()
-        cache_v = torch.cat(values).transpose(0, 1).half()
+        cache_k = torch.cat(keys).transpose(0, 1).half().contiguous()
+        cache_v = torch.cat(values).transpose(0, 1).half().contiguous()
         first = cache_k.shape[1] - sum(q.shape[0] for q in queries)
         for query, expected in zip(queries, outputs, strict=True):
             rows = query.shape[0]
             stop = first + rows
             cells = max(256, -(-stop // 256) * 256)
             kernels_seen.add("tiled" if rows >= 64 else "split" if rows == 1 and cells >= 512 else "one row")
-            _bit_exact(ggml_flash_attention(query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH), expected)
+            _bit_exact(ggml_flash_attention(query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH, kernels), expected)
             first = stop
     assert kernels_seen == {"tiled", "split", "one row"}

@@ -109,7 +109,8 @@ def attend_llamacpp_flash(
         stop = end - q.shape[0] + first + rows
         cells = max(256, -(-stop // 256) * 256)
         keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
-        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, interpreter.simd_width))
+        lanes, kernels = interpreter.simd_width, interpreter.ggml_kernels
+        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, lanes, kernels))
         first += rows
     return torch.cat(outputs)
 

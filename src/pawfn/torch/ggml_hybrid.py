@@ -19,9 +19,13 @@ the official vision runtime runs (flash attention, an f16 cache, batches of 128,
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from .ggml import f32, fma32, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
+from .ggml_native import NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_gated_delta_net, native_libm, native_ssm_conv
 
 __all__ = [
     "ggml_dot_f32",
@@ -42,46 +46,56 @@ SPLIT_KV_CELLS = 512
 """Cache cells from which a one-row batch's flash attention is split across threads."""
 
 
-def _elementwise(name: str, x: torch.Tensor) -> torch.Tensor:
+def _elementwise(name: str, x: torch.Tensor, kernels: NativeKernels | None) -> torch.Tensor:
     """The C library's float32 function `name` (expf or logf) on every value (from float64 where none loads)."""
-    libm = c_math()
-    if libm is None:
+    if kernels is not None:
+        return native_libm(kernels, name, x)
+    library = c_math()
+    if library is None:
         wide = x.double()
         return (torch.exp(wide) if name == "expf" else torch.log(wide)).float()
-    function = libm.expf if name == "expf" else libm.logf
+    function = library.expf if name == "expf" else library.logf
     values = [function(float(v)) for v in x.detach().cpu().flatten().numpy()]
     return torch.tensor(values, dtype=torch.float32).reshape(x.shape).to(x.device)
 
 
-def libm_expf(x: torch.Tensor) -> torch.Tensor:
+def libm_expf(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`expf` of every value, as llama.cpp's scalar code calls it."""
-    return _elementwise("expf", x)
+    return _elementwise("expf", x, kernels)
 
 
-def ggml_silu(x: torch.Tensor, width: int = 16) -> torch.Tensor:
+def ggml_silu(x: torch.Tensor, width: int = 16, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_vec_silu_f32` along the last axis: whole vectors of `width` lanes by `ggml_v_silu`, the rest by `expf`."""
     n = x.shape[-1]
     whole = n - n % width
-    head = torch.div(x[..., :whole], 1.0 + ggml_expf(-x[..., :whole], width))
+    head = x[..., :whole]
+    exp = ggml_expf(-head, width) if kernels is None else native_expf(kernels, -head, width)
+    head = torch.div(head, 1.0 + exp)
     if whole == n:
         return head
     tail = x[..., whole:]
-    return torch.cat((head, torch.div(tail, 1.0 + libm_expf(-tail))), dim=-1)
+    return torch.cat((head, torch.div(tail, 1.0 + libm_expf(-tail, kernels))), dim=-1)
 
 
-def ggml_sigmoid(x: torch.Tensor) -> torch.Tensor:
+def ggml_sigmoid(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_sigmoid`: `1 / (1 + expf(-x))` per value."""
+    if kernels is not None:
+        return native_libm(kernels, "sigmoid", x)
     return torch.div(f32(1.0), 1.0 + libm_expf(-x))
 
 
-def ggml_softplus(x: torch.Tensor) -> torch.Tensor:
+def ggml_softplus(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_softplus`: `logf(1 + expf(x))`, or x above 20."""
-    return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0))))
+    if kernels is not None:
+        return native_libm(kernels, "softplus", x)
+    return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0)), None))
 
 
-def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_ssm_conv`: the causal convolution of `window` [channels, K - 1 + T] with `kernel` [channels, K], [T,
     channels]: each output an FMA chain over its K products, in order."""
+    if kernels is not None:
+        return native_ssm_conv(kernels, window, kernel)
     windows = window.unfold(1, kernel.shape[1], 1)  # [channels, T, K]
     taps = kernel.unsqueeze(1).expand_as(windows)
     total = windows[..., 0] * taps[..., 0]
@@ -126,11 +140,20 @@ def ggml_dot_f32(a: torch.Tensor, b: torch.Tensor, width: int = 16) -> torch.Ten
 
 
 def ggml_gated_delta_net(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, width: int = 16
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    width: int = 16,
+    kernels: NativeKernels | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's fused `GATED_DELTA_NET` on one sequence: q, k [T, heads, S] (normed, one per value head), v [T,
     heads, S], the log decay g and beta [T, heads], the state [heads, key, value]. Returns the outputs [T, heads, S]
-    (scaled by `1/sqrtf(S)`) and the new state."""
+    (scaled by `1/sqrtf(S)`) and the new state. On `kernels` (the C kernels) where given."""
+    if kernels is not None:
+        return native_gated_delta_net(kernels, q, k, v, g, beta, state, width)
     size = v.shape[-1]
     scale = torch.div(f32(1.0), sqrtf(f32(float(size))))
     columns = state.transpose(1, 2).contiguous()  # [heads, value j, key i]: ggml keeps the state transposed
@@ -157,24 +180,42 @@ def ggml_mrope_table(positions: torch.Tensor, rotated: int, base: float, pair_se
 
 
 def ggml_flash_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch_rows: int, cells: int, threads: int, width: int = 16
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    batch_rows: int,
+    cells: int,
+    threads: int,
+    width: int = 16,
+    kernels: NativeKernels | None = None,
 ) -> torch.Tensor:
     """llama.cpp's CPU flash attention on its f16 cache: q [n, H, D] float32, the last n of the L positions of
     `keys`/`values` [KV, L, D] (causal), from a batch of `batch_rows` rows over a cache view of `cells` cells, on
-    `threads` threads. Returns [n, H * D]."""
+    `threads` threads. On `kernels` (the C kernels) where given. Returns [n, H * D]."""
     n, heads, dim = q.shape
-    shared = torch.arange(heads, device=q.device) // (heads // keys.shape[0])
-    k, v = keys[shared], values[shared]  # [H, L, D] f16
-    positions = torch.arange(keys.shape[1] - n, keys.shape[1], device=q.device)
     scale = torch.div(f32(1.0), sqrtf(f32(float(dim))))
-    if batch_rows >= FA_TILE:
-        out = _tiled(q, k, v, positions, scale, width)
-    elif batch_rows == 1 and n == 1 and cells >= SPLIT_KV_CELLS:
-        out = _split(q, k, v, positions, scale, cells, threads, width)
+    positions = torch.arange(keys.shape[1] - n, keys.shape[1], device=q.device)
+    if kernels is not None and batch_rows >= FA_TILE:
+        return native_flash_tiled(kernels, q, keys, values, float(scale), width).reshape(n, heads * dim)
+    online: _Online
+    if kernels is not None:
+        online = functools.partial(native_flash_online, kernels, q, keys, values, scale=float(scale), width=width)
     else:
-        vkq, _, total = _online(q, k, v, positions, scale, 0, k.shape[1], width)
+        shared = torch.arange(heads, device=q.device) // (heads // keys.shape[0])
+        k, v = keys[shared], values[shared]  # [H, L, D] f16
+        if batch_rows >= FA_TILE:
+            return _tiled(q, k, v, positions, scale, width).reshape(n, heads * dim)
+        online = functools.partial(_online, q, k, v, positions, scale, width=width)
+    if batch_rows == 1 and n == 1 and cells >= SPLIT_KV_CELLS:
+        out = _split(online, q, cells, threads)
+    else:
+        vkq, _, total = online(0, keys.shape[1])
         out = vkq * torch.where(total == 0, torch.zeros_like(total), torch.div(f32(1.0), total)).unsqueeze(-1)
     return out.reshape(n, heads * dim)
+
+
+_Online = Callable[[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""`_online` over cells [first, last): the unnormalized sums, the running maximum and the softmax sum."""
 
 
 def _online(
@@ -204,16 +245,14 @@ def _online(
     return accumulated, high, total
 
 
-def _split(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, scale: torch.Tensor, cells: int, threads: int, width: int
-) -> torch.Tensor:
-    """One row over `cells` cells split in `threads` chunks, each `_online`, merged as `ggml_flash_attn_ext_reduce_partials`."""
+def _split(online: _Online, q: torch.Tensor, cells: int, threads: int) -> torch.Tensor:
+    """One row over `cells` cells split in `threads` chunks, each `online`, merged as `ggml_flash_attn_ext_reduce_partials`."""
     chunk = -(-cells // threads)
     merged = torch.zeros_like(q)
     high = torch.full(q.shape[:2], -torch.inf, dtype=torch.float32, device=q.device)
     total = torch.zeros(q.shape[:2], dtype=torch.float32, device=q.device)
     for start in range(0, cells, chunk):
-        part, part_high, part_total = _online(q, k, v, positions, scale, start, start + chunk, width)
+        part, part_high, part_total = online(start, start + chunk)
         present = part_total != 0
         new_high = torch.maximum(high, part_high)
         old_scale, new_scale = libm_expf(high - new_high), libm_expf(part_high - new_high)

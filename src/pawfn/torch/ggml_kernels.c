@@ -974,6 +974,186 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
     free(scratch);
 }
 
+/* ---- Qwen3.5's own ops (ggml_hybrid.py documents each rule): the fused delta rule and flash attention ---- */
+
+/* The C library's float32 functions per value, as ggml's scalar ops call them: 0 expf, 1 logf, 2 `ggml_sigmoid`
+   (1 / (1 + expf(-x))), 3 `ggml_softplus` (logf(1 + expf(x)), x itself above 20). */
+void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+        const float v = x[i];
+        switch (op) {
+        case 0: y[i] = expf(v); break;
+        case 1: y[i] = logf(v); break;
+        case 2: y[i] = 1.0f / (1.0f + expf(-v)); break;
+        default: y[i] = v > 20.0f ? v : logf(1.0f + expf(v)); break;
+        }
+    }
+}
+
+/* `ggml_ssm_conv`: out [T, channels] from window [channels, K - 1 + T] and kernel [channels, K], each output an FMA
+   chain over its K products in order. */
+void paw_ssm_conv(const float *window, const float *kernel, float *out, int64_t channels, int64_t K, int64_t T) {
+    const int64_t width = K - 1 + T;
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < channels; ++c) {
+            float total = window[c * width + t] * kernel[c * K];
+            for (int64_t i = 1; i < K; ++i) total = fmaf(window[c * width + t + i], kernel[c * K + i], total);
+            out[t * channels + c] = total;
+        }
+}
+
+/* `ggml_vec_dot_f32`: 4 accumulators of W lanes, FMA chains over each step of 4W values, added (0+2)+(1+3), then
+   the lanes (by halves with AVX-512, GGML_F32x8_REDUCE with AVX2); the last n % 4W products rounded, added in order. */
+static inline float dot_f32_ggml(const float *x, const float *y, int64_t n, int W) {
+    int64_t step = 4 * W, whole = n - n % step;
+    float total = 0.0f;
+    if (whole) {
+        float acc[64] = {0}, lanes[16];
+        for (int64_t s = 0; s < whole; s += step)
+            for (int64_t l = 0; l < step; ++l) acc[l] = fmaf(x[s + l], y[s + l], acc[l]);
+        for (int l = 0; l < W; ++l) lanes[l] = (acc[l] + acc[2 * W + l]) + (acc[W + l] + acc[3 * W + l]);
+        if (W == 16) {
+            total = halves(lanes, 16);
+        } else {
+            float quarter[4];
+            for (int l = 0; l < 4; ++l) quarter[l] = lanes[l] + lanes[4 + l];
+            total = (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+        }
+    }
+    for (int64_t i = whole; i < n; ++i) total = total + x[i] * y[i];
+    return total;
+}
+
+/* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k, v [T, H, S] (q and k normed, one
+   per value head), g and beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in
+   place; `out` [T, H, S]. */
+static void gated_delta_net(const float *q, const float *k, const float *v, const float *g, const float *beta, float *state,
+                            float *out, int64_t T, int64_t H, int64_t S, int W, int64_t first, int64_t last) {
+    const float scale = 1.0f / sqrtf((float)S);
+    float *delta = malloc(sizeof(float) * S);
+    if (!delta) return;
+    for (int64_t h = first; h < last; ++h) {
+        float *m = state + h * S * S;
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t at = (t * H + h) * S;
+            const float decay = expf(g[t * H + h]), b = beta[t * H + h];
+            for (int64_t e = 0; e < S * S; ++e) m[e] = m[e] * decay;
+            for (int64_t j = 0; j < S; ++j) delta[j] = (v[at + j] - dot_f32_ggml(m + j * S, k + at, S, W)) * b;
+            for (int64_t j = 0; j < S; ++j)
+                for (int64_t i = 0; i < S; ++i) m[j * S + i] = fmaf(k[at + i], delta[j], m[j * S + i]);
+            for (int64_t j = 0; j < S; ++j) out[at + j] = dot_f32_ggml(m + j * S, q + at, S, W) * scale;
+        }
+    }
+    free(delta);
+}
+
+/* `ggml_compute_forward_flash_attn_ext_f16_one_chunk` over cells [cell_first, cell_last) for (row, head) pairs
+   [first, last) of q [n, H, D] (row r at cache position positions0 + r, causal): Q rounded to f16, each cell's
+   score by `ggml_vec_dot_f16`, online softmax with V summed in f16. Writes the unnormalized sums [n, H, D] (f16
+   values as float32), the maximum and the softmax sum [n, H]. k/v: [KV, cells, D] f16, head stride k_stride. */
+static void flash_online(const float *q, const uint16_t *k, const uint16_t *v, int64_t kv_stride, int64_t n, int64_t H, int64_t KV,
+                         int64_t D, int64_t positions0, int64_t cell_first, int64_t cell_last, float scale, int W, float *acc,
+                         float *high, float *total, int64_t first, int64_t last) {
+    float *query = malloc(sizeof(float) * D);
+    if (!query) return;
+    for (int64_t p = first; p < last; ++p) {
+        const int64_t r = p / H, h = p % H, kvh = h / (H / KV), position = positions0 + r;
+        const uint16_t *keys = k + kvh * kv_stride, *values = v + kvh * kv_stride;
+        float *sums = acc + p * D, m = -INFINITY, s = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+            query[d] = f16_round(q[p * D + d]);
+            sums[d] = 0.0f;
+        }
+        const int64_t end = cell_last < position + 1 ? cell_last : position + 1;
+        for (int64_t c = cell_first; c < end; ++c) {
+            const float score = dot_f16(query, keys + c * D, D, W, 1) * scale;
+            float shrink = 1.0f, weight = 1.0f;
+            if (score > m) {
+                shrink = expf(m - score);
+                m = score;
+                for (int64_t d = 0; d < D; ++d) sums[d] = f16_round(sums[d] * shrink);
+            } else {
+                weight = expf(score - m);
+            }
+            for (int64_t d = 0; d < D; ++d) sums[d] = f16_round(fmaf(f16_value(values[c * D + d]), weight, sums[d]));
+            s = fmaf(s, shrink, weight);
+        }
+        high[p] = m;
+        total[p] = s;
+    }
+    free(query);
+}
+
+#define PAW_FA_TILE 64
+
+/* `ggml_compute_forward_flash_attn_ext_tiled` for heads [first, last) of q [n, H, D] (row r at cache position
+   positions0 + r, causal) over the cache's first `length` cells: scores as FMA chains over Q (float32) and K
+   widened from f16, tiles of 64 cells with `ggml_v_expf` softmax summed in double, V summed by FMA chains. Writes
+   the normalized outputs [n, H, D]. Rows take the tiles up to their own position (later ones are all masked). */
+static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, int64_t kv_stride, int64_t n, int64_t H, int64_t KV,
+                        int64_t D, int64_t positions0, int64_t length, float scale, int W, float *out, int64_t first, int64_t last) {
+    float *tile_keys = malloc(sizeof(float) * D * PAW_FA_TILE), *tile_values = malloc(sizeof(float) * D * PAW_FA_TILE);
+    float *highs = malloc(sizeof(float) * n), *totals = malloc(sizeof(float) * n);
+    float scores[PAW_FA_TILE];
+    if (!tile_keys || !tile_values || !highs || !totals) goto done;
+    for (int64_t h = first; h < last; ++h) {
+        const int64_t kvh = h / (H / KV);
+        const uint16_t *keys = k + kvh * kv_stride, *values = v + kvh * kv_stride;
+        for (int64_t r = 0; r < n; ++r) {
+            highs[r] = -INFINITY;
+            totals[r] = 0.0f;
+            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = 0.0f;
+        }
+        for (int64_t start = 0; start < length && start <= positions0 + n - 1; start += PAW_FA_TILE) {
+            for (int c = 0; c < PAW_FA_TILE; ++c)  /* K transposed, V as rows, both widened; zeros past the cache */
+                for (int64_t d = 0; d < D; ++d) {
+                    const int inside = start + c < length;
+                    tile_keys[d * PAW_FA_TILE + c] = inside ? f16_value(keys[(start + c) * D + d]) : 0.0f;
+                    tile_values[c * D + d] = inside ? f16_value(values[(start + c) * D + d]) : 0.0f;
+                }
+            for (int64_t r = 0; r < n; ++r) {
+                const int64_t position = positions0 + r;
+                if (start > position) continue;  /* all masked for this row: no change */
+                const float *query = q + (r * H + h) * D;
+                float *result = out + (r * H + h) * D, top = -INFINITY;
+                for (int c = 0; c < PAW_FA_TILE; ++c) scores[c] = 0.0f;
+                for (int64_t d = 0; d < D; ++d)
+                    for (int c = 0; c < PAW_FA_TILE; ++c) scores[c] = fmaf(query[d], tile_keys[d * PAW_FA_TILE + c], scores[c]);
+                for (int c = 0; c < PAW_FA_TILE; ++c) {
+                    const int64_t cell = start + c;
+                    scores[c] = cell < length && cell <= position ? scores[c] * scale : -INFINITY;
+                    if (scores[c] > top) top = scores[c];
+                }
+                const float newer = fmaxf(highs[r], top);
+                if (newer > highs[r]) {
+                    const float shrink = expf(highs[r] - newer);
+                    for (int64_t d = 0; d < D; ++d) result[d] = result[d] * shrink;
+                    totals[r] = totals[r] * shrink;
+                }
+                highs[r] = newer;
+                double running = 0.0;
+                for (int c0 = 0; c0 < PAW_FA_TILE; c0 += W) {
+                    float lanes[16];
+                    for (int l = 0; l < W; ++l) lanes[l] = scores[c0 + l] = expf_ggml(scores[c0 + l] - newer, W);
+                    running += (double)halves(lanes, W);
+                }
+                totals[r] = (float)((double)totals[r] + running);
+                for (int c = 0; c < PAW_FA_TILE; ++c)
+                    for (int64_t d = 0; d < D; ++d) result[d] = fmaf(scores[c], tile_values[c * D + d], result[d]);
+            }
+        }
+        for (int64_t r = 0; r < n; ++r) {
+            const float inverse = totals[r] == 0.0f ? 0.0f : 1.0f / totals[r];
+            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = out[(r * H + h) * D + d] * inverse;
+        }
+    }
+done:
+    free(tile_keys);
+    free(tile_values);
+    free(highs);
+    free(totals);
+}
+
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
 typedef struct {
@@ -984,7 +1164,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS
+    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1004,6 +1184,18 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q6_K_FLOAT_PARTS:
         q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_GATED_DELTA_NET:
+        gated_delta_net(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], (float *)a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2],
+                        (int)a->i[3], first, last);
+        break;
+    case KERNEL_FLASH_ONLINE:
+        flash_online(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->i[4], a->i[5], a->i[6], a->i[7], a->f,
+                     (int)a->i[8], (float *)a->p[3], (float *)a->p[4], (float *)a->p[5], first, last);
+        break;
+    case KERNEL_FLASH_TILED:
+        flash_tiled(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->i[4], a->i[5], a->i[6], a->f, (int)a->i[7],
+                    (float *)a->p[3], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

@@ -37,6 +37,11 @@ __all__ = [
     "join_blocks",
     "native_attention",
     "native_expf",
+    "native_flash_online",
+    "native_flash_tiled",
+    "native_gated_delta_net",
+    "native_libm",
+    "native_ssm_conv",
     "native_kernels",
     "native_rms_norm",
     "native_rope",
@@ -62,7 +67,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS = range(7)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED = range(10)
 """`paw_run`'s kernels."""
 
 
@@ -85,6 +90,8 @@ class NativeKernels:
         self._block_product.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, ctypes.POINTER(_Out), _I64]
         self._block_product.restype = ctypes.c_int
         self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
+        self.libm = self._declare(library.paw_libm, [_I64, _PTR, _PTR, _I64])
+        self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
@@ -300,6 +307,75 @@ def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Te
     y = torch.empty_like(x)
     kernels.expf(_ptr(x), _ptr(y), x.numel(), width)
     return y
+
+
+LIBM_OPS = {"expf": 0, "logf": 1, "sigmoid": 2, "softplus": 3}
+"""`paw_libm`'s functions: the C library's `expf`, `logf`, and ggml's sigmoid and softplus written with them."""
+
+
+def native_libm(kernels: NativeKernels, function: str, x: torch.Tensor) -> torch.Tensor:
+    """`function` (a `LIBM_OPS` name) of every value of x, in C."""
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    kernels.libm(LIBM_OPS[function], _ptr(x), _ptr(y), x.numel())
+    return y
+
+
+def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """`ggml_hybrid.ggml_ssm_conv` in C: window [channels, K - 1 + T], kernel [channels, K] -> [T, channels]."""
+    window, kernel = window.float().contiguous(), kernel.float().contiguous()
+    channels, taps = kernel.shape
+    steps = window.shape[1] - taps + 1
+    out = torch.empty((steps, channels), dtype=torch.float32)
+    kernels.ssm_conv(_ptr(window), _ptr(kernel), _ptr(out), channels, taps, steps)
+    return out
+
+
+def native_gated_delta_net(
+    kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ggml_hybrid.ggml_gated_delta_net` in C (the heads split across threads)."""
+    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    columns = state.float().transpose(1, 2).contiguous()  # ggml's layout, updated in place
+    steps, heads, size = v.shape
+    out = torch.empty_like(v)
+    pointers = [_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(columns), _ptr(out)]
+    kernels.run(_DELTA_NET, pointers, [steps, heads, size, width], heads, steps * heads * size * size * 4)
+    return out, columns.transpose(1, 2).contiguous()
+
+
+def _cache_views(keys: torch.Tensor, values: torch.Tensor) -> int:
+    """The head stride of f16 cache views [KV, L, D] with contiguous rows (keys' and values' alike)."""
+    dim = keys.shape[2]
+    rows_contiguous = all(view.dtype == torch.float16 and view.stride(2) == 1 and view.stride(1) == dim for view in (keys, values))
+    if not rows_contiguous or keys.stride(0) != values.stride(0):
+        raise ValueError("flash attention needs f16 keys and values with contiguous rows and one head stride")
+    return keys.stride(0)
+
+
+def native_flash_online(
+    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, last: int, scale: float, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`ggml_hybrid._online` in C: q [n, H, D], the last n of the cache's L positions, over cells [first, last)."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    stride = _cache_views(keys, values)
+    accumulated = torch.empty_like(q)
+    high, total = torch.empty((n, heads), dtype=torch.float32), torch.empty((n, heads), dtype=torch.float32)
+    integers = [stride, n, heads, keys.shape[0], dim, keys.shape[1] - n, first, last, width]
+    pointers = [_ptr(q), _ptr(keys), _ptr(values), _ptr(accumulated), _ptr(high), _ptr(total)]
+    kernels.run(_FLASH_ONLINE, pointers, integers, n * heads, n * heads * keys.shape[1] * dim, scale)
+    return accumulated, high, total
+
+
+def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, width: int) -> torch.Tensor:
+    """`ggml_hybrid._tiled` in C: q [n, H, D], the last n of the cache's L positions; returns [n, H, D]."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    out = torch.empty_like(q)
+    integers = [_cache_views(keys, values), n, heads, keys.shape[0], dim, keys.shape[1] - n, keys.shape[1], width]
+    kernels.run(_FLASH_TILED, [_ptr(q), _ptr(keys), _ptr(values), _ptr(out)], integers, heads, n * heads * keys.shape[1] * dim, scale)
+    return out
 
 
 def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ...errors import BaseModelError
 from ...ggufio import GGUFFile
 from ..ggml_hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
+from ..ggml_native import native_kernels
 from .base import Architecture, Family, LinearAttention, Ops, required_int
 
 __all__ = ["Qwen35Family"]
@@ -213,7 +214,7 @@ class Qwen35Family(Family):
         k = self._rope(ops, ops.rms_norm(ops.linear(x, names.attn_k).view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
         v = ops.linear(x, names.attn_v).view(n, arch.n_kv_heads, arch.head_dim)
         gate = query_gate[:, :, 1].reshape(n, -1)
-        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate))
+        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate, native_kernels()))
         return ops.linear(attended, names.attn_output)
 
     def _rope(self, ops: Ops, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -227,12 +228,13 @@ class Qwen35Family(Family):
         """A Gated DeltaNet layer: projections for every row, then each sequence's convolution and recurrence
         (`Ops.recurrent`) in float32, as llama.cpp keeps its states, then the gated norm and output projection."""
         arch, names, n, width = ops.architecture, _names(layer), x.shape[0], ops.llamacpp_width
+        kernels = None if width is None else native_kernels()  # the C kernels where they build (else None: torch)
         linear = arch.linear
         assert linear is not None  # a recurrent layer exists only with its hyperparameters
         biased = ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()
-        decay = (F.softplus(biased) if width is None else ggml_softplus(biased)) * ops.tensor(names.decay).float()
+        decay = (F.softplus(biased) if width is None else ggml_softplus(biased, kernels)) * ops.tensor(names.decay).float()
         beta = ops.linear(x, names.beta).float()
-        beta = torch.sigmoid(beta) if width is None else ggml_sigmoid(beta)
+        beta = torch.sigmoid(beta) if width is None else ggml_sigmoid(beta, kernels)
         inputs = torch.cat((ops.linear(x, names.qkv).float(), beta, decay), dim=-1)
         kernel, eps = ops.tensor(names.conv).float(), arch.norm_eps
 
@@ -241,7 +243,7 @@ class Qwen35Family(Family):
 
         out = ops.recurrent(layer, inputs, update).to(x.dtype).view(n, linear.n_value_heads, linear.head_dim)
         z = ops.linear(x, names.z).view(n, linear.n_value_heads, linear.head_dim)
-        gated = ops.rms_norm(out, names.ssm_norm) * (F.silu(z) if width is None else ggml_silu(z, width))
+        gated = ops.rms_norm(out, names.ssm_norm) * (F.silu(z) if width is None else ggml_silu(z, width, kernels))
         return ops.linear(gated.reshape(n, -1), names.ssm_out)
 
 
@@ -260,10 +262,11 @@ def _delta_rule(
     window, memory = state
     mixed, beta, decay = torch.split(rows, [channels, heads, heads], dim=-1)
     window = torch.cat((window, mixed.T), dim=1)  # [channels, K - 1 + T]
+    kernels = None if width is None else native_kernels()  # the C kernels where they build (else None: torch)
     if width is None:
         convolved = F.silu((window.unfold(1, linear.conv_kernel, 1) * kernel.unsqueeze(1)).sum(dim=-1).T)  # [T, channels]
     else:
-        convolved = ggml_silu(ggml_ssm_conv(window, kernel), width)
+        convolved = ggml_silu(ggml_ssm_conv(window, kernel, kernels), width, kernels)
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
@@ -272,7 +275,7 @@ def _delta_rule(
     k = normed(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     v = v.reshape(n, heads, size)
     if width is not None:
-        outputs, memory = ggml_gated_delta_net(q, k, v, decay, beta, memory, width)
+        outputs, memory = ggml_gated_delta_net(q, k, v, decay, beta, memory, width, kernels)
         return outputs.reshape(n, heads * size), (window[:, n:].clone(), memory)
     recurrence = _by_tokens if n == 1 else _by_chunks
     outputs, memory = recurrence(q, k, v, beta, decay, memory)
