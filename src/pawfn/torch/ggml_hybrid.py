@@ -1,4 +1,7 @@
 """llama.cpp's CPU arithmetic for Qwen3.5's own operations, in torch: `numerics="llamacpp"` on the qwen35 family.
+Each function takes the C kernels (`ggml_native`), which compute the same numbers faster, where they build; the
+torch code is the reference and the fallback. The AVX-512 paths were checked against llama.cpp here; the AVX2 ones
+(`width` 8) are written from the same sources.
 
 Read from ggml's CPU sources and the compiled library (llama-cpp-python 0.3.36, x86 with AVX2 or AVX-512), for what
 the official vision runtime runs (flash attention, an f16 cache, batches of 128, 2 threads):
