@@ -145,7 +145,7 @@ def converted(config: dict[str, object], hf_name: str, array: Array) -> tuple[st
         elif module == "linear_attn.out_proj":
             array = _tiled(array, 1, n_key, per_key, head)
         if module == "linear_attn.A_log":
-            array = -np.exp(array)
+            array = -torch.exp(torch.as_tensor(array)).numpy()  # torch's exp, as the converter computes it
     if hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
         array = array + 1.0
     return name, np.ascontiguousarray(array, dtype=np.float32)
