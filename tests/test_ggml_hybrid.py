@@ -158,3 +158,18 @@ def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace, implem
             _bit_exact(ggml_flash_attention(query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH, kernels), expected)
             first = stop
     assert kernels_seen == {"tiled", "split", "one row"}
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_the_c_delta_rule_equals_the_torch_one_on_whole_vectors(width: int) -> None:
+    """The tiny model's heads (16 values) take only the dots' leftover loop; Qwen3.5-0.8B's (128) take the 4
+    accumulators of lanes: the C kernels and the torch emulation agree there too, for both vector widths."""
+    kernels = _kernels("c")
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn((5, 3, 128), generator=generator) for _ in range(3))
+    g, beta = -torch.rand((5, 3), generator=generator), torch.rand((5, 3), generator=generator)
+    state = torch.randn((3, 128, 128), generator=generator) * 0.1
+    out, new_state = ggml_gated_delta_net(q, k, v, g, beta, state, width)
+    native_out, native_state = ggml_gated_delta_net(q, k, v, g, beta, state, width, kernels)
+    _bit_exact(native_out, out)
+    _bit_exact(native_state, new_state)

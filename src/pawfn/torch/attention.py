@@ -103,13 +103,13 @@ def attend_llamacpp_flash(
     rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
     cells used, padded to 256). The sequence starts at position 0 (no prefix)."""
     end = cache.store(layer, slot, k, v)
+    lanes, kernels = interpreter.simd_width, interpreter.ggml_kernels
     outputs: list[torch.Tensor] = []
     first = 0
     for rows in batches:
         stop = end - q.shape[0] + first + rows
         cells = max(256, -(-stop // 256) * 256)
         keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
-        lanes, kernels = interpreter.simd_width, interpreter.ggml_kernels
         outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, lanes, kernels))
         first += rows
     return torch.cat(outputs)

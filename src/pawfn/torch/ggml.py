@@ -47,6 +47,7 @@ __all__ = [
     "f32",
     "fma32",
     "sqrtf",
+    "sum_accumulators",
     "sum_halves",
     "block_matrix",
     "ggml_attention",
@@ -458,6 +459,17 @@ def sum_halves(lanes: torch.Tensor) -> torch.Tensor:
     return lanes.squeeze(-1)
 
 
+def sum_accumulators(acc: torch.Tensor, width: int) -> torch.Tensor:
+    """ggml's one-row dots' 4 accumulators of `width` lanes (`acc` [..., 4 * width]) as one sum: added (0+2)+(1+3),
+    then the lanes, by halves with AVX-512, by GGML_F32x8_REDUCE with AVX2 (halves to 4, then (a0+a1) + (a2+a3))."""
+    parts = acc.reshape(*acc.shape[:-1], 4, width)
+    lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
+    if width == 16:
+        return sum_halves(lanes)
+    quarter = lanes[..., :4] + lanes[..., 4:]
+    return (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
+
+
 def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 16) -> torch.Tensor:
     """Dot products over the last axis of f16 values `a` [..., K] and `b` [..., K] (broadcast), as llama.cpp sums
     them in float32: llamafile's tinyBLAS for products of 2 rows or more (`width` lanes each summing one element of
@@ -473,13 +485,7 @@ def ggml_dot_f16(a: torch.Tensor, b: torch.Tensor, one_row: bool, width: int = 1
         acc = torch.zeros((*first.shape[:-1], step), dtype=torch.float32, device=a.device)
         for start in range(0, whole, step):
             acc = torch.addcmul(acc, a[..., start : start + step], b[..., start : start + step])
-        parts = acc.reshape(*acc.shape[:-1], 4, width)
-        lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
-        if width == 16:
-            reduced = sum_halves(lanes)
-        else:
-            quarter = lanes[..., :4] + lanes[..., 4:]  # GGML_F32x8_REDUCE: then hadd twice, (a0+a1) + (a2+a3)
-            reduced = (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
+        reduced = sum_accumulators(acc, width)
         if whole == k:
             return reduced
         leftovers = (a[..., whole:] * b[..., whole:]).double()  # ggml's leftover loop sums in double

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from .ggml import f32, fma32, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
+from .ggml import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
 from .ggml_native import NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_gated_delta_net, native_libm, native_ssm_conv
 
 __all__ = [
@@ -127,13 +127,7 @@ def ggml_dot_f32(a: torch.Tensor, b: torch.Tensor, width: int = 16) -> torch.Ten
         acc = fma32(a[..., :step], b[..., :step], 0.0)
         for start in range(step, whole, step):
             acc = fma32(a[..., start : start + step], b[..., start : start + step], acc)
-        parts = acc.reshape(*acc.shape[:-1], 4, width)
-        lanes = (parts[..., 0, :] + parts[..., 2, :]) + (parts[..., 1, :] + parts[..., 3, :])
-        if width == 16:
-            total = sum_halves(lanes)
-        else:
-            quarter = lanes[..., :4] + lanes[..., 4:]
-            total = (quarter[..., 0] + quarter[..., 1]) + (quarter[..., 2] + quarter[..., 3])
+        total = sum_accumulators(acc, width)
     products = a[..., whole:] * b[..., whole:]
     if total is None:
         total = torch.zeros(products.shape[:-1], dtype=torch.float32, device=products.device)
@@ -213,7 +207,7 @@ def ggml_flash_attention(
         out = _split(online, q, cells, threads)
     else:
         vkq, _, total = online(0, keys.shape[1])
-        out = vkq * torch.where(total == 0, torch.zeros_like(total), torch.div(f32(1.0), total)).unsqueeze(-1)
+        out = _normalized(vkq, total)
     return out.reshape(n, heads * dim)
 
 
@@ -305,4 +299,9 @@ def _tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.T
         tile_values[:, : stop - start] = v[:, start:stop].float()
         for cell in range(FA_TILE):
             accumulated = fma32(weights[:, :, cell : cell + 1], tile_values[:, cell].unsqueeze(0), accumulated)
-    return accumulated * torch.where(total == 0, torch.zeros_like(total), torch.div(f32(1.0), total)).unsqueeze(-1)
+    return _normalized(accumulated, total)
+
+
+def _normalized(sums: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """Flash attention's last step: the sums [n, H, D] times `1/total` (0 where the softmax sum is 0)."""
+    return sums * torch.where(total == 0, torch.zeros_like(total), torch.div(f32(1.0), total)).unsqueeze(-1)

@@ -610,6 +610,16 @@ static inline float halves(float *lanes, int W) {
     return lanes[0];
 }
 
+/* ggml's one-row dots' 4 accumulators of W lanes (`lanes` [4W], overwritten) as one sum: added (0+2)+(1+3), then the
+   lanes by halves (AVX-512) or GGML_F32x8_REDUCE (AVX2: halves to 4, then (a0+a1) + (a2+a3)). */
+static inline float sum_accumulators(float *lanes, int W) {
+    for (int l = 0; l < W; ++l) lanes[l] = (lanes[l] + lanes[2 * W + l]) + (lanes[W + l] + lanes[3 * W + l]);
+    if (W == 16) return halves(lanes, 16);
+    float quarter[4];
+    for (int l = 0; l < 4; ++l) quarter[l] = lanes[l] + lanes[4 + l];
+    return (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
+}
+
 /* `ggml_v_expf`: AVX-512 form (W 16) scales 1 + p(b) by 2**n; AVX2 form (W 8) folds the 1 into the last FMA and
    scales the far ranges in two steps. */
 static inline float expf_ggml(float x, int W) {
@@ -960,14 +970,7 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                     result[d] = halves(lanes, W);
                     continue;
                 }
-                for (int l = 0; l < W; ++l) lanes[l] = (lanes[l] + lanes[2 * W + l]) + (lanes[W + l] + lanes[3 * W + l]);
-                if (W == 16) {
-                    result[d] = halves(lanes, 16);
-                } else {
-                    float quarter[4];
-                    for (int l = 0; l < 4; ++l) quarter[l] = lanes[l] + lanes[4 + l];
-                    result[d] = (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
-                }
+                result[d] = sum_accumulators(lanes, W);
             }
         }
     }
@@ -1008,17 +1011,10 @@ static inline float dot_f32_ggml(const float *x, const float *y, int64_t n, int 
     int64_t step = 4 * W, whole = n - n % step;
     float total = 0.0f;
     if (whole) {
-        float acc[64] = {0}, lanes[16];
+        float acc[64] = {0};
         for (int64_t s = 0; s < whole; s += step)
             for (int64_t l = 0; l < step; ++l) acc[l] = fmaf(x[s + l], y[s + l], acc[l]);
-        for (int l = 0; l < W; ++l) lanes[l] = (acc[l] + acc[2 * W + l]) + (acc[W + l] + acc[3 * W + l]);
-        if (W == 16) {
-            total = halves(lanes, 16);
-        } else {
-            float quarter[4];
-            for (int l = 0; l < 4; ++l) quarter[l] = lanes[l] + lanes[4 + l];
-            total = (quarter[0] + quarter[1]) + (quarter[2] + quarter[3]);
-        }
+        total = sum_accumulators(acc, W);
     }
     for (int64_t i = whole; i < n; ++i) total = total + x[i] * y[i];
     return total;

@@ -103,14 +103,15 @@ class TorchInterpreter(LoadedBase):
         position, n_slots = start, 0
         batches: list[int] = []  # llama.cpp's (mtmd evaluates each text run and each image on its own)
         for part in parts:
-            batches += llamacpp_batches(part.rows * part.columns if isinstance(part, ImageEmbeddings) else len(part))
             if isinstance(part, ImageEmbeddings):
                 index = torch.arange(part.rows * part.columns, device=self.device)
+                batches += llamacpp_batches(len(index))
                 at = torch.full_like(index, position)
                 sections.append(torch.stack((at, at + index // part.columns, at + index % part.columns, torch.zeros_like(index)), dim=1))
                 embedded.append(part.values.to(self.device, self.dtype))
                 position, n_slots = position + max(part.rows, part.columns), n_slots + len(index)
             elif part:
+                batches += llamacpp_batches(len(part))
                 text_positions = torch.arange(position, position + len(part), device=self.device)
                 sections.append(text_positions.unsqueeze(1).expand(-1, 4))
                 embedded.append((part, text_positions))
@@ -165,6 +166,7 @@ class _Pass:
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
         self._llamacpp = interpreter.numerics == "llamacpp"
         self.llamacpp_width = interpreter.simd_width if self._llamacpp else None
+        self.llamacpp_kernels = interpreter.ggml_kernels if self._llamacpp else None
         self._flash = self._llamacpp and interpreter.family.llamacpp_flash_attention
 
     _by_rows = False
@@ -284,6 +286,10 @@ class _ForwardPass(_Pass):
         self._mask: torch.Tensor | None = None
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        if self._flash:
+            return attend_llamacpp_flash(self._cache, layer, self._slot, q, k, v, self._interpreter, self._batches)
+        if self._llamacpp:  # llama.cpp's attention masks as it goes: no mask tensor
+            return attend_llamacpp(self._cache, layer, self._slot, q, k, v, self._interpreter)
         n_new, arch = q.shape[0], self.architecture
         if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
             group, end = arch.n_heads // arch.n_kv_heads, self._slot + n_new
@@ -291,10 +297,6 @@ class _ForwardPass(_Pass):
             hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
             self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
             self._mask = self._mask.repeat(group, 1)
-        if self._flash:
-            return attend_llamacpp_flash(self._cache, layer, self._slot, q, k, v, self._interpreter, self._batches)
-        if self._llamacpp:
-            return attend_llamacpp(self._cache, layer, self._slot, q, k, v, self._interpreter)
         return attend(arch, self._cache, layer, self._slot, q, k, v, self._mask)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:

@@ -12,13 +12,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, ValidationError
 
 from ...errors import BaseModelError, describe_validation_error
 from ...ggufio import GGUFFile
+
+if TYPE_CHECKING:
+    from ..ggml_native import NativeKernels
 
 __all__ = ["Architecture", "Family", "LinearAttention", "Ops", "RecurrentUpdate", "check_architecture", "parse_hf_config", "required_int"]
 
@@ -130,6 +133,8 @@ class Ops(Protocol):
     architecture: Architecture
     llamacpp_width: int | None
     """float32 lanes of the llama.cpp kernels whose arithmetic the pass follows (`numerics="llamacpp"`), else None."""
+    llamacpp_kernels: NativeKernels | None
+    """That arithmetic's C kernels, where they built (None: its torch emulation, or `numerics="native"`)."""
 
     def tensor(self, name: str) -> torch.Tensor:
         """Base tensor `name` as loaded (a vector or a table the pass reads rather than multiplies)."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ...errors import BaseModelError
 from ...ggufio import GGUFFile
 from ..ggml_hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
-from ..ggml_native import native_kernels
+from ..ggml_native import NativeKernels
 from .base import Architecture, Family, LinearAttention, Ops, required_int
 
 __all__ = ["Qwen35Family"]
@@ -214,7 +214,7 @@ class Qwen35Family(Family):
         k = self._rope(ops, ops.rms_norm(ops.linear(x, names.attn_k).view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
         v = ops.linear(x, names.attn_v).view(n, arch.n_kv_heads, arch.head_dim)
         gate = query_gate[:, :, 1].reshape(n, -1)
-        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate, native_kernels()))
+        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate, ops.llamacpp_kernels))
         return ops.linear(attended, names.attn_output)
 
     def _rope(self, ops: Ops, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -227,8 +227,7 @@ class Qwen35Family(Family):
     def _delta_net(self, ops: Ops, layer: int, x: torch.Tensor) -> torch.Tensor:
         """A Gated DeltaNet layer: projections for every row, then each sequence's convolution and recurrence
         (`Ops.recurrent`) in float32, as llama.cpp keeps its states, then the gated norm and output projection."""
-        arch, names, n, width = ops.architecture, _names(layer), x.shape[0], ops.llamacpp_width
-        kernels = None if width is None else native_kernels()  # the C kernels where they build (else None: torch)
+        arch, names, n, width, kernels = ops.architecture, _names(layer), x.shape[0], ops.llamacpp_width, ops.llamacpp_kernels
         linear = arch.linear
         assert linear is not None  # a recurrent layer exists only with its hyperparameters
         biased = ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()
@@ -239,7 +238,7 @@ class Qwen35Family(Family):
         kernel, eps = ops.tensor(names.conv).float(), arch.norm_eps
 
         def update(rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-            return _delta_rule(linear, kernel, eps, rows, state, width)
+            return _delta_rule(linear, kernel, eps, rows, state, width, kernels)
 
         out = ops.recurrent(layer, inputs, update).to(x.dtype).view(n, linear.n_value_heads, linear.head_dim)
         z = ops.linear(x, names.z).view(n, linear.n_value_heads, linear.head_dim)
@@ -248,21 +247,27 @@ class Qwen35Family(Family):
 
 
 def _delta_rule(
-    linear: LinearAttention, kernel: torch.Tensor, eps: float, rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None, width: int | None
+    linear: LinearAttention,
+    kernel: torch.Tensor,
+    eps: float,
+    rows: torch.Tensor,
+    state: tuple[torch.Tensor, ...] | None,
+    width: int | None,
+    kernels: NativeKernels | None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule. `rows` [T, channels + 2 *
     value heads]: the q, k, v projections, beta and the log decay. The state: the convolution's last `conv_kernel -
     1` inputs [channels, K - 1] and each value head's matrix [heads, key, value]. Returns the outputs [T, value heads
     * head_dim] and the new state. One token is stepped as llama.cpp's CPU kernel steps it; several go by chunks of
     `_CHUNK` (the same recurrence solved as products, ~1e-6 relative apart in float32, as transformers' prefill).
-    `width`: llama.cpp's arithmetic for its kernels of that many float32 lanes (`numerics="llamacpp"`)."""
+    `width`: llama.cpp's arithmetic for its kernels of that many float32 lanes (`numerics="llamacpp"`), on its C
+    `kernels` where given."""
     n, channels, heads, size = rows.shape[0], linear.conv_channels, linear.n_value_heads, linear.head_dim
     if state is None:
         state = tuple(rows.new_zeros(shape) for shape in linear.state_shapes)
     window, memory = state
     mixed, beta, decay = torch.split(rows, [channels, heads, heads], dim=-1)
     window = torch.cat((window, mixed.T), dim=1)  # [channels, K - 1 + T]
-    kernels = None if width is None else native_kernels()  # the C kernels where they build (else None: torch)
     if width is None:
         convolved = F.silu((window.unfold(1, linear.conv_kernel, 1) * kernel.unsqueeze(1)).sum(dim=-1).T)  # [T, channels]
     else:
