@@ -168,8 +168,9 @@ def ggml_gated_delta_net(
 def ggml_mrope_table(positions: torch.Tensor, rotated: int, base: float, pair_sections: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, rotated/2] of M-RoPE positions [T, 4] as `ggml_mrope_cache_init`: each section's angle
     advances by its own repeated float32 products from its position, and each pair takes its section's."""
-    tables = [ggml_rope_table(positions[:, section], rotated, base) for section in range(positions.shape[1])]
-    index = torch.tensor(pair_sections, device=positions.device)
+    used = sorted(set(pair_sections))  # a section no pair turns with needs no table (each costs cosf/sinf calls)
+    tables = [ggml_rope_table(positions[:, section], rotated, base) for section in used]
+    index = torch.tensor([used.index(section) for section in pair_sections], device=positions.device)
     cos = torch.stack([cos for cos, _ in tables], dim=-1)  # [T, 1, pairs, sections]
     sin = torch.stack([sin for _, sin in tables], dim=-1)
     pick = index.reshape(1, 1, -1, 1).expand(*cos.shape[:-1], 1)
