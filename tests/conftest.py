@@ -55,6 +55,17 @@ _CACHE_SNAPSHOT = pytest.StashKey[set[tuple[str, int, int]]]()
 
 
 @pytest.fixture(scope="session")
+def llamacpp_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama.cpp's converter and test vocabularies, from the installed llama-cpp-python's sdist (skips without it)."""
+    from tests.helpers.llamacpp_source import fetch_llamacpp_source
+
+    source = fetch_llamacpp_source(tmp_path_factory.mktemp("sdist"))
+    if isinstance(source, str):
+        pytest.skip(source)
+    return source
+
+
+@pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tiny")
 

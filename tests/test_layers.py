@@ -35,6 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = (
             "grammar",
             "templates",
             "images",
+            "vocab",
         }
     ),
     frozenset({"bundle", "ggufio", "tokenizer", "adapter", "constraint", "outputs"}),

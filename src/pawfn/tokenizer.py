@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-from enum import IntEnum
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,24 +14,9 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from .errors import TokenizerError
 from .ggufio import GGUFFile, GGUFFormatError
 from .models import InterpreterModel
+from .vocab import KNOWN_PRE_TOKENIZERS, TokenKind, load_time_kinds, split_pattern
 
 __all__ = ["TextCodec", "TokenKind"]
-
-# Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` values (same as the HF tokenizer.json ones).
-_QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_GPT2_PRE = frozenset({"gpt-2", "gpt2", "default"})
-_QWEN2_PRE = frozenset({"qwen2"})
-
-
-class TokenKind(IntEnum):
-    """GGUF `tokenizer.ggml.token_type` values."""
-
-    NORMAL = 1
-    UNKNOWN = 2
-    CONTROL = 3
-    USER_DEFINED = 4
-    UNUSED = 5
-    BYTE = 6
 
 
 @lru_cache(maxsize=1)
@@ -197,17 +181,20 @@ class TextCodec:
             raise TokenizerError(path, f"tokenizer.ggml.model is {tokenizer_model!r}; pawfn reads byte-level BPE ('gpt2') vocabularies")
         if types is not None and len(types) != len(tokens):
             raise TokenizerError(path, "tokenizer.ggml.token_type and tokenizer.ggml.tokens differ in length")
-        if pre in _QWEN2_PRE:
-            pre_tokenizer: pre_tokenizers.PreTokenizer = pre_tokenizers.Sequence(
+        try:
+            split = split_pattern(pre)
+        except KeyError:
+            names = ", ".join(KNOWN_PRE_TOKENIZERS)
+            raise TokenizerError(path, f"unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} (known: {names})") from None
+        if split is None:
+            pre_tokenizer: pre_tokenizers.PreTokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
+        else:
+            pre_tokenizer = pre_tokenizers.Sequence(
                 [
-                    pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+                    pre_tokenizers.Split(Regex(split), behavior="isolated"),
                     pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
                 ]
             )
-        elif pre in _GPT2_PRE:
-            pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=True)
-        else:
-            raise TokenizerError(path, f"unsupported pre-tokenizer tokenizer.ggml.pre={pre!r} (known: qwen2, gpt-2)")
 
         vocab: dict[str, int] = {}
         for index, token in enumerate(tokens):
@@ -224,14 +211,14 @@ class TextCodec:
             raise TokenizerError(path, f"tokenizer.ggml.tokens and merges do not form a BPE vocabulary: {exc}") from exc
         tokenizer.pre_tokenizer = pre_tokenizer
         tokenizer.decoder = decoders.ByteLevel()
+        if eos_id is None or not 0 <= eos_id < len(tokens):
+            raise TokenizerError(path, f"tokenizer.ggml.eos_token_id is missing or out of range ({eos_id})")
         known = TokenKind._value2member_map_
-        kinds = {i: TokenKind(t) for i, t in enumerate(types or []) if t != TokenKind.NORMAL and t in known}
+        kinds = load_time_kinds(tokens, {i: TokenKind(t) for i, t in enumerate(types or []) if t != TokenKind.NORMAL and t in known}, eos_id)
         controls = [AddedToken(tokens[i], special=True, normalized=False) for i, k in kinds.items() if k == TokenKind.CONTROL]
         user_defined = [AddedToken(tokens[i], special=False, normalized=False) for i, k in kinds.items() if k == TokenKind.USER_DEFINED]
         tokenizer.add_special_tokens(controls)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
         tokenizer.add_tokens(user_defined)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
-        if eos_id is None or not 0 <= eos_id < len(tokens):
-            raise TokenizerError(path, f"tokenizer.ggml.eos_token_id is missing or out of range ({eos_id})")
         return cls(tokenizer, kinds, eos_id, str(path), list(tokens))
 
     @classmethod

@@ -110,6 +110,24 @@ def _vocabulary(request: dict[str, Any]) -> dict[str, list[Any]]:
         llm.close()
 
 
+def _pieces(request: dict[str, Any]) -> list[str]:
+    """Every token's piece as llama.cpp writes it (`llama_token_to_piece`, special tokens not rendered), as hex; a
+    buffer long enough for any token (llama-cpp-python's `detokenize` cuts pieces at 32 bytes)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=request["base"], vocab_only=True, verbose=False)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        buffer = ctypes.create_string_buffer(4096)
+        pieces = []
+        for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+            length = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
+            pieces.append(buffer.raw[:length].hex())
+        return pieces
+    finally:
+        llm.close()
+
+
 def _quantize(request: dict[str, Any]) -> None:
     """`source` quantized by llama.cpp's own quantizer to `ftype` (a LLAMA_FTYPE_MOSTLY_* suffix)."""
     import llama_cpp
@@ -168,6 +186,7 @@ OPERATIONS = {
     "generate_whole": _generate_whole,
     "logits": _logits,
     "vocabulary": _vocabulary,
+    "pieces": _pieces,
     "quantize": _quantize,
     "segfault": _segfault,
 }

@@ -223,6 +223,11 @@ def llama_vocabulary(base: Path, texts: Sequence[tuple[str, bool]], ids: Sequenc
     return [[int(t) for t in row] for row in answer["encoded"]], [bytes.fromhex(row) for row in answer["decoded"]]
 
 
+def llama_pieces(base: Path) -> list[bytes]:
+    """Every token's bytes as llama.cpp's `llama_token_to_piece` writes them (special tokens not rendered)."""
+    return [bytes.fromhex(piece) for piece in llama_reference({"op": "pieces", "base": str(base)})]
+
+
 OFFICIAL_BASE_TYPES = ["Q8_0", "Q6_K", "Q4_0"]
 """Base types the tests quantize to with llama.cpp's quantizer (the official bases: Qwen3 Q6_K, GPT-2 Q8_0)."""
 

@@ -23,6 +23,8 @@ Family = Literal["qwen3", "gpt2", "qwen35"]
 Array = npt.NDArray[np.float32]
 
 QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN35_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+"""Qwen3.5's tokenizer.json split rule: letter runs take combining marks (llama.cpp's pre-tokenizer `qwen35`)."""
 CORPUS = [
     "Urgent: the server is down! Please classify the input and answer with one label.",
     "The quick brown fox jumps over the lazy dog while the cat sleeps.",
@@ -30,6 +32,14 @@ CORPUS = [
     "[INPUT] hello world [END_INPUT] output: immediate, later, never; 12345 67890",
     "Résumé naïve café — unicode words ünïcödé and emoji-free text.\n\nNew lines\tand tabs.",
 ]
+MARKED = [
+    "Cafe\u0301 re\u0301sume\u0301 nai\u0308ve: decomposed accents after their letters.",
+    "नमस्ते दुनिया, हिन्दी में लिखा",
+    "สวัสดีครับ ภาษาไทย",
+    "مَرْحَبًا بِكُمْ",
+]
+"""Text whose letters carry combining marks (Devanagari and Thai vowel signs, Arabic harakat, decomposed accents),
+which Qwen3.5's split rule keeps in the word and Qwen's splits off: the Qwen3.5 tokenizer learns merges across them."""
 QWEN_TEMPLATE = (
     "<|im_start|>user\nClassify the urgency of the message.\n\n[INPUT]\n{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -131,9 +141,10 @@ def train_tokenizer(family: Family, texts: Sequence[str] = CORPUS * 20, vocab_si
     """A byte-level BPE tokenizer trained on `texts` (default: a small corpus), with the family's split rule and
     special tokens; Qwen3 gets its two think tags on top of `vocab_size`."""
     tokenizer = Tokenizer(models.BPE())
-    if family == "qwen3":
+    if family in ("qwen3", "qwen35"):
+        split = QWEN35_SPLIT if family == "qwen35" else QWEN_SPLIT
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     else:
@@ -144,7 +155,7 @@ def train_tokenizer(family: Family, texts: Sequence[str] = CORPUS * 20, vocab_si
         vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     tokenizer.train_from_iterator(texts, trainer)
-    if family == "qwen3":
+    if family in ("qwen3", "qwen35"):
         # Like Qwen3's own tokenizer: the think tags are added tokens that are not special.
         think = [AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)]
         tokenizer.add_tokens(think)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open

@@ -21,7 +21,17 @@ from tokenizers import Tokenizer
 if TYPE_CHECKING:
     from transformers import Qwen3_5TextConfig
 
-from .tiny_models import QWEN_BLOCK, QWEN_LORA_MODULES, Array, TinyInterpreter, train_tokenizer, write_base_gguf_header, write_tokenizer
+from .tiny_models import (
+    CORPUS,
+    MARKED,
+    QWEN_BLOCK,
+    QWEN_LORA_MODULES,
+    Array,
+    TinyInterpreter,
+    train_tokenizer,
+    write_base_gguf_header,
+    write_tokenizer,
+)
 
 TEMPLATE = "<|im_start|>user\nClassify the urgency of the message.\n\n[INPUT]\n{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n"
 LORA_MODULES = QWEN_LORA_MODULES | {
@@ -80,7 +90,7 @@ def build_qwen35(root: Path, seed: int = 0) -> TinyInterpreter:
     """Write a tiny random Qwen3.5 HF checkpoint (norms perturbed, so 1 + w matters) and its F32 GGUF under `root`."""
     from transformers import Qwen3_5ForCausalLM
 
-    tokenizer = train_tokenizer("qwen3")
+    tokenizer = train_tokenizer("qwen35", (CORPUS + MARKED) * 20, vocab_size=420)
     eos = "<|im_end|>"
     eos_id = tokenizer.token_to_id(eos)
     assert eos_id is not None
@@ -180,7 +190,7 @@ def write_qwen35_gguf(config: dict[str, object], tokenizer: Tokenizer, state: di
     writer.add_full_attention_interval(4)
     writer.add_rope_dimension_count(int(head_dim * float(str(rope["partial_rotary_factor"]))))
     writer.add_rope_dimension_sections([*(int(str(s)) for s in cast("list[object]", rope["mrope_section"])), 0])  # cast: JSON list
-    write_base_gguf_header(writer, tokenizer, eos, "qwen2")
+    write_base_gguf_header(writer, tokenizer, eos, "qwen35")  # the name llama.cpp's converter gives Qwen3.5's tokenizer
     for hf_name, array in state.items():
         named = converted(config, hf_name, array)
         if named is not None:
@@ -295,7 +305,7 @@ def build_qwen35_vision(root: Path, seed: int = 0) -> TinyVision:
     from tokenizers import AddedToken
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    tokenizer = train_tokenizer("qwen3")
+    tokenizer = train_tokenizer("qwen35", (CORPUS + MARKED) * 20, vocab_size=420)
     tokenizer.add_special_tokens([AddedToken(token, special=True) for token in VISION_TOKENS])  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
     eos = "<|im_end|>"
     ids: dict[str, int] = {}
