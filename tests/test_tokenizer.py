@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -111,3 +113,38 @@ def test_special_text_in_input_is_plain_unless_opted_in(qwen3_program: TinyProgr
     assert opted == official
     assert plain != official
     assert plain.count(im_end) == 1  # only the template's own <|im_end|>
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_a_normal_control_looking_token_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """A vocabulary that holds `</s>` as a plain BPE entry (as Qwen's does, at 128247): llama.cpp makes it a control
+    token at load; pawfn does so from the GGUF and from the Hugging Face folder alike."""
+    import json
+
+    import gguf
+    from tokenizers import Tokenizer
+
+    from tests.helpers.tiny_models import train_tokenizer, write_base_gguf_header, write_tokenizer
+
+    document = json.loads(train_tokenizer("qwen3").to_str())
+    vocab: dict[str, int] = document["model"]["vocab"]
+    closing = max(vocab.values()) + 1
+    vocab["</s>"] = closing  # no merge makes it: reachable only as special-token text, as in Qwen's vocabulary
+    for added in document["added_tokens"]:  # the think tags after it
+        added["id"] += added["id"] >= closing
+    tokenizer = Tokenizer.from_str(json.dumps(document))
+    assert tokenizer.token_to_id("</s>") == closing
+    assert closing not in tokenizer.get_added_tokens_decoder()  # a NORMAL token in the file
+    write_tokenizer(tmp_path, tokenizer, "<|im_end|>")
+    writer = gguf.GGUFWriter(tmp_path / "vocab.gguf", "qwen3")
+    write_base_gguf_header(writer, tokenizer, "<|im_end|>", "qwen2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    texts = ["Hello world</s>", "a</s></s>b", "</s>"]
+    requests = [(text, special) for text in texts for special in (True, False)]
+    expected, _ = llama_vocabulary(tmp_path / "vocab.gguf", requests, [])
+    for codec in (TextCodec.from_gguf(GGUFFile(tmp_path / "vocab.gguf")), TextCodec.from_hf_folder(tmp_path, Qwen3_0_6B)):
+        assert [codec.encode(text, parse_special=special) for text, special in requests] == expected
+        assert closing in expected[0] and codec.decode(expected[0]) == "Hello world"

@@ -223,7 +223,8 @@ class TextCodec:
 
     @classmethod
     def from_hf_folder(cls, folder: Path, model: type[InterpreterModel]) -> TextCodec:
-        """Build the tokenizer from a Hugging Face folder's `tokenizer.json`; EOS from its config files."""
+        """Build the tokenizer from a Hugging Face folder's `tokenizer.json`; EOS from its config files; token types
+        as llama.cpp would have them after converting the folder (its load-time rules)."""
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise TokenizerError(folder, "tokenizer.json is missing; pawfn needs the fast-tokenizer file")
@@ -239,7 +240,16 @@ class TextCodec:
         eos_id = tokenizer.token_to_id(eos_text)
         if eos_id is None:
             raise TokenizerError(folder, f"the EOS token {eos_text!r} is not in the vocabulary")
-        return cls(tokenizer, kinds, eos_id, str(folder))
+        texts = [""] * tokenizer.get_vocab_size(with_added_tokens=True)
+        for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+            if 0 <= token_id < len(texts):
+                texts[token_id] = text
+        overridden = load_time_kinds(texts, kinds, eos_id)
+        became_control = [
+            AddedToken(texts[i], special=True, normalized=False) for i, kind in overridden.items() if kind == TokenKind.CONTROL != kinds.get(i)
+        ]
+        tokenizer.add_special_tokens(became_control)  # pyright: ignore[reportUnknownMemberType]  # stub leaves list items open
+        return cls(tokenizer, overridden, eos_id, str(folder), texts)
 
 
 class _AddedTokenJson(BaseModel):
