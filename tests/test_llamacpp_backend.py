@@ -24,7 +24,7 @@ from pawfn import (
 )
 from pawfn.llamacpp import cpu
 from pawfn.llamacpp import program as llamacpp_program
-from tests.helpers.programs import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, llamacpp_program_of, requires_llama_cpp
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
 INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345"]
@@ -181,3 +181,64 @@ def test_submit_returns_before_the_call_runs_and_calls_run_in_order(qwen3_progra
         assert second.cancel() and second.cancelled()
         assert third.result(timeout=120).token_ids == alone
         assert first.done() and caller not in seen
+
+
+def _official_constant_keywords(module: str) -> dict[str, object]:
+    """The constant keyword arguments of every `Llama(...)` call in the official SDK's module `module` (read from its
+    source, so a new release's settings show here)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        pytest.skip(f"the official SDK (dev extra) is not installed: no {module}")
+    found: dict[str, object] = {}
+    calls = 0
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and (ast.unparse(node.func).endswith("Llama")):
+            calls += 1
+            found |= {k.arg: k.value.value for k in node.keywords if k.arg is not None and isinstance(k.value, ast.Constant)}
+    assert calls, f"no Llama(...) call in {module}"
+    return found
+
+
+_PARAMETERS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch", "type_k", "type_v", "flash_attn_type", "offload_kqv")
+
+
+@pytest.mark.parametrize(
+    ("family", "module"),
+    [("qwen3", "programasweights.runtime_llamacpp"), ("gpt2", "programasweights.runtime_llamacpp"), ("qwen35", "programasweights._runtime_vision")],
+)
+def test_the_context_is_the_official_sdks(family: str, module: str, request: pytest.FixtureRequest) -> None:
+    """With no setting named, a program's llama.cpp context has the parameters the official SDK's own `Llama(...)`
+    call gives it: llama-cpp-python's defaults for text programs (an f16 KV cache), the vision runtime's for Qwen3.5."""
+    import llama_cpp
+
+    from pawfn import Qwen3_5_0_8B
+
+    program: TinyProgram = request.getfixturevalue(f"{family}_program")
+    model = {"qwen3": Qwen3_0_6B, "gpt2": GPT2, "qwen35": Qwen3_5_0_8B}[family]
+    official = _official_constant_keywords(module)
+    assert official == llamacpp_program.official_llama_settings(model)
+    base = program.interpreter.gguf_path
+    with PawFn.specialize(model, LlamaCpp).from_path(program.folder, base=base, config=PawConfig(n_ctx=512)) as ours:
+        runtime = llamacpp_program_of(ours)
+        context = runtime.llm.context_params
+        theirs = llama_cpp.Llama(
+            model_path=str(base), n_ctx=context.n_ctx, n_gpu_layers=0, verbose=False, **llamacpp_program.official_llama_settings(model)
+        )
+        try:
+            assert {name: getattr(context, name) for name in _PARAMETERS} == {name: getattr(theirs.context_params, name) for name in _PARAMETERS}
+        finally:
+            theirs.close()
+        assert context.type_k == context.type_v == 1  # GGML_TYPE_F16
+        assert "f16 KV cache" in runtime.engine
+
+
+def test_a_named_setting_changes_only_what_it_names(qwen3_program: TinyProgram) -> None:
+    config = PawConfig(n_ctx=512, threads=1, llamacpp_kv_dtype="float32", dtype="bfloat16")  # dtype: the Torch backend's
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
+        runtime = llamacpp_program_of(function)
+        context = runtime.llm.context_params
+        assert (context.type_k, context.type_v, context.n_threads, context.n_threads_batch, context.n_batch) == (0, 0, 1, 1, 512)
+        assert "f32 KV cache, 1/1 threads" in runtime.engine

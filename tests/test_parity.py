@@ -181,8 +181,7 @@ def test_llama_cpp_backend_runs_quantized_bases_like_the_official_runtime(
     program, base = wide_qwen3_program_q4, quantized_bases[ftype]
     assert _matrix_types(base) == {ftype}, "llama.cpp's quantizer fell back to another type"
     expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")
-    config = PawConfig(dtype="float16")  # the LlamaCpp backend's KV cache in f16, as llama-cpp-python's default
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(program.folder, base=base, config=config) as official:
+    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(program.folder, base=base) as official:  # no setting: the official ones
         for text, tokens in zip(INPUTS, expected, strict=True):
             assert list(official.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) == tokens, text
 

@@ -64,6 +64,7 @@ _OPTION_FLAGS = {
         "max_batch_rows",
         "weight_dtype",
         "numerics",
+        "llamacpp_kv_dtype",
         "batch_invariant",
         "server_url",
     )
@@ -136,8 +137,18 @@ def _engine_options() -> argparse.ArgumentParser:
         help="Torch: calls decoded together each get their tokens alone (on: row-exact steps) or share batched "
         "products (off: faster on GPUs; tokens may differ); auto (default): on for the CPU, off for CUDA and MPS",
     )
+    options.add_argument(
+        "--llamacpp-kv-dtype",
+        choices=get_args(DType),
+        help="LlamaCpp: the KV cache's type (default: the official runtime's, float16)",
+    )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
-    options.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: leave torch's setting)")
+    options.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads (default: Torch takes the cores other processes leave idle; LlamaCpp the official runtime's)",
+    )
     return options
 
 
@@ -291,6 +302,7 @@ def _config(args: argparse.Namespace) -> PawConfig:
         "dtype",
         "weight_dtype",
         "numerics",
+        "llamacpp_kv_dtype",
         "n_ctx",
         "threads",
         "max_model_copies",

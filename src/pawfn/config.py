@@ -35,6 +35,7 @@ _ENV_VARIABLES = {
     "server_url": "PAW_SERVER_URL",
     "server_api_key": "PAW_SERVER_API_KEY",
     "llamacpp_repack": "PAW_LLAMACPP_REPACK",
+    "llamacpp_kv_dtype": "PAW_LLAMACPP_KV_DTYPE",
     "batch_invariant": "PAW_BATCH_INVARIANT",
     "numerics": "PAW_NUMERICS",
     "run_timeout_s": "PAW_RUN_TIMEOUT_S",
@@ -138,8 +139,12 @@ class EngineSettings(OptionsModel):
     and one fused attention, and a call's tokens may depend on what runs beside it (agreement measured in
     docs/performance.md). `numerics="llamacpp"` is always row-exact."""
     threads: int | None = Field(default=None, ge=1)
-    """CPU threads: None leaves torch's (process-wide) setting alone; a number sets it at load (torch) or per
-    context (llama.cpp). On small VMs one thread can beat two (see docs/performance.md)."""
+    """CPU threads: None lets the Torch backend follow the cores other processes leave idle (up to torch's count)
+    and gives llama.cpp the official runtime's counts; a number sets it at load (torch, process-wide) or per context
+    (llama.cpp: both its thread counts). On small VMs one thread can beat two (see docs/performance.md)."""
+    llamacpp_kv_dtype: DType | None = None
+    """LlamaCpp backend: the KV cache's type; None (the default) is the official runtime's, llama-cpp-python's f16.
+    (`dtype` is the Torch backend's and does not change llama.cpp.)"""
     llamacpp_repack: bool | None = None
     """LlamaCpp backend: let llama.cpp repack weights into its extra CPU buffer types (its ``--repack``). None
     (auto) repacks except where both the CPU and the llama.cpp build have AMX, whose kernels segfault on quantized

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
 import gguf
@@ -13,10 +13,13 @@ import pytest
 from pawfn import PawFn
 from pawfn.torch.program import TorchProgram
 
+if TYPE_CHECKING:
+    from pawfn.llamacpp.program import LlamaCppProgram
+
 from .tiny_models import GPT2_TEMPLATE, QWEN_TEMPLATE, Array, Family, TinyInterpreter, random_lora, write_adapter_gguf, write_bundle, zip_bundle
 from .tiny_qwen35 import TEMPLATE as QWEN35_TEMPLATE
 
-__all__ = ["HAS_LLAMA_CPP", "INTERPRETER_IDS", "TEMPLATES", "TinyProgram", "make_program", "requires_llama_cpp"]
+__all__ = ["HAS_LLAMA_CPP", "INTERPRETER_IDS", "TEMPLATES", "TinyProgram", "llamacpp_program_of", "make_program", "requires_llama_cpp"]
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 requires_llama_cpp = pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
@@ -60,6 +63,15 @@ def make_program(
     bundle = write_bundle(folder / "bundle", adapter, INTERPRETER_IDS[interpreter.family], template, meta)
     archive = zip_bundle(bundle, folder / "program.paw")
     return TinyProgram(interpreter, pairs, ALPHA, adapter, bundle, archive, template)
+
+
+def llamacpp_program_of(function: PawFn[Any, Any]) -> LlamaCppProgram:
+    """The llama.cpp runtime under a loaded program (a test failure if it runs on another backend)."""
+    from pawfn.llamacpp.program import LlamaCppProgram
+
+    runtime = function.runtime
+    assert isinstance(runtime, LlamaCppProgram)
+    return runtime
 
 
 def torch_program(function: PawFn[Any, Any]) -> TorchProgram:

@@ -7,6 +7,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from .llama_cpp import llama_context_params as llama_context_params
 from .llama_cpp import llama_model_default_params as llama_model_default_params
 from .llama_cpp import llama_model_params as llama_model_params
 from .llama_cpp import llama_print_system_info as llama_print_system_info
@@ -27,6 +28,7 @@ class Llama:
     n_tokens: int
     n_batch: int
     model_params: llama_model_params
+    context_params: llama_context_params
     scores: npt.NDArray[np.single]
     input_ids: npt.NDArray[np.intc]
     def __init__(

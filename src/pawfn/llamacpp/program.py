@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from pathlib import Path
 from concurrent.futures import CancelledError
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,9 +41,10 @@ if TYPE_CHECKING:
     import llama_cpp
     from llama_cpp import mtmd_cpp as mtmd
 
-__all__ = ["LlamaCppProgram", "LlamaCppSession", "uses_repack"]
+__all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "official_llama_settings", "uses_repack"]
 
 _KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16
+_KV_NAMES = {0: "f32", 1: "f16", 30: "bf16"}
 _NATIVE_STDERR = threading.Lock()
 _LOG = logging.getLogger("pawfn")
 
@@ -227,8 +228,7 @@ def _open_projector(
     params = mtmd.mtmd_context_params_default()
     params.use_gpu = config.device != "cpu"
     params.print_timings = False
-    if config.threads is not None:
-        params.n_threads = config.threads
+    params.n_threads = llm.context_params.n_threads  # the text context's, as the vision runtime sets it
     if model.image_tokens is not None:
         params.image_min_tokens, params.image_max_tokens = model.image_tokens
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
@@ -240,6 +240,37 @@ def _open_projector(
     if not mtmd.mtmd_support_vision(context):
         raise BaseModelError(path, "this projector takes no images")
     return context
+
+
+class LlamaSettings(TypedDict, total=False):
+    """`Llama`'s keyword arguments that pawfn sets beside the model path, `n_ctx`, `n_gpu_layers` and `verbose`."""
+
+    n_batch: int
+    n_threads: int
+    n_threads_batch: int
+    flash_attn: bool
+    type_k: int
+    type_v: int
+
+
+def official_llama_settings(model: type[InterpreterModel]) -> LlamaSettings:
+    """What the official SDK (programasweights 0.4.14) passes `Llama` for `model`'s programs beside the model path,
+    `n_ctx`, `n_gpu_layers` and `verbose`: nothing for text programs (llama-cpp-python's defaults: an f16 KV cache,
+    batches of 512, no flash attention, its thread counts), its vision runtime's settings for Qwen3.5."""
+    if model.whole_prompt:
+        return {"n_batch": 128, "n_threads": 2, "n_threads_batch": 2, "flash_attn": True}
+    return {}
+
+
+def llama_settings(model: type[InterpreterModel], config: EngineSettings) -> LlamaSettings:
+    """The official settings with what `config` names explicitly on top: `threads` (both thread counts) and
+    `llamacpp_kv_dtype` (the KV cache's type); `dtype` is the Torch backend's and changes nothing here."""
+    settings = official_llama_settings(model)
+    if config.threads is not None:
+        settings["n_threads"] = settings["n_threads_batch"] = config.threads
+    if config.llamacpp_kv_dtype is not None:
+        settings["type_k"] = settings["type_v"] = _KV_TYPES[config.llamacpp_kv_dtype]
+    return settings
 
 
 class LlamaCppProgram(PromptRuntime):
@@ -396,9 +427,12 @@ class LlamaCppProgram(PromptRuntime):
 
     @property
     def engine(self) -> str:
-        """llama.cpp's build (its system info line) and whether it repacked the weights."""
+        """llama.cpp's build (its system info line), its KV cache type and thread counts, and whether it repacked
+        the weights."""
         repacked = "on" if _repacked(self.llm) else "off"
-        return f"llama.cpp {_system_info()}; weight repacking {repacked}"
+        params = self.llm.context_params
+        kv = _KV_NAMES.get(int(params.type_k), str(params.type_k))
+        return f"llama.cpp {_system_info()}; {kv} KV cache, {params.n_threads}/{params.n_threads_batch} threads; weight repacking {repacked}"
 
     @property
     def prefix_ids(self) -> list[int]:
@@ -425,7 +459,6 @@ class LlamaCppProgram(PromptRuntime):
         if architecture != model.gguf_architecture:
             raise BaseModelError(base, f"GGUF architecture is {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}")
         prompt = files.prompt(TextCodec.from_gguf(file), context_window(model, config.n_ctx, trained), model.whole_prompt)
-        kv_type = _KV_TYPES[config.dtype]
         repack = uses_repack(config)
         if not repack and not any(name == "use_extra_bufts" for name, *_ in llama_cpp.llama_model_params._fields_):
             raise PawError(
@@ -439,13 +472,8 @@ class LlamaCppProgram(PromptRuntime):
                         model_path=str(base),
                         n_ctx=prompt.n_ctx,
                         n_gpu_layers=0 if config.device == "cpu" else -1,
-                        type_k=kv_type,
-                        type_v=kv_type,
-                        n_threads=config.threads,
                         verbose=False,
-                        # the official vision runtime's settings for its interpreters (Qwen3.5): batches of 128, flash attention
-                        n_batch=128 if model.whole_prompt else 512,
-                        flash_attn=model.whole_prompt,
+                        **llama_settings(model, config),
                     )
                 resources.callback(llm.close)
                 if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere
