@@ -138,9 +138,7 @@ def _engine_options() -> argparse.ArgumentParser:
         "products (off: faster on GPUs; tokens may differ); auto (default): on for the CPU, off for CUDA and MPS",
     )
     options.add_argument(
-        "--llamacpp-kv-dtype",
-        choices=get_args(DType),
-        help="LlamaCpp: the KV cache's type (default: the official runtime's, float16)",
+        "--llamacpp-kv-dtype", choices=get_args(DType), help="LlamaCpp: the KV cache's type (default: the official runtime's, float16)"
     )
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument(
