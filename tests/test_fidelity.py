@@ -1,6 +1,7 @@
 """pawfn against the official runtime on the trained fixtures (peaked models, where rounding decides few tokens):
-exact float32 on the F32 files gives llama.cpp's every token; on the official files (quantized base, Q4_0 adapter,
-f16 KV) each mode keeps at least its measured share (`benchmarks/fidelity.py` prints the whole table)."""
+with no setting named, the official files (quantized base, Q4_0 adapter, f16 KV) give the official runtime's every
+token and exact float32 on the F32 files llama.cpp's every token; torch's own arithmetic on the official files keeps
+at least its measured share per mode (`benchmarks/fidelity.py` prints the whole table)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,17 @@ other CPUs round differently. `numerics="llamacpp"` (tests/test_llamacpp_numeric
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_the_default_gives_the_official_runtimes_tokens(family: Family) -> None:
+    """No mode named (`numerics="auto"`): llama.cpp's arithmetic on the quantized base, all 16 sequences."""
+    fixture = load_trained(family)
+    expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
+    found = pawfn_tokens(fixture, fixture.program, OFFICIAL_BASE[family], PawConfig())
+    assert not differences(fixture.inputs, expected, found)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_float32_gives_llama_cpps_tokens_on_the_f32_files(family: Family, tmp_path: Path) -> None:
+    """No mode named on F32 files: torch's float32, llama.cpp's arithmetic there (its KV cache in f32)."""
     fixture = load_trained(family)
     expected = llama_tokens(fixture, "f32", fixture.adapter_f32, kv="f32")
     found = pawfn_tokens(fixture, fixture.program_with_f32_adapter(tmp_path), "f32", PawConfig())
@@ -41,7 +52,7 @@ def test_float32_gives_llama_cpps_tokens_on_the_f32_files(family: Family, tmp_pa
 def test_modes_keep_their_share_of_the_official_runtimes_tokens(family: Family, weight_dtype: WeightDType | None) -> None:
     fixture = load_trained(family)
     expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
-    found = pawfn_tokens(fixture, fixture.program, OFFICIAL_BASE[family], PawConfig(weight_dtype=weight_dtype))
+    found = pawfn_tokens(fixture, fixture.program, OFFICIAL_BASE[family], PawConfig(weight_dtype=weight_dtype, numerics="native"))
     differing = differences(fixture.inputs, expected, found)
     equal = len(fixture.inputs) - len(differing)
     assert equal >= FLOORS[(family, weight_dtype)], "\n".join([f"{equal} of {len(fixture.inputs)} equal", *differing])

@@ -29,7 +29,8 @@ from pawfn.torch.ggml import (
 )
 from pawfn.torch.ggml_native import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
 from pawfn.torch.kernels import cpu_flags
-from tests.helpers.programs import TinyProgram, requires_llama_cpp
+from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
+from tests.helpers.tiny_models import TinyInterpreter
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
 
@@ -329,7 +330,7 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
     from pawfn.torch.loading import check_llamacpp_numerics
 
     check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
-    with pytest.raises(ConfigError, match="numerics='llamacpp' runs on the CPU"):
+    with pytest.raises(ConfigError, match="numerics='llamacpp' cannot run: it runs on the CPU"):
         check_llamacpp_numerics(torch.device("cpu"), torch.float32, "int8")
     with pytest.raises(ConfigError, match="not on cpu with bfloat16"):
         check_llamacpp_numerics(torch.device("cpu"), torch.bfloat16, None)
@@ -379,3 +380,35 @@ def test_one_row_attention_on_narrow_heads_agrees_in_c_and_torch(dim: int) -> No
     emulated = ggml_attention(q, keys, values, width)
     native = native_attention(_kernels(), q, None, keys, values, width)
     assert torch.isfinite(native).all() and torch.equal(native, emulated)
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_auto_numerics_follow_the_base(quantized_bases: dict[str, Path], wide_qwen3: TinyInterpreter, wide_qwen3_program_q4: TinyProgram) -> None:
+    """`auto` (the default): llama.cpp's arithmetic on a quantized GGUF base (its tokens, f16 KV), torch's on an F32
+    GGUF and a Hugging Face folder; each call's `Generation` and the engine line say which ran."""
+    program = wide_qwen3_program_q4
+    options = RuntimeOptions(max_tokens=12)
+    base = quantized_bases["Q6_K"]
+    expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS[:3], 12, n_ctx=2048, kv="f16")
+    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base) as function:
+        found = [function.generate(text, options) for text in TINY_INPUTS[:3]]
+        assert [list(g.token_ids) for g in found] == expected
+        assert {g.numerics for g in found} == {"llamacpp"}
+        assert "llama.cpp numerics" in (torch_program(function).engine or "")
+    for plain in (wide_qwen3.gguf_path, wide_qwen3.hf_dir):
+        with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=plain) as function:
+            assert function.generate(TINY_INPUTS[0], options).numerics == "native"
+            assert (torch_program(function).engine or "").startswith("torch numerics (float32)")
+
+
+def test_auto_numerics_fall_back_to_torchs_where_llama_cpps_cannot_run(
+    quantized_bases: dict[str, Path], wide_qwen3_program_q4: TinyProgram, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lossy mode named (dtype, weight_dtype, batched products) keeps torch's arithmetic; the log says why once."""
+    program, base = wide_qwen3_program_q4, quantized_bases["Q8_0"]
+    for config in (PawConfig(dtype="bfloat16"), PawConfig(weight_dtype="int8"), PawConfig(batch_invariant=False)):
+        with caplog.at_level("INFO", logger="pawfn"), PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=config) as function:
+            assert function.generate(TINY_INPUTS[0], RuntimeOptions(max_tokens=2)).numerics == "native"
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("numerics auto")]
+    assert len(said) == 2 and "Q8_0 matrices" in said[0] and "dtype='float32'" in said[0]  # batched products: no attempt

@@ -128,8 +128,8 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--numerics",
         choices=get_args(Numerics),
-        help="Torch: native (default, torch's arithmetic) or llamacpp (llama.cpp's own arithmetic on the GGUF blocks: "
-        "the official runtime's tokens; CPU only)",
+        help="Torch: auto (default: llama.cpp's arithmetic on quantized GGUF bases on the CPU, the official runtime's "
+        "tokens; torch's elsewhere), llamacpp, or native (torch's arithmetic)",
     )
     options.add_argument(
         "--batch-invariant",

@@ -117,12 +117,15 @@ class EngineSettings(OptionsModel):
     kernel, per-row weights and activations quantized per row (fastest, lossy: on peaked models less faithful
     than a Q8_0 base on llama.cpp, see docs/performance.md). Converted once, then read from the shared cache; LoRA, norms
     and KV stay float32. None (the default) keeps `dtype`, the exact mode. See docs/performance.md."""
-    numerics: Numerics = "native"
+    numerics: Numerics = "auto"
     """Torch backend: ``native`` runs torch's arithmetic on the base's weights dequantized to `dtype` (exact
     float32 math; llama.cpp's own tokens on F32 bases); ``llamacpp`` runs the arithmetic of llama.cpp's CPU
     backend as the official SDK configures it on the GGUF's blocks (activations quantized per block like its dot
-    products, f16 KV cache, its rounding order): the official runtime's tokens on quantized bases, slower. CPU,
-    dtype float32, no `weight_dtype`. See docs/performance.md's fidelity table."""
+    products, f16 KV cache, its rounding order): the official runtime's tokens on quantized bases (CPU, dtype
+    float32, no `weight_dtype`). ``auto`` (the default): ``llamacpp`` for a GGUF base whose matrices are quantized
+    or half precision, on a CPU where it runs; ``native`` for float32 files, Hugging Face folders, GPUs and the
+    other dtypes (logged once where a quantized base falls back). `Generation.numerics` says which ran. See
+    docs/performance.md's fidelity table."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)

@@ -9,15 +9,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import OptionError
 from .grammar import OutputFormat
 
-__all__ = ["DType", "Device", "Numerics", "OptionsModel", "RuntimeOptions", "WeightDType"]
+__all__ = ["DType", "Device", "Numerics", "OptionsModel", "ResolvedNumerics", "RuntimeOptions", "WeightDType"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
 WeightDType = Literal["float16", "int8"]
 """Compact CPU storage of the base's matrices (`PawConfig.weight_dtype`): near-exact float16 or lossy int8."""
-Numerics = Literal["native", "llamacpp"]
-"""Whose arithmetic the Torch backend runs (`PawConfig.numerics`): torch's own on dequantized weights, or llama.cpp's
-CPU backend's on the GGUF blocks (the official runtime's tokens)."""
+Numerics = Literal["auto", "native", "llamacpp"]
+"""Whose arithmetic the Torch backend runs (`PawConfig.numerics`): torch's own on dequantized weights, llama.cpp's
+CPU backend's on the GGUF blocks (the official runtime's tokens), or auto: llama.cpp's for quantized GGUF bases on
+the CPU, torch's elsewhere."""
+ResolvedNumerics = Literal["native", "llamacpp"]
+"""The arithmetic a program runs once `auto` is decided (`Generation.numerics`)."""
 Device = Literal[
     "cpu",
     "mps",

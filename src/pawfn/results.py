@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .options import ResolvedNumerics
+
 __all__ = ["Generation", "StopReason", "Timings"]
 
 StopReason = Literal["eos", "max_tokens", "context"]
@@ -36,3 +38,6 @@ class Generation(BaseModel):
     """Tokens of input + suffix evaluated after the prefix."""
     stop_reason: StopReason
     timings: Timings
+    numerics: ResolvedNumerics | None = None
+    """The arithmetic that computed the call: llama.cpp's (the LlamaCpp backend, or `numerics="llamacpp"` on Torch) or
+    torch's (`native`); None from a server that does not say."""

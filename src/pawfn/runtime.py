@@ -24,7 +24,7 @@ from .errors import OutputTypeError, PawError, ProgramClosedError
 from .prompt import Budget, CallInput, Prompt, WholePrompt
 from .templates import NumberedTemplate
 from .models import InterpreterModel
-from .options import RuntimeOptions
+from .options import ResolvedNumerics, RuntimeOptions
 from .results import Generation, StopReason, Timings
 from .tokenizer import TextCodec
 
@@ -94,11 +94,20 @@ class Decoding:
     """One call from its input to its `Generation`, token by token: the stopping rules and timings every loop shares."""
 
     def __init__(
-        self, prompt: Prompt, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None, prompt_ids: list[int] | None = None
+        self,
+        prompt: Prompt,
+        text: CallInput,
+        options: RuntimeOptions,
+        on_token: TokenListener | None = None,
+        prompt_ids: list[int] | None = None,
+        *,
+        numerics: ResolvedNumerics,
     ) -> None:
         """Encode `text` (unless a backend evaluated it already: `prompt_ids`, the positions it took after the prefix)
-        and fix the budget (`ContextOverflowError` when the prompt leaves no room)."""
+        and fix the budget (`ContextOverflowError` when the prompt leaves no room); `numerics`: the arithmetic that
+        computes the call, for its `Generation`."""
         self._on_token = on_token
+        self._numerics: ResolvedNumerics = numerics
         self._clock = time.perf_counter
         self._started = self._clock()
         self._prompt = prompt
@@ -148,6 +157,7 @@ class Decoding:
             prefix_tokens=len(self._prompt.prefix_ids),
             prompt_tokens=len(self.prompt_ids),
             stop_reason=self.stop,
+            numerics=self._numerics,
             timings=Timings(
                 tokenize_ms=(self._tokenized - self._started) * 1e3,
                 prompt_ms=(self._prompt_done - self._tokenized) * 1e3,

@@ -328,10 +328,10 @@ class LlamaCppProgram(PromptRuntime):
         if not isinstance(text, str) and any(isinstance(argument, Image) for argument in text):
             with self._lock:
                 evaluated = self._evaluate_images(text, options)
-                decoding = Decoding(self._prompt, text, options, on_token, evaluated)
+                decoding = Decoding(self._prompt, text, options, on_token, evaluated, numerics="llamacpp")
                 decoding.prefilled()
                 return self._continue(decoding, LlamaCppSession(self, options), pending)
-        decoding = Decoding(self._prompt, text, options, on_token)
+        decoding = Decoding(self._prompt, text, options, on_token, numerics="llamacpp")
         if decoding.budget.limit > 0:
             with self._lock:  # the context is the program's: release() takes it too
                 session = LlamaCppSession(self, options)

@@ -8,6 +8,7 @@ weight `blk.N.M.weight` directly.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,17 +17,19 @@ import numpy.typing as npt
 import torch
 
 from ..errors import BaseModelError, ConfigError
-from ..options import Numerics, WeightDType
+from ..options import Numerics, ResolvedNumerics, WeightDType
 from ..progress import track
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
-from .families.base import check_architecture
+from .families.base import Family, check_architecture
 from .ggml import BlockMatrix, block_matrix
 from .ggml_native import NativeBlockMatrix, join_blocks, native_kernels
 from .kernels import Matrix, check_kernel, compress, concat_stored, cpu_flags, pack, plain, stored_names
 from .weights import BaseWeights, non_finite
 
-__all__ = ["LoadedBase", "Product", "check_llamacpp_numerics", "torch_dtype"]
+__all__ = ["LoadedBase", "Product", "check_llamacpp_numerics", "llamacpp_numerics_problem", "torch_dtype"]
+
+_LOG = logging.getLogger("pawfn")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
@@ -35,20 +38,34 @@ Product = Matrix | BlockMatrix | NativeBlockMatrix
 """A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
-def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> None:
-    """Refuse `numerics="llamacpp"` where it cannot run, naming the fix."""
+def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> str | None:
+    """Why llama.cpp's arithmetic cannot run with these settings on this machine (None: it can)."""
     if device.type != "cpu" or dtype != torch.float32 or weight_dtype is not None:
-        raise ConfigError(
-            f"numerics='llamacpp' runs on the CPU with dtype='float32' and no weight_dtype (it emulates llama.cpp's CPU "
-            f"arithmetic), not on {device.type} with {str(dtype).removeprefix('torch.')}"
-            f"{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}; drop those options or use numerics='native'"
+        return (
+            f"it runs on the CPU with dtype='float32' and no weight_dtype (it emulates llama.cpp's CPU arithmetic), not on "
+            f"{device.type} with {str(dtype).removeprefix('torch.')}{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}"
         )
     if not {"avx2", "fma"} <= cpu_flags():
-        raise ConfigError(
-            "numerics='llamacpp' reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and /proc/cpuinfo "
-            "lists neither here (an ARM CPU's llama.cpp rounds differently; other systems are not read); use "
-            "numerics='native'"
+        return (
+            "it reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and /proc/cpuinfo lists neither here "
+            "(an ARM CPU's llama.cpp rounds differently; other systems are not read)"
         )
+    return None
+
+
+def _family_problem(family: Family, head_dim: int, simd_width: int, source: object) -> str | None:
+    if not family.llamacpp_numerics:
+        return f"it does not cover the {family.name} family's operations yet"
+    if head_dim % simd_width:  # llama.cpp then leaves tinyBLAS for other loops
+        return f"it needs an attention head size that is a multiple of {simd_width} on this CPU, and {source}'s is {head_dim}"
+    return None
+
+
+def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> None:
+    """Refuse `numerics="llamacpp"` where it cannot run, naming the fix."""
+    problem = llamacpp_numerics_problem(device, dtype, weight_dtype)
+    if problem is not None:
+        raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; drop those options or use numerics='native'")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -72,13 +89,13 @@ class LoadedBase:
         """Convert `weights` to `dtype` on `device`; `progress` as `PawConfig.progress` (a bar while tensors load);
         `weight_dtype` keeps the matrices compact on fbgemm's kernels (CPU; see `PawConfig.weight_dtype`), their
         converted form read from and written to `store` when given; `numerics="llamacpp"` keeps GGUF block
-        matrices as their codes, multiplied as llama.cpp does (`PawConfig.numerics`)."""
+        matrices as their codes, multiplied as llama.cpp does (`PawConfig.numerics`; `auto` decides here, from the
+        weights' types)."""
         self.architecture = weights.architecture
         self.family = weights.family
         self.device = device
         self.dtype = dtype
         self.weight_dtype = weight_dtype
-        self.numerics: Numerics = numerics
         self.shapes = weights.shapes()
         self._check_shapes(weights)
         self.tied = "output.weight" not in self.shapes
@@ -92,25 +109,23 @@ class LoadedBase:
         self.matrices: dict[str, Product] = {}
         """Every matrix a linear layer multiplies, by GGUF name; a fused group under its first member's name."""
         matrix_names = sorted(name for name, shape in self.shapes.items() if self._multiplied(name, shape))
+        flags = cpu_flags()
+        self.simd_width = 16 if "avx512f" in flags else 8
+        """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
+        self.numerics: ResolvedNumerics = numerics if numerics != "auto" else self._auto_numerics(weights, matrix_names)
+        numerics = self.numerics
         fused = [group for group in self.family.fused_groups(self.architecture) if all(n in self.shapes for n in group)]
         if numerics == "llamacpp":
             fused = []  # llama.cpp multiplies each weight on its own
         self.groups = {group: [self.shapes[name][0] for name in group] for group in fused}
         """Fused groups (names) and the output width of each member."""
-        flags = cpu_flags()
-        self.simd_width = 16 if "avx512f" in flags else 8
-        """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
         self.ggml_kernels = None
         """llama.cpp's products, attention and exp in C (`numerics="llamacpp"`; None: the torch emulation)."""
         if numerics == "llamacpp":
             check_llamacpp_numerics(device, dtype, weight_dtype)
-            if not self.family.llamacpp_numerics:
-                raise ConfigError(f"numerics='llamacpp' does not cover the {self.family.name} family's operations yet; use numerics='native'")
-            if self.architecture.head_dim % self.simd_width:  # llama.cpp then leaves tinyBLAS for other loops
-                raise ConfigError(
-                    f"numerics='llamacpp' needs an attention head size that is a multiple of {self.simd_width} on this "
-                    f"CPU, and {weights.source}'s is {self.architecture.head_dim}; use numerics='native'"
-                )
+            problem = _family_problem(self.family, self.architecture.head_dim, self.simd_width, weights.source)
+            if problem is not None:
+                raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; use numerics='native'")
             self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
             self._join_llamacpp(self.family.fused_groups(self.architecture))
@@ -126,6 +141,28 @@ class LoadedBase:
         if self.rope_frequencies is not None:
             self.rope_frequencies = self.rope_frequencies.to(device)
         self.codec = weights.codec  # built meanwhile on a thread of its own
+
+    def _auto_numerics(self, weights: BaseWeights, matrix_names: list[str]) -> ResolvedNumerics:
+        """`numerics="auto"`: llama.cpp's arithmetic where the base's matrices are quantized or half precision (the
+        official files) and it can run here; torch's for float32 files and Hugging Face folders, where float32 is
+        already llama.cpp's arithmetic, and where llama.cpp's cannot run (said once in the log, with why)."""
+        in_file = [name for name in matrix_names if not (self.tied and name == "output.weight")]  # tied: the table's
+        types = {stored[1].name for name in in_file if (stored := weights.raw(name)) is not None}
+        if not types - {"F32"}:
+            return "native"
+        problem = llamacpp_numerics_problem(self.device, self.dtype, self.weight_dtype) or _family_problem(
+            self.family, self.architecture.head_dim, self.simd_width, weights.source
+        )
+        if problem is None:
+            return "llamacpp"
+        _LOG.info(
+            "numerics auto: %s holds %s matrices, but llama.cpp's arithmetic cannot run (%s): running torch's, whose tokens "
+            "may differ from the official runtime's on some inputs",
+            weights.source.name,
+            "/".join(sorted(types)),
+            problem,
+        )
+        return "native"
 
     def _check_shapes(self, weights: BaseWeights) -> None:
         """Every tensor the family needs, with its shape, before anything is converted; hyperparameters no file of

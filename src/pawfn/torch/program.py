@@ -11,7 +11,7 @@ from ..adapter import LoraAdapter, read_lora_adapter
 from ..config import EngineSettings
 from ..errors import BaseModelError, ConfigError, ProgramClosedError
 from ..models import InterpreterModel
-from ..options import RuntimeOptions
+from ..options import ResolvedNumerics, RuntimeOptions
 from ..images import Image
 from ..prompt import Argument, image_prompt
 from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
@@ -76,6 +76,8 @@ class TorchProgram(PromptRuntime):
         adapter = LoraAdapter.none() if files.adapter_path is None else read_lora_adapter(files.adapter_path, model)
         device = _check_device(config.device)
         batch_invariant = _batch_invariant(config, device)
+        # batched products (batch_invariant off) are torch's: auto then means torch's arithmetic
+        numerics = "native" if config.numerics == "auto" and config.batch_invariant is False else config.numerics
         if config.threads is not None:
             set_threads(config.threads)  # process-wide: only when the caller asked for it
         elif device.type == "cpu":
@@ -86,7 +88,7 @@ class TorchProgram(PromptRuntime):
             device=str(device),
             dtype=config.dtype,
             weight_dtype=config.weight_dtype,
-            numerics=config.numerics,
+            numerics=numerics,
         )
 
         def load() -> TorchInterpreter:
@@ -95,7 +97,7 @@ class TorchProgram(PromptRuntime):
             if config.weight_dtype is not None and files.base_derived_dir is not None:
                 store = ConvertedStore.for_base(files.base_derived_dir, files.base, config.weight_dtype)
             return on_compute_thread(
-                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store, config.numerics
+                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store, numerics
             )
 
         with contextlib.ExitStack() as on_error:
@@ -104,14 +106,14 @@ class TorchProgram(PromptRuntime):
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
             # llama.cpp's flash attention follows its batches, which start at each call's first token there
-            uncached = config.numerics == "llamacpp" and interpreter.family.llamacpp_flash_attention
+            uncached = interpreter.numerics == "llamacpp" and interpreter.family.llamacpp_flash_attention
             prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt, cached_prefix=not uncached)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None
             if files.derived_dir is not None and files.adapter_path is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
-                if config.numerics == "llamacpp":  # its arithmetic follows the CPU's vector width: a shared cache may span CPUs
+                if interpreter.numerics == "llamacpp":  # its arithmetic follows the CPU's vector width: a shared cache may span CPUs
                     mode += f"+llamacpp-numerics-{interpreter.simd_width}-lanes"
                 store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
@@ -133,11 +135,20 @@ class TorchProgram(PromptRuntime):
         return self._base
 
     @property
+    def numerics(self) -> ResolvedNumerics:
+        """The arithmetic the calls run (`PawConfig.numerics`, with `auto` decided at the base's load)."""
+        return self.base.interpreter.numerics
+
+    @property
     def engine(self) -> str | None:
-        """For `numerics="llamacpp"`: whether its C kernels or the torch emulation (several times slower) run it."""
-        if self._base is None or self._base.interpreter.numerics != "llamacpp":
+        """Which arithmetic runs the calls: torch's (its dtype and weight storage), or llama.cpp's and whether its C
+        kernels or the torch emulation (several times slower) run it."""
+        if self._base is None:
             return None
         interpreter = self._base.interpreter
+        if interpreter.numerics == "native":
+            stored = "" if interpreter.weight_dtype is None else f", {interpreter.weight_dtype} weights"
+            return f"torch numerics ({str(interpreter.dtype).removeprefix('torch.')}{stored}) on {interpreter.device.type}"
         kernels = interpreter.ggml_kernels
         how = f"C kernels ({kernels.instructions})" if kernels is not None else "torch emulation (no C kernels built)"
         return f"llama.cpp numerics on {how}, {interpreter.simd_width} float32 lanes"
@@ -172,9 +183,9 @@ class TorchProgram(PromptRuntime):
                 parts = self._image_parts(text, options)
                 # the positions after the prefix, 0 where an image's went (as the LlamaCpp backend counts them)
                 evaluated = [i for part in parts for i in ([0] * part.image.n_positions if isinstance(part, PromptImage) else part)]
-                decoding = Decoding(self._prompt, text, options, on_token, evaluated)
+                decoding = Decoding(self._prompt, text, options, on_token, evaluated, numerics=self.numerics)
             else:
-                decoding = Decoding(self._prompt, text, options, on_token)
+                decoding = Decoding(self._prompt, text, options, on_token, numerics=self.numerics)
             self._enter_run()
         except Exception as exc:  # noqa: BLE001 - this call's error, delivered like a running call's
             pending.set_exception(exc)
