@@ -356,6 +356,28 @@ def test_typed_output_flags(qwen3_program: TinyProgram, tmp_path: Path, capsys: 
     assert "additional properties" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": "integer", "enum": ["a"]}, "enum at 'root' holds \"a\", which is no \"integer\""),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "requires 'b', which its properties do not list"),
+        ({"type": "number", "maximum": -1e300}, "the value breaks the schema's maximum"),
+    ],
+    ids=["enum-outside-type", "required-not-listed", "value-out-of-bounds"],
+)
+def test_a_json_schemas_output_never_breaks_it(
+    qwen3_program: TinyProgram, tmp_path: Path, capsys: pytest.CaptureFixture[str], schema: dict[str, object], problem: str
+) -> None:
+    """An output under `--json-schema` is a value of the whole schema or a one-line error (exit 1), never a value
+    the schema refuses: impossible schemas are refused up front, keywords no grammar enforces are checked after."""
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    run = ["run", "--program", str(qwen3_program.archive), "--base", str(qwen3_program.interpreter.gguf_path), "--input", "hello"]
+    assert main([*run, "--json-schema", str(path), "--max-tokens", "48"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and problem in captured.err and captured.err.count("\n") == 1, captured.err
+
+
 def test_a_bare_interpreter_with_a_numbered_template(qwen3: TinyInterpreter, capsys: pytest.CaptureFixture[str]) -> None:
     """`--interpreter` instead of `--program`: the interpreter alone, on its official template (`--input`) or on
     `--template` with one call's `--arg`s, printed as `Positional` gives them; mistakes are one-line errors."""

@@ -120,20 +120,71 @@ def test_local_references_and_recursion_become_rules() -> None:
 @pytest.mark.parametrize(
     ("schema", "problem"),
     [
-        ({"type": "integer", "minimum": 0}, "minimum"),
+        ({"type": "string", "pattern": "^[a-z]+$"}, "pattern"),
         ({"type": "string", "format": "date-time"}, "format"),
+        ({"type": "integer", "enum": ["a"]}, 'which is no "integer"'),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "requires 'b'"),
+        ({"type": "integer", "minimum": 5, "exclusiveMaximum": 5}, "no integer"),
+        ({"type": "integer", "minimum": "0"}, "minimum at 'root' must be a number"),
+        ({"type": "array", "items": {"type": "integer"}, "maxItems": 1.5}, "not valid JSON Schema at maxItems"),
         ({"type": "object", "additionalProperties": True}, "additional properties"),
         ({"allOf": [{"type": "integer"}]}, "allOf"),
         ({"type": "object", "properties": {"x": {}}}, "any value"),
         ({"$ref": "#/$defs/Missing"}, "does not define"),
         ({"enum": []}, "empty enum"),
         ({"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 2}, "maxItems below minItems"),
-        ({"type": "decimal"}, "no type"),
+        ({"type": "decimal"}, "no type this grammar knows"),
     ],
 )
 def test_what_has_no_grammar_is_refused_naming_the_keyword(schema: dict[str, Any], problem: str) -> None:
     with pytest.raises(GrammarError, match=problem):
         schema_grammar(schema)
+
+
+@given(st.integers(-(10**6), 10**6), st.integers(0, 10**6), st.integers(-(10**7), 10**7))
+@settings(max_examples=300, deadline=None)
+def test_integer_bounds_are_exactly_the_integers_between(low: int, width: int, probe: int) -> None:
+    """Integer bounds in the grammar, as llama.cpp's converter writes them: every integer from low to high, written
+    without leading zeros, and nothing else."""
+    import re
+
+    from pawfn.grammar import integer_range
+
+    high = low + width
+    pattern = re.compile(integer_range(low, high))
+    for value in (low, high, low - 1, high + 1, probe, (low + high) // 2):
+        assert (pattern.fullmatch(str(value)) is not None) == (low <= value <= high), (low, high, value)
+    assert pattern.fullmatch("0" + str(abs(low))) is None and pattern.fullmatch("-0") is None
+
+
+def test_integer_bounds_reach_the_token_masks() -> None:
+    grammar = schema_grammar({"type": "object", "properties": {"n": {"type": "integer", "minimum": -3, "exclusiveMaximum": 120}}, "required": ["n"]})
+    assert accepts(grammar, '{"n": -3}') and accepts(grammar, '{"n": 119}') and accepts(grammar, '{"n": 0}')
+    assert not accepts(grammar, '{"n": -4}') and not accepts(grammar, '{"n": 120}') and not accepts(grammar, '{"n": 007}')
+
+
+def test_keywords_no_grammar_enforces_are_checked_on_the_value() -> None:
+    """Number bounds and multipleOf, uniqueItems: llama.cpp's grammar ignores them (so do pawfn's masks, keeping its
+    tokens); the value is checked after the call, as every output is against its whole schema."""
+    from pawfn.constraint import check_json_value
+    from pawfn.errors import OutputTypeError
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number", "maximum": 1.5, "multipleOf": 0.5},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+        "required": ["x", "tags"],
+    }
+    output = JsonSchemaFormat(json_schema=JsonSchemaSpec.model_validate({"name": "point", "schema": schema}))
+    grammar = schema_grammar(schema)
+    assert accepts(grammar, '{"x": 2.5, "tags": ["a", "a"]}')  # the grammar lets it through
+    check_json_value(output, '{"x": 1.5, "tags": ["a", "b"]}')
+    with pytest.raises(OutputTypeError, match=r'\["x"\] breaks the schema.s maximum'):
+        check_json_value(output, '{"x": 2.5, "tags": []}')
+    with pytest.raises(OutputTypeError, match=r'\["tags"\] breaks the schema.s uniqueItems'):
+        check_json_value(output, '{"x": 1.0, "tags": ["a", "a"]}')
 
 
 def _nested(depth: int) -> dict[str, Any]:

@@ -66,6 +66,25 @@ def test_checks_beyond_the_grammar_run_on_the_value() -> None:
     assert caught.value.type_name.startswith("Annotated[int") and caught.value.text == "12"
 
 
+class Bounded(BaseModel):
+    count: int = Field(ge=1, le=10)
+    share: float = Field(ge=0, le=1)
+
+
+def test_a_models_field_bounds_are_kept() -> None:
+    """`Field(le=10)` on an int bounds the grammar's integers (as llama.cpp's converter does); on a float it is checked on
+    the value after the call, by the schema and by pydantic."""
+    bounded = OutputType(Bounded)
+    assert isinstance(bounded.format, JsonSchemaFormat)
+    assert bounded.parse('{"count": 10, "share": 0.5}') == Bounded(count=10, share=0.5)
+    from pawfn.constraint import check_json_value
+
+    with pytest.raises(OutputTypeError, match="breaks the schema's maximum"):
+        check_json_value(bounded.format, '{"count": 3, "share": 1.5}')
+    with pytest.raises(OutputTypeError, match="less than or equal to 1"):
+        bounded.parse('{"count": 3, "share": 1.5}')
+
+
 def test_models_lists_and_dataclasses_are_json() -> None:
     ticket = OutputType(Ticket)
     assert isinstance(ticket.format, JsonSchemaFormat) and ticket.format.json_schema.name == "Ticket"

@@ -3,6 +3,8 @@ applies them in its own decode loops), grammars compiled once per (tokenizer, fo
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -13,14 +15,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .errors import GrammarError, OutputTypeError
-from .grammar import ChoicesFormat, OutputFormat, PatternFormat, SchemaLimits, lark_grammar
+from .grammar import ChoicesFormat, JsonSchemaFormat, OutputFormat, PatternFormat, SchemaLimits, lark_grammar, schema_validator
 
 if TYPE_CHECKING:
+    import jsonschema.protocols
     import llguidance
 
     from .tokenizer import TextCodec
 
-__all__ = ["Constraint", "check_output", "compile_output", "describe"]
+__all__ = ["Constraint", "check_json_value", "check_output", "compile_output", "describe"]
 
 _CACHE_SIZE = 64
 _LEXER_FUEL, _STEP_FUEL, _GRAMMAR_SIZE = 2_000_000, 400_000, 200_000
@@ -45,6 +48,28 @@ def check_output(output: OutputFormat, limits: SchemaLimits | None = None) -> No
     problem = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark_grammar(output, limits)))
     if problem and not problem.startswith("WARNING"):
         raise GrammarError(f"the {describe(output)} has no grammar: {_first_reason(problem)}")
+
+
+def check_json_value(output: JsonSchemaFormat, text: str) -> None:
+    """`OutputTypeError` unless `text` is a JSON value of the output's whole schema, checked by jsonschema: the keywords
+    the grammar cannot enforce, and any value the grammar let through (an enum outside the type, a required property
+    the object does not list)."""
+    import jsonschema.exceptions
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise OutputTypeError(describe(output), text, f"it is not JSON ({exc})") from None
+    error = jsonschema.exceptions.best_match(_validator(output.json_schema.model_dump_json()).iter_errors(value))
+    if error is not None:
+        where = "".join(f"[{json.dumps(part)}]" for part in error.absolute_path) or "the value"
+        raise OutputTypeError(describe(output), text, f"{where} breaks the schema's {error.validator}: {error.message}")
+
+
+@functools.lru_cache(maxsize=64)
+def _validator(spec: str) -> jsonschema.protocols.Validator:
+    """The validator of a schema (by its `JsonSchemaSpec` JSON), built once."""
+    return schema_validator(JsonSchemaFormat.model_validate({"json_schema": json.loads(spec)}).json_schema.schema_)
 
 
 def _first_reason(message: str) -> str:

@@ -11,14 +11,28 @@ schema are the official runtime's.
 from __future__ import annotations
 
 import json
+import math
 import re
-from typing import Annotated, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from .errors import GrammarError
 
-__all__ = ["ChoicesFormat", "JsonSchemaFormat", "JsonSchemaSpec", "OutputFormat", "PatternFormat", "SchemaLimits", "lark_grammar"]
+if TYPE_CHECKING:
+    import jsonschema.protocols
+
+__all__ = [
+    "ChoicesFormat",
+    "JsonSchemaFormat",
+    "JsonSchemaSpec",
+    "OutputFormat",
+    "PatternFormat",
+    "SchemaLimits",
+    "integer_range",
+    "lark_grammar",
+    "schema_validator",
+]
 
 MAX_CHOICES = 1024
 MAX_CHOICE_CHARS = 512
@@ -98,6 +112,21 @@ def lark_grammar(output: ChoicesFormat | PatternFormat | JsonSchemaFormat, limit
     return _OPTIONS + _SchemaGrammar(limits or SchemaLimits()).build(output.json_schema.schema_)
 
 
+def schema_validator(schema: dict[str, JsonValue]) -> jsonschema.protocols.Validator:
+    """jsonschema's validator of `schema` (its `$schema` draft, else 2020-12); `GrammarError` if `schema` is no valid
+    JSON Schema."""
+    import jsonschema.exceptions
+    import jsonschema.validators
+
+    kind = jsonschema.validators.validator_for(schema, default=jsonschema.validators.Draft202012Validator)
+    try:
+        kind.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "/".join(str(part) for part in exc.absolute_path) or "its root"
+        raise GrammarError(f"the JSON schema is not valid JSON Schema at {where}: {exc.message}") from None
+    return kind(schema)
+
+
 def _literal(text: str) -> str:
     """A Lark string literal: JSON's quoting, which llguidance reads."""
     return json.dumps(text, ensure_ascii=False)
@@ -130,16 +159,28 @@ _TERMINALS = {
     "null": '"null"',
     "string": f'/"{_CHAR}*"/',
 }
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"})
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly", "$schema", "$id"})
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 _SUPPORTED = {
     "object": frozenset({"type", "properties", "required", "additionalProperties"}),
     "array": frozenset({"type", "items", "minItems", "maxItems", "prefixItems"}),
     "string": frozenset({"type", "minLength", "maxLength"}),
-    "integer": frozenset({"type"}),
+    "integer": frozenset({"type"}) | _BOUNDS,
     "number": frozenset({"type"}),
     "boolean": frozenset({"type"}),
     "null": frozenset({"type"}),
 }
+"""Keywords the grammar enforces, per type."""
+CHECKED_AFTER = {
+    "number": _BOUNDS | {"multipleOf"},
+    "integer": frozenset({"multipleOf"}),
+    "array": frozenset({"uniqueItems"}),
+    "object": frozenset({"minProperties", "maxProperties"}),
+}
+"""Keywords no grammar here enforces and llama.cpp's schema grammar ignores too (so the official runtime's tokens
+stay the same): checked on the value after the call, as every output is against its whole schema."""
+_MOST = 10**16 - 1
+"""The largest integer llama.cpp's schema grammar writes (16 digits)."""
 
 
 class _SchemaGrammar:
@@ -161,7 +202,8 @@ class _SchemaGrammar:
             if isinstance(definitions, dict):
                 for name, definition in definitions.items():
                     self._definitions[f"#/{key}/{name}"] = definition
-        start = self._value(schema, "root", 0)
+        start = self._value(schema, "root", 0)  # bounds the depth before jsonschema recurses through it
+        schema_validator(schema)  # a schema jsonschema cannot read is refused now, not after a call
         rules = [f"start: {start}", 'space: " "?', *(f"{name}: {body}" for name, body in self._rules.items())]
         return "\n".join(rules) + "\n"
 
@@ -191,23 +233,27 @@ class _SchemaGrammar:
             raise GrammarError("the JSON schema uses allOf, not or if, which have no grammar here; use anyOf or plain types")
         # a constant or an enum value has no optional space after it, as in llama.cpp's grammar (other values do)
         if "const" in schema:
+            _check_types([schema["const"]], schema.get("type"), "const", hint)
             return _literal(json.dumps(schema["const"], ensure_ascii=False))
         enum = schema.get("enum")
         if isinstance(enum, list):
             if not enum:
                 raise GrammarError("the JSON schema has an empty enum: no value fits it")
+            _check_types(enum, schema.get("type"), "enum", hint)
             return "(" + " | ".join(_literal(json.dumps(value, ensure_ascii=False)) for value in enum) + ")"
         kind = schema.get("type")
         if isinstance(kind, list):
             return "(" + " | ".join(self._value({**schema, "type": one}, hint, depth + 1) for one in kind) + ")"
         if not isinstance(kind, str) or kind not in _SUPPORTED:
             raise GrammarError(f"the JSON schema at {hint!r} has no type this grammar knows ({json.dumps(schema)[:80]}); give it a JSON type")
-        unsupported = set(schema) - _SUPPORTED[kind] - _ANNOTATIONS - {"$defs", "definitions"}
+        unsupported = set(schema) - _SUPPORTED[kind] - CHECKED_AFTER.get(kind, frozenset()) - _ANNOTATIONS - {"$defs", "definitions"}
         if unsupported:
             raise GrammarError(
                 f"the JSON schema's {kind} at {hint!r} uses {', '.join(sorted(unsupported))}, which the grammar cannot enforce; "
                 "drop it from the type (check it after the call) or use a Literal or a pattern"
             )
+        if kind == "integer" and _BOUNDS & set(schema):
+            return f"/{integer_range(*_integer_bounds(schema, hint))}/ space"
         if kind == "object":
             return self._object(schema, hint, depth)
         if kind == "array":
@@ -244,6 +290,12 @@ class _SchemaGrammar:
             )
             for name, value in properties.items()
         }
+        missing = [name for name in required_names if name not in properties]
+        if missing:
+            raise GrammarError(
+                f"the JSON schema's object at {hint!r} requires {', '.join(map(repr, missing))}, which its properties do not list "
+                "(and no other property is allowed): no object fits it; list them under properties"
+            )
         required = [pairs[name] for name in properties if name in required_names]
         optional = [pairs[name] for name in properties if name not in required_names]
         parts = [' "," space '.join(required)] if required else []
@@ -273,6 +325,92 @@ class _SchemaGrammar:
         more = f"{{{max(low - 1, 0)},{high - 1}}}" if isinstance(high, int) else ("*" if low <= 1 else f"{{{low - 1},}}")
         items = f'{item} ("," space {item}){more}'
         return self._rule(hint, f'"[" space {items if low else f"({items})?"} "]" space')
+
+
+def _check_types(values: list[JsonValue], kind: JsonValue, keyword: str, hint: str) -> None:
+    """Refuse an enum or const value outside the node's `type` (the grammar would write it, the schema refuse it)."""
+    import jsonschema.validators
+
+    kinds = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else []
+    checker = jsonschema.validators.Draft202012Validator.TYPE_CHECKER
+    known = [k for k in kinds if isinstance(k, str) and k in _SUPPORTED]
+    for value in values if known else []:
+        if not any(checker.is_type(value, k) for k in known):
+            raise GrammarError(
+                f"the JSON schema's {keyword} at {hint!r} holds {json.dumps(value)[:40]}, which is no {json.dumps(kind)}: no output "
+                "could be both; fix the schema"
+            )
+
+
+def _integer_bounds(schema: dict[str, JsonValue], hint: str) -> tuple[int, int]:
+    """The least and the greatest integer `schema` allows, within the 16 digits llama.cpp's grammar writes."""
+    low, high = -_MOST, _MOST
+    for key in _BOUNDS & set(schema):
+        value = schema[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise GrammarError(f"the JSON schema's {key} at {hint!r} must be a number, not {json.dumps(value)[:40]}")
+        if key == "minimum":
+            low = max(low, math.ceil(value))
+        elif key == "exclusiveMinimum":
+            low = max(low, math.floor(value) + 1)
+        elif key == "maximum":
+            high = min(high, math.floor(value))
+        else:
+            high = min(high, math.ceil(value) - 1)
+    if low > high:
+        raise GrammarError(f"the JSON schema's integer at {hint!r} has bounds no integer of at most 16 digits fits; fix them")
+    return low, high
+
+
+def integer_range(low: int, high: int) -> str:
+    """A regular expression of exactly the integers from `low` to `high` (inclusive) written without leading zeros
+    or a sign on zero: the language of llama.cpp's bounded-integer grammar."""
+    if low > high:
+        raise ValueError(f"empty range {low}..{high}")
+    parts = []
+    if low < 0:
+        parts.append(f"-({_natural_range(max(1, -high), -low)})")
+    if high >= 0:
+        parts.append(_natural_range(max(0, low), high))
+    return "|".join(parts)
+
+
+def _natural_range(low: int, high: int) -> str:
+    """The numbers `low`..`high` (0 <= low <= high) in decimal, one alternative per digit count."""
+    parts = []
+    for digits in range(len(str(low)), len(str(high)) + 1):
+        first = low if digits == len(str(low)) else 10 ** (digits - 1)
+        last = high if digits == len(str(high)) else 10**digits - 1
+        parts.append(_same_length(str(first), str(last)))
+    return "|".join(f"({part})" for part in parts) if len(parts) > 1 else parts[0]
+
+
+def _same_length(low: str, high: str) -> str:
+    """Numbers from `low` to `high`, written with as many digits as both have."""
+    if low == high:
+        return low
+    if len(low) == 1:
+        return f"[{low}-{high}]"
+    common = 0
+    while low[common] == high[common]:
+        common += 1
+    if common:
+        return f"{low[:common]}({_same_length(low[common:], high[common:])})"
+    rest = len(low) - 1
+    zeros, nines = "0" * rest, "9" * rest
+    parts = []
+    first, last = int(low[0]), int(high[0])
+    if low[1:] != zeros:
+        parts.append(f"{low[0]}({_same_length(low[1:], nines)})")
+        first += 1
+    tail = high[1:] != nines
+    if tail:
+        last -= 1
+    if first <= last:
+        parts.append(f"[{first}-{last}][0-9]{{{rest}}}")
+    if tail:
+        parts.append(f"{high[0]}({_same_length(zeros, high[1:])})")
+    return "|".join(parts)
 
 
 def _count(schema: dict[str, JsonValue], key: str, default: int) -> int:

@@ -19,7 +19,8 @@ from typing import Protocol
 from .bundle import ProgramBundle
 from .calls import PendingGeneration, TextStream, TokenListener, results_in_order
 from .config import EngineSettings
-from .constraint import Constraint, compile_output, describe
+from .constraint import Constraint, check_json_value, compile_output, describe
+from .grammar import JsonSchemaFormat
 from .errors import OutputTypeError, PawError, ProgramClosedError
 from .prompt import Budget, CallInput, Prompt, WholePrompt
 from .templates import NumberedTemplate
@@ -151,8 +152,11 @@ class Decoding:
             reason = "max_tokens" if self.stop == "max_tokens" else "the context window"
             problem = f"no value finished within {len(self.output)} tokens (stopped by {reason})"
             raise OutputTypeError(describe(self.constraint.output), text, problem)
+        text = self._prompt.codec.decode(self.output).strip()
+        if self.constraint is not None and isinstance(self.constraint.output, JsonSchemaFormat):
+            check_json_value(self.constraint.output, text)
         return Generation(
-            text=self._prompt.codec.decode(self.output).strip(),
+            text=text,
             token_ids=tuple(self.output),
             prefix_tokens=len(self._prompt.prefix_ids),
             prompt_tokens=len(self.prompt_ids),

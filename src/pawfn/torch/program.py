@@ -83,12 +83,7 @@ class TorchProgram(PromptRuntime):
         elif device.type == "cpu":
             share_cores()  # the cores other processes leave idle (see `FreeCores`)
         key = BaseKey(
-            model=model,
-            source=str(files.base.resolve()),
-            device=str(device),
-            dtype=config.dtype,
-            weight_dtype=config.weight_dtype,
-            numerics=numerics,
+            model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype, weight_dtype=config.weight_dtype, numerics=numerics
         )
 
         def load() -> TorchInterpreter:
