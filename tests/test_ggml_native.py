@@ -4,6 +4,7 @@ test_llamacpp_numerics.py, where both implementations run); and how the kernels 
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from gguf.quants import quantize
 
 from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.adapter import read_lora_adapter
-from pawfn.torch import ggml_native, loading, network
+from pawfn.torch import ggml_build, loading, network
 from pawfn.torch.ggml import (
     block_matrix,
     ggml_attention,
@@ -238,8 +239,9 @@ def _no_compilers() -> list[str]:
     return []
 
 
-def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ggml_native, "_compilers", _no_compilers)
+def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))  # none built there yet (the module's fixture built some elsewhere)
+    monkeypatch.setattr(ggml_build, "_compilers", _no_compilers)
     native_kernels.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="no C compiler found"):
@@ -249,16 +251,25 @@ def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkey
         native_kernels.cache_clear()
 
 
-def test_the_kernels_are_built_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_kernels_are_built_once_into_the_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Built once, saying so: one status line on a terminal (with how long), one log record; then reused silently."""
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ggml_build, "progress_enabled", lambda setting: True)  # as on a terminal
     native_kernels.cache_clear()
     try:
-        assert native_kernels() is not None
+        with caplog.at_level("INFO", logger="pawfn"):
+            assert native_kernels() is not None
         built = list((tmp_path / ".pawfn-derived" / "kernels").glob("ggml-*.so"))
         assert len(built) == 1
+        status = capsys.readouterr().err
+        assert re.fullmatch(r"pawfn: compiling llama\.cpp's arithmetic \(C kernels\).*\.\.\. done in [0-9.]+ s \(.*\.so\)\n", status), status
+        assert [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()][0].endswith(f"({built[0]})")
         native_kernels.cache_clear()
-        monkeypatch.setattr(ggml_native, "_compilers", _no_compilers)  # a second process finds them built
+        monkeypatch.setattr(ggml_build, "_compilers", _no_compilers)  # a second process finds them built
         assert native_kernels() is not None
+        assert capsys.readouterr().err == ""
     finally:
         native_kernels.cache_clear()
 
@@ -272,7 +283,7 @@ def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: p
     wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-DPAW_BASELINE*) exec {compiler} "$@";; esac\necho "no amx" >&2; exit 1\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ggml_native, "_compilers", lambda: [str(wrapper)])
+    monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
     native_kernels.cache_clear()
     try:
         built = native_kernels()
@@ -306,8 +317,8 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     ModelRegistry.clear()
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine
-    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k")) as function:
-        assert function.runtime.engine is None
+    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("f32"), config=PawConfig(numerics="native")) as function:
+        assert function.runtime.engine == "torch numerics (float32) on cpu"
 
 
 def _lanes() -> int:

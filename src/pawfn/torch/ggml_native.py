@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
 import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
 
 from ..config import default_cache_dir
-from ..files import write_atomically
+from .ggml_build import build_key, build_kernels
 
 __all__ = [
     "TILED_MIN_ROWS",
@@ -48,12 +44,6 @@ __all__ = [
     "native_swiglu",
 ]
 
-_SOURCE = Path(__file__).with_name("ggml_kernels.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
-_THREADED = ["-fopenmp"]
-"""Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
-_BASELINE = "-DPAW_BASELINE"
-"""Leaves out the AMX and AVX-512 VNNI kernels, for compilers that do not know those instructions."""
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
@@ -148,55 +138,15 @@ def _threads(count: int, work: int) -> int:
     return min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
 
 
-def _compilers() -> list[str]:
-    named = os.environ.get("CC")
-    candidates = ([named] if named else []) + ["cc", "gcc", "clang"]
-    return [path for path in (shutil.which(c) for c in candidates) if path is not None]
-
-
-class _BuildError(Exception):
-    """A compiler's failure (internal: `native_kernels` tries the next one, then warns)."""
-
-
-def _build(target: Path) -> str | None:
-    """Compile the kernels into `target`; None on success, else why not (the last compiler's error)."""
-    failure = "no C compiler found (set CC, or install gcc or clang)"
-    # without OpenMP where the compiler has no runtime for it; without the AMX and AVX-512 VNNI kernels where it
-    # knows no such instructions (older compilers): the AVX2 ones give the same results
-    attempts = [_THREADED, [], [*_THREADED, _BASELINE], [_BASELINE]]
-    for compiler in _compilers():
-        for extra in attempts:
-
-            def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
-                result = subprocess.run(
-                    [compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"], capture_output=True, text=True, check=False, timeout=300
-                )
-                if result.returncode != 0:
-                    raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
-
-            try:
-                write_atomically(target, compile_to)
-            except _BuildError as error:
-                failure = str(error)
-                continue
-            return None
-    return failure
-
-
 @functools.cache
 def native_kernels() -> NativeKernels | None:
     """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS + _THREADED).encode()).hexdigest()[:16]
-    target = default_cache_dir() / ".pawfn-derived" / "kernels" / f"ggml-{key}.so"  # `pawfn cache clear` removes it
+    target = default_cache_dir() / ".pawfn-derived" / "kernels" / f"ggml-{build_key()}.so"  # `pawfn cache clear` removes it
     failure = None
     if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            failure = _build(target)
-        except (OSError, subprocess.SubprocessError) as error:
-            failure = str(error)
+        failure = build_kernels(target)
     if failure is None:
         try:
             return NativeKernels(ctypes.CDLL(str(target)))
