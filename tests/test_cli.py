@@ -359,7 +359,7 @@ def test_typed_output_flags(qwen3_program: TinyProgram, tmp_path: Path, capsys: 
 @pytest.mark.parametrize(
     ("schema", "problem"),
     [
-        ({"type": "integer", "enum": ["a"]}, "enum at 'root' holds \"a\", which is no \"integer\""),
+        ({"type": "integer", "enum": ["a"]}, 'enum at \'root\' holds "a", which is no "integer"'),
         ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "requires 'b', which its properties do not list"),
         ({"type": "number", "maximum": -1e300}, "the value breaks the schema's maximum"),
     ],

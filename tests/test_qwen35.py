@@ -267,5 +267,5 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
             assert len(function.prompt_token_ids(LLAMACPP_TEXTS[-2])) > 256  # its decode steps see 512 cells
     finally:
         native_kernels.cache_clear()
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024)) as plain:
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024, numerics="native")) as plain:
         assert _tokens(plain, LLAMACPP_TEXTS[:3]) != expected[:3]  # the case this mode is for

@@ -116,7 +116,7 @@ def _agrees(got: Generation, official: str) -> bool:
 
 
 def _config() -> PawConfig:
-    return PawConfig(n_ctx=N_CTX, dtype="float16", threads=2)  # the official vision runtime's f16 KV cache and threads
+    return PawConfig(n_ctx=N_CTX)  # LlamaCpp's defaults: the official vision runtime's f16 KV cache and threads
 
 
 IMAGES = [_png(100, 70, 1), _png(40, 200, 2), _png(64, 64, 3), _png(333, 250, 4)]
@@ -321,12 +321,13 @@ def test_llamacpp_numerics_give_mtmds_tokens_with_a_q4_0_adapter(qwen35_vision: 
     for name, backend, config in [
         ("llama.cpp", LlamaCpp, _config()),
         ("llamacpp numerics", Torch, PawConfig(n_ctx=N_CTX, numerics="llamacpp")),
-        ("plain", Torch, PawConfig(n_ctx=N_CTX)),
+        ("default", Torch, PawConfig(n_ctx=N_CTX)),  # auto: llama.cpp's arithmetic on the Q8_0 base
+        ("plain", Torch, PawConfig(n_ctx=N_CTX, numerics="native")),
     ]:
         with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=base, config=config) as function:
             compare = Positional[Image, Image, str](function)
             runs[name] = [compare.generate(Image(a), Image(b), question, options=options).token_ids for a, b, question in calls]
-    assert runs["llamacpp numerics"] == runs["llama.cpp"]
+    assert runs["llamacpp numerics"] == runs["default"] == runs["llama.cpp"]
     assert runs["plain"] != runs["llama.cpp"]  # the case this mode is for
 
 

@@ -114,7 +114,8 @@ def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
         assert type(compact).model_type() is trained.model
         assert _agreement(exact, compact, 32, trained.inputs) >= TRAINED_FLOOR
         if HAS_LLAMA_CPP:
-            with PawFn.load_any_sync(program, LlamaCpp, base=base) as official:
+            exact_cache = PawConfig(llamacpp_kv_dtype="float32")  # llama.cpp's float32 arithmetic throughout
+            with PawFn.load_any_sync(program, LlamaCpp, base=base, config=exact_cache) as official:
                 assert _agreement(official, compact, 32, trained.inputs) >= TRAINED_FLOOR
 
 

@@ -123,7 +123,7 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--weight-dtype",
         choices=get_args(WeightDType),
-        help="compact base matrices on the CPU (Torch): float16 (near-exact) or int8 (fastest, lossy)",
+        help="compact base matrices on the CPU (Torch, torch's arithmetic): float16 (near-exact) or int8 (lossy; see docs/performance.md)",
     )
     options.add_argument(
         "--numerics",
@@ -155,7 +155,7 @@ def _program_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False, parents=[_engine_options()])
     what = options.add_mutually_exclusive_group(required=True)
     what.add_argument("--program", metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
-    what.add_argument("--interpreter", metavar="ID", help="no program: the bare interpreter (Qwen/Qwen3-0.6B, gpt2)")
+    what.add_argument("--interpreter", metavar="ID", help="no program: the bare interpreter (Qwen/Qwen3-0.6B, gpt2, Qwen/Qwen3.5-0.8B)")
     options.add_argument("--template", metavar="TEXT", help="with --interpreter: a numbered template ({INPUT_0}, {INPUT_1}, ...)")
     options.add_argument(
         "--arg",
@@ -169,7 +169,7 @@ def _program_options() -> argparse.ArgumentParser:
         dest="arg",
         type=_image_argument,
         metavar="PATH",
-        help="an image argument, in slot order among the --arg values (an interpreter that takes images: Qwen3.5, on --backend llamacpp)",
+        help="an image argument, in slot order among the --arg values (an interpreter that takes images: Qwen3.5; Torch and LlamaCpp)",
     )
     options.add_argument("--input", action="append", default=[], metavar="TEXT", help="input text (repeatable)")
     options.add_argument("--input-file", metavar="PATH", help="inputs from a file, one per line (blank lines skipped); - reads stdin")
@@ -341,8 +341,13 @@ def _response_format(args: argparse.Namespace) -> ChoicesFormat | PatternFormat 
     schema_file: Path | None = getattr(args, "json_schema", None)
     try:
         if choices is not None:
-            return ChoicesFormat(choices=tuple(choice.strip() for choice in choices.split(",") if choice.strip()))
+            listed = tuple(choice.strip() for choice in choices.split(",") if choice.strip())
+            if not listed:
+                raise _CliError(f"--choices {choices!r}: no choice in it; give the texts the output may be, comma-separated (--choices yes,no)")
+            return ChoicesFormat(choices=listed)
         if pattern is not None:
+            if not pattern:
+                raise _CliError("--pattern '': give the regular expression the output must match (--pattern '[0-9]+')")
             return PatternFormat(pattern=pattern)
         if schema_file is None:
             return None
@@ -446,10 +451,15 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     inputs = _inputs(args)
     with _load_program(args, config) as program:
-        for start in range(0, len(inputs), args.batch_size):  # outputs print batch by batch, in input order
-            batch = inputs[start : start + args.batch_size]
-            for text, generation in zip(batch, program.generate_batch(batch, options), strict=True):
-                _print_generation(args, program, text, generation)
+        # every call submitted at once (the base's scheduler runs --batch-size of them together); each output prints
+        # as soon as it and those before it are done, in input order
+        pending = [program.submit(text, options) for text in inputs]
+        try:
+            for text, call in zip(inputs, pending, strict=True):
+                _print_generation(args, program, text, call.result())
+        finally:
+            for call in pending:
+                call.cancel()  # after an error or a broken pipe: stop what still runs
     return 0
 
 
@@ -467,6 +477,7 @@ def _print_generation(args: argparse.Namespace, program: PawFn[InterpreterModel,
             "stop_reason": generation.stop_reason,
             "prefix_tokens": generation.prefix_tokens,
             "prompt_tokens": generation.prompt_tokens,
+            "numerics": generation.numerics,
             "timings": generation.timings.model_dump(),
         }
     )
@@ -695,6 +706,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"pawfn: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # a reader that left early (`pawfn cache list | head -1`): stop quietly, as `cat` would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush finds no pipe
+        return 141  # 128 + SIGPIPE, what a shell reports for a program the pipe stopped
     except (PawError, OSError) as exc:
         if args.debug:
             traceback.print_exc()

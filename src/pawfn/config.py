@@ -110,13 +110,14 @@ class EngineSettings(OptionsModel):
     device: Device = "cpu"
     """Torch device: ``cpu``, ``cuda``, ``cuda:N`` (N < 16) or ``mps``."""
     dtype: DType = "float32"
-    """Compute dtype of the base weights, adapters and KV cache."""
+    """Torch backend: compute dtype of the base weights, adapters and KV cache (LlamaCpp runs the GGUF's own types;
+    its cache: `llamacpp_kv_dtype`)."""
     weight_dtype: WeightDType | None = None
     """Keep the base's matrices (projections, output) compact on the Torch backend's CPU (with dtype float32):
     ``float16`` runs fbgemm's fp16 kernel with float32 activations (near-exact); ``int8`` runs fbgemm's int8
-    kernel, per-row weights and activations quantized per row (fastest, lossy: on peaked models less faithful
-    than a Q8_0 base on llama.cpp, see docs/performance.md). Converted once, then read from the shared cache; LoRA, norms
-    and KV stay float32. None (the default) keeps `dtype`, the exact mode. See docs/performance.md."""
+    kernel, per-row weights and activations quantized per row (lossy: on peaked models less faithful than a Q8_0
+    base on llama.cpp). Both run torch's arithmetic, not llama.cpp's. Converted once, then read from the shared cache;
+    LoRA, norms and KV stay float32. None (the default) keeps `dtype`. See docs/performance.md."""
     numerics: Numerics = "auto"
     """Torch backend: ``native`` runs torch's arithmetic on the base's weights dequantized to `dtype` (exact
     float32 math; llama.cpp's own tokens on F32 bases); ``llamacpp`` runs the arithmetic of llama.cpp's CPU

@@ -20,6 +20,7 @@ from .grammar import ChoicesFormat, JsonSchemaFormat, OutputFormat, PatternForma
 if TYPE_CHECKING:
     import jsonschema.protocols
     import llguidance
+    from jsonschema import ValidationError
 
     from .tokenizer import TextCodec
 
@@ -54,14 +55,13 @@ def check_json_value(output: JsonSchemaFormat, text: str) -> None:
     """`OutputTypeError` unless `text` is a JSON value of the output's whole schema, checked by jsonschema: the keywords
     the grammar cannot enforce, and any value the grammar let through (an enum outside the type, a required property
     the object does not list)."""
-    import jsonschema.exceptions
-
     try:
         value = json.loads(text)
     except ValueError as exc:
         raise OutputTypeError(describe(output), text, f"it is not JSON ({exc})") from None
-    error = jsonschema.exceptions.best_match(_validator(output.json_schema.model_dump_json()).iter_errors(value))
-    if error is not None:
+    errors: list[ValidationError] = list(_validator(output.json_schema.model_dump_json()).iter_errors(value))
+    if errors:
+        error = max(errors, key=lambda found: len(found.absolute_path))  # the most specific place
         where = "".join(f"[{json.dumps(part)}]" for part in error.absolute_path) or "the value"
         raise OutputTypeError(describe(output), text, f"{where} breaks the schema's {error.validator}: {error.message}")
 

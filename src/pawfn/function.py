@@ -274,12 +274,12 @@ class PawFn(Generic[M, B]):
         """A call's value: its text (a typed program parses it)."""
         return generation.text
 
-    def run(self, input: str) -> str:  # noqa: A002
-        """Run the program greedily on `input` and return its output text."""
-        return self.generate(input).text
+    def run(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
+        """Run the program on `input` (greedily unless `options` say otherwise) and return its output text."""
+        return self.generate(input, options).text
 
     def run_with(self, input: str, options: RuntimeOptions) -> str:  # noqa: A002
-        """Run the program with explicit `options` and return its output text."""
+        """`run` with `options` (paw-rs's name for it)."""
         return self.generate(input, options).text
 
     def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002

@@ -367,7 +367,7 @@ def integer_range(low: int, high: int) -> str:
     or a sign on zero: the language of llama.cpp's bounded-integer grammar."""
     if low > high:
         raise ValueError(f"empty range {low}..{high}")
-    parts = []
+    parts: list[str] = []
     if low < 0:
         parts.append(f"-({_natural_range(max(1, -high), -low)})")
     if high >= 0:
@@ -377,7 +377,7 @@ def integer_range(low: int, high: int) -> str:
 
 def _natural_range(low: int, high: int) -> str:
     """The numbers `low`..`high` (0 <= low <= high) in decimal, one alternative per digit count."""
-    parts = []
+    parts: list[str] = []
     for digits in range(len(str(low)), len(str(high)) + 1):
         first = low if digits == len(str(low)) else 10 ** (digits - 1)
         last = high if digits == len(str(high)) else 10**digits - 1
@@ -398,7 +398,7 @@ def _same_length(low: str, high: str) -> str:
         return f"{low[:common]}({_same_length(low[common:], high[common:])})"
     rest = len(low) - 1
     zeros, nines = "0" * rest, "9" * rest
-    parts = []
+    parts: list[str] = []
     first, last = int(low[0]), int(high[0])
     if low[1:] != zeros:
         parts.append(f"{low[0]}({_same_length(low[1:], nines)})")

@@ -119,7 +119,7 @@ def _pieces(request: dict[str, Any]) -> list[str]:
     try:
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         buffer = ctypes.create_string_buffer(4096)
-        pieces = []
+        pieces: list[str] = []
         for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
             length = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, False)
             pieces.append(buffer.raw[:length].hex())
