@@ -20,8 +20,10 @@ from tests.helpers.tiny_qwen35 import TinyVision, build_qwen35, build_qwen35_vis
 from tests.helpers.trained import TrainedProgram, load_trained
 
 
-_REAL_CACHE = Path.home() / ".cache" / "programasweights"
-"""The user's own cache (the official SDK's too): no test may write there."""
+_HOME = Path(tempfile.mkdtemp(prefix="pawfn-tests-home-"))
+"""The session's home folder: the user's own (and its cache, the official SDK's too) is out of every test's reach."""
+_DEFAULT_CACHE = _HOME / ".cache" / "programasweights"
+"""Where pawfn's cache would be if a code path ignored PAW_CACHE_DIR: the guard keeps it empty."""
 
 
 def _snapshot(folder: Path) -> set[tuple[str, int, int]]:
@@ -31,21 +33,28 @@ def _snapshot(folder: Path) -> set[tuple[str, int, int]]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before any fixture runs (session- and module-scoped ones too), the session's default cache is a temporary
-    folder (each test still gets its own, `private_cache`), and the user's real cache is noted for the guard."""
-    config.stash[_CACHE_SNAPSHOT] = _snapshot(_REAL_CACHE)
+    """Before any fixture runs (session- and module-scoped ones too): HOME and the XDG folders point into a temporary
+    home, so no test can reach the user's files (and other processes using the user's cache cannot fail a run); the
+    session's default cache is a temporary folder (each test still gets its own, `private_cache`). pip keeps its own
+    cache (the llama.cpp sources come through it)."""
+    real_home = Path.home()
+    os.environ.setdefault("PIP_CACHE_DIR", str(real_home / ".cache" / "pip"))
+    os.environ["HOME"] = str(_HOME)
+    os.environ["XDG_CACHE_HOME"] = str(_HOME / ".cache")
+    os.environ["XDG_CONFIG_HOME"] = str(_HOME / ".config")
+    config.stash[_CACHE_SNAPSHOT] = _snapshot(_DEFAULT_CACHE)
     if "PAW_CACHE_DIR" not in os.environ:
         os.environ["PAW_CACHE_DIR"] = tempfile.mkdtemp(prefix="pawfn-tests-cache-")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The guard: the run fails if anything was written to the user's real cache."""
+    """The guard: the run fails if anything was written to the default cache location (a path ignoring PAW_CACHE_DIR)."""
     empty: set[tuple[str, int, int]] = set()
     before = session.config.stash.get(_CACHE_SNAPSHOT, empty)
-    changed = sorted({entry[0] for entry in _snapshot(_REAL_CACHE) ^ before})
+    changed = sorted({entry[0] for entry in _snapshot(_DEFAULT_CACHE) ^ before})
     if changed:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = f"tests wrote to the user's cache {_REAL_CACHE}: {', '.join(changed[:10])}"
+        message = f"tests wrote to the default cache location {_DEFAULT_CACHE} instead of PAW_CACHE_DIR: {', '.join(changed[:10])}"
         if reporter is not None:
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

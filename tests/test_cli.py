@@ -81,6 +81,7 @@ def test_json_lines(gpt2_program: TinyProgram, capsys: pytest.CaptureFixture[str
         assert record["program"] == "0123456789abcdef0123"
         assert record["interpreter"] == "gpt2"
         assert len(record["tokens"]) == 6 and record["stop_reason"] == "max_tokens"
+        assert record["numerics"] == "native"  # a Hugging Face folder: torch's float32 arithmetic
         assert isinstance(record["output"], str)
         assert set(record["timings"]) == {"tokenize_ms", "prompt_ms", "generate_ms", "total_ms"}
 
@@ -397,3 +398,27 @@ def test_a_bare_interpreter_with_a_numbered_template(qwen3: TinyInterpreter, cap
     assert "without gaps" in capsys.readouterr().err
     assert main(["run", "--interpreter", "nope", "--input", "x"]) == 2
     assert "--interpreter 'nope'" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_is_no_error(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """`pawfn run ... | head -1`: once the reader has gone, pawfn stops quietly (141, as a program a pipe stopped),
+    with no `Broken pipe` error line."""
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("\n".join(f"input {i}" for i in range(40)) + "\n")
+    command = [sys.executable, "-m", "pawfn", "run", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path)]
+    pipeline = subprocess.list2cmdline([*command, "--input-file", str(inputs), "--max-tokens", "24", "--json"])
+    script = f"{pipeline} | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    quiet = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False, timeout=300, env=quiet)
+    assert done.stdout.strip() == "141" and "Broken pipe" not in done.stderr and "error" not in done.stderr, done.stderr
+
+
+def test_empty_choices_and_patterns_name_the_flag(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:
+    run = ["run", "--program", str(qwen3_program.archive), "--base", str(qwen3_program.interpreter.gguf_path), "--input", "x"]
+    assert main([*run, "--choices", " , "]) == 2
+    assert (
+        capsys.readouterr().err
+        == "pawfn: error: --choices ' , ': no choice in it; give the texts the output may be, comma-separated (--choices yes,no)\n"
+    )
+    assert main([*run, "--pattern", ""]) == 2
+    assert capsys.readouterr().err.startswith("pawfn: error: --pattern '': give the regular expression")

@@ -106,7 +106,7 @@ def test_run_variants_agree(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert qwen.run_with(INPUTS[0], RuntimeOptions()) == generation.text
     assert asyncio.run(qwen.arun(INPUTS[0])) == generation.text
     assert asyncio.run(qwen.agenerate(INPUTS[0])).token_ids == generation.token_ids
-    assert qwen.run_with(INPUTS[0], GREEDY_24) == qwen.generate(INPUTS[0], GREEDY_24).text
+    assert qwen.run_with(INPUTS[0], GREEDY_24) == qwen.generate(INPUTS[0], GREEDY_24).text == qwen.run(INPUTS[0], GREEDY_24)
     assert generation.text == generation.text.strip()
 
 
