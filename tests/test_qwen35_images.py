@@ -318,6 +318,7 @@ def test_llamacpp_numerics_give_mtmds_tokens_with_a_q4_0_adapter(qwen35_vision: 
     calls = [(IMAGES[0], IMAGES[1], "which is brighter?"), (IMAGES[2], IMAGES[2], "same?"), (IMAGES[3], IMAGES[1], "x")]
     options = RuntimeOptions(max_tokens=MAX_TOKENS)
     runs: dict[str, list[tuple[int, ...]]] = {}
+    counts: dict[str, list[tuple[int, int]]] = {}
     for name, backend, config in [
         ("llama.cpp", LlamaCpp, _config()),
         ("llamacpp numerics", Torch, PawConfig(n_ctx=N_CTX, numerics="llamacpp")),
@@ -326,8 +327,11 @@ def test_llamacpp_numerics_give_mtmds_tokens_with_a_q4_0_adapter(qwen35_vision: 
     ]:
         with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=base, config=config) as function:
             compare = Positional[Image, Image, str](function)
-            runs[name] = [compare.generate(Image(a), Image(b), question, options=options).token_ids for a, b, question in calls]
+            generations = [compare.generate(Image(a), Image(b), question, options=options) for a, b, question in calls]
+            runs[name] = [generation.token_ids for generation in generations]
+            counts[name] = [(generation.prefix_tokens, generation.prompt_tokens) for generation in generations]
     assert runs["llamacpp numerics"] == runs["default"] == runs["llama.cpp"]
+    assert counts["llamacpp numerics"] == counts["plain"] == counts["llama.cpp"]  # counted alike, cached prefix or not
     assert runs["plain"] != runs["llama.cpp"]  # the case this mode is for
 
 

@@ -67,6 +67,8 @@ class Prompt:
         self.codec = codec
         self.n_ctx = n_ctx
         self.prefix_ids = self._prefix_ids(template.prefix)
+        self.counted_prefix = len(self.prefix_ids)
+        """The template's leading tokens that every call's prompt starts with, cached or not (`Generation.prefix_tokens`)."""
         self._suffix = template.suffix
         # The official runtime tokenizes input + suffix as one string; llama.cpp first cuts it at special
         # tokens, so the input joins the suffix's text up to its first control token, and the rest follows.
@@ -115,8 +117,10 @@ class WholePrompt(Prompt):
         self.n_ctx = n_ctx
         self.arity = template.arity
         head = template.head
-        cut = len(head) - len(codec.control_spans(head)[-1][0]) if cached_prefix else 0  # the end of its last control token
+        fixed = len(head) - len(codec.control_spans(head)[-1][0])  # the end of its last control token
+        cut = fixed if cached_prefix else 0
         self.prefix_ids = self._prefix_ids(head[:cut])
+        self.counted_prefix = len(self.prefix_ids) if cached_prefix else len(self._prefix_ids(head[:fixed]))
         self._prefix_text = head[:cut]
         self._template = NumberedTemplate((head[cut:], *template.segments[1:]))
 

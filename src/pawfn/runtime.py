@@ -158,8 +158,9 @@ class Decoding:
         return Generation(
             text=text,
             token_ids=tuple(self.output),
-            prefix_tokens=len(self._prompt.prefix_ids),
-            prompt_tokens=len(self.prompt_ids),
+            # counted as the template fixes them, whether a backend cached the prefix or evaluates it in each call
+            prefix_tokens=self._prompt.counted_prefix,
+            prompt_tokens=len(self._prompt.prefix_ids) + len(self.prompt_ids) - self._prompt.counted_prefix,
             stop_reason=self.stop,
             numerics=self._numerics,
             timings=Timings(
