@@ -455,11 +455,11 @@ def _run(args: argparse.Namespace) -> int:
         # as soon as it and those before it are done, in input order
         pending = [program.submit(text, options) for text in inputs]
         try:
-            for text, call in zip(inputs, pending, strict=True):
-                _print_generation(args, program, text, call.result())
+            for text, running in zip(inputs, pending, strict=True):
+                _print_generation(args, program, text, running.result())
         finally:
-            for call in pending:
-                call.cancel()  # after an error or a broken pipe: stop what still runs
+            for running in pending:
+                running.cancel()  # after an error or a broken pipe: stop what still runs
     return 0
 
 
