@@ -12,8 +12,9 @@ import sys
 import time
 import traceback
 import unicodedata
-from importlib import metadata
+from collections import deque
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import NoReturn, get_args
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from .backends import Backend, LlamaCpp, Remote, Torch
 from .bench import run_bench
 from .bundle import open_bundle
+from .calls import PendingGeneration
 from .config import PawConfig, save_api_key
 from .errors import OptionError, OptionProblem, PawError, describe_validation_error
 from .images import Image, ImageError
@@ -451,14 +453,20 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     inputs = _inputs(args)
     with _load_program(args, config) as program:
-        # every call submitted at once (the base's scheduler runs --batch-size of them together); each output prints
-        # as soon as it and those before it are done, in input order
-        pending = [program.submit(text, options) for text in inputs]
+        # at most --batch-size calls in flight (the base's scheduler decodes them together; a server gets no more at
+        # once); each output prints as soon as it and those before it are done, in input order
+        window: deque[tuple[str, PendingGeneration]] = deque()
         try:
-            for text, running in zip(inputs, pending, strict=True):
-                _print_generation(args, program, text, running.result())
+            for text in inputs:
+                window.append((text, program.submit(text, options)))
+                if len(window) >= args.batch_size:
+                    done_text, running = window.popleft()
+                    _print_generation(args, program, done_text, running.result())
+            while window:
+                done_text, running = window.popleft()
+                _print_generation(args, program, done_text, running.result())
         finally:
-            for running in pending:
+            for _, running in window:
                 running.cancel()  # after an error or a broken pipe: stop what still runs
     return 0
 
