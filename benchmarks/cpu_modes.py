@@ -19,10 +19,11 @@ from pathlib import Path
 from load_cost import INPUT, llama_cpp_build, prepare
 
 MODES: dict[str, list[str]] = {
-    "llama.cpp": ["--backend", "llamacpp"],
-    "torch float32": [],
-    "torch float16 weights": ["--weight-dtype", "float16"],
-    "torch int8 weights": ["--weight-dtype", "int8"],
+    "llama.cpp": ["--backend", "llamacpp"],  # no setting named: as the official SDK runs it (f16 KV cache)
+    "torch default": [],  # numerics auto: llama.cpp's arithmetic on this quantized base
+    "torch float32": ["--numerics", "native"],
+    "torch float16 weights": ["--weight-dtype", "float16", "--numerics", "native"],
+    "torch int8 weights": ["--weight-dtype", "int8", "--numerics", "native"],
     "torch llamacpp numerics": ["--numerics", "llamacpp"],
 }
 

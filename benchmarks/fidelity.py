@@ -34,9 +34,10 @@ from tests.helpers.trained import (  # noqa: E402
 
 OTHER_BASE: dict[str, BaseType] = {"qwen3": "q8_0", "gpt2": "q6_k"}
 MODES: dict[str, PawConfig] = {
-    "pawfn float32 (exact)": PawConfig(),
-    "pawfn --weight-dtype float16": PawConfig(weight_dtype="float16"),
-    "pawfn --weight-dtype int8": PawConfig(weight_dtype="int8"),
+    "pawfn default (numerics auto)": PawConfig(),
+    "pawfn --numerics native (float32)": PawConfig(numerics="native"),
+    "pawfn --weight-dtype float16": PawConfig(weight_dtype="float16", numerics="native"),
+    "pawfn --weight-dtype int8": PawConfig(weight_dtype="int8", numerics="native"),
     "pawfn --numerics llamacpp": PawConfig(numerics="llamacpp"),
 }
 

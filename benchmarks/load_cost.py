@@ -5,7 +5,9 @@ own quantizer, a rank-64 Q4_0 adapter on all seven projections and a bundle with
 backend loads the program in fresh processes (base, adapter and prefix: ready to run), runs one 10-token
 call, and reports its load time and the process's peak RSS: one first process (it may store derived files in
 a fresh shared cache: the evaluated prefix, a compact mode's converted weights), then the median of --runs
-later ones. Modes: llama.cpp, Torch float32, float16 and int8 weights. Prints the figures and the ratios.
+later ones. Modes: llama.cpp as the official SDK runs it (pawfn's LlamaCpp backend with no setting named: an f16 KV
+cache, llama-cpp-python's thread counts), Torch by default (numerics auto: llama.cpp's arithmetic on this Q6_K base),
+and torch's own arithmetic in float32, float16 and int8 weights. Prints the figures and the ratios.
 
     python benchmarks/load_cost.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 2] [--threads N]
 """
@@ -55,7 +57,7 @@ backend = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]]
 threads = int(sys.argv[4]) if sys.argv[4] != "0" else None
 weight_dtype = sys.argv[6] or None
 started = time.perf_counter()
-config = PawConfig(threads=threads, weight_dtype=weight_dtype)
+config = PawConfig(threads=threads, weight_dtype=weight_dtype, numerics=sys.argv[7])
 program = PawFn[Qwen3_0_6B, backend].from_path(sys.argv[2], base=sys.argv[3], config=config)
 loaded = time.perf_counter()
 result = program.generate(sys.argv[5], RuntimeOptions(max_tokens=10))
@@ -197,7 +199,14 @@ def llama_cpp_build() -> str:
     return f"llama.cpp build: {info}; weight repacking {'on' if uses_repack(PawConfig()) else 'off'}"
 
 
-MODES = {"llama.cpp": ("llamacpp", ""), "torch float32": ("torch", ""), "torch float16": ("torch", "float16"), "torch int8": ("torch", "int8")}
+MODES = {
+    "llama.cpp": ("llamacpp", "", "auto"),
+    "torch default": ("torch", "", "auto"),
+    "torch float32": ("torch", "", "native"),
+    "torch float16": ("torch", "float16", "native"),
+    "torch int8": ("torch", "int8", "native"),
+}
+"""Label -> (backend, weight dtype, numerics); the llama.cpp row names no setting, so it runs as the official SDK."""
 
 
 def run_script(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
@@ -212,8 +221,8 @@ def run_script(label: str, script: str, arguments: list[str], environment: dict[
 
 def measure(mode: str, base: Path, bundle: Path, threads: int | None, cache: Path) -> dict[str, float]:
     """One fresh process: load the program in `mode` (see MODES), run one call; its figures."""
-    backend, weight_dtype = MODES[mode]
-    arguments = [backend, str(bundle), str(base), str(threads or 0), INPUT, weight_dtype]
+    backend, weight_dtype, numerics = MODES[mode]
+    arguments = [backend, str(bundle), str(base), str(threads or 0), INPUT, weight_dtype, numerics]
     return run_script(backend, _MEASURE, arguments, {**os.environ, "PAW_CACHE_DIR": str(cache)})
 
 

@@ -23,7 +23,8 @@ MODES: dict[str, list[str]] = {
     "pawfn run --numerics llamacpp": ["--numerics", "llamacpp"],
     "pawfn run --weight-dtype int8": ["--weight-dtype", "int8"],
     "pawfn run --backend llamacpp": ["--backend", "llamacpp"],
-    "pawfn run (float32)": [],
+    "pawfn run (default: numerics auto)": [],
+    "pawfn run --numerics native (float32)": ["--numerics", "native"],
 }
 
 _LLAMA_CPP = """

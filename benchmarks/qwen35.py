@@ -43,7 +43,12 @@ DELTA_NET = {
     "ssm_out": (HIDDEN, VALUE_HEADS * STATE),
 }
 FEED_FORWARD = {"ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
-MODES: dict[str, list[str]] = {"llama.cpp": ["--backend", "llamacpp"], "torch float32": [], "torch int8 weights": ["--weight-dtype", "int8"]}
+MODES: dict[str, list[str]] = {
+    "llama.cpp": ["--backend", "llamacpp"],  # no setting named: the official vision runtime's settings
+    "torch float32": ["--numerics", "native"],
+    "torch int8 weights": ["--weight-dtype", "int8"],
+}
+"""The default (numerics auto) is llama.cpp's arithmetic on this Q8_0 base: --llamacpp-numerics times it."""
 
 
 def _write_f16_base(path: Path) -> None:

@@ -32,8 +32,9 @@ SIZES = [(256, 256), (640, 480), (720, 720)]
 
 def modes(threads: int) -> dict[str, tuple[type[Backend], PawConfig]]:
     return {
-        "llama.cpp": (LlamaCpp, PawConfig(n_ctx=4096, threads=threads, dtype="float16")),  # the vision runtime's f16 KV cache
-        "torch float32": (Torch, PawConfig(n_ctx=4096, threads=threads)),
+        "llama.cpp": (LlamaCpp, PawConfig(n_ctx=4096)),  # no setting named: the official vision runtime's (2 threads, f16 KV)
+        "torch default": (Torch, PawConfig(n_ctx=4096, threads=threads)),  # numerics auto: llama.cpp's arithmetic on Q8_0
+        "torch float32": (Torch, PawConfig(n_ctx=4096, threads=threads, numerics="native")),
         "torch int8 weights": (Torch, PawConfig(n_ctx=4096, threads=threads, weight_dtype="int8")),
     }
 

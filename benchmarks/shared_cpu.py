@@ -22,7 +22,7 @@ MODES: dict[str, list[str]] = {
     "llama.cpp": ["--backend", "llamacpp"],
     "torch llamacpp numerics": ["--numerics", "llamacpp"],
     "torch int8 weights": ["--weight-dtype", "int8"],
-    "torch float32": [],
+    "torch float32": ["--numerics", "native"],
 }
 
 
