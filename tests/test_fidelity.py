@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pawfn import PawConfig
+from pawfn import LlamaCpp, PawConfig, PawFn, RuntimeOptions
 from pawfn.options import WeightDType
 from tests.helpers.programs import requires_llama_cpp
-from tests.helpers.trained import OFFICIAL_BASE, Family, differences, llama_tokens, load_trained, pawfn_tokens
+from tests.helpers.trained import MAX_TOKENS, OFFICIAL_BASE, Family, differences, llama_tokens, load_trained, pawfn_tokens
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
 FLOORS: dict[tuple[str, WeightDType | None], int] = {
@@ -35,6 +35,16 @@ def test_the_default_gives_the_official_runtimes_tokens(family: Family) -> None:
     fixture = load_trained(family)
     expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
     found = pawfn_tokens(fixture, fixture.program, OFFICIAL_BASE[family], PawConfig())
+    assert not differences(fixture.inputs, expected, found)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_the_llamacpp_backend_with_no_setting_is_the_official_runtime(family: Family) -> None:
+    """`--backend llamacpp` with nothing named: the official SDK's configuration (f16 KV cache), so its tokens."""
+    fixture = load_trained(family)
+    expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
+    with PawFn.specialize(fixture.model, LlamaCpp).from_path(fixture.program, base=fixture.base(OFFICIAL_BASE[family])) as function:
+        found = [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in fixture.inputs]
     assert not differences(fixture.inputs, expected, found)
 
 
