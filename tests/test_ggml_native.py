@@ -251,12 +251,16 @@ def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkey
         native_kernels.cache_clear()
 
 
+def _on_a_terminal(setting: bool | None) -> bool:
+    return True
+
+
 def test_the_kernels_are_built_once_into_the_cache(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Built once, saying so: one status line on a terminal (with how long), one log record; then reused silently."""
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(ggml_build, "progress_enabled", lambda setting: True)  # as on a terminal
+    monkeypatch.setattr(ggml_build, "progress_enabled", _on_a_terminal)
     native_kernels.cache_clear()
     try:
         with caplog.at_level("INFO", logger="pawfn"):

@@ -95,7 +95,7 @@ class LoadedBase:
         self.family = weights.family
         self.device = device
         self.dtype = dtype
-        self.weight_dtype = weight_dtype
+        self.weight_dtype: WeightDType | None = weight_dtype
         self.shapes = weights.shapes()
         self._check_shapes(weights)
         self.tied = "output.weight" not in self.shapes
