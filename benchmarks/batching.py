@@ -5,7 +5,7 @@ four programs sharing the base. Every configuration runs in its own process (loa
 calls); prints calls/s and the ratio to llama.cpp's. Last, pawfn's calls/s when each call only evaluates its
 prompt (max_tokens=1, one caller): prompts are evaluated one by one, so no number of callers exceeds it.
 
-    python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--calls 16]
+    python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--numerics auto] [--calls 16]
         [--batch-invariant on|off|both] [--programs one|four|both]
 """
 
@@ -23,8 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 backend, base, text = {"torch": Torch, "llamacpp": LlamaCpp}[sys.argv[1]], sys.argv[2], sys.argv[3]
 concurrency, calls, weight_dtype, max_tokens = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7])
-invariant, bundles = sys.argv[8] == "on", sys.argv[9:]
+invariant, numerics, bundles = sys.argv[8] == "on", sys.argv[9], sys.argv[10:]
 config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1), batch_invariant=invariant)
+if backend is Torch:  # llama.cpp runs with no setting named but the copies: as the official SDK runs it
+    config = config.with_options(numerics=numerics)
 programs = [PawFn[Qwen3_0_6B, backend].from_path(bundle, base=base, config=config) for bundle in bundles]
 options = RuntimeOptions(max_tokens=max_tokens)
 for program in programs:
@@ -46,17 +48,26 @@ print(json.dumps({"calls_per_s": calls / wall, "median_ms": statistics.median(ti
 
 
 def measure(
-    backend: str, base: Path, bundles: list[Path], concurrency: int, calls: int, weight_dtype: str, max_tokens: int = 10, invariant: str = "on"
+    backend: str,
+    base: Path,
+    bundles: list[Path],
+    concurrency: int,
+    calls: int,
+    weight_dtype: str,
+    max_tokens: int = 10,
+    invariant: str = "on",
+    numerics: str = "auto",
 ) -> dict[str, float]:
     """One fresh process: load `bundles`, then `calls` calls from `concurrency` threads; its figures."""
-    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), invariant, *map(str, bundles)]
+    arguments = [backend, str(base), INPUT, str(concurrency), str(calls), weight_dtype, str(max_tokens), invariant, numerics, *map(str, bundles)]
     return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
-    parser.add_argument("--weight-dtype", default="int8", choices=("", "float16", "int8"), help="'' for float32")
+    parser.add_argument("--weight-dtype", default="int8", choices=("", "float16", "int8"), help="'' for none")
+    parser.add_argument("--numerics", default="auto", choices=("auto", "native", "llamacpp"), help="pawfn's arithmetic (auto: the default)")
     parser.add_argument("--calls", type=int, default=16, help="timed calls per configuration (at least 2x the callers)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument(
@@ -82,14 +93,15 @@ def main() -> None:
             for invariant in settings:
                 calls = max(args.calls, 2 * concurrency)
                 label = name if len(settings) == 1 else f"{name}, {'row-exact' if invariant == 'on' else 'batched'}"
-                rows.append((label, concurrency, measure("torch", base, bundles, concurrency, calls, args.weight_dtype, invariant=invariant)))
+                figures = measure("torch", base, bundles, concurrency, calls, args.weight_dtype, invariant=invariant, numerics=args.numerics)
+                rows.append((label, concurrency, figures))
                 print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
-    prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1)
+    prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1, numerics=args.numerics)
     after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
     print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
     reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
     print(
-        f"{'pawfn ' + (args.weight_dtype or 'float32'):34} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+        f"{'pawfn ' + (args.weight_dtype or 'numerics ' + args.numerics):34} {'callers':>7} {'calls/s':>8} {'median call':>12} "
         f"{'vs llama.cpp':>12} {'same tokens as alone':>21}"
     )
     for label, concurrency, figures in rows:
