@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -58,6 +59,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter is not None:
             reporter.write_line(f"ERROR: {message}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(_HOME, ignore_errors=True)
 
 
 _CACHE_SNAPSHOT = pytest.StashKey[set[tuple[str, int, int]]]()

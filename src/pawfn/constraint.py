@@ -59,7 +59,7 @@ def check_json_value(output: JsonSchemaFormat, text: str) -> None:
         value = json.loads(text)
     except ValueError as exc:
         raise OutputTypeError(describe(output), text, f"it is not JSON ({exc})") from None
-    errors: list[ValidationError] = list(_validator(output.json_schema.model_dump_json()).iter_errors(value))
+    errors: list[ValidationError] = list(_validator(json.dumps(output.json_schema.schema_, sort_keys=True)).iter_errors(value))
     if errors:
         error = max(errors, key=lambda found: len(found.absolute_path))  # the most specific place
         where = "".join(f"[{json.dumps(part)}]" for part in error.absolute_path) or "the value"
@@ -67,9 +67,9 @@ def check_json_value(output: JsonSchemaFormat, text: str) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _validator(spec: str) -> jsonschema.protocols.Validator:
-    """The validator of a schema (by its `JsonSchemaSpec` JSON), built once."""
-    return schema_validator(JsonSchemaFormat.model_validate({"json_schema": json.loads(spec)}).json_schema.schema_)
+def _validator(schema: str) -> jsonschema.protocols.Validator:
+    """The validator of a schema (given as its JSON, so it can key the cache), built once."""
+    return schema_validator(json.loads(schema))
 
 
 def _first_reason(message: str) -> str:
