@@ -58,6 +58,15 @@ def _all_piece_bytes(tokens: list[str]) -> list[bytes]:
     return [joined[end - len(token) : end] for token, end in zip(tokens, ends, strict=True)]
 
 
+def _texts_by_id(tokenizer: Tokenizer) -> list[str]:
+    """Every token's text in id order (added tokens included; an id with no text: "")."""
+    texts = [""] * tokenizer.get_vocab_size(with_added_tokens=True)
+    for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
+        if 0 <= token_id < len(texts):
+            texts[token_id] = text
+    return texts
+
+
 def scalar_text(text: str) -> str:
     """`text` with its surrogate code points read as UTF-16, which tokenizers cannot take: a high-low pair becomes
     its character, a lone surrogate U+FFFD (e.g. from undecodable bytes under Python's surrogateescape)."""
@@ -84,10 +93,7 @@ class TextCodec:
         self._plain: Tokenizer | None = None
         self._plain_lock = threading.Lock()
         if texts is None or len(texts) != self.vocab_size:
-            texts = [""] * self.vocab_size
-            for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-                if 0 <= token_id < self.vocab_size:
-                    texts[token_id] = text
+            texts = _texts_by_id(tokenizer)
         self._pieces: list[bytes] = _all_piece_bytes(texts)
         self._special_texts: dict[int, bytes] = {}
         """Control, unknown and unused tokens: their text, which a grammar must never take as output."""
@@ -240,10 +246,7 @@ class TextCodec:
         eos_id = tokenizer.token_to_id(eos_text)
         if eos_id is None:
             raise TokenizerError(folder, f"the EOS token {eos_text!r} is not in the vocabulary")
-        texts = [""] * tokenizer.get_vocab_size(with_added_tokens=True)
-        for text, token_id in tokenizer.get_vocab(with_added_tokens=True).items():
-            if 0 <= token_id < len(texts):
-                texts[token_id] = text
+        texts = _texts_by_id(tokenizer)
         overridden = load_time_kinds(texts, kinds, eos_id)
         became_control = [
             AddedToken(texts[i], special=True, normalized=False) for i, kind in overridden.items() if kind == TokenKind.CONTROL != kinds.get(i)

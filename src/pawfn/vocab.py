@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
-__all__ = ["TokenKind", "load_time_kinds", "split_pattern"]
+__all__ = ["KNOWN_PRE_TOKENIZERS", "TokenKind", "load_time_kinds", "split_pattern"]
 
 
 class TokenKind(IntEnum):
@@ -31,6 +31,7 @@ _SPLITS: Mapping[str, str | None] = {"qwen2": _QWEN2, "qwen35": _QWEN35, "gpt-2"
 """Pre-tokenizer name -> split regex; None: GPT-2's byte-level regex (llama.cpp's default for BPE files)."""
 
 KNOWN_PRE_TOKENIZERS = tuple(name for name in _SPLITS if name not in ("gpt2", "default"))
+"""The names an error lists (the aliases left out)."""
 
 
 def split_pattern(pre: str) -> str | None:
