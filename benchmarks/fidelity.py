@@ -2,9 +2,10 @@
 made by scripts/make_trained_fixtures.py): 16 held-out inputs, 32 greedy tokens each.
 
 The official runtime is llama.cpp driven as the official SDK drives it: the official base type (Q6_K for Qwen3,
-Q8_0 for GPT-2), the program's Q4_0 adapter, an f16 KV cache. Each pawfn mode loads those same files. Two more
-rows for scale: llama.cpp itself on another base type, and pawfn float32 against llama.cpp on the F32 files with
-an f32 KV cache (exact arithmetic on both sides: should be every sequence).
+Q8_0 for GPT-2), the program's Q4_0 adapter, an f16 KV cache. Each pawfn mode loads those same files. More rows
+for scale: llama.cpp itself on another base type; pawfn's default on the F32 base against the official runtime on
+it (Q4_0 adapter, f16 KV); and pawfn float32 against llama.cpp on the F32 files with an f32 KV cache (exact
+arithmetic on both sides: should be every sequence).
 
     python benchmarks/fidelity.py [--families qwen3 gpt2] [--fixtures DIR]
 """
@@ -54,10 +55,13 @@ def main() -> None:
         official = llama_tokens(fixture, official_base, fixture.adapter_q4_0)
         rows = [(name, official, pawfn_tokens(fixture, fixture.program, official_base, config)) for name, config in MODES.items()]
         rows.append((f"llama.cpp on a {OTHER_BASE[family].upper()} base", official, llama_tokens(fixture, OTHER_BASE[family], fixture.adapter_q4_0)))
+        on_f32 = llama_tokens(fixture, "f32", fixture.adapter_q4_0)
+        rows.append(("pawfn default vs official, F32 base", on_f32, pawfn_tokens(fixture, fixture.program, "f32", PawConfig())))
         with tempfile.TemporaryDirectory() as scratch:
             exact = llama_tokens(fixture, "f32", fixture.adapter_f32, kv="f32")
             f32_program = fixture.program_with_f32_adapter(Path(scratch))
-            rows.append(("pawfn float32 vs llama.cpp, F32 files", exact, pawfn_tokens(fixture, f32_program, "f32", PawConfig())))
+            float32 = PawConfig(numerics="native")
+            rows.append(("pawfn float32 vs llama.cpp, F32 files", exact, pawfn_tokens(fixture, f32_program, "f32", float32)))
         print(
             f"\n{family}: official runtime = llama.cpp, {official_base.upper()} base, Q4_0 adapter, f16 KV; "
             f"{len(inputs)} inputs x {MAX_TOKENS} tokens"

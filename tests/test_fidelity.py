@@ -1,6 +1,6 @@
 """pawfn against the official runtime on the trained fixtures (peaked models, where rounding decides few tokens):
-with no setting named, the official files (quantized base, Q4_0 adapter, f16 KV) give the official runtime's every
-token and exact float32 on the F32 files llama.cpp's every token; torch's own arithmetic on the official files keeps
+with no setting named, the official files (quantized base, Q4_0 adapter, f16 KV) and the F32 files give the official
+runtime's every token, and float32 on the F32 files llama.cpp's with an f32 cache; torch's own arithmetic on the official files keeps
 at least its measured share per mode (`benchmarks/fidelity.py` prints the whole table)."""
 
 from __future__ import annotations
@@ -49,11 +49,22 @@ def test_the_llamacpp_backend_with_no_setting_is_the_official_runtime(family: Fa
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_the_default_gives_the_official_runtimes_tokens_on_the_f32_files(family: Family, tmp_path: Path) -> None:
+    """No mode named on the F32 base, with the F32 and with the Q4_0 adapter: llama.cpp's arithmetic (an f16 cache, a
+    quantized adapter's inputs quantized as llama.cpp does), so the official runtime's tokens on these files."""
+    fixture = load_trained(family)
+    for program, adapter in ((fixture.program_with_f32_adapter(tmp_path), fixture.adapter_f32), (fixture.program, fixture.adapter_q4_0)):
+        expected = llama_tokens(fixture, "f32", adapter)
+        found = pawfn_tokens(fixture, program, "f32", PawConfig())
+        assert not differences(fixture.inputs, expected, found), adapter.name
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_float32_gives_llama_cpps_tokens_on_the_f32_files(family: Family, tmp_path: Path) -> None:
-    """No mode named on F32 files: torch's float32, llama.cpp's arithmetic there (its KV cache in f32)."""
+    """Torch's float32 (`native`) on the F32 files: llama.cpp's arithmetic there with its KV cache in f32."""
     fixture = load_trained(family)
     expected = llama_tokens(fixture, "f32", fixture.adapter_f32, kv="f32")
-    found = pawfn_tokens(fixture, fixture.program_with_f32_adapter(tmp_path), "f32", PawConfig())
+    found = pawfn_tokens(fixture, fixture.program_with_f32_adapter(tmp_path), "f32", PawConfig(numerics="native"))
     assert not differences(fixture.inputs, expected, found)
 
 

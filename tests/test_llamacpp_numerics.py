@@ -385,21 +385,21 @@ def test_one_row_attention_on_narrow_heads_agrees_in_c_and_torch(dim: int) -> No
 @requires_llama_cpp
 @pytest.mark.llamacpp
 def test_auto_numerics_follow_the_base(quantized_bases: dict[str, Path], wide_qwen3: TinyInterpreter, wide_qwen3_program_q4: TinyProgram) -> None:
-    """`auto` (the default): llama.cpp's arithmetic on a quantized GGUF base (its tokens, f16 KV), torch's on an F32
-    GGUF and a Hugging Face folder; each call's `Generation` and the engine line say which ran."""
+    """`auto` (the default): llama.cpp's arithmetic on every GGUF base, quantized or F32 (with a Q4_0 program on an F32
+    base llama.cpp still quantizes the adapter's inputs: torch's float32 misses its tokens), torch's on a Hugging Face
+    folder; each call's `Generation` and the engine line say which ran."""
     program = wide_qwen3_program_q4
     options = RuntimeOptions(max_tokens=12)
-    base = quantized_bases["Q6_K"]
-    expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS[:3], 12, n_ctx=2048, kv="f16")
-    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base) as function:
-        found = [function.generate(text, options) for text in TINY_INPUTS[:3]]
-        assert [list(g.token_ids) for g in found] == expected
-        assert {g.numerics for g in found} == {"llamacpp"}
-        assert "llama.cpp numerics" in (torch_program(function).engine or "")
-    for plain in (wide_qwen3.gguf_path, wide_qwen3.hf_dir):
-        with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=plain) as function:
-            assert function.generate(TINY_INPUTS[0], options).numerics == "native"
-            assert (torch_program(function).engine or "").startswith("torch numerics (float32)")
+    for base in (quantized_bases["Q6_K"], wide_qwen3.gguf_path):
+        expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS[:3], 12, n_ctx=2048, kv="f16")
+        with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base) as function:
+            found = [function.generate(text, options) for text in TINY_INPUTS[:3]]
+            assert [list(g.token_ids) for g in found] == expected, base.name
+            assert {g.numerics for g in found} == {"llamacpp"}
+            assert "llama.cpp numerics" in (torch_program(function).engine or "")
+    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=wide_qwen3.hf_dir) as function:
+        assert function.generate(TINY_INPUTS[0], options).numerics == "native"
+        assert (torch_program(function).engine or "").startswith("torch numerics (float32)")
 
 
 def test_auto_numerics_fall_back_to_torchs_where_llama_cpps_cannot_run(

@@ -85,17 +85,21 @@ def test_bare_tokens_equal_llama_cpp_and_transformers(qwen35: TinyInterpreter, b
 
 @requires_llama_cpp
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_program_tokens_equal_llama_cpp(qwen35_program: TinyProgram, backend: type[Backend]) -> None:
-    program = qwen35_program
+@pytest.mark.parametrize("quantized", [False, True], ids=["f32", "q4_0"])
+def test_program_tokens_equal_llama_cpp(qwen35_program: TinyProgram, qwen35_program_q4: TinyProgram, backend: type[Backend], quantized: bool) -> None:
+    """The default mode on an F32 base gives the official vision runtime's tokens (f16 cache, flash attention) with an
+    F32 and with a Q4_0 program (whose products' inputs llama.cpp quantizes: torch's float32 misses them)."""
+    program = qwen35_program_q4 if quantized else qwen35_program
     tiny = program.interpreter
-    expected = llama_generate_whole(tiny.gguf_path, [_rendered(program.template, text) for text in TEXTS], MAX_TOKENS, adapter=program.adapter)
+    prompts = [_rendered(program.template, text) for text in TEXTS]
+    expected = llama_generate_whole(tiny.gguf_path, prompts, MAX_TOKENS, kv="f16", adapter=program.adapter, vision_runtime=True)
     with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=tiny.gguf_path) as function:
         assert _tokens(function, TEXTS) == expected
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["f32", "q4_0"])
 def test_program_tokens_equal_peft(qwen35_program: TinyProgram, qwen35_program_q4: TinyProgram, quantized: bool) -> None:
-    """A Q4_0 adapter against peft on the same adapter dequantized (what pawfn reads)."""
+    """A Q4_0 adapter against peft on the same adapter dequantized (what torch's arithmetic reads)."""
     program = qwen35_program_q4 if quantized else qwen35_program
     tiny = program.interpreter
     pairs = dequantized(program.pairs, gguf.GGMLQuantizationType.Q4_0) if quantized else program.pairs
@@ -104,7 +108,7 @@ def test_program_tokens_equal_peft(qwen35_program: TinyProgram, qwen35_program_q
         peft_generate_ids(tiny, hf_pairs(config_of(tiny), pairs), program.alpha, tokenizer.encode(_rendered(program.template, text)).ids, MAX_TOKENS)
         for text in TEXTS
     ]
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=tiny.gguf_path) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=tiny.gguf_path, config=PawConfig(numerics="native")) as function:
         assert _tokens(function, TEXTS) == expected
         without = peft_generate_ids(tiny, None, program.alpha, tokenizer.encode(_rendered(program.template, TEXTS[0])).ids, MAX_TOKENS)
         assert expected[0] != without  # the adapter is not silently ignored
@@ -124,9 +128,11 @@ def test_batched_calls_equal_lone_calls(qwen35_program: TinyProgram, batch_invar
 def test_the_prefix_state_cache_gives_the_tokens_of_no_cache(qwen35_program: TinyProgram) -> None:
     """A program's prefix is evaluated once (its recurrent states kept) and stored beside it; a bare interpreter on
     the same whole template with the adapter's effect aside cannot serve as reference, so the check is against the
-    prompt evaluated whole, from position 0, on the same weights."""
+    prompt evaluated whole, from position 0, on the same weights (torch's arithmetic: llama.cpp's runs each prompt whole,
+    as the official vision runtime does)."""
     program = qwen35_program
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path) as function:
+    config = PawConfig(numerics="native")
+    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path, config=config) as function:
         runtime = torch_program(function)
         interpreter, adapter = runtime.base.interpreter, runtime.device_adapter
         prefix = runtime.prefix_state
@@ -146,7 +152,7 @@ def test_the_prefix_state_cache_gives_the_tokens_of_no_cache(qwen35_program: Tin
 def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgram, tmp_path: Path, prefills: list[int]) -> None:
     """The second load reads the prefix from the shared cache (no evaluation) and gives the same tokens; a stored
     prefix whose states do not fit the architecture is a miss."""
-    config = PawConfig(cache_dir=tmp_path / "cache")
+    config = PawConfig(cache_dir=tmp_path / "cache", numerics="native")  # llama.cpp's runs each prompt whole
     base = qwen35_program.interpreter.gguf_path
 
     def run() -> tuple[list[list[int]], PrefixState, Architecture]:

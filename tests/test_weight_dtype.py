@@ -27,6 +27,8 @@ from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cp
 from tests.helpers.trained import TrainedProgram
 
 INPUTS = ["hello", "Urgent: the server is down!", "I love this product", "the lazy dog", "Résumé café 123", "a", "what is this?", "numbers 1 2 3"]
+FLOAT32 = PawConfig(numerics="native")
+"""The reference the compact modes are measured against: torch's float32 (the default runs llama.cpp's arithmetic on GGUF bases)."""
 FLOORS = {"qwen3": 0.95, "gpt2": 0.85}
 """On the random tiny models (nearly flat predictions): least share of greedy tokens that match float32 before a
 call's first difference (measured 1.00 and 0.99)."""
@@ -78,7 +80,10 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
     kind = PawFn.specialize(_model(program), Torch)
     base, options = program.interpreter.gguf_path, RuntimeOptions(max_tokens=32)
     compact_config = PawConfig(weight_dtype="float16")
-    with kind.from_path(program.folder, base=base) as exact, kind.from_path(program.folder, base=base, config=compact_config) as compact:
+    with (
+        kind.from_path(program.folder, base=base, config=FLOAT32) as exact,
+        kind.from_path(program.folder, base=base, config=compact_config) as compact,
+    ):
         agreed = total = 0
         for text in INPUTS:
             reference, found = exact.generate(text, options).token_ids, compact.generate(text, options).token_ids
@@ -110,7 +115,10 @@ def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
     trained: TrainedProgram = request.getfixturevalue(f"trained_{family}_program")
     base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     config = PawConfig(weight_dtype="float16")
-    with PawFn.load_any_sync(program, Torch, base=base) as exact, PawFn.load_any_sync(program, Torch, base=base, config=config) as compact:
+    with (
+        PawFn.load_any_sync(program, Torch, base=base, config=FLOAT32) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=config) as compact,
+    ):
         assert type(compact).model_type() is trained.model
         assert _agreement(exact, compact, 32, trained.inputs) >= TRAINED_FLOOR
         if HAS_LLAMA_CPP:
@@ -138,7 +146,7 @@ def test_int8_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
     trained: TrainedProgram = request.getfixturevalue(f"trained_{family}_program")
     base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     with (
-        PawFn.load_any_sync(program, Torch, base=base) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=FLOAT32) as exact,
         PawFn.load_any_sync(program, Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
     ):
         assert _agreement(exact, compact, 32, trained.inputs) >= INT8_TRAINED_FLOORS[family]
@@ -157,7 +165,7 @@ def test_int8_is_as_faithful_as_llama_cpps_q8_0_base(trained_qwen3_program: Trai
     trained = trained_qwen3_program
     base, program = trained.base("f32"), str(trained.program_with_f32_adapter(tmp_path))
     with (
-        PawFn.load_any_sync(program, Torch, base=base) as exact,
+        PawFn.load_any_sync(program, Torch, base=base, config=FLOAT32) as exact,
         PawFn.load_any_sync(program, Torch, base=base, config=PawConfig(weight_dtype="int8")) as compact,
         PawFn.load_any_sync(program, LlamaCpp, base=trained.base("q8_0")) as official_q8_0,
     ):

@@ -130,7 +130,7 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--numerics",
         choices=get_args(Numerics),
-        help="Torch: auto (default: llama.cpp's arithmetic on quantized GGUF bases on the CPU, the official runtime's "
+        help="Torch: auto (default: llama.cpp's arithmetic on GGUF bases on the CPU, the official runtime's "
         "tokens; torch's elsewhere), llamacpp, or native (torch's arithmetic)",
     )
     options.add_argument(

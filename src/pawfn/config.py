@@ -120,13 +120,12 @@ class EngineSettings(OptionsModel):
     LoRA, norms and KV stay float32. None (the default) keeps `dtype`. See docs/performance.md."""
     numerics: Numerics = "auto"
     """Torch backend: ``native`` runs torch's arithmetic on the base's weights dequantized to `dtype` (exact
-    float32 math; llama.cpp's own tokens on F32 bases); ``llamacpp`` runs the arithmetic of llama.cpp's CPU
-    backend as the official SDK configures it on the GGUF's blocks (activations quantized per block like its dot
-    products, f16 KV cache, its rounding order): the official runtime's tokens on quantized bases (CPU, dtype
-    float32, no `weight_dtype`). ``auto`` (the default): ``llamacpp`` for a GGUF base whose matrices are quantized
-    or half precision, on a CPU where it runs; ``native`` for float32 files, Hugging Face folders, GPUs and the
-    other dtypes (logged once where a quantized base falls back). `Generation.numerics` says which ran. See
-    docs/performance.md's fidelity table."""
+    float32 math, as transformers + peft); ``llamacpp`` runs the arithmetic of llama.cpp's CPU backend as the
+    official SDK configures it on the GGUF's own types (Q6_K/Q8_0/Q4_0 blocks with their inputs quantized, F32 and
+    F16 in ggml's order, an f16 KV cache): the official runtime's tokens (CPU, dtype float32, no `weight_dtype`).
+    ``auto`` (the default): ``llamacpp`` for a GGUF base on a CPU where it runs; ``native`` for Hugging Face
+    folders, GPUs and the other dtypes (logged once where a GGUF base falls back). `Generation.numerics` says which
+    ran. See docs/performance.md's fidelity table."""
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)

@@ -17,8 +17,8 @@ WeightDType = Literal["float16", "int8"]
 """Compact CPU storage of the base's matrices (`PawConfig.weight_dtype`): near-exact float16 or lossy int8."""
 Numerics = Literal["auto", "native", "llamacpp"]
 """Whose arithmetic the Torch backend runs (`PawConfig.numerics`): torch's own on dequantized weights, llama.cpp's
-CPU backend's on the GGUF blocks (the official runtime's tokens), or auto: llama.cpp's for quantized GGUF bases on
-the CPU, torch's elsewhere."""
+CPU backend's on the GGUF blocks (the official runtime's tokens), or auto: llama.cpp's for GGUF bases on the CPU,
+torch's elsewhere."""
 ResolvedNumerics = Literal["native", "llamacpp"]
 """The arithmetic a program runs once `auto` is decided (`Generation.numerics`)."""
 Device = Literal[

@@ -1150,6 +1150,31 @@ done:
     free(totals);
 }
 
+/* ---- float matrices (F32 and F16 GGUF weights, float adapters) as llama.cpp's CPU backend multiplies them ---- */
+
+/* x [rows, k] times weights w [out, k] for outputs [first, last): F32 weights, or (`f16`) f16 bits with x already
+   rounded to f16 as ggml converts it. `tiled` (2 rows or more, k a multiple of W: tinyBLAS) each dot W lanes in
+   order, then by halves; else ggml's one-row dots (`ggml_vec_dot_f32` / `_f16`). */
+static void float_product(const void *w, int f16, const float *x, int64_t rows, int64_t k, int tiled, int W,
+                          const paw_out *y, int64_t first, int64_t last) {
+    for (int64_t o = first; o < last; o += 8) {
+        int count = last - o < 8 ? (int)(last - o) : 8;
+        const float *b[8] = {0};
+        for (int j = 0; j < 8 && !f16; ++j) b[j] = (const float *)w + (o + (j < count ? j : count - 1)) * k;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *a = x + r * k;
+            float result[8];
+            if (f16)
+                for (int j = 0; j < count; ++j) result[j] = dot_f16(a, (const uint16_t *)w + (o + j) * k, k, W, !tiled);
+            else if (tiled)
+                dots_tiled(a, b, count, k, W, result);
+            else
+                for (int j = 0; j < count; ++j) result[j] = dot_f32_ggml(a, b[j], k, W);
+            for (int j = 0; j < count; ++j) put(y, r, o + j, result[j]);
+        }
+    }
+}
+
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
 typedef struct {
@@ -1160,7 +1185,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED
+    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1192,6 +1217,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     case KERNEL_FLASH_TILED:
         flash_tiled(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->i[4], a->i[5], a->i[6], a->f, (int)a->i[7],
                     (float *)a->p[3], first, last);
+        break;
+    case KERNEL_FLOAT:
+        float_product(a->p[0], (int)a->i[0], a->p[1], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], a->p[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

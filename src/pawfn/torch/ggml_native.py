@@ -57,7 +57,9 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED = range(10)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT = range(
+    11
+)
 """`paw_run`'s kernels."""
 
 
@@ -117,6 +119,14 @@ class NativeKernels:
         threads = _threads(out, work)
         if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
             raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    def float_product(
+        self, weight: int, f16: bool, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
+    ) -> None:
+        """`float_product`: x [rows, width] times F32 (or, `f16`, f16) weights [out, width] with llama.cpp's dots of `lanes`
+        lanes (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out` puts them."""
+        target = _Out(*into)
+        self.run(_FLOAT, [weight, x, ctypes.addressof(target)], [int(f16), rows, width, int(tiled), lanes], out, rows * out * width)
 
     def run(self, kernel: int, pointers: list[int], integers: list[int], count: int, work: int, value: float = 0.0) -> None:
         """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8

@@ -23,6 +23,7 @@ from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families.base import Family, check_architecture
 from .ggml import BlockMatrix, block_matrix
+from .ggml_float import NativeFloatMatrix, float_matrix
 from .ggml_native import NativeBlockMatrix, join_blocks, native_kernels
 from .kernels import Matrix, check_kernel, compress, concat_stored, cpu_flags, pack, plain, stored_names
 from .weights import BaseWeights, non_finite
@@ -34,7 +35,7 @@ _LOG = logging.getLogger("pawfn")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
 
-Product = Matrix | BlockMatrix | NativeBlockMatrix
+Product = Matrix | BlockMatrix | NativeBlockMatrix | NativeFloatMatrix
 """A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
@@ -143,13 +144,13 @@ class LoadedBase:
         self.codec = weights.codec  # built meanwhile on a thread of its own
 
     def _auto_numerics(self, weights: BaseWeights, matrix_names: list[str]) -> ResolvedNumerics:
-        """`numerics="auto"`: llama.cpp's arithmetic where the base's matrices are quantized or half precision (the
-        official files) and it can run here; torch's for float32 files and Hugging Face folders, where float32 is
-        already llama.cpp's arithmetic, and where llama.cpp's cannot run (said once in the log, with why)."""
+        """`numerics="auto"`: llama.cpp's arithmetic for every GGUF base where it can run (F32 files too: there llama.cpp
+        still quantizes a quantized adapter's inputs and keeps an f16 cache); torch's for Hugging Face folders, which
+        llama.cpp does not read, and where llama.cpp's cannot run (said once in the log, with why)."""
+        if weights.source.is_dir():
+            return "native"
         in_file = [name for name in matrix_names if not (self.tied and name == "output.weight")]  # tied: the table's
         types = {stored[1].name for name in in_file if (stored := weights.raw(name)) is not None}
-        if not types - {"F32"}:
-            return "native"
         problem = llamacpp_numerics_problem(self.device, self.dtype, self.weight_dtype) or _family_problem(
             self.family, self.architecture.head_dim, self.simd_width, weights.source
         )
@@ -255,11 +256,15 @@ class LoadedBase:
         elif name not in self.rows:
             self.tensors[name] = tensor
 
-    def _llamacpp_blocks(self, weights: BaseWeights, name: str) -> BlockMatrix | NativeBlockMatrix | None:
-        """Matrix `name` as its GGUF blocks, read from the file's bytes, where emulated; its block scales checked."""
+    def _llamacpp_blocks(self, weights: BaseWeights, name: str) -> BlockMatrix | NativeBlockMatrix | NativeFloatMatrix | None:
+        """Matrix `name` as its GGUF blocks, read from the file's bytes, where emulated (F32 and F16 too, on the C
+        kernels); its block scales checked."""
         stored = weights.raw(name)
         if stored is None:
             return None
+        floats = float_matrix(stored[0], stored[1], self.shapes[name][0], self.simd_width, self.ggml_kernels)
+        if floats is not None:
+            return floats
         blocks = block_matrix(stored[0], stored[1], self.shapes[name][0], name.startswith("blk."), self.ggml_kernels is not None)
         if blocks is not None and not bool(torch.isfinite(blocks.scale).all()):
             raise non_finite(weights.source, name)

@@ -11,6 +11,7 @@ import torch
 from ..adapter import LoraAdapter, LoraHalf
 from ..errors import AdapterError
 from .ggml import block_matrix
+from .ggml_float import float_matrix
 from .ggml_native import NativeBlockMatrix, join_blocks
 from .kernels import Matrix, pack, plain
 from .loading import LoadedBase, Product
@@ -98,9 +99,12 @@ def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
 
 
 def _llamacpp_lora(base: LoadedBase, half: LoraHalf, quantized: bool) -> Product:
-    """One half of a side path for `numerics="llamacpp"`: its blocks where the pair is quantized, else float32
-    (dequantized only then)."""
-    matrix = block_matrix(half.data, half.qtype, half.shape[0], native=base.ggml_kernels is not None) if quantized else None
+    """One half of a side path for `numerics="llamacpp"`: its blocks where the pair is quantized, else its F32 or F16
+    values on the C kernels, else float32 (the torch emulation: dequantized only then)."""
+    if quantized:
+        matrix: Product | None = block_matrix(half.data, half.qtype, half.shape[0], native=base.ggml_kernels is not None)
+    else:
+        matrix = float_matrix(half.data, half.qtype, half.shape[0], base.simd_width, base.ggml_kernels)
     return plain(base.on_device(half.values), None) if matrix is None else matrix
 
 
