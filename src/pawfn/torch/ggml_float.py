@@ -35,6 +35,11 @@ class NativeFloatMatrix:
         """Output width."""
         return int(self.weight.shape[0])
 
+    def all_finite(self) -> bool:
+        """No NaN or infinity among the weights."""
+        values = self.weight if self.kind == "f32" else self.weight.view(torch.float16)
+        return bool(torch.isfinite(values).all())
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (tinyBLAS from two rows on)."""
         return self._product(x, tiled=x.shape[0] >= 2)

@@ -264,6 +264,8 @@ class LoadedBase:
             return None
         floats = float_matrix(stored[0], stored[1], self.shapes[name][0], self.simd_width, self.ggml_kernels)
         if floats is not None:
+            if not floats.all_finite():
+                raise non_finite(weights.source, name)
             return floats
         blocks = block_matrix(stored[0], stored[1], self.shapes[name][0], name.startswith("blk."), self.ggml_kernels is not None)
         if blocks is not None and not bool(torch.isfinite(blocks.scale).all()):
