@@ -3,7 +3,8 @@
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
 `<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
-mode falls back to the torch emulation (the same tokens, several times slower) with one warning. Large products
+mode falls back to the torch emulation (the same tokens on quantized matrices, several times slower; F32 and F16
+matrices then add in torch's order, not ggml's) with one warning. Large products
 and attention split their outputs across `torch.get_num_threads()` threads with OpenMP, on torch's own OpenMP
 runtime where torch ships one (the library links `libgomp.so.1`, which the loader resolves to the copy torch loaded
 first): a pool of our own spun against torch's threads on every core.
@@ -163,7 +164,8 @@ def native_kernels() -> NativeKernels | None:
         except (OSError, AttributeError) as error:
             failure = str(error)
     warnings.warn(
-        f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens, several times slower): "
+        f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens on quantized matrices, several times "
+        f"slower; F32/F16 matrices in torch's order): "
         f"its C kernels could not be built ({failure})",
         RuntimeWarning,
         stacklevel=2,
