@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from .families import Architecture
 from .ggml import ggml_attention
 from .ggml_hybrid import ggml_flash_attention
-from .ggml_native import native_attention
+from .ggml_native import NativeKernels, native_attention
 from .kvcache import KVCache
-
-if TYPE_CHECKING:
-    from .loading import LoadedBase
 
 __all__ = [
     "LLAMACPP_BATCH",
@@ -71,18 +66,19 @@ def attend_batched(
 
 
 def attend_llamacpp(
-    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase
+    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels | None
 ) -> torch.Tensor:
-    """`_attend` as llama.cpp computes it on its f16 cache (`ggml_attention`); the prefix's KV joins the cache's."""
+    """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes, on the C `kernels` where
+    given); the prefix's KV joins the cache's."""
     end = cache.store(layer, slot, k, v)
     keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
     prefix = cache.prefix
     shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
-    if interpreter.ggml_kernels is not None:
-        return native_attention(interpreter.ggml_kernels, q, shared, keys, values, interpreter.simd_width)
+    if kernels is not None:
+        return native_attention(kernels, q, shared, keys, values, width)
     if shared is not None:
         keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
-    return ggml_attention(q, keys, values, interpreter.simd_width)
+    return ggml_attention(q, keys, values, width)
 
 
 LLAMACPP_THREADS = 2
@@ -97,20 +93,27 @@ def llamacpp_batches(n_tokens: int) -> list[int]:
 
 
 def attend_llamacpp_flash(
-    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interpreter: LoadedBase, batches: list[int]
+    cache: KVCache,
+    layer: int,
+    slot: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    width: int,
+    kernels: NativeKernels | None,
+    batches: list[int],
 ) -> torch.Tensor:
     """`attend_llamacpp` with flash attention, as the official vision runtime runs it (`ggml_flash_attention`): the
     rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
     cells used, padded to 256). The sequence starts at position 0 (no prefix)."""
     end = cache.store(layer, slot, k, v)
-    lanes, kernels = interpreter.simd_width, interpreter.ggml_kernels
     outputs: list[torch.Tensor] = []
     first = 0
     for rows in batches:
         stop = end - q.shape[0] + first + rows
         cells = max(256, -(-stop // 256) * 256)
         keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
-        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, lanes, kernels))
+        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, width, kernels))
         first += rows
     return torch.cat(outputs)
 

@@ -19,6 +19,7 @@ import torch
 from ..errors import BaseModelError, ConfigError
 from ..options import Numerics, ResolvedNumerics, WeightDType
 from ..progress import track
+from .arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families.base import Family, check_architecture
@@ -122,6 +123,8 @@ class LoadedBase:
         """Fused groups (names) and the output width of each member."""
         self.ggml_kernels = None
         """llama.cpp's products, attention and exp in C (`numerics="llamacpp"`; None: the torch emulation)."""
+        self.biases_after: dict[str, torch.Tensor] = {}
+        """Biases added after the side paths rather than inside the products (llama.cpp's graph), by matrix name."""
         if numerics == "llamacpp":
             check_llamacpp_numerics(device, dtype, weight_dtype)
             problem = _family_problem(self.family, self.architecture.head_dim, self.simd_width, weights.source)
@@ -129,6 +132,7 @@ class LoadedBase:
                 raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; use numerics='native'")
             self.ggml_kernels = native_kernels()
             self._load_llamacpp(weights, matrix_names, progress)
+            self.biases_after = {name: bias for name in matrix_names if (bias := self.bias(name)) is not None}
             self._join_llamacpp(self.family.fused_groups(self.architecture))
             for matrix in self.matrices.values():
                 if isinstance(matrix, NativeBlockMatrix):
@@ -142,6 +146,9 @@ class LoadedBase:
         if self.rope_frequencies is not None:
             self.rope_frequencies = self.rope_frequencies.to(device)
         self.codec = weights.codec  # built meanwhile on a thread of its own
+        flash = self.family.llamacpp_flash_attention
+        self.arithmetic: Arithmetic = LlamaCppArithmetic(self.simd_width, self.ggml_kernels, flash) if numerics == "llamacpp" else TorchArithmetic()
+        """The arithmetic the passes run (`PawConfig.numerics`, decided)."""
 
     def _auto_numerics(self, weights: BaseWeights, matrix_names: list[str]) -> ResolvedNumerics:
         """`numerics="auto"`: llama.cpp's arithmetic for every GGUF base where it can run (F32 files too: there llama.cpp

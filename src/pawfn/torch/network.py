@@ -8,7 +8,6 @@ what every family shares.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -18,15 +17,13 @@ import torch.nn.functional as F
 
 from ..adapter import LoraAdapter
 from ..errors import BaseModelError
-from .attention import attend, attend_batched, attend_llamacpp, attend_llamacpp_flash, llamacpp_batches
+from .arithmetic import Arithmetic
+from .attention import llamacpp_batches
 from .families.base import RecurrentUpdate
-from .ggml import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_silu_mul
-from .ggml_native import NativeBlockMatrix, native_rms_norm, native_swiglu
 from .kvcache import KVCache, PrefixState
 from .kernels import Matrix
 from .loading import LoadedBase, Product
 from .lora import DeviceAdapter, attach
-from .rotary import rotate, rotation_table
 
 __all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
 
@@ -58,8 +55,8 @@ class TorchInterpreter(LoadedBase):
         return attach(self, adapter)
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache for this interpreter (f16 with `numerics="llamacpp"`, like the official runtime's)."""
-        return KVCache(self.architecture, self.device, torch.float16 if self.numerics == "llamacpp" else self.dtype)
+        """An empty KV cache for this interpreter, in its arithmetic's KV dtype (llama.cpp's: f16, as the official runtime's)."""
+        return KVCache(self.architecture, self.device, self.arithmetic.kv_dtype(self.dtype))
 
     @torch.inference_mode()
     def prefill_prefix(self, token_ids: list[int], adapter: DeviceAdapter, cache: KVCache) -> PrefixState:
@@ -137,9 +134,9 @@ class TorchInterpreter(LoadedBase):
         returns logits [rows, vocab]. `batch_invariant`: each row bit-identical to the row stepped alone (products,
         rotary tables and attention per row); else one product per matrix over all rows and one fused attention,
         each row's numbers then depending on the batch's shape in the last bits (`PawConfig.batch_invariant`;
-        `numerics="llamacpp"` is always row-exact). Rows of one program should be adjacent: each run of them takes
+        llama.cpp's arithmetic is always row-exact). Rows of one program should be adjacent: each run of them takes
         the program's side paths in one product."""
-        invariant = batch_invariant or self.numerics == "llamacpp"
+        invariant = batch_invariant or self.arithmetic.row_exact
         ids = torch.tensor([row.token for row in rows], dtype=torch.long, device=self.device)
         positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
         for row in rows:
@@ -164,10 +161,8 @@ class _Pass:
         self._segments = segments
         """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._llamacpp = interpreter.numerics == "llamacpp"
-        self.llamacpp_width = interpreter.simd_width if self._llamacpp else None
-        self.llamacpp_kernels = interpreter.ggml_kernels if self._llamacpp else None
-        self._flash = self._llamacpp and interpreter.family.llamacpp_flash_attention
+        self.arithmetic: Arithmetic = interpreter.arithmetic
+        self._biases_after = interpreter.biases_after
 
     _by_rows = False
     """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
@@ -178,23 +173,15 @@ class _Pass:
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`x` [T, ...] kept to the rows whose outputs the pass returns, from the last layer's attention output on
-        (llama.cpp drops the other rows there, so the feed-forward's kernels see one row; `numerics="llamacpp"`)."""
+        (llama.cpp drops the other rows there, so the feed-forward's kernels see one row)."""
         return x
 
     def linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        if self._llamacpp:
-            return self._llamacpp_linear(x, name)
+        """The base product, each side path added, then a bias the product did not hold (llama.cpp's graph)."""
         y = self.multiply(self._matrices[name], x)
         for start, end, adapter in self._segments:
             self._add_side_path(y, x, start, end, adapter, name)
-        return y
-
-    def _llamacpp_linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """llama.cpp's graph: the base product, each side path as b(a(x)) scaled then added, then the bias."""
-        y = self.multiply(self._matrices[name], x)
-        for start, end, adapter in self._segments:
-            self._add_side_path(y, x, start, end, adapter, name)
-        bias = self._interpreter.bias(name)
+        bias = self._biases_after.get(name)
         return y if bias is None else y + bias
 
     def linears(self, x: torch.Tensor, names: tuple[str, ...]) -> list[torch.Tensor]:
@@ -218,12 +205,7 @@ class _Pass:
         lora = adapter.get(name)
         if lora is None:
             return
-        if self._llamacpp and not isinstance(lora.b, (BlockMatrix, NativeBlockMatrix)):
-            # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` would fuse the scaling in)
-            side = self.multiply(lora.b, self.multiply(lora.a, x[start:end]))
-            y[start:end] = y[start:end] + side * torch.tensor(lora.scale, dtype=torch.float32)
-            return
-        lora.b.accumulate(y[start:end], self.multiply(lora.a, x[start:end]), lora.scale, self._by_rows)
+        self.arithmetic.add_side_path(y[start:end], self.multiply(lora.a, x[start:end]), lora.b, lora.scale, self._by_rows)
 
     def tensor(self, name: str) -> torch.Tensor:
         return self._tensors[name]
@@ -238,38 +220,28 @@ class _Pass:
         return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if not self._llamacpp:
-            return F.silu(gate) * up
-        kernels = self._interpreter.ggml_kernels
-        if kernels is None:
-            return ggml_silu_mul(gate, up, self._interpreter.simd_width)
-        return native_swiglu(kernels, gate, up, self._interpreter.simd_width)
+        return self.arithmetic.swiglu(gate, up)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
-        return ggml_gelu(x) if self._llamacpp else F.gelu(x, approximate="tanh")
+        return self.arithmetic.gelu(x)
 
     def rms_norm(self, x: torch.Tensor, weight: str) -> torch.Tensor:
-        if self._llamacpp:
-            kernels = self._interpreter.ggml_kernels
-            if kernels is not None:
-                return native_rms_norm(kernels, x, self._tensors[weight], self.architecture.norm_eps)
-            return ggml_rms_norm(x, self._tensors[weight], self.architecture.norm_eps)
-        variance = x.pow(2).mean(dim=-1, keepdim=True)
-        return x * torch.rsqrt(variance + self.architecture.norm_eps) * self._tensors[weight]
+        return self.arithmetic.rms_norm(x, self._tensors[weight], self.architecture.norm_eps)
 
     def layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         weight, bias = self._tensors[prefix + ".weight"], self._tensors[prefix + ".bias"]
-        if self._llamacpp:
-            return ggml_layer_norm(x, weight, bias, self.architecture.norm_eps, self._interpreter.simd_width)
-        return F.layer_norm(x, (x.shape[-1],), weight, bias, self.architecture.norm_eps)
+        return self.arithmetic.layer_norm(x, weight, bias, self.architecture.norm_eps)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self._rotation is None:  # one table per pass: every layer rotates the same positions
             self._rotation = self._rotation_table(positions, x.dtype)
-        return rotate(self._interpreter, x, *self._rotation)
+        return self.arithmetic.rotate(x, *self._rotation)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotation_table(self._interpreter, positions, dtype)
+        frequencies = self._interpreter.rope_frequencies
+        if frequencies is None:
+            raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
+        return self.arithmetic.rotation_table(self.architecture, frequencies, positions, dtype)
 
 
 class _ForwardPass(_Pass):
@@ -283,24 +255,13 @@ class _ForwardPass(_Pass):
         self._batches = batches
         """The row counts of the batches llama.cpp would evaluate these rows in (its flash attention's kernel
         follows a batch's size)."""
-        self._mask: torch.Tensor | None = None
+        self._masks: dict[int, torch.Tensor] = {}
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        if self._flash:
-            return attend_llamacpp_flash(self._cache, layer, self._slot, q, k, v, self._interpreter, self._batches)
-        if self._llamacpp:  # llama.cpp's attention masks as it goes: no mask tensor
-            return attend_llamacpp(self._cache, layer, self._slot, q, k, v, self._interpreter)
-        n_new, arch = q.shape[0], self.architecture
-        if n_new > 1 and self._mask is None:  # one mask per pass: every layer attends over the same positions
-            group, end = arch.n_heads // arch.n_kv_heads, self._slot + n_new
-            query_at = torch.arange(end - n_new, end, device=q.device).unsqueeze(1)
-            hidden = torch.arange(0, end, device=q.device).unsqueeze(0) > query_at
-            self._mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(hidden, -math.inf)
-            self._mask = self._mask.repeat(group, 1)
-        return attend(arch, self._cache, layer, self._slot, q, k, v, self._mask)
+        return self.arithmetic.attend_prompt(self.architecture, self._cache, layer, self._slot, (q, k, v), self._batches, self._masks)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        return x[-1:] if self._llamacpp and layer == self.architecture.n_layers - 1 else x
+        return x[-1:] if self.arithmetic.keeps_last_row and layer == self.architecture.n_layers - 1 else x
 
     def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
         out, self._cache.states[layer] = update(x, self._cache.states.get(layer))
@@ -348,21 +309,12 @@ class _StepPass(_Pass):
         """Row by row when invariant (the kernels round by shape), over the row's own positions and its program's
         prefix, which every row of the program reads in place: rows of one program after one another find it in the
         CPU's cache. Else one fused kernel over all rows (`attend_batched`)."""
-        arch = self.architecture
+        arch, arithmetic = self.architecture, self.arithmetic
         if not self._by_rows:
-            return attend_batched(arch, [(row.cache, row.cache.slot(row.position)) for row in self._rows], layer, q, k, v)
-        if self._llamacpp:
-            outputs: list[torch.Tensor] = []
-            for i, row in enumerate(self._rows):
-                one, slot = (q[i : i + 1], k[i : i + 1], v[i : i + 1]), row.cache.slot(row.position)
-                if self._flash:  # each decode step is a batch of one row
-                    outputs.append(attend_llamacpp_flash(row.cache, layer, slot, *one, self._interpreter, [1]))
-                else:
-                    outputs.append(attend_llamacpp(row.cache, layer, slot, *one, self._interpreter))
-            return torch.cat(outputs)
+            return arithmetic.attend_rows(arch, [(row.cache, row.cache.slot(row.position)) for row in self._rows], layer, (q, k, v))
         return torch.cat(
             [
-                attend(arch, row.cache, layer, row.cache.slot(row.position), q[i : i + 1], k[i : i + 1], v[i : i + 1], None)
+                arithmetic.attend_row(arch, row.cache, layer, row.cache.slot(row.position), (q[i : i + 1], k[i : i + 1], v[i : i + 1]))
                 for i, row in enumerate(self._rows)
             ]
         )

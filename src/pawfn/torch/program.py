@@ -9,13 +9,14 @@ import torch
 
 from ..adapter import LoraAdapter, read_lora_adapter
 from ..config import EngineSettings
-from ..errors import BaseModelError, ConfigError, ProgramClosedError
+from ..errors import BaseModelError, ProgramClosedError
 from ..models import InterpreterModel
 from ..options import ResolvedNumerics, RuntimeOptions
 from ..images import Image
 from ..prompt import Argument, image_prompt
 from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
+from .arithmetic import requested_arithmetic
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from .converted import ConvertedStore
 from .kvcache import PrefixState
@@ -37,13 +38,6 @@ def _check_device(device: str) -> torch.device:
     if device == "mps" and not torch.backends.mps.is_available():
         raise BaseModelError(None, "device 'mps' asked for, but torch has no MPS support here; use device='cpu'")
     return torch.device(device)
-
-
-def _batch_invariant(config: EngineSettings, device: torch.device) -> bool:
-    """`PawConfig.batch_invariant` for `device`: auto is row-exact on the CPU only."""
-    if config.batch_invariant is False and config.numerics == "llamacpp":
-        raise ConfigError("numerics='llamacpp' computes every row as llama.cpp does alone; drop batch_invariant=False (PAW_BATCH_INVARIANT)")
-    return device.type == "cpu" if config.batch_invariant is None else config.batch_invariant
 
 
 class TorchProgram(PromptRuntime):
@@ -75,9 +69,7 @@ class TorchProgram(PromptRuntime):
         """Read the adapter, get (or load once) the shared base, attach the adapter and evaluate the prefix."""
         adapter = LoraAdapter.none() if files.adapter_path is None else read_lora_adapter(files.adapter_path, model)
         device = _check_device(config.device)
-        batch_invariant = _batch_invariant(config, device)
-        # batched products (batch_invariant off) are torch's: auto then means torch's arithmetic
-        numerics = "native" if config.numerics == "auto" and config.batch_invariant is False else config.numerics
+        numerics, batch_invariant = requested_arithmetic(config.numerics, config.batch_invariant, device.type)
         if config.threads is not None:
             set_threads(config.threads)  # process-wide: only when the caller asked for it
         elif device.type == "cpu":
@@ -100,16 +92,13 @@ class TorchProgram(PromptRuntime):
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            # llama.cpp's flash attention follows its batches, which start at each call's first token there
-            uncached = interpreter.numerics == "llamacpp" and interpreter.family.llamacpp_flash_attention
-            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt, cached_prefix=not uncached)
+            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt, cached_prefix=not interpreter.arithmetic.whole_prompts)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix_ids = prompt.prefix_ids
             store = None
             if files.derived_dir is not None and files.adapter_path is not None:
                 mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
-                if interpreter.numerics == "llamacpp":  # its arithmetic follows the CPU's vector width: a shared cache may span CPUs
-                    mode += f"+llamacpp-numerics-{interpreter.simd_width}-lanes"
+                mode += interpreter.arithmetic.prefix_tag
                 store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
             prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
             if prefix is None:
@@ -141,12 +130,8 @@ class TorchProgram(PromptRuntime):
         if self._base is None:
             return None
         interpreter = self._base.interpreter
-        if interpreter.numerics == "native":
-            stored = "" if interpreter.weight_dtype is None else f", {interpreter.weight_dtype} weights"
-            return f"torch numerics ({str(interpreter.dtype).removeprefix('torch.')}{stored}) on {interpreter.device.type}"
-        kernels = interpreter.ggml_kernels
-        how = f"C kernels ({kernels.instructions})" if kernels is not None else "torch emulation (no C kernels built)"
-        return f"llama.cpp numerics on {how}, {interpreter.simd_width} float32 lanes"
+        stored = "" if interpreter.weight_dtype is None else f", {interpreter.weight_dtype} weights"
+        return interpreter.arithmetic.describe(f"{str(interpreter.dtype).removeprefix('torch.')}{stored}", interpreter.device.type)
 
     @property
     def vision_tower(self) -> VisionTower | None:

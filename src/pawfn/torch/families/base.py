@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -20,8 +20,6 @@ from pydantic import BaseModel, ValidationError
 from ...errors import BaseModelError, describe_validation_error
 from ...ggufio import GGUFFile
 
-if TYPE_CHECKING:
-    from ..ggml_native import NativeKernels
 
 __all__ = ["Architecture", "Family", "LinearAttention", "Ops", "RecurrentUpdate", "check_architecture", "parse_hf_config", "required_int"]
 
@@ -127,14 +125,40 @@ RecurrentUpdate = Callable[[torch.Tensor, tuple[torch.Tensor, ...] | None], tupl
 outputs [T, ...], its new state). It never changes the state it is given (a program's prefix shares it)."""
 
 
+class FamilyArithmetic(Protocol):
+    """What a family computes beyond `Ops` through the pass's arithmetic (`pawfn.torch.arithmetic` implements it
+    for torch's and llama.cpp's): Qwen3.5's activations, key norm, short convolution and delta rule."""
+
+    def sigmoid(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def softplus(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def l2_norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        """`x / sqrt(sum(x^2) + eps)` over the last axis."""
+        ...
+
+    def convolve(self, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """silu of the causal short convolution of `window` [channels, K - 1 + T] by `kernel` [channels, K]: [T, channels]."""
+        ...
+
+    def delta_rule(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gated delta rule over T tokens: outputs [T, heads, value] and the memory after them."""
+        ...
+
+
 class Ops(Protocol):
     """The engine's operations a family's forward pass is written with."""
 
     architecture: Architecture
-    llamacpp_width: int | None
-    """float32 lanes of the llama.cpp kernels whose arithmetic the pass follows (`numerics="llamacpp"`), else None."""
-    llamacpp_kernels: NativeKernels | None
-    """That arithmetic's C kernels, where they built (None: its torch emulation, or `numerics="native"`)."""
+
+    @property
+    def arithmetic(self) -> FamilyArithmetic:
+        """The arithmetic the pass runs: what a family computes beyond these operations goes through it."""
+        ...
 
     def tensor(self, name: str) -> torch.Tensor:
         """Base tensor `name` as loaded (a vector or a table the pass reads rather than multiplies)."""

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import re
 from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from ...errors import BaseModelError
 from ...ggufio import GGUFFile
-from ..ggml_hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
-from ..ggml_native import NativeKernels
-from .base import Architecture, Family, LinearAttention, Ops, required_int
+from .base import Architecture, Family, FamilyArithmetic, LinearAttention, Ops, required_int
 
 __all__ = ["Qwen35Family"]
 
@@ -78,11 +74,6 @@ def _names(layer: int) -> _LayerNames:
         ssm_norm=block + "ssm_norm.weight",
         ssm_out=block + "ssm_out.weight",
     )
-
-
-def _l2_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """`x / sqrt(sum(x^2) + eps)` over the last dimension (llama.cpp's Gated DeltaNet key and query norm)."""
-    return x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + eps)
 
 
 class Qwen35Family(Family):
@@ -214,7 +205,7 @@ class Qwen35Family(Family):
         k = self._rope(ops, ops.rms_norm(ops.linear(x, names.attn_k).view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
         v = ops.linear(x, names.attn_v).view(n, arch.n_kv_heads, arch.head_dim)
         gate = query_gate[:, :, 1].reshape(n, -1)
-        attended = ops.attention(q, k, v, layer) * (torch.sigmoid(gate) if ops.llamacpp_width is None else ggml_sigmoid(gate, ops.llamacpp_kernels))
+        attended = ops.attention(q, k, v, layer) * ops.arithmetic.sigmoid(gate)
         return ops.linear(attended, names.attn_output)
 
     def _rope(self, ops: Ops, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -227,112 +218,47 @@ class Qwen35Family(Family):
     def _delta_net(self, ops: Ops, layer: int, x: torch.Tensor) -> torch.Tensor:
         """A Gated DeltaNet layer: projections for every row, then each sequence's convolution and recurrence
         (`Ops.recurrent`) in float32, as llama.cpp keeps its states, then the gated norm and output projection."""
-        arch, names, n, width, kernels = ops.architecture, _names(layer), x.shape[0], ops.llamacpp_width, ops.llamacpp_kernels
+        arch, names, n, arithmetic = ops.architecture, _names(layer), x.shape[0], ops.arithmetic
         linear = arch.linear
         assert linear is not None  # a recurrent layer exists only with its hyperparameters
         biased = ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()
-        decay = (F.softplus(biased) if width is None else ggml_softplus(biased, kernels)) * ops.tensor(names.decay).float()
-        beta = ops.linear(x, names.beta).float()
-        beta = torch.sigmoid(beta) if width is None else ggml_sigmoid(beta, kernels)
+        decay = arithmetic.softplus(biased) * ops.tensor(names.decay).float()
+        beta = arithmetic.sigmoid(ops.linear(x, names.beta).float())
         inputs = torch.cat((ops.linear(x, names.qkv).float(), beta, decay), dim=-1)
         kernel, eps = ops.tensor(names.conv).float(), arch.norm_eps
 
         def update(rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-            return _delta_rule(linear, kernel, eps, rows, state, width, kernels)
+            return _delta_rule(arithmetic, linear, kernel, eps, rows, state)
 
         out = ops.recurrent(layer, inputs, update).to(x.dtype).view(n, linear.n_value_heads, linear.head_dim)
         z = ops.linear(x, names.z).view(n, linear.n_value_heads, linear.head_dim)
-        gated = ops.rms_norm(out, names.ssm_norm) * (F.silu(z) if width is None else ggml_silu(z, width, kernels))
+        gated = ops.rms_norm(out, names.ssm_norm) * arithmetic.silu(z)
         return ops.linear(gated.reshape(n, -1), names.ssm_out)
 
 
 def _delta_rule(
+    arithmetic: FamilyArithmetic,
     linear: LinearAttention,
     kernel: torch.Tensor,
     eps: float,
     rows: torch.Tensor,
     state: tuple[torch.Tensor, ...] | None,
-    width: int | None,
-    kernels: NativeKernels | None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule. `rows` [T, channels + 2 *
-    value heads]: the q, k, v projections, beta and the log decay. The state: the convolution's last `conv_kernel -
-    1` inputs [channels, K - 1] and each value head's matrix [heads, key, value]. Returns the outputs [T, value heads
-    * head_dim] and the new state. One token is stepped as llama.cpp's CPU kernel steps it; several go by chunks of
-    `_CHUNK` (the same recurrence solved as products, ~1e-6 relative apart in float32, as transformers' prefill).
-    `width`: llama.cpp's arithmetic for its kernels of that many float32 lanes (`numerics="llamacpp"`), on its C
-    `kernels` where given."""
+    """One sequence's rows through a Gated DeltaNet layer's convolution and delta rule, in `arithmetic`. `rows` [T,
+    channels + 2 * value heads]: the q, k, v projections, beta and the log decay. The state: the convolution's last
+    `conv_kernel - 1` inputs [channels, K - 1] and each value head's matrix [heads, key, value]. Returns the outputs
+    [T, value heads * head_dim] and the new state."""
     n, channels, heads, size = rows.shape[0], linear.conv_channels, linear.n_value_heads, linear.head_dim
     if state is None:
         state = tuple(rows.new_zeros(shape) for shape in linear.state_shapes)
     window, memory = state
     mixed, beta, decay = torch.split(rows, [channels, heads, heads], dim=-1)
     window = torch.cat((window, mixed.T), dim=1)  # [channels, K - 1 + T]
-    if width is None:
-        convolved = F.silu((window.unfold(1, linear.conv_kernel, 1) * kernel.unsqueeze(1)).sum(dim=-1).T)  # [T, channels]
-    else:
-        convolved = ggml_silu(ggml_ssm_conv(window, kernel, kernels), width, kernels)
+    convolved = arithmetic.convolve(window, kernel)  # [T, channels]
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
-    normed = _l2_normalized if width is None else ggml_l2_norm
-    q = normed(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    k = normed(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    v = v.reshape(n, heads, size)
-    if width is not None:
-        outputs, memory = ggml_gated_delta_net(q, k, v, decay, beta, memory, width, kernels)
-        return outputs.reshape(n, heads * size), (window[:, n:].clone(), memory)
-    recurrence = _by_tokens if n == 1 else _by_chunks
-    outputs, memory = recurrence(q, k, v, beta, decay, memory)
-    return (outputs * (1.0 / math.sqrt(size))).reshape(n, heads * size), (window[:, n:].clone(), memory)
-
-
-_CHUNK = 64
-"""Tokens the chunked delta rule solves at once."""
-
-
-def _by_tokens(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The delta rule token by token: per head, S = g S; u = beta (v - S^T k); S += k u^T; out = S^T q (unscaled).
-    q, k [T, heads, key], v [T, heads, value], beta and the log decay [T, heads], the memory [heads, key, value]."""
-    n, heads, size = v.shape
-    gates, betas = torch.exp(decay).reshape(n, heads, 1, 1).contiguous(), beta.unsqueeze(2).contiguous()
-    keys, columns, queries, v = k.unsqueeze(2), k.unsqueeze(3), q.unsqueeze(2), v.contiguous()
-    outputs = torch.empty((n, heads, 1, size), dtype=v.dtype, device=v.device)
-    recalled = torch.empty((heads, 1, size), dtype=v.dtype, device=v.device)
-    memory = memory.clone()  # the state given (a prefix's) is never changed
-    for t in range(n):  # views and products into buffers: einsum's parsing and a new state a token cost more
-        memory.mul_(gates[t])
-        torch.bmm(keys[t], memory, out=recalled)
-        delta = (v[t] - recalled.squeeze(1)).mul_(betas[t])
-        memory.baddbmm_(columns[t], delta.unsqueeze(1))  # += k (outer) delta
-        torch.bmm(queries[t], memory, out=outputs[t])
-    return outputs.squeeze(2), memory
-
-
-def _by_chunks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_by_tokens` for `_CHUNK` tokens at a time. Within a chunk starting from memory S0, with G the running sum of
-    the log decay, token s's update is u_s = beta_s (v_s - e^G_s S0^T k_s - sum_{r<s} e^(G_s - G_r) (k_s.k_r) u_r): a
-    unit lower-triangular system for all u at once; then out_t = e^G_t S0^T q_t + sum_{s<=t} e^(G_t - G_s) (q_t.k_s)
-    u_s and the memory after the chunk is e^G_C S0 + sum_s e^(G_C - G_s) k_s u_s^T. Every factor e^(G_t - G_s) with
-    s <= t is at most 1, so nothing overflows."""
-    outputs: list[torch.Tensor] = []
-    for start in range(0, q.shape[0], _CHUNK):
-        qc, kc, vc = (x[start : start + _CHUNK].transpose(0, 1) for x in (q, k, v))  # [heads, c, size]
-        betas = beta[start : start + _CHUNK].T.unsqueeze(2)  # [heads, c, 1]
-        running = torch.cumsum(decay[start : start + _CHUNK].T, dim=1)  # [heads, c]
-        c = running.shape[1]
-        later = torch.ones((c, c), dtype=torch.bool, device=q.device).tril()  # t >= s
-        ratios = torch.exp((running.unsqueeze(2) - running.unsqueeze(1)).masked_fill(~later, -math.inf))  # [heads, t, s]
-        scales = torch.exp(running).unsqueeze(2)  # [heads, c, 1]
-        system = (betas * ratios * torch.bmm(kc, kc.transpose(1, 2))).tril(-1) + torch.eye(c, dtype=q.dtype, device=q.device)
-        targets = betas * (vc - scales * torch.bmm(kc, memory))
-        solved = torch.linalg.solve_triangular(system, targets, upper=False, unitriangular=True)  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]  # torch.linalg is untyped
-        updates = cast("torch.Tensor", solved)  # cast: torch.linalg's stubs leave the result untyped
-        attended = torch.bmm(qc, kc.transpose(1, 2)) * ratios
-        outputs.append((scales * torch.bmm(qc, memory) + torch.bmm(attended, updates)).transpose(0, 1))
-        memory = scales[:, -1:] * memory + torch.bmm((kc * ratios[:, -1].unsqueeze(2)).transpose(1, 2), updates)
-    return torch.cat(outputs), memory
+    q = arithmetic.l2_norm(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
+    k = arithmetic.l2_norm(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
+    outputs, memory = arithmetic.delta_rule(q, k, v.reshape(n, heads, size), beta, decay, memory)
+    return outputs.reshape(n, heads * size), (window[:, n:].clone(), memory)

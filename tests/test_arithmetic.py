@@ -1,0 +1,60 @@
+"""The arithmetic as one object (`pawfn.torch.arithmetic`): what each mode decides, and no other module of the Torch
+backend asking which mode runs (the passes and the families call the object)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, Torch
+from pawfn.torch.arithmetic import LlamaCppArithmetic, TorchArithmetic
+from pawfn.torch.ggml_native import native_kernels
+from tests.helpers.programs import TinyProgram, torch_program
+
+TORCH_BACKEND = Path(__file__).resolve().parents[1] / "src" / "pawfn" / "torch"
+MODE_TEST = re.compile(r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|ggml_kernels\s+is\b|llamacpp_width|\._llamacpp\b""")
+STORAGE = {"loading.py", "lora.py"}
+"""Where the weights and adapters are kept as each arithmetic multiplies them (blocks or float): decided at load
+from the arithmetic's name until the loaders return device weights of their own (issue 37, point 3)."""
+
+
+def test_no_module_but_the_arithmetic_asks_which_mode_runs() -> None:
+    found: list[str] = []
+    for source in sorted(TORCH_BACKEND.rglob("*.py")):
+        if source.name in STORAGE | {"arithmetic.py"}:
+            continue
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            if MODE_TEST.search(line):
+                found.append(f"{source.relative_to(TORCH_BACKEND)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_each_arithmetic_states_what_differs() -> None:
+    torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, None, flash=True)
+    assert torch_way.kv_dtype(torch.bfloat16) == torch.bfloat16 and llamacpp_way.kv_dtype(torch.float32) == torch.float16
+    assert not torch_way.row_exact and llamacpp_way.row_exact
+    assert not torch_way.whole_prompts and llamacpp_way.whole_prompts and not LlamaCppArithmetic(8, None, flash=False).whole_prompts
+    assert torch_way.prefix_tag == "" and llamacpp_way.prefix_tag == "+llamacpp-numerics-16-lanes"
+    assert llamacpp_way.describe("float32", "cpu") == "llama.cpp numerics on torch emulation (no C kernels built), 16 float32 lanes"
+
+
+def test_the_two_arithmetics_differ_where_llama_cpp_rounds_otherwise() -> None:
+    """llama.cpp's rms norm and silu are its own roundings, not torch's (the reason both exist)."""
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(64, 1024, generator=generator), torch.randn(1024, generator=generator)
+    llamacpp_way = LlamaCppArithmetic(16, native_kernels(), flash=False)
+    torch_way = TorchArithmetic()
+    torch.testing.assert_close(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6))
+    torch.testing.assert_close(llamacpp_way.silu(x), torch_way.silu(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loaded_base_runs_the_arithmetic_its_numerics_name(qwen3_program: TinyProgram) -> None:
+    base = qwen3_program.interpreter.gguf_path
+    for numerics, kind in (("native", TorchArithmetic), ("llamacpp", LlamaCppArithmetic)):
+        config = PawConfig(numerics="native" if numerics == "native" else "llamacpp")
+        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config) as function:
+            interpreter = torch_program(function).base.interpreter
+            assert isinstance(interpreter.arithmetic, kind) and interpreter.arithmetic.numerics == numerics
