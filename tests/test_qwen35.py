@@ -179,15 +179,18 @@ NUMBERED = "<|im_start|>system\n{INPUT_0}<|im_end|>\n<|im_start|>user\n{INPUT_1}
 
 @requires_llama_cpp
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_vision_runtime_program_takes_its_numbered_arguments(qwen35: TinyInterpreter, tmp_path: Path, backend: type[Backend]) -> None:
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q4_0], ids=["f32", "q4_0"])
+def test_a_vision_runtime_program_takes_its_numbered_arguments(
+    qwen35: TinyInterpreter, tmp_path: Path, backend: type[Backend], qtype: gguf.GGMLQuantizationType
+) -> None:
     """A program of the official vision runtime (meta.json's runtime_manifest_version 2) holds a numbered template:
-    its calls take one argument per slot, each prompt rendered whole (the official runtime's tokens)."""
-    program = make_program(
-        qwen35, tmp_path, "numbered", template=NUMBERED, meta_extra={"runtime_manifest_version": 2, "runtime_id": "qwen3.5-0.8b-q8_0"}
-    )
+    its calls take one argument per slot, each prompt rendered whole (the official vision runtime's tokens, with an
+    F32 and a Q4_0 adapter, no mode named)."""
+    meta: dict[str, object] = {"runtime_manifest_version": 2, "runtime_id": "qwen3.5-0.8b-q8_0"}
+    program = make_program(qwen35, tmp_path, "numbered", qtype=qtype, seed=4, template=NUMBERED, meta_extra=meta)
     calls = [("be brief", text) for text in TEXTS]
     prompts = [NUMBERED.replace("{INPUT_0}", first).replace("{INPUT_1}", second) for first, second in calls]
-    expected = llama_generate_whole(qwen35.gguf_path, prompts, MAX_TOKENS, adapter=program.adapter)
+    expected = llama_generate_whole(qwen35.gguf_path, prompts, MAX_TOKENS, kv="f16", adapter=program.adapter, vision_runtime=True)
     with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=qwen35.gguf_path) as function:
         chat = Positional[str, str](function)
         assert [list(chat.generate(first, second, options=RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for first, second in calls] == expected
