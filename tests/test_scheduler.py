@@ -8,13 +8,16 @@ import threading
 from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from unittest.mock import patch
 
 import pytest
+import torch
 
 import pawfn
 from pawfn import ContextOverflowError, InterpreterModel, PawConfig, PawFn, RuntimeOptions, Torch
 from pawfn.options import WeightDType
 from pawfn.results import Generation
+from pawfn.torch.network import StepRow
 from pawfn.torch.scheduler import Scheduler
 from tests.helpers.programs import TinyProgram, torch_program
 
@@ -201,3 +204,32 @@ def test_a_failing_token_listener_fails_its_call_only(qwen3_program: TinyProgram
             failing.result(timeout=120)
         assert fine.result(timeout=120).token_ids == alone
         assert function.generate("hello", options).token_ids == alone  # the scheduler goes on
+
+
+def test_row_exact_and_batched_programs_on_one_base_keep_their_choice(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
+    """Two programs on one base, one row-exact and one batched (`batch_invariant`): each decode pass holds the rows
+    of one kind only, so neither program's choice is overridden by the other's, and the row-exact calls get their
+    tokens alone."""
+    with _load(qwen3_program, numerics="native", batch_invariant=True) as exact, _load(qwen3_program_q4, batch_invariant=False) as batched:
+        assert _scheduler(exact) is _scheduler(batched)
+        interpreter = torch_program(exact).base.interpreter
+        kinds = {id(torch_program(exact).device_adapter): True, id(torch_program(batched).device_adapter): False}
+        passes: list[tuple[set[bool], bool]] = []
+        stepped = interpreter.step
+
+        def recording(rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
+            passes.append(({kinds[id(row.adapter)] for row in rows}, batch_invariant))
+            return stepped(rows, batch_invariant)
+
+        calls = [
+            (exact if i % 2 else batched, text, RuntimeOptions(max_tokens=limit)) for i, (text, limit) in enumerate(zip(INPUTS, LIMITS, strict=True))
+        ]
+        alone = _alone(calls)
+        with patch.object(interpreter, "step", recording):
+            pending = [function.submit(text, options) for function, text, options in calls]
+            found = [p.result() for p in pending]
+        assert [g.token_ids for (function, _, _), g in zip(calls, found, strict=True) if function is exact] == [
+            g.token_ids for (function, _, _), g in zip(calls, alone, strict=True) if function is exact
+        ]
+        assert any(flag for _, flag in passes) and not all(flag for _, flag in passes)
+        assert all(kinds_in_pass == {flag} for kinds_in_pass, flag in passes)

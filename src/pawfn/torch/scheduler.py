@@ -140,8 +140,10 @@ class Scheduler:
         first_seen: dict[int, int] = {}  # each program's side paths then run once per pass, on all its rows
         stepping.sort(key=lambda call: first_seen.setdefault(id(call.adapter), len(first_seen)))
         width = self._copies.max_rows
-        chunks = [stepping[start : start + width] for start in range(0, len(stepping), width)]
-        steps = [Step(chunk, any(call.batch_invariant for call in chunk)) for chunk in chunks]
+        steps: list[Step] = []
+        for invariant in (True, False):  # each program's choice holds: row-exact rows never share a batched pass
+            rows = [call for call in stepping if call.batch_invariant is invariant]
+            steps += [Step(rows[start : start + width], invariant) for start in range(0, len(rows), width)]
         started: list[ScheduledCall] = []
         with self._lock:  # calls cancelled while they waited for a copy end now, without one
             cancelled = [call for call in self._waiting if call.pending.abandoned.is_set()]
