@@ -222,3 +222,17 @@ def test_each_backend_drives_its_calls_in_one_place() -> None:
     package = SRC / "pawfn"
     drivers = {path.relative_to(package).as_posix() for path in package.rglob("*.py") if "decoding.take(" in path.read_text(encoding="utf-8")}
     assert drivers == {"torch/scheduler.py", "llamacpp/program.py"}
+
+
+def test_only_the_backend_dispatch_reaches_into_the_torch_backend() -> None:
+    """Above the backends nothing imports `pawfn.torch` but the place that opens a program on it and the package's
+    lazy `ModelRegistry`: a service reads its batching through the runtime contract (`decode_counters`)."""
+    package = SRC / "pawfn"
+    reaching: set[str] = set()
+    for path in sorted(package.rglob("*.py")):
+        module = _module_name(path, SRC)
+        if module.startswith("pawfn.torch"):
+            continue
+        if any(target == "pawfn.torch" or target.startswith("pawfn.torch.") for target, _ in _imports(path, module)):
+            reaching.add(module)
+    assert reaching == {"pawfn", "pawfn.opening"}

@@ -32,6 +32,7 @@ from .tokenizer import TextCodec
 __all__ = [
     "Budget",
     "CallInput",
+    "DecodeCounters",
     "Decoding",
     "PromptRuntime",
     "ProgramFiles",
@@ -172,6 +173,16 @@ class Decoding:
         )
 
 
+@dataclass(frozen=True)
+class DecodeCounters:
+    """A scheduler's totals: `scheduler` identifies it (programs on one base share one), `steps` its forward passes,
+    `rows` the rows they stepped (rows / steps: the mean batch)."""
+
+    scheduler: int
+    steps: int
+    rows: int
+
+
 class ProgramRuntime(ABC):
     """A loaded program, wherever it runs: what `PawFn` calls, and the bookkeeping of running and closing.
 
@@ -208,6 +219,12 @@ class ProgramRuntime(ABC):
     def arity(self) -> int:
         """How many positional arguments a call takes (a numbered template's slots; otherwise one input)."""
         return 1
+
+    @property
+    def decode_counters(self) -> DecodeCounters | None:
+        """The decode passes of the scheduler this program's calls share (Torch), for a service's metrics; None where
+        calls are not batched here."""
+        return None
 
     @abstractmethod
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:

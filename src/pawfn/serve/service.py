@@ -15,7 +15,7 @@ from typing import Protocol
 
 from typing_extensions import Unpack
 
-from ..backends import Backend, Torch
+from ..backends import Backend
 from ..config import PawConfig
 from ..errors import ConfigError, NotFoundError
 from ..function import PawFn
@@ -248,16 +248,12 @@ class LocalPrograms:
         return tokenize_call(program, text, options)
 
     def counters(self) -> ServiceCounters:
-        if not issubclass(self._backend, Torch):
-            return ServiceCounters()  # only Torch's scheduler counts its steps
-        from ..torch import TorchProgram  # loaded by now: `pawfn serve --help` imports no torch
-
-        schedulers = {
-            id(runtime.base.scheduler): runtime.base.scheduler
+        schedulers = {  # programs on one base share its scheduler: each counted once
+            counted.scheduler: counted
             for program in self._by_reference.values()
-            if isinstance(runtime := program.runtime, TorchProgram) and not runtime.closed
+            if not program.runtime.closed and (counted := program.runtime.decode_counters) is not None
         }
-        return ServiceCounters(decode_steps=sum(s.steps for s in schedulers.values()), decode_rows=sum(s.rows_stepped for s in schedulers.values()))
+        return ServiceCounters(decode_steps=sum(c.steps for c in schedulers.values()), decode_rows=sum(c.rows for c in schedulers.values()))
 
     async def aclose(self) -> None:
         programs = {id(program): program for program in self._by_reference.values()}

@@ -14,7 +14,7 @@ from ..models import InterpreterModel
 from ..options import ResolvedNumerics, RuntimeOptions
 from ..images import Image
 from ..prompt import Argument, image_prompt
-from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..runtime import CallInput, DecodeCounters, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls import PendingGeneration, TokenListener
 from .arithmetic import requested_arithmetic
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
@@ -122,6 +122,13 @@ class TorchProgram(PromptRuntime):
     def numerics(self) -> ResolvedNumerics:
         """The arithmetic the calls run (`PawConfig.numerics`, with `auto` decided at the base's load)."""
         return self.base.interpreter.numerics
+
+    @property
+    def decode_counters(self) -> DecodeCounters | None:
+        if self._base is None:
+            return None
+        scheduler = self._base.scheduler
+        return DecodeCounters(id(scheduler), scheduler.steps, scheduler.rows_stepped)
 
     @property
     def engine(self) -> str | None:
