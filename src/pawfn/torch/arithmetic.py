@@ -24,12 +24,12 @@ from .ggml_native import NativeBlockMatrix, NativeKernels, native_rms_norm, nati
 from .kernels import Matrix
 from .kvcache import KVCache
 
-__all__ = ["Arithmetic", "LlamaCppArithmetic", "TorchArithmetic", "requested_arithmetic"]
+__all__ = ["Arithmetic", "LlamaCppArithmetic", "Product", "TorchArithmetic", "requested_arithmetic"]
 
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """Queries [T, heads, D], keys and values [T, KV heads, D] of new rows."""
-Side = Matrix | BlockMatrix | NativeBlockMatrix | NativeFloatMatrix
-"""A LoRA side path's `b` matrix as either arithmetic keeps it."""
+Product = Matrix | BlockMatrix | NativeBlockMatrix | NativeFloatMatrix
+"""A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
 def requested_arithmetic(numerics: Numerics, batch_invariant: bool | None, device_type: str) -> tuple[Numerics, bool]:
@@ -154,7 +154,7 @@ class Arithmetic:
 
     # -- side paths -------------------------------------------------------------------------------------------------
 
-    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Side, scale: float, by_rows: bool) -> None:
+    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Product, scale: float, by_rows: bool) -> None:
         """`y += scale * b(projected)`, a LoRA side path's second product (`by_rows`: each row as if alone)."""
         b.accumulate(y, projected, scale, by_rows)
 
@@ -246,7 +246,7 @@ class LlamaCppArithmetic(Arithmetic):
             return attend_llamacpp_flash(cache, layer, slot, *qkv, self.width, self.kernels, [1])
         return attend_llamacpp(cache, layer, slot, *qkv, self.width, self.kernels)
 
-    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Side, scale: float, by_rows: bool) -> None:
+    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Product, scale: float, by_rows: bool) -> None:
         if isinstance(b, Matrix):  # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` fuses)
             side = b.rows(projected) if by_rows else b(projected)
             y += side * torch.tensor(scale, dtype=torch.float32)

@@ -19,7 +19,7 @@ import torch
 from ..errors import BaseModelError, ConfigError
 from ..options import Numerics, ResolvedNumerics, WeightDType
 from ..progress import track
-from .arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
+from .arithmetic import Arithmetic, LlamaCppArithmetic, Product, TorchArithmetic
 from .converted import ConvertedStore, CorruptStoreError
 from .dequant import RowTable
 from .families.base import Family, check_architecture
@@ -35,9 +35,6 @@ _LOG = logging.getLogger("pawfn")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
-
-Product = Matrix | BlockMatrix | NativeBlockMatrix | NativeFloatMatrix
-"""A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
 def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> str | None:
