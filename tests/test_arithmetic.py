@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, Torch
-from pawfn.torch.arithmetic import LlamaCppArithmetic, TorchArithmetic
+from pawfn.options import ResolvedNumerics
+from pawfn.torch.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
 from pawfn.torch.ggml_native import native_kernels
 from tests.helpers.programs import TinyProgram, torch_program
 
@@ -53,8 +54,8 @@ def test_the_two_arithmetics_differ_where_llama_cpp_rounds_otherwise() -> None:
 
 def test_a_loaded_base_runs_the_arithmetic_its_numerics_name(qwen3_program: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
-    for numerics, kind in (("native", TorchArithmetic), ("llamacpp", LlamaCppArithmetic)):
-        config = PawConfig(numerics="native" if numerics == "native" else "llamacpp")
-        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config) as function:
+    cases: list[tuple[ResolvedNumerics, type[Arithmetic]]] = [("native", TorchArithmetic), ("llamacpp", LlamaCppArithmetic)]
+    for numerics, kind in cases:
+        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=PawConfig(numerics=numerics)) as function:
             interpreter = torch_program(function).base.interpreter
             assert isinstance(interpreter.arithmetic, kind) and interpreter.arithmetic.numerics == numerics

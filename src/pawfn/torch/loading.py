@@ -153,13 +153,13 @@ class LoadedBase:
         llama.cpp does not read, and where llama.cpp's cannot run (said once in the log, with why)."""
         if weights.source.is_dir():
             return "native"
-        in_file = [name for name in matrix_names if not (self.tied and name == "output.weight")]  # tied: the table's
-        types = {stored[1].name for name in in_file if (stored := weights.raw(name)) is not None}
         problem = llamacpp_numerics_problem(self.device, self.dtype, self.weight_dtype) or _family_problem(
             self.family, self.architecture.head_dim, self.simd_width, weights.source
         )
         if problem is None:
             return "llamacpp"
+        in_file = [name for name in matrix_names if not (self.tied and name == "output.weight")]  # tied: the table's
+        types = {stored[1].name for name in in_file if (stored := weights.raw(name)) is not None}  # for the log only
         _LOG.info(
             "numerics auto: %s holds %s matrices, but llama.cpp's arithmetic cannot run (%s): running torch's, whose tokens "
             "may differ from the official runtime's on some inputs",
