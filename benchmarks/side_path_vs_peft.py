@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, models
 
-from pawfn.adapter import LoraAdapter, LoraPair
-from pawfn.tokenizer import TextCodec
-from pawfn.torch.families import Architecture
-from pawfn.torch.families.qwen3 import Qwen3Family
-from pawfn.torch.network import TorchInterpreter
-from pawfn.torch.weights import BaseWeights
+from pawfn.formats.adapter import LoraAdapter, LoraPair
+from pawfn.formats.tokenizer import TextCodec
+from pawfn.torch.model.families import Architecture
+from pawfn.torch.model.families.qwen3 import Qwen3Family
+from pawfn.torch.engine.network import TorchInterpreter
+from pawfn.torch.weights.reader import BaseWeights
 
 QWEN3_0_6B = Architecture(
     family="qwen3",

@@ -19,8 +19,8 @@ import torch
 from load_cost import INPUT, llama_cpp_build, prepare
 
 from pawfn import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.constraint import _grammars, compile_output
-from pawfn.grammar import OutputFormat
+from pawfn.formats.constraint import _grammars, compile_output
+from pawfn.core.grammar import OutputFormat
 
 FORMATS: dict[str, OutputFormat] = {
     "choice of 3": ChoicesFormat(choices=("immediate", "later", "never")),

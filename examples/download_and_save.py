@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from pawfn import PawConfig, PawError
-from pawfn.bundle import open_bundle
+from pawfn.formats.bundle import open_bundle
 from pawfn.hub import prepare_program
 
 

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from pawfn import InterpreterModel, PawConfig, PawError, PawFn, RuntimeOptions, Torch
-from pawfn.options import WeightDType
+from pawfn.core.options import WeightDType
 
 
 def main() -> int:

@@ -9,9 +9,9 @@ import argparse
 import sys
 
 from pawfn import PawError
-from pawfn.adapter import read_lora_adapter
-from pawfn.bundle import PromptTemplate, open_bundle
-from pawfn.models import model_for_interpreter
+from pawfn.formats.adapter import read_lora_adapter
+from pawfn.formats.bundle import PromptTemplate, open_bundle
+from pawfn.core.models import model_for_interpreter
 
 
 def main() -> int:

@@ -243,9 +243,9 @@ def local_runs(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInte
 @pytest.fixture
 def prefills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Lengths of the prefixes the Torch backend evaluated during the test."""
-    from pawfn.torch.kvcache import KVCache, PrefixState
-    from pawfn.torch.lora import DeviceAdapter
-    from pawfn.torch.network import TorchInterpreter
+    from pawfn.torch.model.kvcache import KVCache, PrefixState
+    from pawfn.torch.weights.lora import DeviceAdapter
+    from pawfn.torch.engine.network import TorchInterpreter
 
     evaluated: list[int] = []
     original = TorchInterpreter.prefill_prefix

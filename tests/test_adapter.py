@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.programs import TinyProgram
 from pawfn import GPT2, AdapterError, PawConfig, PawFn, Qwen3_0_6B, Torch
-from pawfn.adapter import read_lora_adapter
+from pawfn.formats.adapter import read_lora_adapter
 from tests.helpers.tiny_models import TinyInterpreter, dequantized, random_lora, write_adapter_gguf, write_bundle
 
 Q = gguf.GGMLQuantizationType

@@ -1,4 +1,4 @@
-"""The arithmetic as one object (`pawfn.torch.arithmetic`): what each mode decides, and no other module of the Torch
+"""The arithmetic as one object (`pawfn.torch.model.arithmetic`): what each mode decides, and no other module of the Torch
 backend asking which mode runs (the passes and the families call the object)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, Torch
-from pawfn.options import ResolvedNumerics
-from pawfn.torch.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
-from pawfn.torch.ggml_native import native_kernels
+from pawfn.core.options import ResolvedNumerics
+from pawfn.torch.model.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
+from pawfn.torch.ggml.c_kernels import native_kernels
 from tests.helpers.programs import TinyProgram, torch_program
 
 TORCH_BACKEND = Path(__file__).resolve().parents[1] / "src" / "pawfn" / "torch"
 MODE_TEST = re.compile(r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|ggml_kernels\s+is\b|llamacpp_width|\._llamacpp\b""")
-STORAGE = {"loading.py", "lora.py"}
+STORAGE = {"loading.py", "lora.py"}  # weights/: where a matrix is kept as blocks or floats
 """Where the weights and adapters are kept as each arithmetic multiplies them (blocks or float): decided at load
 from the arithmetic's name until the loaders return device weights of their own (issue 37, point 3)."""
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pawfn import ConfigError, InterpreterModel, PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.options import WeightDType
-from pawfn.torch.network import StepRow, TorchInterpreter
+from pawfn.core.options import WeightDType
+from pawfn.torch.engine.network import StepRow, TorchInterpreter
 from tests.helpers.programs import TinyProgram, torch_program
 from tests.helpers.trained import MAX_TOKENS, OFFICIAL_BASE, Family, first_difference, load_trained
 

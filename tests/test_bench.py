@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.bench import run_bench
+from pawfn.api.bench import run_bench
 from pawfn.cli import main
 from tests.helpers.programs import TinyProgram
 

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers.programs import TinyProgram
 from pawfn import BundleError, PawError
 from pawfn import bundle as bundle_module
-from pawfn.bundle import PromptTemplate, open_bundle
+from pawfn.formats.bundle import PromptTemplate, open_bundle
 
 
 def _copy_folder(program: TinyProgram, target: Path) -> Path:

@@ -15,7 +15,7 @@ import torch
 
 from tests.helpers.programs import TinyProgram
 from pawfn import PawConfig, PawFn, Positional, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.compute import on_compute_thread, set_threads
+from pawfn.torch.engine.compute import on_compute_thread, set_threads
 from pawfn.cli import escape_control, main
 from tests.helpers.programs import requires_llama_cpp
 from tests.helpers.tiny_models import TinyInterpreter

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.compute import FreeCores, on_compute_thread, set_threads, sharing_cores
-from pawfn.torch.kvcache import KVCache
-from pawfn.torch.lora import DeviceAdapter
-from pawfn.torch.network import TorchInterpreter
+from pawfn.torch.engine.compute import FreeCores, on_compute_thread, set_threads, sharing_cores
+from pawfn.torch.model.kvcache import KVCache
+from pawfn.torch.weights.lora import DeviceAdapter
+from pawfn.torch.engine.network import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.options import WeightDType
-from pawfn.torch.network import TorchInterpreter
-from pawfn.torch.program import TorchProgram
-from pawfn.torch.weights import BaseWeights
+from pawfn.core.options import WeightDType
+from pawfn.torch.engine.network import TorchInterpreter
+from pawfn.torch.engine.program import TorchProgram
+from pawfn.torch.weights.reader import BaseWeights
 from tests.helpers.programs import TinyProgram
 
 INPUT = "Urgent: the server is down!"

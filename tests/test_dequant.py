@@ -8,7 +8,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from pawfn.torch.dequant import RowTable, dequantize
+from pawfn.torch.ggml.dequant import RowTable, dequantize
 
 
 def _blocks(qtype: gguf.GGMLQuantizationType, n_blocks: int, scale_at: slice) -> np.ndarray:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.torch.attention import attention_by_matmul, merge_attention, partial_attention
-from pawfn.torch.families import Architecture
+from pawfn.torch.model.attention import attention_by_matmul, merge_attention, partial_attention
+from pawfn.torch.model.families import Architecture
 from tests.helpers.programs import TinyProgram, torch_program
 
 HEAD_DIM = 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pawfn import LlamaCpp, PawConfig, PawFn, RuntimeOptions
-from pawfn.options import WeightDType
+from pawfn.core.options import WeightDType
 from tests.helpers.programs import requires_llama_cpp
 from tests.helpers.trained import MAX_TOKENS, OFFICIAL_BASE, Family, differences, llama_tokens, load_trained, pawfn_tokens
 

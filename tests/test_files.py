@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pawfn.files import write_atomically
+from pawfn.core.files import write_atomically
 
 
 def test_a_write_replaces_the_file_whole(tmp_path: Path) -> None:

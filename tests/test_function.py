@@ -29,11 +29,11 @@ from pawfn import (
     RuntimeOptions,
     Torch,
 )
-from pawfn.models import WeightFile
-from pawfn.calls import PendingGeneration
-from pawfn.torch.kvcache import KVCache, PrefixState
-from pawfn.torch.lora import DeviceAdapter
-from pawfn.torch.network import StepRow, TorchInterpreter
+from pawfn.core.models import WeightFile
+from pawfn.calls.pending import PendingGeneration
+from pawfn.torch.model.kvcache import KVCache, PrefixState
+from pawfn.torch.weights.lora import DeviceAdapter
+from pawfn.torch.engine.network import StepRow, TorchInterpreter
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.tiny_models import TinyInterpreter
 

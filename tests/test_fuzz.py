@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pawfn import GPT2, PawError, Qwen3_0_6B
-from pawfn.adapter import read_lora_adapter
-from pawfn.bundle import open_bundle
-from pawfn.ggufio import GGUFFile
-from pawfn.tokenizer import TextCodec
-from pawfn.torch.weights import read_base_weights
+from pawfn.formats.adapter import read_lora_adapter
+from pawfn.formats.bundle import open_bundle
+from pawfn.formats.ggufio import GGUFFile
+from pawfn.formats.tokenizer import TextCodec
+from pawfn.torch.weights.reader import read_base_weights
 from tests.helpers.programs import TinyProgram
 
 SECONDS, PEAK_MB = 10.0, 256.0

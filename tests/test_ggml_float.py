@@ -1,4 +1,4 @@
-"""F32 and F16 matrices under llama.cpp's arithmetic (`pawfn.torch.ggml_float`): each product's order against ggml's
+"""F32 and F16 matrices under llama.cpp's arithmetic (`pawfn.torch.ggml.floats`): each product's order against ggml's
 one-row dot written out in torch, and the default mode on F32 and F16 bases, with float and Q4_0 programs, against
 llama.cpp in the official configuration (an f16 cache). torch's float32 products missed those tokens: their ulps,
 rounded into the f16 cache and into the next quantized product's blocks, moved them."""
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from pawfn import GPT2, InterpreterModel, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.ggml_float import NativeFloatMatrix, float_matrix
-from pawfn.torch.ggml_hybrid import ggml_dot_f32
-from pawfn.torch.ggml_native import native_kernels
-from pawfn.torch.kernels import cpu_flags
+from pawfn.torch.ggml.floats import NativeFloatMatrix, float_matrix
+from pawfn.torch.ggml.hybrid import ggml_dot_f32
+from pawfn.torch.ggml.c_kernels import native_kernels
+from pawfn.torch.model.packed import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.references import llama_generate_each, llama_quantize
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from pawfn.torch.ggml import ggml_rms_norm, ggml_rope, ggml_rope_table
-from pawfn.torch.ggml_hybrid import (
+from pawfn.torch.ggml.blocks import ggml_rms_norm, ggml_rope, ggml_rope_table
+from pawfn.torch.ggml.hybrid import (
     ggml_flash_attention,
     ggml_gated_delta_net,
     ggml_l2_norm,
@@ -24,8 +24,8 @@ from pawfn.torch.ggml_hybrid import (
     ggml_softplus,
     ggml_ssm_conv,
 )
-from pawfn.torch.ggml_native import NativeKernels, native_kernels
-from pawfn.torch.kernels import cpu_flags
+from pawfn.torch.ggml.c_kernels import NativeKernels, native_kernels
+from pawfn.torch.model.packed import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]

@@ -16,9 +16,11 @@ import torch
 from gguf.quants import quantize
 
 from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
-from pawfn.adapter import read_lora_adapter
-from pawfn.torch import ggml_build, loading, network
-from pawfn.torch.ggml import (
+from pawfn.formats.adapter import read_lora_adapter
+from pawfn.torch.engine import network
+from pawfn.torch.ggml import build as ggml_build
+from pawfn.torch.weights import loading
+from pawfn.torch.ggml.blocks import (
     block_matrix,
     ggml_attention,
     ggml_expf,
@@ -29,7 +31,7 @@ from pawfn.torch.ggml import (
     quantize_q8_0,
     quantize_q8_k,
 )
-from pawfn.torch.ggml_native import (
+from pawfn.torch.ggml.c_kernels import (
     NativeBlockMatrix,
     NativeKernels,
     join_blocks,
@@ -40,8 +42,8 @@ from pawfn.torch.ggml_native import (
     native_rope,
     native_swiglu,
 )
-from pawfn.torch.kernels import cpu_flags
-from pawfn.torch.weights import read_base_weights
+from pawfn.torch.model.packed import cpu_flags
+from pawfn.torch.weights.reader import read_base_weights
 from tests.helpers.trained import load_trained
 
 Q6_K, Q4_0, Q8_0 = gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q8_0

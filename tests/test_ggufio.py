@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pawfn.ggufio import GGUFFile, GGUFFormatError
+from pawfn.formats.ggufio import GGUFFile, GGUFFormatError
 from tests.helpers.programs import TinyProgram
 from tests.helpers.tiny_models import TinyInterpreter
 

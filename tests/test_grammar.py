@@ -1,4 +1,4 @@
-"""`pawfn.grammar`: each output format's language, read byte by byte through llguidance (the library that masks the
+"""`pawfn.core.grammar`: each output format's language, read byte by byte through llguidance (the library that masks the
 tokens): plain formats with whitespace around them, JSON schemas as llama.cpp's own schema grammar reads them (checked
 against its converter on generated texts), and hostile schemas refused within bounds."""
 
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pawfn import ChoicesFormat, GrammarError, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
-from pawfn.grammar import SchemaLimits, lark_grammar
+from pawfn.core.grammar import SchemaLimits, lark_grammar
 
 EOS = 256
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -148,7 +148,7 @@ def test_integer_bounds_are_exactly_the_integers_between(low: int, width: int, p
     without leading zeros, and nothing else."""
     import re
 
-    from pawfn.grammar import integer_range
+    from pawfn.core.grammar import integer_range
 
     high = low + width
     pattern = re.compile(integer_range(low, high))
@@ -166,8 +166,8 @@ def test_integer_bounds_reach_the_token_masks() -> None:
 def test_keywords_no_grammar_enforces_are_checked_on_the_value() -> None:
     """Number bounds and multipleOf, uniqueItems: llama.cpp's grammar ignores them (so do pawfn's masks, keeping its
     tokens); the value is checked after the call, as every output is against its whole schema."""
-    from pawfn.constraint import check_json_value
-    from pawfn.errors import OutputTypeError
+    from pawfn.formats.constraint import check_json_value
+    from pawfn.core.errors import OutputTypeError
 
     schema = {
         "type": "object",

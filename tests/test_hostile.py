@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 import pawfn
 from pawfn import AdapterError, BaseModelError, InterpreterModel, LlamaCpp, NonFiniteError, PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.backends import Backend
+from pawfn.core.backends import Backend
 from tests.helpers.bounded import PEAK_RSS_MB, SECONDS, run_cli
 from tests.helpers.locks import lock_held_elsewhere
 from tests.helpers.programs import HAS_LLAMA_CPP, INTERPRETER_IDS, TinyProgram, requires_llama_cpp
@@ -342,7 +342,7 @@ def test_a_prefix_that_cannot_fit_is_refused_before_it_is_tokenized(
     qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under the size cap, a prefix longer than n_ctx tokens could hold is refused by its length alone."""
-    from pawfn.tokenizer import TextCodec
+    from pawfn.formats.tokenizer import TextCodec
 
     bundle = _program(qwen3_program, tmp_path)
     (bundle / "prompt_template.txt").write_text("word " * 150_000 + "{INPUT_PLACEHOLDER}")  # 750 KB

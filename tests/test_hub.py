@@ -420,9 +420,9 @@ def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> No
 
 
 def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch.kvcache import KVCache, PrefixState
-    from pawfn.torch.lora import DeviceAdapter
-    from pawfn.torch.network import TorchInterpreter
+    from pawfn.torch.model.kvcache import KVCache, PrefixState
+    from pawfn.torch.weights.lora import DeviceAdapter
+    from pawfn.torch.engine.network import TorchInterpreter
 
     reference = hub.expected("hello")
     prefills: list[int] = []

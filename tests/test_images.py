@@ -16,7 +16,7 @@ import pytest
 from PIL import Image as PILImage
 
 from pawfn import Image, ImageError
-from pawfn.images import ImageLimits
+from pawfn.core.images import ImageLimits
 
 official = pytest.importorskip("programasweights._image_content")
 

@@ -1,9 +1,9 @@
 """The import graph of src/pawfn: layers only point down, sibling backends and the hub stay apart, no cycle,
 and no pawfn import hidden inside a function.
 
-Layers, lowest first (docs/contributing.md draws the same picture):
-core types <- file formats <- runtime interface <- backends (torch/, llamacpp/) and hub/ <- PawFn and the
-builder <- cli <- the package's own `__init__`.
+Layers, lowest first, each a folder (docs/contributing.md draws the same picture):
+core/ <- formats/ <- calls/ <- the backends (torch/, llamacpp/) and hub/ <- remote/ <- api/ (PawFn, the builder) <-
+serve/ <- cli <- the package's own `__init__`; inside torch/: ggml/ <- model/ <- weights/ <- engine/.
 """
 
 from __future__ import annotations
@@ -19,37 +19,28 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset(
-        {
-            "errors",
-            "jsonio",
-            "files",
-            "options",
-            "config",
-            "models",
-            "backends",
-            "results",
-            "hashing",
-            "progress",
-            "protocol",
-            "grammar",
-            "templates",
-            "images",
-            "vocab",
-        }
-    ),
-    frozenset({"bundle", "ggufio", "tokenizer", "adapter", "constraint", "outputs"}),
-    frozenset({"prompt", "runtime", "calls", "positional"}),
+    frozenset({"core"}),
+    frozenset({"formats"}),
+    frozenset({"calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
-    frozenset({"opening"}),
-    frozenset({"function", "typed", "batch", "builder", "bench"}),
+    frozenset({"api"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),
 )
+"""The package's layers, each a folder (but the entry points `cli`, `__main__` and the package's `__init__`)."""
 SEPARATE = frozenset({"torch", "llamacpp", "hub"})
 """Units of one layer that must not import each other."""
+TORCH_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"ggml"}),
+    frozenset({"model"}),
+    frozenset({"weights"}),
+    frozenset({"engine"}),
+    frozenset({"__init__"}),
+)
+"""The Torch backend's own layers, each a folder: llama.cpp's arithmetic pieces, the model (families, arithmetic,
+attention, KV), the weights on the device, the engine that runs calls."""
 OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.ray", "pawfn.torch"})
 """Modules imported inside the function that uses them: those that need an optional extra (fastapi, ray), so
 `import pawfn` and the CLI work without the extra, and the Torch backend (torch takes 1-2 s to import), so `import
@@ -92,7 +83,7 @@ def _imports(path: Path, module: str) -> list[tuple[str, bool]]:
 
 
 def _unit(module: str, top: str) -> str:
-    """The layer unit of a module: its first part under the package (`hub`, `torch`, `errors`, ...)."""
+    """The layer unit of a module: its first part under the package (`hub`, `torch`, `core`, ...)."""
     rest = module.removeprefix(top).lstrip(".")
     return rest.split(".")[0] if rest else "__init__"
 
@@ -102,7 +93,7 @@ def check_layers(
 ) -> list[str]:
     """Every violation of the layering in the package `root / top`, as readable lines."""
     layer_of: Mapping[str, int] = {unit: index for index, units in enumerate(layers) for unit in units}
-    modules = {_module_name(path, root): path for path in sorted((root / top).rglob("*.py"))}
+    modules = {_module_name(path, root): path for path in sorted(root.joinpath(*top.split(".")).rglob("*.py"))}
     problems: list[str] = []
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -157,6 +148,18 @@ def test_pawfn_layers_point_down_without_cycles() -> None:
     assert check_layers(SRC, "pawfn", LAYERS, SEPARATE, OPTIONAL) == []
 
 
+def test_the_torch_backends_folders_point_down_without_cycles() -> None:
+    assert check_layers(SRC, "pawfn.torch", TORCH_LAYERS, frozenset()) == []
+
+
+def test_every_module_sits_in_its_layers_folder() -> None:
+    """The folders are the layers: no module lies loose beside them but the entry points."""
+    package = SRC / "pawfn"
+    loose = {path.name for path in package.glob("*.py")} - {"__init__.py", "__main__.py", "cli.py"}
+    assert loose == set(), f"modules outside a layer's folder: {sorted(loose)}"
+    assert {path.name for path in (package / "torch").glob("*.py")} == {"__init__.py"}
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name
@@ -204,7 +207,7 @@ SIZE_LIMIT = 600
 """Lines a module may have (`cli.py` aside: one command per function, a long but flat file)."""
 CORE_LIMIT = 375
 """Lines of the modules a reader starts from: the network, the runtime contract and `PawFn` (about 350)."""
-CORE = ("torch/network.py", "runtime.py", "function.py")
+CORE = ("torch/engine/network.py", "calls/runtime.py", "api/function.py")
 
 
 def test_modules_stay_small() -> None:
@@ -221,7 +224,7 @@ def test_each_backend_drives_its_calls_in_one_place() -> None:
     and llama.cpp's worker; the runtime contract holds no decode loop of its own, and Remote decodes nothing."""
     package = SRC / "pawfn"
     drivers = {path.relative_to(package).as_posix() for path in package.rglob("*.py") if "decoding.take(" in path.read_text(encoding="utf-8")}
-    assert drivers == {"torch/scheduler.py", "llamacpp/program.py"}
+    assert drivers == {"torch/engine/scheduler.py", "llamacpp/program.py"}
 
 
 def test_only_the_backend_dispatch_reaches_into_the_torch_backend() -> None:
@@ -235,4 +238,4 @@ def test_only_the_backend_dispatch_reaches_into_the_torch_backend() -> None:
             continue
         if any(target == "pawfn.torch" or target.startswith("pawfn.torch.") for target, _ in _imports(path, module)):
             reaching.add(module)
-    assert reaching == {"pawfn", "pawfn.opening"}
+    assert reaching == {"pawfn", "pawfn.api.opening"}

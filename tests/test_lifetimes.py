@@ -23,7 +23,7 @@ from pawfn import (
     Qwen3_0_6B,
     Torch,
 )
-from pawfn.errors import AdapterError
+from pawfn.core.errors import AdapterError
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 
 

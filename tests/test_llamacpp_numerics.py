@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.errors import ConfigError
-from pawfn.torch.ggml import (
+from pawfn.core.errors import ConfigError
+from pawfn.torch.ggml.blocks import (
     BlockMatrix,
     block_matrix,
     ggml_attention,
@@ -27,8 +27,8 @@ from pawfn.torch.ggml import (
     ggml_rope_table,
     ggml_silu_mul,
 )
-from pawfn.torch.ggml_native import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
-from pawfn.torch.kernels import cpu_flags
+from pawfn.torch.ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
+from pawfn.torch.model.packed import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.tiny_models import TinyInterpreter
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
@@ -327,7 +327,7 @@ def test_llamacpp_numerics_on_quantized_tiny_bases(ftype: str, quantized_bases: 
 
 
 def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Path) -> None:
-    from pawfn.torch.loading import check_llamacpp_numerics
+    from pawfn.torch.weights.loading import check_llamacpp_numerics
 
     check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
     with pytest.raises(ConfigError, match="numerics='llamacpp' cannot run: it runs on the CPU"):
@@ -337,7 +337,7 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
 
 
 def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch import loading
+    from pawfn.torch.weights import loading
 
     monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
     with pytest.raises(ConfigError, match="x86 CPU kernels"):

@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from pawfn import GPT2, EngineSettings, HubSettings, OptionError, PawConfig, PawError, Qwen3_0_6B, RemoteSettings, RuntimeOptions
-from pawfn.models import model_for_interpreter
+from pawfn.core.models import model_for_interpreter
 
 
 def test_defaults_are_the_official_runtime_s() -> None:
@@ -112,7 +112,7 @@ def test_model_lookup_by_interpreter() -> None:
 def test_pawconfig_is_its_three_groups_and_nothing_else() -> None:
     """Every setting belongs to exactly one group (hub, engine, remote); a `PawConfig` is each group, so a layer that
     takes one (a backend: `EngineSettings`) takes a whole config too; every official variable names a setting."""
-    from pawfn.config import _ENV_VARIABLES  # pyright: ignore[reportPrivateUsage]  # the official variables table is what this checks
+    from pawfn.core.config import _ENV_VARIABLES  # pyright: ignore[reportPrivateUsage]  # the official variables table is what this checks
 
     groups = [set(group.model_fields) for group in (HubSettings, EngineSettings, RemoteSettings)]
     assert set(PawConfig.model_fields) == set().union(*groups)

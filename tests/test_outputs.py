@@ -1,4 +1,4 @@
-"""`pawfn.outputs`: a Python type as its output format and its parser; types without a grammar refused at once."""
+"""`pawfn.formats.outputs`: a Python type as its output format and its parser; types without a grammar refused at once."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_models_field_bounds_are_kept() -> None:
     bounded = OutputType(Bounded)
     assert isinstance(bounded.format, JsonSchemaFormat)
     assert bounded.parse('{"count": 10, "share": 0.5}') == Bounded(count=10, share=0.5)
-    from pawfn.constraint import check_json_value
+    from pawfn.formats.constraint import check_json_value
 
     with pytest.raises(OutputTypeError, match="breaks the schema's maximum"):
         check_json_value(bounded.format, '{"count": 3, "share": 1.5}')

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from pawfn import GPT2, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.options import Numerics
+from pawfn.core.options import Numerics
 from tests.helpers.references import (
     KV,
     llama_generate,

@@ -22,8 +22,8 @@ from pawfn import (
     TemplateError,
     Torch,
 )
-from pawfn.backends import Backend
-from pawfn.models import InterpreterModel
+from pawfn.core.backends import Backend
+from pawfn.core.models import InterpreterModel
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from tests.helpers.references import llama_generate_whole
 from tests.helpers.tiny_models import TinyInterpreter

@@ -55,7 +55,7 @@ def test_other_code_misses_the_stored_prefix(
     qwen3_program: TinyProgram, tmp_path: Path, prefills: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A prefix stored by other arithmetic (another pawfn version, a changed kernel) is evaluated again, not reused."""
-    from pawfn.torch import prefix_store
+    from pawfn.torch.engine import prefix_store
 
     config = PawConfig(cache_dir=tmp_path / "cache")
     base = qwen3_program.interpreter.gguf_path

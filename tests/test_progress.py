@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pawfn.progress import download_progress, progress_enabled, track
+from pawfn.core.progress import download_progress, progress_enabled, track
 
 
 def test_off_means_no_bar(capsys: pytest.CaptureFixture[str]) -> None:

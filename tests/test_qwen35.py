@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from pawfn import ArityError, BaseModelError, BundleError, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, Remote, RuntimeOptions, Torch
-from pawfn.backends import Backend
-from pawfn.torch.families.base import Architecture, LinearAttention
-from pawfn.torch.ggml_native import native_kernels
-from pawfn.torch.kvcache import PrefixState
-from pawfn.torch.prefix_store import PrefixStore
+from pawfn.core.backends import Backend
+from pawfn.torch.model.families.base import Architecture, LinearAttention
+from pawfn.torch.ggml.c_kernels import native_kernels
+from pawfn.torch.model.kvcache import PrefixState
+from pawfn.torch.engine.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
 from tests.helpers.servers import start_server
 from tests.helpers.references import llama_generate_whole, peft_generate_ids

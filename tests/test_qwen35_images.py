@@ -177,7 +177,7 @@ def test_the_torch_towers_embeddings_are_mtmds(qwen35_vision: TinyVision) -> Non
 
     import llama_cpp
     from llama_cpp import mtmd_cpp as mtmd
-    from pawfn.torch.vision import VisionTower
+    from pawfn.torch.engine.vision import VisionTower
 
     llm = llama_cpp.Llama(str(qwen35_vision.text.gguf_path), n_ctx=N_CTX, verbose=False)
     params = mtmd.mtmd_context_params_default()
@@ -292,7 +292,7 @@ def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Pat
 
 
 def test_programs_on_one_base_share_its_vision_tower(qwen35_vision: TinyVision) -> None:
-    from pawfn.torch.program import TorchProgram
+    from pawfn.torch.engine.program import TorchProgram
 
     config = PawConfig(n_ctx=N_CTX)
     with (
@@ -352,7 +352,7 @@ def test_torch_images_give_transformers_tokens(qwen35_vision: TinyVision) -> Non
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from pawfn.torch.vision import PreparedImage, VisionTower
+    from pawfn.torch.engine.vision import PreparedImage, VisionTower
 
     model: Any = Qwen3_5ForConditionalGeneration.from_pretrained(str(qwen35_vision.text.hf_dir), dtype=torch.float32)  # pyright: ignore[reportUnknownMemberType]  # Any: transformers' from_pretrained
     image_token: int = model.config.image_token_id

@@ -15,10 +15,10 @@ import torch
 
 import pawfn
 from pawfn import ContextOverflowError, InterpreterModel, PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.options import WeightDType
-from pawfn.results import Generation
-from pawfn.torch.network import StepRow
-from pawfn.torch.scheduler import Scheduler
+from pawfn.core.options import WeightDType
+from pawfn.core.results import Generation
+from pawfn.torch.engine.network import StepRow
+from pawfn.torch.engine.scheduler import Scheduler
 from tests.helpers.programs import TinyProgram, torch_program
 
 # different lengths, so rows start at different positions

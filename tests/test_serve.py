@@ -19,7 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from pawfn import CallTimeoutError, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, Remote, RuntimeOptions, Torch
-from pawfn.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
+from pawfn.core.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis import given
 
 from pawfn import ContextOverflowError, NotFoundError, RuntimeOptions
-from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
-from pawfn.results import Generation, Timings
-from pawfn.runtime import CallInput
+from pawfn.core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from pawfn.core.results import Generation, Timings
+from pawfn.calls.runtime import CallInput
 from pawfn.serve import ServeSettings
 from pawfn.serve.service import ServiceCounters
 from tests.helpers.servers import free_port

@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, Remote, RuntimeOptions, Torch
-from pawfn.protocol import RunBatchResponse, RunResponse, ServedProgram
+from pawfn.core.protocol import RunBatchResponse, RunResponse, ServedProgram
 from pawfn.serve import ServeSettings
 from tests.helpers.programs import TinyProgram
 from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, free_port, run_concurrently, sse_events

@@ -1,4 +1,4 @@
-"""`pawfn.templates` against the official SDK's own template parser (`programasweights._prompt_template`): the same
+"""`pawfn.core.templates` against the official SDK's own template parser (`programasweights._prompt_template`): the same
 segments, arities and refusals on a table of valid and invalid templates, and the same binding of arguments."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pawfn.templates import ArityError, NumberedTemplate, TemplateError
+from pawfn.core.templates import ArityError, NumberedTemplate, TemplateError
 
 official = pytest.importorskip("programasweights._prompt_template")
 

@@ -8,8 +8,8 @@ import pytest
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.ggufio import GGUFFile
-from pawfn.tokenizer import TextCodec
+from pawfn.formats.ggufio import GGUFFile
+from pawfn.formats.tokenizer import TextCodec
 from tests.helpers.references import llama_vocabulary, official_token_ids
 from tests.helpers.tiny_models import TinyInterpreter
 

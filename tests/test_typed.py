@@ -31,9 +31,9 @@ from pawfn import (
     RuntimeOptions,
     Torch,
 )
-from pawfn.backends import Backend
-from pawfn.calls import PendingGeneration
-from pawfn.constraint import Constraint
+from pawfn.core.backends import Backend
+from pawfn.calls.pending import PendingGeneration
+from pawfn.formats.constraint import Constraint
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.references import llama_generate_json
 from tests.helpers.servers import FIRST_ID, INPUTS, KEY, ServeProcess
@@ -256,7 +256,7 @@ def test_a_closed_base_takes_its_compiled_grammars_with_it(qwen3_program: TinyPr
     import gc
     import weakref
 
-    from pawfn.constraint import _by_codec  # pyright: ignore[reportPrivateUsage]  # the cache under test
+    from pawfn.formats.constraint import _by_codec  # pyright: ignore[reportPrivateUsage]  # the cache under test
 
     with _open(qwen3_program) as function:
         function.returning(Literal["urgent", "normal"]).run(TEXTS[0])

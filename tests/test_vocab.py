@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pawfn.errors import TokenizerError
-from pawfn.ggufio import GGUFFile
-from pawfn.tokenizer import TextCodec
-from pawfn.vocab import TokenKind, load_time_kinds
+from pawfn.core.errors import TokenizerError
+from pawfn.formats.ggufio import GGUFFile
+from pawfn.formats.tokenizer import TextCodec
+from pawfn.core.vocab import TokenKind, load_time_kinds
 from tests.helpers.llamacpp_source import VOCABULARIES, vocabulary_cases
 from tests.helpers.programs import requires_llama_cpp
 from tests.helpers.references import llama_pieces, llama_vocabulary

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from pawfn import GPT2, ConfigError, InterpreterModel, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.adapter import read_lora_adapter
-from pawfn.options import WeightDType
-from pawfn.torch import kernels
-from pawfn.torch.families import Architecture, Family
-from pawfn.torch.lora import DeviceAdapter
-from pawfn.torch.network import TorchInterpreter
-from pawfn.torch.weights import Array, BaseWeights, built, read_base_weights
+from pawfn.formats.adapter import read_lora_adapter
+from pawfn.core.options import WeightDType
+from pawfn.torch.model import packed as kernels
+from pawfn.torch.model.families import Architecture, Family
+from pawfn.torch.weights.lora import DeviceAdapter
+from pawfn.torch.engine.network import TorchInterpreter
+from pawfn.torch.weights.reader import Array, BaseWeights, built, read_base_weights
 from tests.helpers.programs import HAS_LLAMA_CPP, TinyProgram, requires_llama_cpp
 from tests.helpers.trained import TrainedProgram
 

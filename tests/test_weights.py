@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pawfn import GPT2, BaseModelError, Qwen3_0_6B, TokenizerError
-from pawfn.torch.weights import read_base_weights
+from pawfn.torch.weights.reader import read_base_weights
 from tests.helpers.tiny_models import TinyInterpreter
 
 

@@ -2,11 +2,11 @@
 
 from typing import TYPE_CHECKING
 
-from .backends import Backend, LlamaCpp, Remote, Torch
-from .batch import Returns, arun_many, generate_many, run_many
-from .builder import PawFnBuilder, ProgramLoader, SpecCompiler
-from .bundle import ProgramMeta, PromptTemplate
-from .errors import (
+from .core.backends import Backend, LlamaCpp, Remote, Torch
+from .api.batch import Returns, arun_many, generate_many, run_many
+from .api.builder import PawFnBuilder, ProgramLoader, SpecCompiler
+from .formats.bundle import ProgramMeta, PromptTemplate
+from .core.errors import (
     AdapterError,
     AuthenticationError,
     BaseModelError,
@@ -34,18 +34,18 @@ from .errors import (
     CallTimeoutError,
     TokenizerError,
 )
-from .function import PawFn
-from .images import Image, ImageError
-from .positional import Positional
-from .templates import ArityError, TemplateError
-from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
-from .outputs import OutputType, Pattern
-from .typed import TypedFn, TypedGeneration
-from .results import Generation, Timings
-from .calls import TextStream
-from .models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
-from .config import EngineSettings, HubSettings, PawConfig, RemoteSettings
-from .options import RuntimeOptions
+from .api.function import PawFn
+from .core.images import Image, ImageError
+from .api.positional import Positional
+from .core.templates import ArityError, TemplateError
+from .core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
+from .formats.outputs import OutputType, Pattern
+from .api.typed import TypedFn, TypedGeneration
+from .core.results import Generation, Timings
+from .calls.pending import TextStream
+from .core.models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
+from .core.config import EngineSettings, HubSettings, PawConfig, RemoteSettings
+from .core.options import RuntimeOptions
 from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
 
 if TYPE_CHECKING:

@@ -22,26 +22,26 @@ from typing_extensions import Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from .backends import Backend, LlamaCpp, Remote, Torch
-from .bench import run_bench
-from .bundle import open_bundle
-from .calls import PendingGeneration
-from .config import PawConfig, save_api_key
-from .errors import OptionError, OptionProblem, PawError, describe_validation_error
-from .images import Image, ImageError
-from .function import PawFn
-from .grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
+from .core.backends import Backend, LlamaCpp, Remote, Torch
+from .api.bench import run_bench
+from .formats.bundle import open_bundle
+from .calls.pending import PendingGeneration
+from .core.config import PawConfig, save_api_key
+from .core.errors import OptionError, OptionProblem, PawError, describe_validation_error
+from .core.images import Image, ImageError
+from .api.function import PawFn
+from .core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
 from .hub.cache import PawCache
 from .hub.usage import cache_files, clear_derived
 from .hub.client import PawClient
 from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
 from .hub.types import compile_request
-from .jsonio import parse_json_object
-from .models import InterpreterModel, builtin_models, model_for_interpreter
-from .positional import Positional
-from .options import DType, Numerics, RuntimeOptions, WeightDType
-from .results import Generation
+from .core.jsonio import parse_json_object
+from .core.models import InterpreterModel, builtin_models, model_for_interpreter
+from .api.positional import Positional
+from .core.options import DType, Numerics, RuntimeOptions, WeightDType
+from .core.results import Generation
 from .serve import ServeSettings, ServeTarget, serve_on_ray, serve_programs
 
 __all__ = ["main"]

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pawfn.jsonio import parse_json_object
+from pawfn.core.jsonio import parse_json_object
 
 PROGRAM_ID = re.compile(r"^[a-f0-9]{16,64}$")
 

@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from pawfn import PawFn
-from pawfn.torch.program import TorchProgram
+from pawfn.torch.engine.program import TorchProgram
 
 if TYPE_CHECKING:
     from pawfn.llamacpp.program import LlamaCppProgram

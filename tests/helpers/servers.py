@@ -17,7 +17,7 @@ from typing import IO
 
 import httpx
 
-from pawfn.protocol import RunResponse
+from pawfn.core.protocol import RunResponse
 
 
 KEY = "test-key-0123"

@@ -7,7 +7,7 @@ from typing import TypeVar
 from typing_extensions import assert_type
 
 from pawfn import GPT2, Backend, Generation, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch
-from pawfn.builder import ProgramLoader, SpecCompiler
+from pawfn.api.builder import ProgramLoader, SpecCompiler
 
 B = TypeVar("B", bound=Backend)
 M = TypeVar("M", bound=InterpreterModel)

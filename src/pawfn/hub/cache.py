@@ -29,13 +29,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
-from ..config import DEFAULT_LOCK_TIMEOUT_S
-from ..errors import BundleError, CacheLockError
-from ..ggufio import GGUFFile, GGUFFormatError
-from ..files import write_atomically
-from ..hashing import file_sha256
-from ..jsonio import read_json_object
+from ..formats.bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
+from ..core.config import DEFAULT_LOCK_TIMEOUT_S
+from ..core.errors import BundleError, CacheLockError
+from ..formats.ggufio import GGUFFile, GGUFFormatError
+from ..core.files import write_atomically
+from ..core.hashing import file_sha256
+from ..core.jsonio import read_json_object
 from .refs import is_program_id
 from .types import BaseModelSource, RuntimeManifest
 

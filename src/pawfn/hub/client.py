@@ -15,11 +15,11 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel
 
-from ..bundle import MAX_ARCHIVE_BYTES
-from ..config import HubSettings
-from ..errors import CompileError, HubConnectionError, HubError, IntegrityError, ServerError
-from ..hashing import file_sha256
-from ..progress import DownloadProgress
+from ..formats.bundle import MAX_ARCHIVE_BYTES
+from ..core.config import HubSettings
+from ..core.errors import CompileError, HubConnectionError, HubError, IntegrityError, ServerError
+from ..core.hashing import file_sha256
+from ..core.progress import DownloadProgress
 from .http import ClientBase, Endpoint, Outcome, Request, Sleep, SyncClient, backoff, parse_model, retry_after
 from .refs import is_program_id
 from .types import CompileCancellation, CompileJob, CompilePrecheck, CompileRequest, CompileResult, CompileStatus

@@ -21,8 +21,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from typing_extensions import Self
 
-from ..config import HubSettings, PawConfig
-from ..errors import (
+from ..core.config import HubSettings, PawConfig
+from ..core.errors import (
     AuthenticationError,
     CallTimeoutError,
     HubConnectionError,
@@ -34,7 +34,7 @@ from ..errors import (
     ServerError,
     describe_validation_error,
 )
-from ..jsonio import parse_json_object
+from ..core.jsonio import parse_json_object
 
 __all__ = [
     "CALL_RETRY_STATUSES",

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import ProgramMeta, read_meta
-from ..config import PawConfig
-from ..errors import BaseModelError, HubConnectionError, HubError, OfflineError, ServerError
-from ..models import InterpreterModel
-from ..progress import download_progress
+from ..formats.bundle import ProgramMeta, read_meta
+from ..core.config import PawConfig
+from ..core.errors import BaseModelError, HubConnectionError, HubError, OfflineError, ServerError
+from ..core.models import InterpreterModel
+from ..core.progress import download_progress
 from .cache import PawCache
 from .client import PawClient
 from .refs import ProgramReference, parse_reference

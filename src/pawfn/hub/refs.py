@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["PROGRAM_ID", "ProgramReference", "checked_program_id", "checked_slug", "is_hub_reference", "is_program_id", "parse_reference"]
 

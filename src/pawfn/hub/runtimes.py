@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-from ..bundle import ProgramMeta
-from ..errors import HubError, NotFoundError, OfflineError
-from ..models import WeightFile, builtin_models, model_for_interpreter
+from ..formats.bundle import ProgramMeta
+from ..core.errors import HubError, NotFoundError, OfflineError
+from ..core.models import WeightFile, builtin_models, model_for_interpreter
 from .cache import PawCache
 from .client import PawClient
 from .types import BaseModelSource, LocalSdk, RuntimeManifest

@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from ..config import EngineSettings
-from ..constraint import Constraint
-from ..errors import AdapterError, BaseModelError, ConfigError, ContextOverflowError, NonFiniteError, PawError
-from ..ggufio import GGUFFile, GGUFFormatError
-from ..models import InterpreterModel
-from ..options import RuntimeOptions
-from ..results import Generation
-from ..images import Image, ImageError
-from ..prompt import Argument, image_prompt
-from ..runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
-from ..calls import PendingGeneration, TokenListener
-from ..tokenizer import TextCodec
+from ..core.config import EngineSettings
+from ..formats.constraint import Constraint
+from ..core.errors import AdapterError, BaseModelError, ConfigError, ContextOverflowError, NonFiniteError, PawError
+from ..formats.ggufio import GGUFFile, GGUFFormatError
+from ..core.models import InterpreterModel
+from ..core.options import RuntimeOptions
+from ..core.results import Generation
+from ..core.images import Image, ImageError
+from ..calls.prompt import Argument, image_prompt
+from ..calls.runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
+from ..calls.pending import PendingGeneration, TokenListener
+from ..formats.tokenizer import TextCodec
 from . import cpu
 
 if TYPE_CHECKING:

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 
 import httpx
 
-from ..config import PawConfig, RemoteSettings
-from ..errors import AuthenticationError, ConfigError, HubError, OutputTypeError, PawError, RequestError, ServerError
-from ..options import RuntimeOptions
-from ..runtime import CallInput
-from ..protocol import (
+from ..core.config import PawConfig, RemoteSettings
+from ..core.errors import AuthenticationError, ConfigError, HubError, OutputTypeError, PawError, RequestError, ServerError
+from ..core.options import RuntimeOptions
+from ..calls.runtime import CallInput
+from ..core.protocol import (
     ErrorBody,
     RunBatchRequest,
     RunBatchResponse,

@@ -13,15 +13,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 
-from ..config import PawConfig
-from ..errors import ConfigError
+from ..core.config import PawConfig
+from ..core.errors import ConfigError
 from .client import ServerClient
-from ..options import RuntimeOptions
-from ..protocol import RunResponse, ServedProgram
-from ..results import Generation
-from ..runtime import CallInput, ProgramRuntime
-from ..templates import ArityError
-from ..calls import PendingGeneration, TextStream, TokenListener
+from ..core.options import RuntimeOptions
+from ..core.protocol import RunResponse, ServedProgram
+from ..core.results import Generation
+from ..calls.runtime import CallInput, ProgramRuntime
+from ..core.templates import ArityError
+from ..calls.pending import PendingGeneration, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
 

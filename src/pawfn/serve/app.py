@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import (
+from ..core.errors import (
     ConfigError,
     ContextOverflowError,
     GrammarError,
@@ -35,11 +35,11 @@ from ..errors import (
     PawError,
     ProgramClosedError,
 )
-from ..options import RuntimeOptions
-from ..runtime import CallInput
-from ..images import ImageError
-from ..templates import ArityError
-from ..protocol import (
+from ..core.options import RuntimeOptions
+from ..calls.runtime import CallInput
+from ..core.images import ImageError
+from ..core.templates import ArityError
+from ..core.protocol import (
     ErrorBody,
     Health,
     InferRequest,

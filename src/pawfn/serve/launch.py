@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends import Backend
-from ..config import PawConfig
-from ..errors import PawError
+from ..core.backends import Backend
+from ..core.config import PawConfig
+from ..core.errors import PawError
 from .service import LocalPrograms, split_alias
 from .settings import ServeSettings
 

@@ -25,14 +25,14 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
-from ..backends import Backend, LlamaCpp, Torch
-from ..config import PawConfig
-from ..errors import ConfigError, PawError, describe_validation_error
-from ..function import PawFn
-from ..models import InterpreterModel
-from ..options import RuntimeOptions
-from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
-from ..runtime import CallInput
+from ..core.backends import Backend, LlamaCpp, Torch
+from ..core.config import PawConfig
+from ..core.errors import ConfigError, PawError, describe_validation_error
+from ..api.function import PawFn
+from ..core.models import InterpreterModel
+from ..core.options import RuntimeOptions
+from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from ..calls.runtime import CallInput
 from .app import ApiError, api_error, create_app
 from .service import ServiceCounters, check_loadable, program_info, run_call, run_calls, split_alias, stream_call, tokenize_call
 from .settings import ServeSettings

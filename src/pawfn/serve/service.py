@@ -15,17 +15,17 @@ from typing import Protocol
 
 from typing_extensions import Unpack
 
-from ..backends import Backend
-from ..config import PawConfig
-from ..errors import ConfigError, NotFoundError
-from ..function import PawFn
+from ..core.backends import Backend
+from ..core.config import PawConfig
+from ..core.errors import ConfigError, NotFoundError
+from ..api.function import PawFn
 from ..hub.refs import is_hub_reference
-from ..models import InterpreterModel
-from ..options import RuntimeOptions
-from ..images import Image
-from ..positional import Positional
-from ..protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
-from ..runtime import CallInput
+from ..core.models import InterpreterModel
+from ..core.options import RuntimeOptions
+from ..core.images import Image
+from ..api.positional import Positional
+from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from ..calls.runtime import CallInput
 
 __all__ = [
     "LocalPrograms",

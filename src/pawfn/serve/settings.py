@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, SecretStr
 
-from ..options import OptionsModel
+from ..core.options import OptionsModel
 
 __all__ = ["ServeSettings"]
 

@@ -1,6 +1,6 @@
 """The Torch backend: pawfn's own forward pass on shared, reference-counted base weights."""
 
-from .program import TorchProgram
-from .registry import ModelRegistry
+from .engine.program import TorchProgram
+from .engine.registry import ModelRegistry
 
 __all__ = ["ModelRegistry", "TorchProgram"]

@@ -1,0 +1,173 @@
+"""From a reference to an open program: the one load path every `PawFn` constructor, the builder and the CLI
+go through (resolve and download with `prepare_program`, choose the interpreter, open on the backend)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from ..core.backends import Backend, LlamaCpp, Remote, Torch
+from ..formats.bundle import ProgramMeta, open_bundle
+from ..core.config import PawConfig
+from ..core.errors import BaseModelError, ConfigError, InterpreterMismatchError
+from ..hub.cache import PawCache
+from ..hub.prepare import find_cached_base, find_cached_projector, prepare_program
+from ..llamacpp import LlamaCppProgram
+from ..core.models import InterpreterModel, model_for_interpreter
+from ..remote import RemoteProgram
+from ..calls.runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
+from ..core.templates import INPUT_PLACEHOLDER, NumberedTemplate
+
+__all__ = ["ModelChoice", "Opened", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
+
+ModelChoice = Callable[[ProgramMeta, str], type[InterpreterModel]]
+"""The interpreter model a program runs as, from its meta and its name; raises where it cannot run."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A program open on a backend, with what `PawFn` keeps of its load."""
+
+    model: type[InterpreterModel]
+    runtime: ProgramRuntime
+    meta: ProgramMeta
+    source: Path
+    """The bundle loaded (on `Remote`: the reference the server was asked for)."""
+    load_ms: float
+
+
+def _torch_opener() -> RuntimeOpener:
+    from ..torch import TorchProgram  # torch comes with the first Torch load, not with `import pawfn`
+
+    return TorchProgram.open
+
+
+_OPENERS: Mapping[type[Backend], Callable[[], RuntimeOpener]] = {Torch: _torch_opener, LlamaCpp: lambda: LlamaCppProgram.open}
+"""Each backend's opener, imported when first asked for (a Remote-only client never imports torch)."""
+
+
+def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
+    """How programs open on `backend` (a subclass of a built-in backend opens like it)."""
+    for kind in backend.__mro__:
+        opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
+        if opener is not None:
+            return opener()
+    if issubclass(backend, Remote):
+        raise ConfigError(
+            f"{backend.__name__} runs programs on a server, not from files: load them by reference (load_sync, load) with PawConfig.server_url set"
+        )
+    raise ConfigError(f"backend {backend.__name__} has no implementation; use Torch or LlamaCpp (or a subclass)")
+
+
+def expect_model(model: type[InterpreterModel]) -> ModelChoice:
+    """Run as `model`, refusing a program compiled for another interpreter before any weights load."""
+
+    def choose(meta: ProgramMeta, name: str) -> type[InterpreterModel]:
+        if not model.accepts(meta.interpreter):
+            suggestion = model_for_interpreter(meta.interpreter)
+            raise InterpreterMismatchError(
+                name, meta.interpreter, model.interpreter_id, model.__name__, None if suggestion is None else suggestion.__name__
+            )
+        return model
+
+    return choose
+
+
+def known_interpreter(meta: ProgramMeta, name: str) -> type[InterpreterModel]:
+    """Run as the interpreter model the program's meta names."""
+    model = model_for_interpreter(meta.interpreter)
+    if model is None:
+        raise ConfigError(f"program {name} needs interpreter {meta.interpreter!r}, which pawfn does not know")
+    return model
+
+
+def open_files(
+    backend: type[Backend],
+    choose: ModelChoice,
+    bundle: Path,
+    base: Path | None,
+    derived_dir: Path | None,
+    config: PawConfig,
+    started: float | None = None,
+) -> Opened:
+    """Open a local bundle on `backend`: its interpreter checked, its base found (`base`, else the cache's), its
+    derived files (stored prefixes) in `derived_dir` (`PawCache.derived_dir`: it hashes a local bundle's files, so
+    the caller's one computation is passed on)."""
+    started = time.perf_counter() if started is None else started
+    opener = runtime_opener(backend)
+    cache = PawCache(config.cache_dir, config.lock_timeout_s)
+    with open_bundle(bundle, cache.staging_dir()) as opened:
+        model = choose(opened.meta, opened.name)
+        base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
+        projector = _projector(model, base, opened.meta, cache)
+        runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
+    return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
+
+
+def _base_weights(base: Path | None, model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache, otherwise: str) -> Path:
+    """`base`, else the verified base in the cache; `BaseModelError` naming where to get one (`otherwise`: another way)."""
+    found = base or find_cached_base(model, meta, cache)
+    if found is None:
+        raise BaseModelError(
+            None,
+            f"no base weights for {model.__name__} in the cache: pass base=PATH (CLI: --base PATH), a GGUF file such as "
+            f"{model.default_gguf.file} ({model.default_gguf.url}) or a Hugging Face folder of {model.default_hf_repo}{otherwise}",
+        )
+    return found
+
+
+def _projector(model: type[InterpreterModel], base: Path, meta: ProgramMeta, cache: PawCache) -> Path | None:
+    """The interpreter's image projector, for one that takes images: the one its runtime names, verified in the
+    cache, else the one `mmproj*.gguf` beside a base file (llama.cpp's convention); None without."""
+    if model.default_projector is None:
+        return None
+    found = find_cached_projector(model, meta, cache)
+    if found is None and base.is_file():
+        beside = sorted(base.parent.glob("mmproj*.gguf"))
+        found = beside[0] if len(beside) == 1 else None
+    return found
+
+
+def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path | None, template: str | None, config: PawConfig) -> Opened:
+    """Open the bare interpreter `model` (no program) on `backend`: the official base-inference template, or a
+    numbered `template` (`{INPUT_0}`, ...); each call's prompt is rendered whole, as the official base mode does."""
+    started = time.perf_counter()
+    if issubclass(backend, Remote):
+        raise ConfigError("a bare interpreter runs locally: open it on Torch or LlamaCpp")
+    if template is None:  # the official base templates: version 1's `{INPUT_PLACEHOLDER}`, the vision runtime's `{INPUT_0}`
+        base_template = model.base_template
+        numbered = NumberedTemplate.single(base_template) if INPUT_PLACEHOLDER in base_template else NumberedTemplate.parse(base_template)
+    else:
+        numbered = NumberedTemplate.parse(template)
+    opener = runtime_opener(backend)
+    cache = PawCache(config.cache_dir, config.lock_timeout_s)
+    meta = ProgramMeta(interpreter=model.interpreter_id)
+    base = _base_weights(base, model, meta, cache, "")
+    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered, _projector(model, base, meta, cache)), config)
+    return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
+
+
+def open_reference(reference: str, backend: type[Backend], choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None) -> Opened:
+    """Open a program by id, slug or path on `backend`: on a server for `Remote`, else downloading what is missing
+    (`base`: your own base weights, then none are downloaded)."""
+    started = time.perf_counter()
+    if issubclass(backend, Remote):
+        if base is not None:
+            raise ConfigError("base weights are the server's business on Remote: load without base=")
+        runtime = RemoteProgram.open(reference, config)
+        served = runtime.served
+        meta = ProgramMeta(interpreter=served.interpreter, program_id=served.program_id, spec=served.spec)
+        try:
+            model = choose(meta, reference)
+        except BaseException:
+            runtime.close()
+            raise
+        return Opened(model, runtime, meta, Path(reference), (time.perf_counter() - started) * 1e3)
+    prepared = prepare_program(
+        reference, config, check=lambda meta: choose(meta, meta.program_id or reference), base=None if base is None else Path(base)
+    )
+    return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)

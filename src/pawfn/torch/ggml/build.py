@@ -1,0 +1,86 @@
+"""Compiling `ggml/kernels.c` (llama.cpp's CPU arithmetic in C) into the shared library `numerics="llamacpp"` loads:
+once per pawfn version, into the cache, saying so."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ...core.files import write_atomically
+from ...core.progress import progress_enabled
+
+__all__ = ["build_key", "build_kernels"]
+
+_SOURCE = Path(__file__).with_name("kernels.c")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
+_THREADED = ["-fopenmp"]
+"""Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
+_BASELINE = "-DPAW_BASELINE"
+"""Leaves out the AMX and AVX-512 VNNI kernels, for compilers that do not know those instructions."""
+_LOG = logging.getLogger("pawfn")
+
+
+def build_key() -> str:
+    """What names a build: the source and the flags (a new pawfn version with other kernels builds again)."""
+    return hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS + _THREADED).encode()).hexdigest()[:16]
+
+
+def _compilers() -> list[str]:
+    named = os.environ.get("CC")
+    candidates = ([named] if named else []) + ["cc", "gcc", "clang"]
+    return [path for path in (shutil.which(c) for c in candidates) if path is not None]
+
+
+class _BuildError(Exception):
+    """A compiler's failure (internal: `native_kernels` tries the next one, then warns)."""
+
+
+def build_kernels(target: Path) -> str | None:
+    """`_build`, with one status line (on stderr when it is a terminal; always in the `pawfn` log): the first call of
+    `numerics="llamacpp"` after an install pauses for the compiler (~10 s), once per pawfn version."""
+    started = time.perf_counter()
+    shown = progress_enabled(None)
+    what = "pawfn: compiling llama.cpp's arithmetic (C kernels) for numerics='llamacpp', once per pawfn version"
+    if shown:
+        print(f"{what}...", end="", file=sys.stderr, flush=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        failure = _build(target)
+    except (OSError, subprocess.SubprocessError) as error:
+        failure = str(error)
+    outcome = f"done in {time.perf_counter() - started:.1f} s ({target})" if failure is None else "failed"
+    if shown:
+        print(f" {outcome}", file=sys.stderr, flush=True)
+    _LOG.info("%s: %s", what, outcome)
+    return failure
+
+
+def _build(target: Path) -> str | None:
+    """Compile the kernels into `target`; None on success, else why not (the last compiler's error)."""
+    failure = "no C compiler found (set CC, or install gcc or clang)"
+    # without OpenMP where the compiler has no runtime for it; without the AMX and AVX-512 VNNI kernels where it
+    # knows no such instructions (older compilers): the AVX2 ones give the same results
+    attempts = [_THREADED, [], [*_THREADED, _BASELINE], [_BASELINE]]
+    for compiler in _compilers():
+        for extra in attempts:
+
+            def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
+                result = subprocess.run(
+                    [compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"], capture_output=True, text=True, check=False, timeout=300
+                )
+                if result.returncode != 0:
+                    raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+
+            try:
+                write_atomically(target, compile_to)
+            except _BuildError as error:
+                failure = str(error)
+                continue
+            return None
+    return failure

@@ -1,0 +1,559 @@
+"""llama.cpp's block products in C (`ggml/kernels.c`), for the `numerics="llamacpp"` mode: the arithmetic of
+`ggml.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
+
+The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
+`<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
+mode falls back to the torch emulation (the same tokens on quantized matrices, several times slower; F32 and F16
+matrices then add in torch's order, not ggml's) with one warning. Large products
+and attention split their outputs across `torch.get_num_threads()` threads with OpenMP, on torch's own OpenMP
+runtime where torch ships one (the library links `libgomp.so.1`, which the loader resolves to the copy torch loaded
+first): a pool of our own spun against torch's threads on every core.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from ...core.config import default_cache_dir
+from .build import build_key, build_kernels
+
+__all__ = [
+    "TILED_MIN_ROWS",
+    "NativeBlockMatrix",
+    "NativeKernels",
+    "int8_mm",
+    "join_blocks",
+    "native_attention",
+    "native_expf",
+    "native_flash_online",
+    "native_flash_tiled",
+    "native_gated_delta_net",
+    "native_libm",
+    "native_ssm_conv",
+    "native_kernels",
+    "native_rms_norm",
+    "native_rope",
+    "native_swiglu",
+]
+
+TILED_MIN_ROWS = 8
+"""ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
+_SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+
+
+class _Args(ctypes.Structure):
+    """`paw_args`: a kernel's pointers, integers and one float, in its argument order."""
+
+    _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
+
+
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT = range(
+    11
+)
+"""`paw_run`'s kernels."""
+
+
+class _Out(ctypes.Structure):
+    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`."""
+
+    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", ctypes.c_float)]
+
+
+class NativeKernels:
+    """The compiled library's functions, their argument types declared."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self.quantize_q8_k = self._declare(library.paw_quantize_q8_k, [_PTR, _I64, _I64, _PTR, _PTR, _PTR])
+        self.quantize_q8_0 = self._declare(library.paw_quantize_q8_0, [_PTR, _I64, _I64, _PTR, _PTR])
+        self._run = library.paw_run
+        self._run.argtypes = [ctypes.c_int, ctypes.POINTER(_Args), _I64, _I64]
+        self._run.restype = ctypes.c_int
+        self._block_product = library.paw_block_product
+        self._block_product.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, ctypes.POINTER(_Out), _I64]
+        self._block_product.restype = ctypes.c_int
+        self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
+        self.libm = self._declare(library.paw_libm, [_I64, _PTR, _PTR, _I64])
+        self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64])
+        self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
+        self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
+        self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
+        self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
+        self.split_q6_k = self._declare(library.paw_split_q6_k, [_PTR, _PTR, _I64, _I64, _PTR])
+        self._q6_k_amx_product = library.paw_q6_k_amx_product
+        self._q6_k_amx_product.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
+        self._q6_k_amx_product.restype = ctypes.c_int
+        library.paw_amx_available.restype = ctypes.c_int
+        self._use_avx512 = library.paw_use_avx512
+        self._use_avx512.argtypes, self._use_avx512.restype = [ctypes.c_int], ctypes.c_int
+        self.avx512 = self.use_avx512(True)
+        """Whether the AVX-512 VNNI kernels (one-row Q6_K, eight-output Q4_0/Q8_0) run here, else the AVX2 ones."""
+        self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
+        """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
+
+    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int, threads: int) -> None:
+        """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
+        if self._q6_k_amx_product(x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    @property
+    def instructions(self) -> str:
+        """The instruction sets the products run on here, for reports: "AMX, AVX-512 VNNI", "AVX2" ..."""
+        return ", ".join(name for name, used in (("AMX", self.amx), ("AVX-512 VNNI", self.avx512)) if used) or "AVX2"
+
+    def use_avx512(self, allowed: bool) -> bool:
+        """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
+        return bool(self._use_avx512(int(allowed)))
+
+    def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int, target: _Out, work: int) -> None:
+        """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
+        threads = _threads(out, work)
+        if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    def float_product(
+        self, weight: int, f16: bool, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
+    ) -> None:
+        """`float_product`: x [rows, width] times F32 (or, `f16`, f16) weights [out, width] with llama.cpp's dots of `lanes`
+        lanes (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out` puts them."""
+        target = _Out(*into)
+        self.run(_FLOAT, [weight, x, ctypes.addressof(target)], [int(f16), rows, width, int(tiled), lanes], out, rows * out * width)
+
+    def run(self, kernel: int, pointers: list[int], integers: list[int], count: int, work: int, value: float = 0.0) -> None:
+        """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8
+        or float products) is large enough to pay for the hand-off."""
+        args = _Args((_PTR * 10)(*pointers), (_I64 * 10)(*integers), value)
+        self._run(kernel, ctypes.byref(args), count, _threads(count, work))
+
+    @staticmethod
+    def _declare(
+        function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]
+    ) -> Callable[..., None]:
+        function.argtypes = arguments  # type: ignore[attr-defined]  # ctypes function pointers take these attributes
+        function.restype = None  # type: ignore[attr-defined]
+        return function
+
+
+def _threads(count: int, work: int) -> int:
+    """Threads for a kernel over `count` outputs doing `work` products: torch's count where it pays for the hand-off."""
+    return min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
+
+
+@functools.cache
+def native_kernels() -> NativeKernels | None:
+    """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
+    if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
+        return None
+    target = default_cache_dir() / ".pawfn-derived" / "kernels" / f"ggml-{build_key()}.so"  # `pawfn cache clear` removes it
+    failure = None
+    if not target.exists():
+        failure = build_kernels(target)
+    if failure is None:
+        try:
+            return NativeKernels(ctypes.CDLL(str(target)))
+        except (OSError, AttributeError) as error:
+            failure = str(error)
+    warnings.warn(
+        f"pawfn: numerics='llamacpp' runs on its torch emulation (the same tokens on quantized matrices, several times "
+        f"slower; F32/F16 matrices in torch's order): "
+        f"its C kernels could not be built ({failure})",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return None
+
+
+_workspaces = threading.local()
+
+
+def _workspace(size: int) -> torch.Tensor:
+    """A reused int32 buffer of at least `size` values for this thread: a fresh one per product page-faulted
+    ~1 ms of a prompt's every tiled product in (the block sums of a 79-token prompt take 8 MB)."""
+    buffer: torch.Tensor | None = getattr(_workspaces, "buffer", None)
+    if buffer is None or buffer.numel() < size:
+        buffer = torch.empty(size, dtype=torch.int32)
+        _workspaces.buffer = buffer
+    return buffer[:size]
+
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int8 [m, k] times int8 [k, n] (into `out` where given), summed exactly in int32 (torch's oneDNN int8 GEMM: AMX
+    or VNNI where the CPU has them; private but stable API)."""
+    product: torch.Tensor = torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
+    return product
+
+
+def _prepack(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 [N, K] weight reordered for `_qlinear` (torch's oneDNN quantized-linear op; private but stable)."""
+    packed: torch.Tensor = torch.ops.onednn.qlinear_prepack(weight, None)
+    return packed
+
+
+@functools.cache
+def _unit_scales(width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ones(width, dtype=torch.float32), torch.zeros(width, dtype=torch.int64)
+
+
+def _qlinear(shifted: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """Exact sums of (shifted - 128) x weight as float32 [M, N] (below 2**22 here: exact): scales 1, zero point 128.
+    Without VNNI oneDNN adds pairs of u8 x s8 products in int16; |weight| <= 64 keeps them from saturating."""
+    result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
+    return result
+
+
+@functools.cache
+def _qlinear_is_exact() -> bool:
+    """Whether this torch's oneDNN gives `_qlinear` exact sums here, tried on the extremes the split weights and the
+    Q8_K codes reach (any ISA path that rounded or saturated them would show); False where the ops are missing."""
+    weight = torch.tensor([[64, -64, 63, 0] * 64, [-64, 64, 0, 63] * 64, [63] * 256, [-64] * 256], dtype=torch.int8)
+    codes = torch.tensor([[127, -127, 127, -127] * 64, [-127] * 256, [127] * 256] + [[5, -3, 0, 127] * 64] * 14, dtype=torch.int8)
+    try:
+        ones, zeros = _unit_scales(4)
+        found = _qlinear(codes.view(torch.uint8) ^ 0x80, _prepack(weight), ones, zeros)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.equal(found, (codes.double() @ weight.double().t()).float()))
+
+
+def _ptr(tensor: torch.Tensor) -> int:
+    return tensor.data_ptr()
+
+
+def native_attention(
+    kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor, values: torch.Tensor, width: int
+) -> torch.Tensor:
+    """`ggml.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
+    the sequence's own [KV, L, D] (f16 views whose rows are contiguous), as one cache. Returns [n, H * D]."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    kv_heads, own = keys.shape[0], keys.shape[1]
+    for view in (keys, values) + (prefix or ()):
+        if view.dtype != torch.float16 or view.stride(2) != 1 or view.stride(1) != dim:
+            raise ValueError("attention needs f16 keys and values with contiguous rows")
+    prefix_keys, prefix_values = prefix if prefix is not None else (keys, values)
+    prefix_length = prefix_keys.shape[1] if prefix is not None else 0
+    length = prefix_length + own
+    padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; padded positions weigh 0
+    scale = _attention_scale(dim)
+    out = torch.empty((n, heads * dim), dtype=torch.float32)
+    kernels.run(
+        _ATTENTION,
+        [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
+        [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
+        heads,
+        n * heads * length * dim,
+        scale,
+    )
+    return out
+
+
+@functools.cache
+def _attention_scale(dim: int) -> float:
+    """`1.0f / sqrtf(dim)`: the square root correctly rounded (from float64), the division in float32."""
+    return float(torch.div(torch.tensor(1.0), torch.sqrt(torch.tensor(float(dim), dtype=torch.float64)).float()))
+
+
+def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml.ggml_expf` in C."""
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    kernels.expf(_ptr(x), _ptr(y), x.numel(), width)
+    return y
+
+
+LIBM_OPS = {"expf": 0, "logf": 1, "sigmoid": 2, "softplus": 3}
+"""`paw_libm`'s functions: the C library's `expf`, `logf`, and ggml's sigmoid and softplus written with them."""
+
+
+def native_libm(kernels: NativeKernels, function: str, x: torch.Tensor) -> torch.Tensor:
+    """`function` (a `LIBM_OPS` name) of every value of x, in C."""
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    kernels.libm(LIBM_OPS[function], _ptr(x), _ptr(y), x.numel())
+    return y
+
+
+def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """`hybrid.ggml_ssm_conv` in C: window [channels, K - 1 + T], kernel [channels, K] -> [T, channels]."""
+    window, kernel = window.float().contiguous(), kernel.float().contiguous()
+    channels, taps = kernel.shape
+    steps = window.shape[1] - taps + 1
+    out = torch.empty((steps, channels), dtype=torch.float32)
+    kernels.ssm_conv(_ptr(window), _ptr(kernel), _ptr(out), channels, taps, steps)
+    return out
+
+
+def native_gated_delta_net(
+    kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`hybrid.ggml_gated_delta_net` in C (the heads split across threads)."""
+    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    columns = state.float().transpose(1, 2).contiguous()  # ggml's layout, updated in place
+    steps, heads, size = v.shape
+    out = torch.empty_like(v)
+    pointers = [_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(columns), _ptr(out)]
+    kernels.run(_DELTA_NET, pointers, [steps, heads, size, width], heads, steps * heads * size * size * 4)
+    return out, columns.transpose(1, 2).contiguous()
+
+
+def _cache_views(keys: torch.Tensor, values: torch.Tensor) -> int:
+    """The head stride of f16 cache views [KV, L, D] with contiguous rows (keys' and values' alike)."""
+    dim = keys.shape[2]
+    rows_contiguous = all(view.dtype == torch.float16 and view.stride(2) == 1 and view.stride(1) == dim for view in (keys, values))
+    if not rows_contiguous or keys.stride(0) != values.stride(0):
+        raise ValueError("flash attention needs f16 keys and values with contiguous rows and one head stride")
+    return keys.stride(0)
+
+
+def native_flash_online(
+    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, last: int, scale: float, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`hybrid._online` in C: q [n, H, D], the last n of the cache's L positions, over cells [first, last)."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    stride = _cache_views(keys, values)
+    accumulated = torch.empty_like(q)
+    high, total = torch.empty((n, heads), dtype=torch.float32), torch.empty((n, heads), dtype=torch.float32)
+    integers = [stride, n, heads, keys.shape[0], dim, keys.shape[1] - n, first, last, width]
+    pointers = [_ptr(q), _ptr(keys), _ptr(values), _ptr(accumulated), _ptr(high), _ptr(total)]
+    kernels.run(_FLASH_ONLINE, pointers, integers, n * heads, n * heads * keys.shape[1] * dim, scale)
+    return accumulated, high, total
+
+
+def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, width: int) -> torch.Tensor:
+    """`hybrid._tiled` in C: q [n, H, D], the last n of the cache's L positions; returns [n, H, D]."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    out = torch.empty_like(q)
+    integers = [_cache_views(keys, values), n, heads, keys.shape[0], dim, keys.shape[1] - n, keys.shape[1], width]
+    kernels.run(_FLASH_TILED, [_ptr(q), _ptr(keys), _ptr(values), _ptr(out)], integers, heads, n * heads * keys.shape[1] * dim, scale)
+    return out
+
+
+def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis."""
+    x = x.float().contiguous()
+    weight = weight.float().contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    kernels.rms_norm(_ptr(x), _ptr(weight), _ptr(y), x.numel() // n, n, eps)
+    return y
+
+
+def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`ggml.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
+    x = x.float().contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    y = torch.empty_like(x)
+    kernels.rope_neox(_ptr(x), _ptr(cos), _ptr(sin), _ptr(y), x.shape[0], x.shape[1], x.shape[2])
+    return y
+
+
+def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml.ggml_silu_mul` in C."""
+    gate, up = gate.float().contiguous(), up.float().contiguous()
+    y = torch.empty_like(gate)
+    kernels.swiglu(_ptr(gate), _ptr(up), _ptr(y), gate.numel(), width)
+    return y
+
+
+@dataclass
+class NativeBlockMatrix:
+    """A quantized `[out, in]` GGUF matrix kept as its codes, multiplied by the C kernels as llama.cpp does."""
+
+    kind: Literal["q4_0", "q8_0", "q6_k"]
+    codes: torch.Tensor
+    """Q6_K: the blocks' codes as stored (low nibbles, then high bit pairs), uint8 [out, blocks, 192]; Q4_0/Q8_0:
+    signed codes int8 [out, blocks, 32]."""
+    scale: torch.Tensor
+    """Per block f16 scale as float32, [out, blocks]."""
+    sub_scales: torch.Tensor | None
+    """Q6_K: int8 sub-block scales [out, blocks, 16]."""
+    repacked: bool = False
+    """A Q4_0 base weight llama.cpp repacks (see `ggml.BlockMatrix.repacked`)."""
+    kernels: NativeKernels | None = None
+    split: torch.Tensor | None = None
+    """Q6_K matrices multiplied 8 rows at a time or more (base layers): each signed code times its sub-block scale
+    as `64 * high + low`, int8 [blocks, 2 * out, 256] (the highs, then the lows), so the tiled kernel's exact block
+    sums come from one int8 GEMM per block."""
+    packed: tuple[torch.Tensor, ...] | None = None
+    """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
+    amx: bool = False
+    """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
+    makes each block's weights into tiles from the codes and gives the exact block sums and the float steps, so no
+    `split` is kept (2 bytes a weight) and no float32 block sums are written and read back."""
+    _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _by_eights: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def out_features(self) -> int:
+        """Output width."""
+        return int(self.codes.shape[0])
+
+    def prepack(self) -> None:
+        """Reorder `split`'s blocks once for oneDNN's int8 GEMM (`onednn::qlinear_prepack`): unpacked, every prompt
+        reordered them again, about half of its GEMMs' time. Keeps `split` where torch has no such op."""
+        if self.split is None:
+            return
+        if not _qlinear_is_exact():
+            return
+        try:
+            packed = tuple(_prepack(self.split[block]) for block in range(self.split.shape[0]))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            return
+        self.packed, self.split = packed, None
+
+    def _eights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Q4_0/Q8_0 codes grouped by eight outputs for the `q0_eights` kernel, [out/8, blocks, 8 lanes, 8 outputs, 4],
+        and their scales [out/8, blocks, 8]; None where the outputs are not a multiple of 8."""
+        out, blocks = self.codes.shape[0], self.codes.shape[1]
+        if out % 8 != 0:
+            return None
+        if self._by_eights is None:
+            codes = self.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
+            scales = self.scale.reshape(out // 8, 8, blocks).transpose(1, 2).contiguous()
+            self._by_eights = (codes, scales)
+        return self._by_eights
+
+    def _scale_t(self) -> torch.Tensor:
+        """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
+        if self._scales_by_block is None:
+            self._scales_by_block = self.scale.t().contiguous()
+        return self._scales_by_block
+
+    def _kernels(self) -> NativeKernels:
+        if self.kernels is None:
+            raise RuntimeError("a NativeBlockMatrix needs its kernels")
+        return self.kernels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
+        return self._product(x, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
+        return self._product(x, tiled=False)
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
+        """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
+        tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS
+        if tiled and self._tiled_sums() or y.dtype != torch.float32 or y.stride(-1) != 1:
+            y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
+            return
+        self._product(x, tiled, into=y, alpha=alpha)
+
+    def _product(self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
+        """The product, or (`into`) `into += product * alpha` in place, the product and the scaling rounded apart."""
+        kernels = self._kernels()
+        x = x.float().contiguous()
+        rows, width = x.shape
+        out = self.out_features
+        if tiled and self.amx:
+            return self._tiled_amx(kernels, x)
+        if tiled and self._tiled_sums():
+            return self._tiled_int8(kernels, x)
+        y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
+        codes, sub = self.codes, self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: unread
+        eights = None if self.kind == "q6_k" or self.repacked else self._eights()
+        if self.kind == "q6_k":
+            kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
+        elif self.repacked:
+            kernel = _Q4_0_REPACKED
+        elif eights is None:
+            kernel = _Q0_ROWS
+        else:
+            kernel = _Q0_EIGHTS
+            codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
+        target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
+        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
+        return y
+
+    def _tiled_sums(self) -> bool:
+        """Whether tiled products take their block sums from integer GEMMs or tiles (base layers) rather than the
+        one-call C kernel."""
+        return self.split is not None or self.packed is not None or self.amx
+
+    def _tiled_amx(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
+        """The tiled Q6_K kernel in one C call on AMX tiles (`amx`)."""
+        rows, width = x.shape
+        out = self.out_features
+        y = torch.empty((rows, out), dtype=torch.float32)
+        assert self.sub_scales is not None
+        kernels.q6_k_amx_product(
+            _ptr(x),
+            rows,
+            width,
+            _ptr(self.codes),
+            _ptr(self.sub_scales),
+            _ptr(self._scale_t()),
+            out,
+            _ptr(y),
+            _threads(out // 16, rows * out * width),
+        )
+        return y
+
+    def _tiled_int8(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
+        """The tiled Q6_K kernel with its exact block sums from int8 GEMMs, then the float steps in C."""
+        rows, width = x.shape
+        out, blocks = self.out_features, self.scale.shape[1]
+        y = torch.empty((rows, out), dtype=torch.float32)
+        codes = torch.empty((rows, width), dtype=torch.int8)
+        x_scale = torch.empty((rows, blocks), dtype=torch.float32)
+        sums = torch.empty((rows, blocks, 16), dtype=torch.int16)
+        kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
+        if self.packed is not None:
+            # the codes as uint8 less 128 (oneDNN's u8 x s8 GEMM with a zero point): exact integer sums, as float32
+            shifted = (codes.view(torch.uint8) ^ 0x80).reshape(rows, blocks, 256)
+            ones, zeros = _unit_scales(2 * out)
+            sums_by_block = [_qlinear(shifted[:, block], packed, ones, zeros) for block, packed in enumerate(self.packed)]
+        else:  # int32 sums (below 2**22), made float32 exactly
+            assert self.split is not None
+            parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
+            blocked = codes.reshape(rows, blocks, 256)
+            sums_by_block = [int8_mm(blocked[:, block], self.split[block].t(), parts[block]).float() for block in range(blocks)]
+        pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
+        kernels.run(
+            _Q6_K_FLOAT_PARTS,
+            [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
+            [rows, out, blocks],
+            out,
+            rows * out * blocks * 64,
+        )
+        return y
+
+
+def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
+    """Matrices that read the same input joined by output rows, or None where their kinds or widths differ. Exact:
+    every kernel here computes each output on its own, so a joined product equals its parts side by side."""
+    first = parts[0]
+    alike = all(
+        part.kind == first.kind
+        and part.repacked == first.repacked
+        and part.codes.shape[1:] == first.codes.shape[1:]
+        and (part.sub_scales is None) == (first.sub_scales is None)
+        and (part.split is None) == (first.split is None)
+        and part.amx == first.amx
+        for part in parts
+    )
+    if not alike or any(part.packed is not None for part in parts):
+        return None
+    sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
+    split = None
+    if first.split is not None:  # [blocks, 2 * out, 256]: the joined highs, then the joined lows
+        width = [p.out_features for p in parts]
+        highs = [p.split[:, :w] for p, w in zip(parts, width, strict=True) if p.split is not None]
+        lows = [p.split[:, w:] for p, w in zip(parts, width, strict=True) if p.split is not None]
+        split = torch.cat(highs + lows, dim=1)
+    return NativeBlockMatrix(
+        first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub, first.repacked, first.kernels, split, amx=first.amx
+    )

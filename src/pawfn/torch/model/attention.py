@@ -1,0 +1,161 @@
+"""Attention over a sequence's own KV cache and its program's shared prefix, merged by log-sum-exp."""
+
+from __future__ import annotations
+
+import math
+import torch
+import torch.nn.functional as F
+
+from .families import Architecture
+from ..ggml.blocks import ggml_attention
+from ..ggml.hybrid import ggml_flash_attention
+from ..ggml.c_kernels import NativeKernels, native_attention
+from .kvcache import KVCache
+
+__all__ = [
+    "LLAMACPP_BATCH",
+    "attend",
+    "attend_batched",
+    "attend_llamacpp",
+    "attend_llamacpp_flash",
+    "llamacpp_batches",
+    "attention_by_matmul",
+    "merge_attention",
+    "partial_attention",
+]
+
+
+def attend(
+    arch: Architecture, cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Store k/v [new, kv_heads, D] at slots `slot...` of `cache`, then attend q [new, heads, D] over the cache's own
+    slots (additive `mask`) and its program's prefix, read in place, merged: [new, heads * D]."""
+    end = cache.store(layer, slot, k, v)
+    queries = _grouped(arch, q)
+    out, lse = partial_attention(arch, queries, cache.keys[layer][None, :, :end], cache.values[layer][None, :, :end], mask)
+    prefix = cache.prefix
+    if prefix is not None and prefix.length:
+        shared = partial_attention(arch, queries, prefix.keys[layer][None], prefix.values[layer][None], None)
+        out = merge_attention(*shared, out, lse)
+    return _ungrouped(arch, out)
+
+
+def attend_batched(
+    arch: Architecture, rows: list[tuple[KVCache, int]], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """Store each row's k/v [1, kv_heads, D] at its (cache, slot) in `rows`, then attend every row's query
+    (q [n, heads, D]) over its program's prefix and its own positions in one fused kernel: the keys of all rows
+    padded to the longest, a mask hiding the padding. [n, heads * D]; not row-exact (the kernel rounds by shape)."""
+    lengths: list[tuple[int, int]] = []
+    for i, (cache, slot) in enumerate(rows):  # (prefix length, own length)
+        lengths.append((cache.offset, cache.store(layer, slot, k[i : i + 1], v[i : i + 1])))
+    n, longest = len(rows), max(shared + own for shared, own in lengths)
+    keys = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
+    values = q.new_zeros((n, arch.n_kv_heads, longest, arch.head_dim))
+    visible = torch.zeros((n, 1, 1, longest), dtype=torch.bool, device=q.device)
+    for i, ((cache, _), (shared, own)) in enumerate(zip(rows, lengths, strict=True)):
+        if shared:
+            assert cache.prefix is not None
+            keys[i, :, :shared] = cache.prefix.keys[layer]
+            values[i, :, :shared] = cache.prefix.values[layer]
+        keys[i, :, shared : shared + own] = cache.keys[layer][:, :own]
+        values[i, :, shared : shared + own] = cache.values[layer][:, :own]
+        visible[i, ..., : shared + own] = True
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=visible, scale=1.0 / math.sqrt(arch.head_dim), enable_gqa=True)
+    return out.reshape(n, arch.n_heads * arch.head_dim)
+
+
+def attend_llamacpp(
+    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels | None
+) -> torch.Tensor:
+    """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes, on the C `kernels` where
+    given); the prefix's KV joins the cache's."""
+    end = cache.store(layer, slot, k, v)
+    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
+    prefix = cache.prefix
+    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+    if kernels is not None:
+        return native_attention(kernels, q, shared, keys, values, width)
+    if shared is not None:
+        keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
+    return ggml_attention(q, keys, values, width)
+
+
+LLAMACPP_THREADS = 2
+"""Threads the official vision runtime gives llama.cpp (its flash attention splits one row's cells by them)."""
+LLAMACPP_BATCH = 128
+"""Tokens the official vision runtime gives llama.cpp a batch (`n_batch`, so also its micro-batches)."""
+
+
+def llamacpp_batches(n_tokens: int) -> list[int]:
+    """The row counts of the batches llama.cpp evaluates `n_tokens` tokens of one chunk in."""
+    return [min(LLAMACPP_BATCH, n_tokens - start) for start in range(0, n_tokens, LLAMACPP_BATCH)]
+
+
+def attend_llamacpp_flash(
+    cache: KVCache,
+    layer: int,
+    slot: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    width: int,
+    kernels: NativeKernels | None,
+    batches: list[int],
+) -> torch.Tensor:
+    """`attend_llamacpp` with flash attention, as the official vision runtime runs it (`ggml_flash_attention`): the
+    rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
+    cells used, padded to 256). The sequence starts at position 0 (no prefix)."""
+    end = cache.store(layer, slot, k, v)
+    outputs: list[torch.Tensor] = []
+    first = 0
+    for rows in batches:
+        stop = end - q.shape[0] + first + rows
+        cells = max(256, -(-stop // 256) * 256)
+        keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
+        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, width, kernels))
+        first += rows
+    return torch.cat(outputs)
+
+
+def _grouped(arch: Architecture, q: torch.Tensor) -> torch.Tensor:
+    """Queries [n, heads, D] as [1, n_kv_heads, group * n, D]: the query heads that share a KV head are rows of
+    one block, so K and V are never copied per head."""
+    n, group = q.shape[0], arch.n_heads // arch.n_kv_heads
+    return q.transpose(0, 1).reshape(1, arch.n_kv_heads, group * n, arch.head_dim)
+
+
+def _ungrouped(arch: Architecture, out: torch.Tensor) -> torch.Tensor:
+    """`_grouped`'s inverse for attention outputs: [1, n_kv_heads, group * n, D] as [n, heads * D]."""
+    n = out.shape[2] * arch.n_kv_heads // arch.n_heads
+    return out.reshape(arch.n_heads, n, arch.head_dim).transpose(0, 1).reshape(n, arch.n_heads * arch.head_dim)
+
+
+def partial_attention(
+    arch: Architecture, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of `queries` [1, kv_heads, m, D] over some positions (`keys`/`values` [1, kv_heads, L, D],
+    additive `mask` [m, L]): the output [1, kv_heads, m, D] and its log-sum-exp [1, kv_heads, m] for `merge_attention`."""
+    scale = 1.0 / math.sqrt(arch.head_dim)
+    if queries.device.type == "cpu":  # torch's fused CPU kernel (what scaled_dot_product_attention runs), with its lse
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, 0.0, False, attn_mask=mask, scale=scale)
+        return out, lse
+    return attention_by_matmul(queries, keys, values, mask, scale)
+
+
+def attention_by_matmul(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`partial_attention` in plain products, in float32 (other devices: torch has no public kernel that gives the
+    log-sum-exp)."""
+    scores = torch.matmul(queries.float(), keys.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values.float()).to(queries.dtype), lse
+
+
+def merge_attention(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint sets of positions, joined into attention over both: the outputs weighted by
+    each set's share of the softmax mass, exp(lse1) / (exp(lse1) + exp(lse2)) for the first."""
+    return torch.lerp(out2, out1, torch.sigmoid(lse1 - lse2).unsqueeze(-1).to(out1.dtype))

@@ -1,0 +1,191 @@
+"""The base's matrices ready to multiply: plain `F.linear` in the compute dtype, or (CPU, `PawConfig.weight_dtype`)
+fbgemm's kernels over matrices packed once at load: float16 weights with float32 activations (near-exact), or
+int8 per-row weights with activations quantized to 8 bits per call (prompts) or per row (decode steps;
+fastest, lossy).
+
+Decode steps multiply through `Matrix.rows`, whose every output row depends on its own input row only, bit for
+bit, however many rows share the call: a row decoded in a batch then gets exactly the tokens it gets alone.
+
+A matrix is first *compressed* (its stored form: float16 values, or int8 values and one float32 scale per row;
+what the converted-weights file holds) and then *packed* for the kernel (fbgemm's own layout, built per process).
+Both are exact per row, so concatenating rows (fused q/k/v) before or after either step gives the same values.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ...core.errors import ConfigError
+from ...core.options import WeightDType
+
+__all__ = ["Matrix", "check_kernel", "cpu_flags", "compress", "concat_stored", "pack", "plain", "stored_names"]
+
+_INT8_LIMIT = 127.0
+_TINY = torch.finfo(torch.float32).tiny
+_SCALE = ".scale"
+
+
+class Matrix:
+    """`x @ W.T (+ bias)` for one base matrix (or several fused by rows): plain, or packed for fbgemm."""
+
+    def __init__(self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None) -> None:
+        self.weight = weight
+        """The plain weight `[out, in]`; None when packed."""
+        self._packed = packed
+        self.kind = kind
+        """``plain``, ``float16`` or ``int8``."""
+        self.bias = bias
+        self._int8_range = _INT8_LIMIT if kind != "int8" or not _reduce_range() else 63.0
+        self._ends: torch.Tensor | None = None
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """`self(x)` computed so that each output row is bit-identical to that row multiplied alone.
+
+        Plain: one row per product (MKL's float32 GEMM rounds differently by row count; padding every product to
+        a fixed 8 rows would be exact too, but made a lone Qwen3-0.6B decode step ~14 ms slower). float16: fbgemm's
+        fp16 kernel already is. int8: each row is quantized with its own scale to integers; fbgemm then multiplies
+        integers exactly (int32 sums), since an extra row holding the range's ends makes its per-call quantization
+        the identity."""
+        if self.weight is not None:
+            if x.shape[0] == 1:
+                return F.linear(x, self.weight, self.bias)
+            return torch.cat([F.linear(x[i : i + 1], self.weight, self.bias) for i in range(x.shape[0])])
+        if self.kind == "float16":
+            return self(x)
+        top = self._int8_range
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY) / top
+        ends = self._range_row(x)
+        integers = torch.empty((x.shape[0] + 1, x.shape[1]), dtype=x.dtype, device=x.device)
+        torch.div(x, scale, out=integers[:-1]).round_()
+        integers[-1] = ends
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(integers, self._packed, _reduce_range())[:-1] * scale
+        return y if self.bias is None else y + self.bias
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
+        """`y += alpha * self(x)` in place (`self.rows(x)` if `by_rows`); a plain matrix adds inside its product
+        (one pass over `y` instead of three: LoRA side paths are thin products with wide outputs)."""
+        if self.weight is None or self.bias is not None:
+            y += (self.rows(x) if by_rows else self(x)) * alpha
+            return
+        weight = self.weight.t()
+        if not by_rows or x.shape[0] == 1:
+            y.addmm_(x, weight, alpha=alpha)
+            return
+        for i in range(x.shape[0]):  # a row per product, like `rows`
+            y[i : i + 1].addmm_(x[i : i + 1], weight, alpha=alpha)
+
+    def _range_row(self, x: torch.Tensor) -> torch.Tensor:
+        """A row holding -(top+1) and top: with it, the call's range is [-(top+1), top], so scale 1, zero point top+1."""
+        ends = self._ends
+        if ends is None or ends.shape[0] != x.shape[1]:
+            ends = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+            ends[0], ends[-1] = -self._int8_range - 1, self._int8_range
+            self._ends = ends
+        return ends
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None:
+            return F.linear(x, self.weight, self.bias)
+        if self.kind == "float16":
+            y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+        else:
+            y = torch.ops.quantized.linear_dynamic(x, self._packed, _reduce_range())
+        return y if self.bias is None else y + self.bias
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags of the first CPU in /proc/cpuinfo; empty where there are none (the backends stay
+    independent: `pawfn.llamacpp.cpu` reads them on its own, with the standard library only)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+@functools.cache
+def _reduce_range() -> bool:
+    """fbgemm's int8 kernel sums pairs of u8*s8 products in int16 on CPUs without VNNI, which can saturate;
+    7-bit activations avoid that there (a little less precise). With VNNI the sums are int32."""
+    return not cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
+def check_kernel(weight_dtype: WeightDType, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse a `weight_dtype` that cannot run on `device` with compute `dtype`, naming the fix."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ConfigError(
+            f"weight_dtype={weight_dtype!r} runs on the CPU with dtype='float32' (fbgemm's kernels), not on "
+            f"{device.type} with {dtype}; on a GPU use dtype='float16' or 'bfloat16' instead"
+        )
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ConfigError(f"weight_dtype={weight_dtype!r} needs torch's fbgemm kernels (x86 CPUs); leave weight_dtype unset")
+    names = ("linear_prepack_fp16", "linear_dynamic_fp16") if weight_dtype == "float16" else ("linear_prepack", "linear_dynamic")
+    for name in names:
+        try:
+            getattr(torch.ops.quantized, name)
+        except (AttributeError, RuntimeError) as exc:
+            raise ConfigError(
+                f"weight_dtype={weight_dtype!r} needs torch.ops.quantized.{name}, which this torch {torch.__version__} "
+                "lacks; leave weight_dtype unset (float32) or install torch 2.13"
+            ) from exc
+    if weight_dtype == "int8":
+        # torch warns once per process that quantized tensors are deprecated: take that warning here, on one
+        # thread, so packing (on several threads, where filtering warnings is not thread-safe) never shows it
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            _per_row_quantized(torch.zeros((1, 1), dtype=torch.int8), torch.ones(1))
+
+
+def stored_names(name: str, weight_dtype: WeightDType) -> tuple[str, ...]:
+    """The stored tensors of matrix `name`."""
+    return (name,) if weight_dtype == "float16" else (name, name + _SCALE)
+
+
+def compress(name: str, weight: torch.Tensor, weight_dtype: WeightDType) -> dict[str, torch.Tensor]:
+    """The stored form of float32 matrix `weight` `[out, in]`: float16 values, or int8 values with a per-row scale
+    (symmetric, the row's largest magnitude maps to 127)."""
+    if weight_dtype == "float16":
+        return {name: weight.to(torch.float16)}
+    scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / _INT8_LIMIT
+    values = torch.round(weight / scale.unsqueeze(1)).clamp_(-_INT8_LIMIT, _INT8_LIMIT).to(torch.int8)
+    return {name: values, name + _SCALE: scale}
+
+
+def concat_stored(parts: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str], weight_dtype: WeightDType) -> dict[str, torch.Tensor]:
+    """Stored forms of matrices `names` joined by rows, under the first name (fused q/k/v, gate/up)."""
+    joined = {names[0]: torch.cat([part[name] for part, name in zip(parts, names, strict=True)])}
+    if weight_dtype == "int8":
+        joined[names[0] + _SCALE] = torch.cat([part[name + _SCALE] for part, name in zip(parts, names, strict=True)])
+    return joined
+
+
+def pack(name: str, stored: Mapping[str, torch.Tensor], weight_dtype: WeightDType, bias: torch.Tensor | None) -> Matrix:
+    """Matrix `name` packed for its fbgemm kernel from its stored form."""
+    if weight_dtype == "float16":
+        return Matrix(None, torch.ops.quantized.linear_prepack_fp16(stored[name].float(), None), "float16", bias)
+    values, scale = stored[name], stored[name + _SCALE]
+    return Matrix(None, torch.ops.quantized.linear_prepack(_per_row_quantized(values, scale), None), "int8", bias)
+
+
+def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The quantized tensor fbgemm's int8 packing takes (torch marks these deprecated; the kernel takes nothing
+    else yet, and `check_kernel` names the fix once the ops are gone)."""
+    return torch._make_per_channel_quantized_tensor(  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]  # the one way to build it
+        values, scale.to(torch.float64), torch.zeros(values.shape[0], dtype=torch.long), 0
+    )
+
+
+def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+    """Matrix `weight` multiplied with `F.linear` in its own dtype."""
+    return Matrix(weight, None, "plain", bias)
