@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.programs import TinyProgram
 from pawfn import BundleError, PawError
-from pawfn import bundle as bundle_module
+from pawfn.formats import bundle as bundle_module
 from pawfn.formats.bundle import PromptTemplate, open_bundle
 
 
