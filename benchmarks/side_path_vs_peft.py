@@ -85,7 +85,7 @@ def main() -> None:
 
     codec = TextCodec(Tokenizer(models.BPE()), {}, 0, "benchmark")
     weights = BaseWeights(source=Path("random"), architecture=arch, family=Qwen3Family(), codec=codec, tensors=tensors)
-    engine = TorchInterpreter(weights, torch.device("cpu"), torch.float32)
+    engine = TorchInterpreter.load(weights, torch.device("cpu"), torch.float32)
 
     rng = np.random.default_rng(0)
     pairs: dict[str, LoraPair] = {}

@@ -16,15 +16,14 @@ from tests.helpers.programs import TinyProgram, torch_program
 
 TORCH_BACKEND = Path(__file__).resolve().parents[1] / "src" / "pawfn" / "torch"
 MODE_TEST = re.compile(r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|ggml_kernels\s+is\b|llamacpp_width|\._llamacpp\b""")
-STORAGE = {"loading.py", "lora.py"}  # weights/: where a matrix is kept as blocks or floats
-"""Where the weights and adapters are kept as each arithmetic multiplies them (blocks or float): decided at load
-from the arithmetic's name until the loaders return device weights of their own (issue 37, point 3)."""
+"""A comparison with a numerics mode's name, or a test of the C kernels by an old name: only `arithmetic.py` makes
+them (the loaders keep weights and adapters by the arithmetic's type: `functools.singledispatch`)."""
 
 
 def test_no_module_but_the_arithmetic_asks_which_mode_runs() -> None:
     found: list[str] = []
     for source in sorted(TORCH_BACKEND.rglob("*.py")):
-        if source.name in STORAGE | {"arithmetic.py"}:
+        if source.name == "arithmetic.py":
             continue
         for number, line in enumerate(source.read_text().splitlines(), 1):
             if MODE_TEST.search(line):

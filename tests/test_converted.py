@@ -13,7 +13,8 @@ import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.core.options import WeightDType
-from pawfn.torch.engine.network import TorchInterpreter
+from pawfn.torch.weights import loading
+from pawfn.torch.weights.loading import DeviceWeights
 from pawfn.torch.engine.program import TorchProgram
 from pawfn.torch.weights.reader import BaseWeights
 from tests.helpers.programs import TinyProgram
@@ -30,15 +31,13 @@ class _Conversions:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        convert = TorchInterpreter._convert  # pyright: ignore[reportPrivateUsage]  # a spy on the conversion step
+        convert = loading._convert  # pyright: ignore[reportPrivateUsage]  # a spy on the conversion step
 
-        def counted(
-            interpreter: TorchInterpreter, weights: BaseWeights, weight_dtype: WeightDType, matrix_names: list[str], progress: bool | None
-        ) -> dict[str, torch.Tensor]:
+        def counted(loaded: DeviceWeights, weights: BaseWeights, weight_dtype: WeightDType, progress: bool | None) -> dict[str, torch.Tensor]:
             self.count += 1
-            return convert(interpreter, weights, weight_dtype, matrix_names, progress)
+            return convert(loaded, weights, weight_dtype, progress)
 
-        monkeypatch.setattr(TorchInterpreter, "_convert", counted)
+        monkeypatch.setattr(loading, "_convert", counted)
 
 
 def _tokens(program: TinyProgram, base: Path, weight_dtype: WeightDType, check: Callable[[TorchProgram], bool] | None = None) -> tuple[int, ...]:
@@ -144,6 +143,6 @@ def test_a_hugging_face_folder_base_converts_and_stores_too(
     """No GGUF to decode embedding rows from: the table is stored float16 with the rest, and read back."""
 
     def table_kept(runtime: TorchProgram) -> bool:
-        return "token_embd.weight" in runtime.base.interpreter.tensors
+        return "token_embd.weight" in runtime.base.interpreter.weights.tensors
 
     _converted_once(gpt2_program, gpt2_program.interpreter.hf_dir, weight_dtype, _Conversions(monkeypatch), table_kept)

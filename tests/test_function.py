@@ -291,7 +291,7 @@ def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qw
         expected: list[int] = []
         for _ in range(12):
             token = int(torch.argmax(logits).item())
-            if token == interpreter.codec.eos_id:
+            if token == interpreter.weights.codec.eos_id:
                 break
             expected.append(token)
             logits = interpreter.forward([token], len(ids), cache, runtime.device_adapter)

@@ -83,6 +83,6 @@ def test_the_default_gives_llama_cpps_tokens_on_float_bases(family: str, base_ty
         expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")
         with PawFn.specialize(model, Torch).from_path(program.folder, base=base) as function:
             found = [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in INPUTS]
-            matrices = torch_program(function).base.interpreter.matrices.values()
+            matrices = torch_program(function).base.interpreter.weights.matrices.values()
             assert all(isinstance(m, NativeFloatMatrix) for m in matrices) or native_kernels() is None
         assert found == expected, program.adapter.name

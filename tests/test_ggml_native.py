@@ -19,7 +19,7 @@ from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.formats.adapter import read_lora_adapter
 from pawfn.torch.engine import network
 from pawfn.torch.ggml import build as ggml_build
-from pawfn.torch.weights import loading
+from pawfn.torch.model import arithmetic
 from pawfn.torch.ggml.blocks import (
     block_matrix,
     ggml_attention,
@@ -222,10 +222,10 @@ def test_the_engine_computes_the_same_logits_on_both(monkeypatch: pytest.MonkeyP
     fixture = load_trained("qwen3")
     runs: list[list[torch.Tensor]] = []
     for choice in (kernels, None):
-        monkeypatch.setattr(loading, "native_kernels", lambda choice=choice: choice)
+        monkeypatch.setattr(arithmetic, "native_kernels", lambda choice=choice: choice)
         weights = read_base_weights(fixture.base("q6_k"), fixture.model)
-        interpreter = network.TorchInterpreter(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
-        assert (interpreter.ggml_kernels is None) == (choice is None)
+        interpreter = network.TorchInterpreter.load(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
+        assert (interpreter.arithmetic.kernels is None) == (choice is None)
         adapter = interpreter.attach(read_lora_adapter(fixture.adapter_q4_0, fixture.model))
         cache = interpreter.new_cache()
         cache.begin(interpreter.prefill_prefix(list(range(40, 70)), adapter, cache))
@@ -319,7 +319,7 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in cpu_flags())
         assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
-    monkeypatch.setattr(loading, "native_kernels", lambda: None)
+    monkeypatch.setattr(arithmetic, "native_kernels", lambda: None)
     ModelRegistry.clear()
     with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine

@@ -33,7 +33,7 @@ def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qw
     second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
     shared = torch_program(first).base
     assert torch_program(second).base is shared and shared.users == 2
-    weights = weakref.ref(shared.interpreter.tensors["output_norm.weight"])
+    weights = weakref.ref(shared.interpreter.weights.tensors["output_norm.weight"])
     interpreter = weakref.ref(shared.interpreter)
     first_prefix = weakref.ref(torch_program(first).prefix_state.keys[0])
     del shared

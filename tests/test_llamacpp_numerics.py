@@ -327,7 +327,7 @@ def test_llamacpp_numerics_on_quantized_tiny_bases(ftype: str, quantized_bases: 
 
 
 def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Path) -> None:
-    from pawfn.torch.weights.loading import check_llamacpp_numerics
+    from pawfn.torch.model.arithmetic import check_llamacpp_numerics
 
     check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
     with pytest.raises(ConfigError, match="numerics='llamacpp' cannot run: it runs on the CPU"):
@@ -337,11 +337,11 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
 
 
 def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch.weights import loading
+    from pawfn.torch.model import arithmetic
 
-    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
+    monkeypatch.setattr(arithmetic, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
     with pytest.raises(ConfigError, match="x86 CPU kernels"):
-        loading.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
+        arithmetic.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
 
 
 def test_numerics_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -269,7 +269,7 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
     config = PawConfig(numerics="llamacpp", n_ctx=1024)
     try:
         with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=config) as function:
-            assert (torch_program(function).base.interpreter.ggml_kernels is None) == (kernels == "torch")
+            assert (torch_program(function).base.interpreter.arithmetic.kernels is None) == (kernels == "torch")
             assert _tokens(function, LLAMACPP_TEXTS) == expected
             batched = function.generate_batch(LLAMACPP_TEXTS[:3], RuntimeOptions(max_tokens=MAX_TOKENS))
             assert [list(g.token_ids) for g in batched] == expected[:3]  # rows stepped together, each as alone

@@ -54,13 +54,13 @@ def test_fp16_kernel_equals_float32_on_rounded_weights(family: str, request: pyt
             yield name, array.astype(np.float16).astype(np.float32) if matrix else array
 
     plain_weights = BaseWeights(weights.source, weights.architecture, weights.family, built(weights.codec), rounded, weights.shapes)
-    plain = TorchInterpreter(plain_weights, torch.device("cpu"), torch.float32)
-    assert plain.tied
-    output = plain.tensors["token_embd.weight"].to(torch.float16).to(torch.float32)
-    plain.matrices["output.weight"] = kernels.plain(output, None)  # tied: the output matrix is rounded too
-    compact = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype="float16")
-    assert {matrix.kind for matrix in compact.matrices.values()} == {"float16"} and "output.weight" in compact.matrices
-    assert "token_embd.weight" in compact.rows and "token_embd.weight" not in compact.tensors  # decoded from the file
+    plain = TorchInterpreter.load(plain_weights, torch.device("cpu"), torch.float32)
+    assert plain.weights.tied
+    output = plain.weights.tensors["token_embd.weight"].to(torch.float16).to(torch.float32)
+    plain.weights.matrices["output.weight"] = kernels.plain(output, None)  # tied: the output matrix is rounded too
+    compact = TorchInterpreter.load(weights, torch.device("cpu"), torch.float32, weight_dtype="float16")
+    assert {matrix.kind for matrix in compact.weights.matrices.values()} == {"float16"} and "output.weight" in compact.weights.matrices
+    assert "token_embd.weight" in compact.weights.rows and "token_embd.weight" not in compact.weights.tensors  # decoded from the file
     no_lora = DeviceAdapter({})
     ids = weights.codec.encode("Urgent: the server is down! Please help.", parse_special=False)
     plain_cache, compact_cache = plain.new_cache(), compact.new_cache()
@@ -182,14 +182,14 @@ def test_fused_matrices_change_no_bit(
     model = _model(program)
     weights = read_base_weights(program.interpreter.gguf_path, model)
     adapter = read_lora_adapter(program.adapter, model)
-    fused = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
+    fused = TorchInterpreter.load(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
 
     def no_groups(self: Family, arch: Architecture) -> list[tuple[str, ...]]:
         return []
 
     monkeypatch.setattr(type(weights.family), "fused_groups", no_groups)
-    separate = TorchInterpreter(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
-    assert bool(fused.groups) == (family == "qwen3") and not separate.groups
+    separate = TorchInterpreter.load(weights, torch.device("cpu"), torch.float32, weight_dtype=weight_dtype)
+    assert bool(fused.weights.groups) == (family == "qwen3") and not separate.weights.groups
     ids = weights.codec.encode("Urgent: the server is down! Please help.", parse_special=False)
     fused_adapter, separate_adapter = fused.attach(adapter), separate.attach(adapter)
     assert bool(fused_adapter.groups) == (family == "qwen3")

@@ -17,12 +17,15 @@ import torch.nn.functional as F
 
 from ...formats.adapter import LoraAdapter
 from ...core.errors import BaseModelError
+from ...core.options import Numerics, WeightDType
 from ..model.arithmetic import Arithmetic
 from ..model.attention import llamacpp_batches
 from ..model.families.base import RecurrentUpdate
 from ..model.kvcache import KVCache, PrefixState
 from ..model.packed import Matrix
-from ..weights.loading import LoadedBase, Product
+from ..weights.converted import ConvertedStore
+from ..weights.loading import DeviceWeights, Product, load_device_weights
+from ..weights.reader import BaseWeights
 from ..weights.lora import DeviceAdapter, attach
 
 __all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
@@ -46,13 +49,34 @@ class StepRow:
     adapter: DeviceAdapter
 
 
-class TorchInterpreter(LoadedBase):
-    """Base weights of one interpreter on one device and the passes that run them; read-only, shared by every
-    program and model copy."""
+class TorchInterpreter:
+    """The network: a base's weights on the device, its family's blocks and its arithmetic, composed into the passes
+    that run them; read-only, shared by every program and model copy."""
+
+    def __init__(self, weights: DeviceWeights) -> None:
+        self.weights = weights
+        self.architecture = weights.architecture
+        self.family = weights.family
+        self.arithmetic: Arithmetic = weights.arithmetic
+        self.device = weights.device
+        self.dtype = weights.dtype
+
+    @classmethod
+    def load(
+        cls,
+        weights: BaseWeights,
+        device: torch.device,
+        dtype: torch.dtype,
+        weight_dtype: WeightDType | None = None,
+        numerics: Numerics = "native",
+        store: ConvertedStore | None = None,
+    ) -> TorchInterpreter:
+        """`weights` read onto `device` for the arithmetic `numerics` names (`load_device_weights`), as a network."""
+        return cls(load_device_weights(weights, device, dtype, False, weight_dtype, store, numerics))
 
     def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
         """Check `adapter` against these weights and move it to the device."""
-        return attach(self, adapter)
+        return attach(self.weights, adapter)
 
     def new_cache(self) -> KVCache:
         """An empty KV cache for this interpreter, in its arithmetic's KV dtype (llama.cpp's: f16, as the official runtime's)."""
@@ -80,12 +104,12 @@ class TorchInterpreter(LoadedBase):
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device)
         cache.reserve(cache.slot(start) + len(token_ids))
-        ops = _ForwardPass(self, adapter, cache, cache.slot(start), llamacpp_batches(len(token_ids)))
+        ops = _ForwardPass(self.weights, adapter, cache, cache.slot(start), llamacpp_batches(len(token_ids)))
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
-        return ops.multiply(self.matrices["output.weight"], last)[0].float()
+        return ops.multiply(self.weights.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
     def forward_with_images(self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
@@ -115,7 +139,7 @@ class TorchInterpreter(LoadedBase):
                 position, n_slots = position + len(part), n_slots + len(part)
         positions = torch.cat(sections)
         cache.reserve(cache.slot(start) + n_slots)
-        ops = _ForwardPass(self, adapter, cache, cache.slot(start), batches)
+        ops = _ForwardPass(self.weights, adapter, cache, cache.slot(start), batches)
         hidden = torch.cat(
             [
                 piece if isinstance(piece, torch.Tensor) else self.family.embed(ops, torch.tensor(piece[0], device=self.device), piece[1])
@@ -126,7 +150,7 @@ class TorchInterpreter(LoadedBase):
             hidden = self.family.block(ops, layer, hidden, positions)
         cache.shift += n_slots - (position - start)
         last = self.family.final_norm(ops, hidden[-1:])
-        return ops.multiply(self.matrices["output.weight"], last)[0].float()
+        return ops.multiply(self.weights.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
     def step(self, rows: list[StepRow], batch_invariant: bool = True) -> torch.Tensor:
@@ -141,28 +165,28 @@ class TorchInterpreter(LoadedBase):
         positions = torch.tensor([row.position for row in rows], dtype=torch.long, device=self.device)
         for row in rows:
             row.cache.reserve(row.cache.slot(row.position) + 1)
-        ops = _StepPass(self, rows, invariant)
+        ops = _StepPass(self.weights, rows, invariant)
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
             hidden = self.family.block(ops, layer, hidden, positions)
-        return ops.multiply(self.matrices["output.weight"], self.family.final_norm(ops, hidden)).float()
+        return ops.multiply(self.weights.matrices["output.weight"], self.family.final_norm(ops, hidden)).float()
 
 
 class _Pass:
     """What every pass's `Ops` share: the base's tensors, embeddings, norms, one rotary table per pass, and the
     linear layers with their side paths, taken per segment of rows of one program (`multiply` multiplies)."""
 
-    def __init__(self, interpreter: LoadedBase, segments: list[tuple[int, int | None, DeviceAdapter]]) -> None:
-        self.architecture = interpreter.architecture
-        self._interpreter = interpreter
-        self._tensors = interpreter.tensors
-        self._matrices = interpreter.matrices
-        self._groups = interpreter.groups
+    def __init__(self, weights: DeviceWeights, segments: list[tuple[int, int | None, DeviceAdapter]]) -> None:
+        self.architecture = weights.architecture
+        self._weights = weights
+        self._tensors = weights.tensors
+        self._matrices = weights.matrices
+        self._groups = weights.groups
         self._segments = segments
         """Runs of rows of one program: (start, end or None for all, adapter)."""
         self._rotation: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.arithmetic: Arithmetic = interpreter.arithmetic
-        self._biases_after = interpreter.biases_after
+        self.arithmetic: Arithmetic = weights.arithmetic
+        self._biases_after = weights.biases_after
 
     _by_rows = False
     """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
@@ -211,13 +235,13 @@ class _Pass:
         return self._tensors[name]
 
     def embedding(self, ids: torch.Tensor, name: str) -> torch.Tensor:
-        rows = self._interpreter.rows.get(name)
+        rows = self._weights.rows.get(name)
         if rows is not None:
             decoded = rows(ids)
             if not bool(torch.isfinite(decoded).all()):  # rows decoded on demand were not checked at load
                 raise BaseModelError(None, f"base tensor {name} holds non-finite values (NaN or infinity); the file is damaged")
-            return decoded.to(self._interpreter.dtype)
-        return F.embedding(ids, self._tensors[name]).to(self._interpreter.dtype)
+            return decoded.to(self._weights.dtype)
+        return F.embedding(ids, self._tensors[name]).to(self._weights.dtype)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self.arithmetic.swiglu(gate, up)
@@ -238,7 +262,7 @@ class _Pass:
         return self.arithmetic.rotate(x, *self._rotation)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        frequencies = self._interpreter.rope_frequencies
+        frequencies = self._weights.rope_frequencies
         if frequencies is None:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no rotary embedding")
         return self.arithmetic.rotation_table(self.architecture, frequencies, positions, dtype)
@@ -247,8 +271,8 @@ class _Pass:
 class _ForwardPass(_Pass):
     """The `Ops` of one forward pass: the shared weights, one program's adapter and one sequence's KV cache."""
 
-    def __init__(self, interpreter: LoadedBase, adapter: DeviceAdapter, cache: KVCache, slot: int, batches: list[int]) -> None:
-        super().__init__(interpreter, [(0, None, adapter)])
+    def __init__(self, weights: DeviceWeights, adapter: DeviceAdapter, cache: KVCache, slot: int, batches: list[int]) -> None:
+        super().__init__(weights, [(0, None, adapter)])
         self._cache = cache
         self._slot = slot
         """The first new token's slot in the cache."""
@@ -273,14 +297,14 @@ class _StepPass(_Pass):
     Batch-invariant, every product goes through `Matrix.rows` and attention runs per row, so a row's numbers never
     depend on the other rows; else products and attention take all rows at once."""
 
-    def __init__(self, interpreter: LoadedBase, rows: list[StepRow], invariant: bool) -> None:
+    def __init__(self, weights: DeviceWeights, rows: list[StepRow], invariant: bool) -> None:
         segments: list[tuple[int, int | None, DeviceAdapter]] = []
         for index, row in enumerate(rows):
             if segments and segments[-1][2] is row.adapter:
                 segments[-1] = (segments[-1][0], index + 1, row.adapter)
             else:
                 segments.append((index, index + 1, row.adapter))
-        super().__init__(interpreter, segments)
+        super().__init__(weights, segments)
         self._rows = rows
         self._by_rows = invariant
 

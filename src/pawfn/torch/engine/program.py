@@ -11,7 +11,7 @@ from ...formats.adapter import LoraAdapter, read_lora_adapter
 from ...core.config import EngineSettings
 from ...core.errors import BaseModelError, ProgramClosedError
 from ...core.models import InterpreterModel
-from ...core.options import ResolvedNumerics, RuntimeOptions
+from ...core.options import Numerics, ResolvedNumerics, RuntimeOptions
 from ...core.images import Image
 from ...calls.prompt import Argument, image_prompt
 from ...calls.runtime import CallInput, DecodeCounters, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
@@ -20,7 +20,7 @@ from ..model.arithmetic import requested_arithmetic
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from ..weights.converted import ConvertedStore
 from ..model.kvcache import PrefixState
-from ..weights.loading import torch_dtype
+from ..weights.loading import load_device_weights, torch_dtype
 from ..weights.lora import DeviceAdapter
 from .network import TorchInterpreter
 from .prefix_store import PrefixStore
@@ -38,6 +38,48 @@ def _check_device(device: str) -> torch.device:
     if device == "mps" and not torch.backends.mps.is_available():
         raise BaseModelError(None, "device 'mps' asked for, but torch has no MPS support here; use device='cpu'")
     return torch.device(device)
+
+
+def _use_cores(threads: int | None, device: torch.device) -> None:
+    if threads is not None:
+        set_threads(threads)  # process-wide: only when the caller asked for it
+    elif device.type == "cpu":
+        share_cores()  # the cores other processes leave idle (see `FreeCores`)
+
+
+def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings, device: torch.device, numerics: Numerics) -> SharedBase:
+    """The base `files` name on `device`, loaded on the compute thread by the first program that asks, with one
+    more user (pair it with `ModelRegistry.release`)."""
+    source, dtype, weight_dtype = str(files.base.resolve()), config.dtype, config.weight_dtype
+    key = BaseKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=numerics)
+
+    def load() -> TorchInterpreter:
+        weights = read_base_weights(files.base, model)
+        store = None
+        if weight_dtype is not None and files.base_derived_dir is not None:
+            store = ConvertedStore.for_base(files.base_derived_dir, files.base, weight_dtype)
+        loaded = on_compute_thread(load_device_weights, weights, device, torch_dtype(dtype), config.progress, weight_dtype, store, numerics)
+        return TorchInterpreter(loaded)
+
+    return ModelRegistry.acquire(key, load, config.max_model_copies, config.max_batch_rows)
+
+
+def _prefix(base: SharedBase, files: ProgramFiles, config: EngineSettings, prefix_ids: list[int], adapter: DeviceAdapter) -> PrefixState:
+    """The program's prefix evaluated on `base`: from its stored KV beside the program where it was kept, else
+    evaluated on a free model copy (and stored)."""
+    interpreter, device = base.interpreter, base.interpreter.device
+    store = None
+    if files.derived_dir is not None and files.adapter_path is not None:
+        mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
+        mode += interpreter.arithmetic.prefix_tag
+        store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
+    prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
+    if prefix is None:
+        with base.acquire() as copy:
+            prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, adapter, copy.cache)
+        if store is not None:
+            on_compute_thread(store.save, prefix)
+    return prefix
 
 
 class TorchProgram(PromptRuntime):
@@ -70,42 +112,15 @@ class TorchProgram(PromptRuntime):
         adapter = LoraAdapter.none() if files.adapter_path is None else read_lora_adapter(files.adapter_path, model)
         device = _check_device(config.device)
         numerics, batch_invariant = requested_arithmetic(config.numerics, config.batch_invariant, device.type)
-        if config.threads is not None:
-            set_threads(config.threads)  # process-wide: only when the caller asked for it
-        elif device.type == "cpu":
-            share_cores()  # the cores other processes leave idle (see `FreeCores`)
-        key = BaseKey(
-            model=model, source=str(files.base.resolve()), device=str(device), dtype=config.dtype, weight_dtype=config.weight_dtype, numerics=numerics
-        )
-
-        def load() -> TorchInterpreter:
-            weights = read_base_weights(files.base, model)
-            store = None
-            if config.weight_dtype is not None and files.base_derived_dir is not None:
-                store = ConvertedStore.for_base(files.base_derived_dir, files.base, config.weight_dtype)
-            return on_compute_thread(
-                TorchInterpreter, weights, device, torch_dtype(config.dtype), config.progress, config.weight_dtype, store, numerics
-            )
-
+        _use_cores(config.threads, device)
         with contextlib.ExitStack() as on_error:
-            base = ModelRegistry.acquire(key, load, config.max_model_copies, config.max_batch_rows)
+            base = _shared_base(model, files, config, device, numerics)
             on_error.callback(ModelRegistry.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            prompt = files.prompt(interpreter.codec, n_ctx, model.whole_prompt, cached_prefix=not interpreter.arithmetic.whole_prompts)
+            prompt = files.prompt(interpreter.weights.codec, n_ctx, model.whole_prompt, cached_prefix=not interpreter.arithmetic.whole_prompts)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
-            prefix_ids = prompt.prefix_ids
-            store = None
-            if files.derived_dir is not None and files.adapter_path is not None:
-                mode = config.dtype if config.weight_dtype is None else f"{config.dtype}+{config.weight_dtype}-weights"
-                mode += interpreter.arithmetic.prefix_tag
-                store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
-            prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
-            if prefix is None:
-                with base.acquire() as copy:
-                    prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, device_adapter, copy.cache)
-                if store is not None:
-                    on_compute_thread(store.save, prefix)
+            prefix = _prefix(base, files, config, prompt.prefix_ids, device_adapter)
             projector = None if files.projector is None or model.image_tokens is None else (files.projector, model.image_tokens)
             on_error.pop_all()
         trim_heap()
@@ -121,7 +136,7 @@ class TorchProgram(PromptRuntime):
     @property
     def numerics(self) -> ResolvedNumerics:
         """The arithmetic the calls run (`PawConfig.numerics`, with `auto` decided at the base's load)."""
-        return self.base.interpreter.numerics
+        return self.base.interpreter.arithmetic.numerics
 
     @property
     def decode_counters(self) -> DecodeCounters | None:
@@ -137,7 +152,8 @@ class TorchProgram(PromptRuntime):
         if self._base is None:
             return None
         interpreter = self._base.interpreter
-        stored = "" if interpreter.weight_dtype is None else f", {interpreter.weight_dtype} weights"
+        weight_dtype = interpreter.weights.weight_dtype
+        stored = "" if weight_dtype is None else f", {weight_dtype} weights"
         return interpreter.arithmetic.describe(f"{str(interpreter.dtype).removeprefix('torch.')}{stored}", interpreter.device.type)
 
     @property

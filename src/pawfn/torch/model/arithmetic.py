@@ -7,24 +7,40 @@ other module asks which mode runs; what differs between the modes is here, side 
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ...core.errors import ConfigError
-from ...core.options import Numerics, ResolvedNumerics
+from ...core.options import Numerics, ResolvedNumerics, WeightDType
 from .attention import attend, attend_batched, attend_llamacpp, attend_llamacpp_flash
 from .delta_rule import delta_rule, l2_normalized
 from .families import Architecture
+from .families.base import Family
 from ..ggml.blocks import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from ..ggml.hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
 from ..ggml.floats import NativeFloatMatrix
-from ..ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_rms_norm, native_rope, native_swiglu
-from .packed import Matrix
+from ..ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_kernels, native_rms_norm, native_rope, native_swiglu
+from .packed import Matrix, cpu_flags
 from .kvcache import KVCache
 
-__all__ = ["Arithmetic", "LlamaCppArithmetic", "Product", "TorchArithmetic", "requested_arithmetic"]
+__all__ = [
+    "Arithmetic",
+    "LlamaCppArithmetic",
+    "Product",
+    "TorchArithmetic",
+    "check_llamacpp_numerics",
+    "llamacpp_numerics_problem",
+    "open_arithmetic",
+    "requested_arithmetic",
+    "simd_width",
+]
+
+_LOG = logging.getLogger("pawfn")
 
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """Queries [T, heads, D], keys and values [T, KV heads, D] of new rows."""
@@ -47,6 +63,8 @@ class Arithmetic:
     compute them. `LlamaCppArithmetic` overrides what llama.cpp computes otherwise."""
 
     numerics: ResolvedNumerics = "native"
+    kernels: NativeKernels | None = None
+    """The C kernels it runs on (llama.cpp's arithmetic where they built; None: torch's own, or the emulation)."""
     row_exact = False
     """Every decode step row by row whatever `batch_invariant` asks (llama.cpp computes each call alone)."""
     keeps_last_row = False
@@ -173,7 +191,7 @@ class LlamaCppArithmetic(Arithmetic):
 
     def __init__(self, width: int, kernels: NativeKernels | None, flash: bool) -> None:
         self.width = width
-        self.kernels = kernels
+        self.kernels: NativeKernels | None = kernels
         self.flash = flash
         self.whole_prompts = flash  # its flash attention follows its batches, which start at each call's first token
         self.prefix_tag = f"+llamacpp-numerics-{width}-lanes"  # it follows the CPU's vector width: a shared cache may span CPUs
@@ -252,3 +270,73 @@ class LlamaCppArithmetic(Arithmetic):
             y += side * torch.tensor(scale, dtype=torch.float32)
             return
         b.accumulate(y, projected, scale, by_rows)
+
+
+def simd_width() -> int:
+    """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
+    return 16 if "avx512f" in cpu_flags() else 8
+
+
+def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> str | None:
+    """Why llama.cpp's arithmetic cannot run with these settings on this machine (None: it can)."""
+    if device.type != "cpu" or dtype != torch.float32 or weight_dtype is not None:
+        return (
+            f"it runs on the CPU with dtype='float32' and no weight_dtype (it emulates llama.cpp's CPU arithmetic), not on "
+            f"{device.type} with {str(dtype).removeprefix('torch.')}{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}"
+        )
+    if not {"avx2", "fma"} <= cpu_flags():
+        return (
+            "it reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and /proc/cpuinfo lists neither here "
+            "(an ARM CPU's llama.cpp rounds differently; other systems are not read)"
+        )
+    return None
+
+
+def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> None:
+    """Refuse `numerics="llamacpp"` where it cannot run, naming the fix."""
+    problem = llamacpp_numerics_problem(device, dtype, weight_dtype)
+    if problem is not None:
+        raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; drop those options or use numerics='native'")
+
+
+def _family_problem(family: Family, head_dim: int, width: int, source: Path) -> str | None:
+    if not family.llamacpp_numerics:
+        return f"it does not cover the {family.name} family's operations yet"
+    if head_dim % width:  # llama.cpp then leaves tinyBLAS for other loops
+        return f"it needs an attention head size that is a multiple of {width} on this CPU, and {source}'s is {head_dim}"
+    return None
+
+
+def open_arithmetic(
+    numerics: Numerics,
+    family: Family,
+    head_dim: int,
+    source: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    weight_dtype: WeightDType | None,
+    held: Callable[[], str],
+) -> Arithmetic:
+    """The arithmetic for a base read from `source` (`PawConfig.numerics`, decided here): `auto` takes llama.cpp's for
+    every GGUF base where it can run (F32 files too: llama.cpp still quantizes a quantized adapter's inputs and keeps
+    an f16 cache) and torch's for Hugging Face folders, which llama.cpp does not read, and where llama.cpp's cannot
+    run, said once in the log with why (`held()`: the file's matrix types, for that line); `llamacpp` is refused
+    where it cannot run."""
+    width = simd_width()
+    problem = llamacpp_numerics_problem(device, dtype, weight_dtype) or _family_problem(family, head_dim, width, source)
+    if numerics == "llamacpp":
+        check_llamacpp_numerics(device, dtype, weight_dtype)
+        if problem is not None:
+            raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; use numerics='native'")
+    elif numerics == "native" or source.is_dir():
+        return TorchArithmetic()
+    elif problem is not None:
+        _LOG.info(
+            "numerics auto: %s holds %s matrices, but llama.cpp's arithmetic cannot run (%s): running torch's, whose tokens "
+            "may differ from the official runtime's on some inputs",
+            source.name,
+            held(),
+            problem,
+        )
+        return TorchArithmetic()
+    return LlamaCppArithmetic(width, native_kernels(), family.llamacpp_flash_attention)

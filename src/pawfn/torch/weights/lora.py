@@ -1,8 +1,9 @@
 """A program's LoRA adapter on the device: side paths y += scale * b(a(x)), checked against the base and packed
-as the base's mode multiplies them."""
+as the base's arithmetic multiplies them."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -13,8 +14,9 @@ from ...core.errors import AdapterError
 from ..ggml.blocks import block_matrix
 from ..ggml.floats import float_matrix
 from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
+from ..model.arithmetic import Arithmetic, LlamaCppArithmetic
 from ..model.packed import Matrix, pack, plain
-from .loading import LoadedBase, Product
+from .loading import DeviceWeights, Product
 
 __all__ = ["DeviceAdapter", "GroupLora", "LoraWeights", "attach"]
 
@@ -57,9 +59,8 @@ class DeviceAdapter:
         self.groups.clear()
 
 
-def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
-    """Check `adapter` against `base`'s weights and move it to their device, packed as `base`'s mode multiplies."""
-    pairs: dict[str, LoraWeights] = {}
+def attach(base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
+    """Check `adapter` against `base`'s weights and move it to their device, kept as `base`'s arithmetic multiplies."""
     for name, pair in adapter.pairs.items():
         shape = base.shapes.get(name)
         if shape is None or len(shape) != 2:
@@ -71,18 +72,16 @@ def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
                 f"{name}: lora_a {pair.a_half.shape} / lora_b {pair.b_half.shape} do not fit the base weight "
                 f"[{out_features}, {in_features}]; the adapter was made for another model size",
             )
+    return _side_paths(base.arithmetic, base, adapter)
+
+
+@functools.singledispatch
+def _side_paths(arithmetic: Arithmetic, base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
+    """Torch's arithmetic: float matrices (`a` packed in the compact modes); a group adapted throughout keeps its `a`
+    matrices joined, and only so."""
+    pairs: dict[str, LoraWeights] = {}
     groups: dict[tuple[str, ...], GroupLora] = {}
-    if base.numerics == "llamacpp":
-        for name, pair in adapter.pairs.items():
-            pairs[name] = LoraWeights(
-                a=_llamacpp_lora(base, pair.a_half, pair.quantized), b=_llamacpp_lora(base, pair.b_half, pair.quantized), scale=pair.scale
-            )
-        for group in base.groups:
-            joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
-            if joined_lora is not None:
-                groups[group] = joined_lora
-        return DeviceAdapter(pairs, groups)
-    for group in base.groups:  # a group adapted throughout keeps its `a` matrices joined, and only so
+    for group in base.groups:
         if all(name in adapter.pairs for name in group):
             joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
             groups[group] = GroupLora(
@@ -98,17 +97,32 @@ def attach(base: LoadedBase, adapter: LoraAdapter) -> DeviceAdapter:
     return DeviceAdapter(pairs, groups)
 
 
-def _llamacpp_lora(base: LoadedBase, half: LoraHalf, quantized: bool) -> Product:
-    """One half of a side path for `numerics="llamacpp"`: its blocks where the pair is quantized, else its F32 or F16
+@_side_paths.register
+def _(arithmetic: LlamaCppArithmetic, base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
+    """llama.cpp's arithmetic: each half as the file stores it; a fused group's `a` halves joined on the C kernels."""
+    pairs: dict[str, LoraWeights] = {}
+    for name, pair in adapter.pairs.items():
+        a, b = (_half(arithmetic, base, half, pair.quantized) for half in (pair.a_half, pair.b_half))
+        pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
+    groups: dict[tuple[str, ...], GroupLora] = {}
+    for group in base.groups:
+        joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
+        if joined_lora is not None:
+            groups[group] = joined_lora
+    return DeviceAdapter(pairs, groups)
+
+
+def _half(arithmetic: LlamaCppArithmetic, base: DeviceWeights, half: LoraHalf, quantized: bool) -> Product:
+    """One half of a side path in llama.cpp's arithmetic: its blocks where the pair is quantized, else its F32 or F16
     values on the C kernels, else float32 (the torch emulation: dequantized only then)."""
     if quantized:
-        matrix: Product | None = block_matrix(half.data, half.qtype, half.shape[0], native=base.ggml_kernels is not None)
+        matrix: Product | None = block_matrix(half.data, half.qtype, half.shape[0], native=arithmetic.kernels is not None)
     else:
-        matrix = float_matrix(half.data, half.qtype, half.shape[0], base.simd_width, base.ggml_kernels)
+        matrix = float_matrix(half.data, half.qtype, half.shape[0], arithmetic.width, arithmetic.kernels)
     return plain(base.on_device(half.values), None) if matrix is None else matrix
 
 
-def _lora_a(base: LoadedBase, weight: torch.Tensor) -> Matrix:
+def _lora_a(base: DeviceWeights, weight: torch.Tensor) -> Matrix:
     """A LoRA `a` matrix: plain in the exact mode; packed float16 in the compact ones (half of float32's memory,
     ~5 ms faster per Qwen3-0.6B decode step here). `b` matrices stay plain: fbgemm pads a packed matrix's
     64-wide input to its blocks (a packed `[3072, 64]` took 7.7x its float16 bytes)."""
@@ -118,7 +132,7 @@ def _lora_a(base: LoadedBase, weight: torch.Tensor) -> Matrix:
 
 
 def _joined_lora(members: list[LoraWeights], size: int) -> GroupLora | None:
-    """A fused group's side paths (`numerics="llamacpp"`, every one of its `size` members adapted) with their `a`
+    """A fused group's side paths (llama.cpp's arithmetic, every one of its `size` members adapted) with their `a`
     halves joined on the C kernels, or None where they cannot be."""
     a_halves = [lora.a for lora in members if isinstance(lora.a, NativeBlockMatrix)]
     blocks_b = all(isinstance(lora.b, NativeBlockMatrix) for lora in members)  # their accumulate rounds as llama.cpp
