@@ -27,7 +27,7 @@ invariant, numerics, bundles = sys.argv[8] == "on", sys.argv[9], sys.argv[10:]
 config = PawConfig(weight_dtype=weight_dtype, max_model_copies=max(concurrency, 1), max_batch_rows=max(concurrency, 1), batch_invariant=invariant)
 if backend is Torch:  # llama.cpp runs with no setting named but the copies: as the official SDK runs it
     config = config.with_options(numerics=numerics)
-programs = [PawFn[Qwen3_0_6B, backend].from_path(bundle, base=base, config=config) for bundle in bundles]
+programs = [PawFn[Qwen3_0_6B, backend].load_sync(bundle, base=base, config=config) for bundle in bundles]
 options = RuntimeOptions(max_tokens=max_tokens)
 for program in programs:
     program.generate(text, options)

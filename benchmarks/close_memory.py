@@ -27,7 +27,7 @@ def rss_mb():  # the anonymous part: mapped file pages come and go with the page
 bundle, base, mode = sys.argv[1:4]
 config = {"float32": PawConfig(numerics="native"), "int8": PawConfig(weight_dtype="int8"), "numerics": PawConfig(numerics="llamacpp")}[mode]
 before = rss_mb()
-program = PawFn[Qwen3_0_6B, Torch].from_path(bundle, base=base, config=config)
+program = PawFn[Qwen3_0_6B, Torch].load_sync(bundle, base=base, config=config)
 program.generate("hello", RuntimeOptions(max_tokens=4))
 loaded = rss_mb()
 program.close()

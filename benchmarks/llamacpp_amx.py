@@ -31,7 +31,7 @@ import json, sys, time
 from pawfn import LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions
 bundle, base, repack, runs = sys.argv[1], sys.argv[2], sys.argv[3] == "on", int(sys.argv[4])
 config = PawConfig.from_env(dtype="float16", llamacpp_repack=repack)  # f16 KV: llama-cpp-python's default
-with PawFn[Qwen3_0_6B, LlamaCpp].from_path(bundle, base=base, config=config) as program:
+with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(bundle, base=base, config=config) as program:
     options = RuntimeOptions(max_tokens=10)
     tokens = list(program.generate(sys.argv[5], options).token_ids)  # warm-up
     times = []

@@ -58,7 +58,7 @@ threads = int(sys.argv[4]) if sys.argv[4] != "0" else None
 weight_dtype = sys.argv[6] or None
 started = time.perf_counter()
 config = PawConfig(threads=threads, weight_dtype=weight_dtype, numerics=sys.argv[7])
-program = PawFn[Qwen3_0_6B, backend].from_path(sys.argv[2], base=sys.argv[3], config=config)
+program = PawFn[Qwen3_0_6B, backend].load_sync(sys.argv[2], base=sys.argv[3], config=config)
 loaded = time.perf_counter()
 result = program.generate(sys.argv[5], RuntimeOptions(max_tokens=10))
 print(json.dumps({"load_s": loaded - started, "call_ms": result.timings.total_ms, "prefix": result.prefix_tokens,

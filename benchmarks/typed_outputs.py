@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     print(llama_cpp_build())
-    with PawFn[Qwen3_0_6B, Torch].from_path(bundle, base=base, config=PawConfig()) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(bundle, base=base, config=PawConfig()) as function:
         codec = function.runtime._prompt.codec  # type: ignore[attr-defined]  # noqa: SLF001 - a benchmark's look inside
         started = time.perf_counter()
         _grammars(codec)

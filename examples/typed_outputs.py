@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--input", default="Urgent: the server is down!")
     args = parser.parse_args()
     options = RuntimeOptions(max_tokens=128)
-    with PawFn[Qwen3_0_6B, Torch].from_path(args.program, base=args.base) as program:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(args.program, base=args.base) as program:
         label: Literal["immediate", "later", "never"] = program.returning(Literal["immediate", "later", "never"]).run(args.input, options)
         urgent: bool = program.returning(bool).run(args.input, options)
         minutes: int = program.returning(int).run(args.input, options)

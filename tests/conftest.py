@@ -232,8 +232,8 @@ def server(
 def local_runs(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> Iterator[dict[str, PawFn[Qwen3_0_6B, Torch]]]:
     """The served programs loaded in this process: what the servers' answers must equal."""
     loaded = {
-        FIRST_ID: PawFn[Qwen3_0_6B, Torch].from_path(served_programs[0].archive, base=qwen3.hf_dir),
-        SECOND_ID: PawFn[Qwen3_0_6B, Torch].from_path(served_programs[1].archive, base=qwen3.hf_dir),
+        FIRST_ID: PawFn[Qwen3_0_6B, Torch].load_sync(served_programs[0].archive, base=qwen3.hf_dir),
+        SECOND_ID: PawFn[Qwen3_0_6B, Torch].load_sync(served_programs[1].archive, base=qwen3.hf_dir),
     }
     yield loaded
     for program in loaded.values():

@@ -135,7 +135,7 @@ def test_shape_that_does_not_fit_the_base(qwen3_program: TinyProgram, tmp_path: 
     write_adapter_gguf(path, "qwen3", pairs)
     bundle = write_bundle(tmp_path / "bundle", path, "Qwen/Qwen3-0.6B", qwen3_program.template)
     with pytest.raises(AdapterError, match=r"blk.0.attn_q.weight: .* do not fit the base weight \[128, 64\]"):
-        PawFn[Qwen3_0_6B, Torch].from_path(bundle, base=qwen3_program.interpreter.gguf_path, config=PawConfig())
+        PawFn[Qwen3_0_6B, Torch].load_sync(bundle, base=qwen3_program.interpreter.gguf_path, config=PawConfig())
 
 
 def test_adapter_layer_beyond_the_base(qwen3_program: TinyProgram, tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_adapter_layer_beyond_the_base(qwen3_program: TinyProgram, tmp_path: Pat
     write_adapter_gguf(path, "qwen3", pairs)
     bundle = write_bundle(tmp_path / "bundle", path, "Qwen/Qwen3-0.6B", qwen3_program.template)
     with pytest.raises(AdapterError, match="adapts blk.7.attn_q.weight, which the base model does not have"):
-        PawFn[Qwen3_0_6B, Torch].from_path(bundle, base=qwen3_program.interpreter.gguf_path)
+        PawFn[Qwen3_0_6B, Torch].load_sync(bundle, base=qwen3_program.interpreter.gguf_path)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0])

@@ -55,6 +55,6 @@ def test_a_loaded_base_runs_the_arithmetic_its_numerics_name(qwen3_program: Tiny
     base = qwen3_program.interpreter.gguf_path
     cases: list[tuple[ResolvedNumerics, type[Arithmetic]]] = [("native", TorchArithmetic), ("llamacpp", LlamaCppArithmetic)]
     for numerics, kind in cases:
-        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=PawConfig(numerics=numerics)) as function:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics=numerics)) as function:
             interpreter = torch_program(function).base.interpreter
             assert isinstance(interpreter.arithmetic, kind) and interpreter.arithmetic.numerics == numerics

@@ -27,7 +27,7 @@ def test_batched_steps_agree_with_row_exact_steps_on_trained_models(family: Fami
     found: dict[bool, list[list[int]]] = {}
     for invariant in (True, False):
         config = PawConfig(batch_invariant=invariant, weight_dtype=weight_dtype, max_batch_rows=8, numerics="native")  # torch's, both ways
-        with PawFn.specialize(fixture.model, Torch).from_path(fixture.program, base=fixture.base(OFFICIAL_BASE[family]), config=config) as function:
+        with PawFn.specialize(fixture.model, Torch).load_sync(fixture.program, base=fixture.base(OFFICIAL_BASE[family]), config=config) as function:
             scheduler = torch_program(function).base.scheduler
             steps, rows = scheduler.steps, scheduler.rows_stepped
             found[invariant] = [list(generation.token_ids) for generation in function.generate_batch(list(fixture.inputs), options)]

@@ -51,7 +51,7 @@ def test_bench_table(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[s
 def test_bench_calls_compute_what_plain_calls_compute(qwen3_program: TinyProgram) -> None:
     options = RuntimeOptions(max_tokens=6)
     inputs = ["hello", "Urgent: the server is down!", "the lazy dog"]
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
         plain = [program.generate(text, options).token_ids for text in inputs]
         _, generations = run_bench(program, inputs, options, runs=6, concurrency=3, load_s=0.0, reference="x")
     assert [g.token_ids for g in generations] == plain * 2

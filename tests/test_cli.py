@@ -22,7 +22,7 @@ from tests.helpers.tiny_models import TinyInterpreter
 
 
 def _expected(program: TinyProgram, text: str, max_tokens: int) -> tuple[str, tuple[int, ...]]:
-    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=program.interpreter.gguf_path, config=PawConfig()) as f:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(program.folder, base=program.interpreter.gguf_path, config=PawConfig()) as f:
         generation = f.generate(text, RuntimeOptions(max_tokens=max_tokens))
     return generation.text, generation.token_ids
 
@@ -277,7 +277,7 @@ def test_mismatch_names_the_model_class(gpt2_program: TinyProgram) -> None:
     from pawfn import InterpreterMismatchError
 
     with pytest.raises(InterpreterMismatchError, match=r"load it as PawFn\[GPT2, \.\.\.\] instead"):
-        PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+        PawFn[Qwen3_0_6B, Torch].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
 
 
 def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProgram, tmp_path: Path) -> None:

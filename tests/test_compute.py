@@ -51,7 +51,7 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
         return forward(self, token_ids, start, cache, adapter)
 
     monkeypatch.setattr(TorchInterpreter, "forward", recorded)
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
         options = RuntimeOptions(max_tokens=4)
         expected = program.generate("hello", options).token_ids
 
@@ -140,10 +140,10 @@ def test_a_cpu_program_shares_the_cores_unless_threads_are_set(qwen3_program: Ti
     """PawConfig.threads None: the thread count follows the idle cores; a number fixes it."""
     base = qwen3_program.interpreter.gguf_path
     try:
-        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=base) as program:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.archive, base=base) as program:
             assert sharing_cores()
             program.generate("hello", RuntimeOptions(max_tokens=3))
-        with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=base, config=PawConfig(threads=1)):
+        with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.archive, base=base, config=PawConfig(threads=1)):
             assert not sharing_cores() and on_compute_thread(torch.get_num_threads) == 1
     finally:
         set_threads(torch.get_num_threads())

@@ -44,7 +44,7 @@ def _tokens(program: TinyProgram, base: Path, weight_dtype: WeightDType, check: 
     """The program's tokens for INPUT in `weight_dtype` on `base`, after `check` holds for its runtime."""
     model = GPT2 if program.interpreter.family == "gpt2" else Qwen3_0_6B
     config = PawConfig(weight_dtype=weight_dtype)
-    with PawFn.specialize(model, Torch).from_path(program.folder, base=base, config=config) as loaded:
+    with PawFn.specialize(model, Torch).load_sync(program.folder, base=base, config=config) as loaded:
         runtime = loaded.runtime
         assert check is None or (isinstance(runtime, TorchProgram) and check(runtime))
         return loaded.generate(INPUT, RuntimeOptions(max_tokens=12)).token_ids

@@ -22,13 +22,13 @@ def test_cuda_float32_matches_cpu(name: str, request: pytest.FixtureRequest) -> 
     program: TinyProgram = request.getfixturevalue(name)
     kind = PawFn.specialize(_model(program), Torch)
     base = program.interpreter.gguf_path
-    with kind.from_path(program.folder, base=base) as cpu, kind.from_path(program.folder, base=base, config=PawConfig(device="cuda")) as gpu:
+    with kind.load_sync(program.folder, base=base) as cpu, kind.load_sync(program.folder, base=base, config=PawConfig(device="cuda")) as gpu:
         for text in INPUTS:
             assert gpu.generate(text, OPTIONS).token_ids == cpu.generate(text, OPTIONS).token_ids, text
 
 
 def test_cuda_bfloat16_runs(qwen3_program: TinyProgram) -> None:
     config = PawConfig(device="cuda", dtype="bfloat16", max_model_copies=2)
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.hf_dir, config=config) as f:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.hf_dir, config=config) as f:
         generation = f.generate(INPUTS[0], OPTIONS)
     assert len(generation.token_ids) == 24

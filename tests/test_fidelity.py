@@ -43,7 +43,7 @@ def test_the_llamacpp_backend_with_no_setting_is_the_official_runtime(family: Fa
     """`--backend llamacpp` with nothing named: the official SDK's configuration (f16 KV cache), so its tokens."""
     fixture = load_trained(family)
     expected = llama_tokens(fixture, OFFICIAL_BASE[family], fixture.adapter_q4_0)
-    with PawFn.specialize(fixture.model, LlamaCpp).from_path(fixture.program, base=fixture.base(OFFICIAL_BASE[family])) as function:
+    with PawFn.specialize(fixture.model, LlamaCpp).load_sync(fixture.program, base=fixture.base(OFFICIAL_BASE[family])) as function:
         found = [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in fixture.inputs]
     assert not differences(fixture.inputs, expected, found)
 

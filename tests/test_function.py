@@ -16,7 +16,9 @@ import torch
 from pawfn import (
     GPT2,
     Backend,
+    ArityError,
     BaseModelError,
+    ConfigError,
     ContextOverflowError,
     InterpreterMismatchError,
     InterpreterModel,
@@ -24,6 +26,7 @@ from pawfn import (
     ModelRegistry,
     PawConfig,
     PawFn,
+    Positional,
     ProgramClosedError,
     Qwen3_0_6B,
     RuntimeOptions,
@@ -45,7 +48,7 @@ INPUTS = ["Urgent: the server is down!", "hello", "I love this product", "", "th
 def qwen(qwen3_program: TinyProgram) -> Iterator[PawFn[Qwen3_0_6B, Torch]]:
     # A random model never says EOS: a small window keeps runs without max_tokens short.
     config = PawConfig(n_ctx=160)
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
         yield f
 
 
@@ -83,7 +86,7 @@ def test_type_arguments_are_checked() -> None:
 
 def test_unparameterized_load_is_refused(qwen3_program: TinyProgram) -> None:
     with pytest.raises(TypeError, match=r"use PawFn\[Qwen3_0_6B, Torch\]"):
-        PawFn.from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
+        PawFn.load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
 
 
 def test_markers_are_not_instantiated() -> None:
@@ -95,7 +98,7 @@ def test_markers_are_not_instantiated() -> None:
 
 def test_interpreter_mismatch_is_refused_before_weights_load(gpt2_program: TinyProgram, tmp_path: Path) -> None:
     with pytest.raises(InterpreterMismatchError, match="compiled for interpreter 'gpt2'.*loaded as Qwen3_0_6B") as info:
-        PawFn[Qwen3_0_6B, Torch].from_path(gpt2_program.folder, base=tmp_path / "never-read.gguf")
+        PawFn[Qwen3_0_6B, Torch].load_sync(gpt2_program.folder, base=tmp_path / "never-read.gguf")
     assert info.value.found == "gpt2" and info.value.expected == "Qwen/Qwen3-0.6B"
     assert ModelRegistry.load_count() == 0
 
@@ -155,7 +158,7 @@ def test_arun_decodes_off_the_event_loop(qwen: PawFn[Qwen3_0_6B, Torch], monkeyp
 def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copies: int) -> None:
     config = PawConfig(max_model_copies=copies)
     base = qwen3_program.interpreter.gguf_path
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base, config=config) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=config) as function:
         expected = {text: function.generate(text, GREEDY_24).token_ids for text in INPUTS}
 
         def run(text: str) -> tuple[str, tuple[int, ...]]:
@@ -170,17 +173,17 @@ def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copie
 
 def test_two_programs_share_one_base_and_keep_their_own_state(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
-    alone_a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+    alone_a = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base)
     expected_a = [alone_a.generate(t, GREEDY_24).token_ids for t in INPUTS]
     alone_a.close()
     ModelRegistry.clear()
-    alone_b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    alone_b = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program_q4.folder, base=base)
     expected_b = [alone_b.generate(t, GREEDY_24).token_ids for t in INPUTS]
     alone_b.close()
     ModelRegistry.clear()
 
-    first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
-    second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    first = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base)
+    second = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program_q4.folder, base=base)
     assert ModelRegistry.load_count() == 1
     assert torch_program(first).base is torch_program(second).base
     for index, text in enumerate(INPUTS):  # interleaved: no KV or adapter state leaks between programs
@@ -191,11 +194,11 @@ def test_two_programs_share_one_base_and_keep_their_own_state(qwen3_program: Tin
 
 def test_registry_keys(qwen3_program: TinyProgram) -> None:
     tiny = qwen3_program.interpreter
-    a = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path)
-    b = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.archive, base=tiny.gguf_path)
+    a = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=tiny.gguf_path)
+    b = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.archive, base=tiny.gguf_path)
     assert ModelRegistry.load_count() == 1
-    c = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.gguf_path, config=PawConfig(dtype="bfloat16"))
-    d = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=tiny.hf_dir)
+    c = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=tiny.gguf_path, config=PawConfig(dtype="bfloat16"))
+    d = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=tiny.hf_dir)
     assert ModelRegistry.load_count() == 3
     assert {key.dtype for key in ModelRegistry.loaded()} == {"float32", "bfloat16"}
     assert a.run_with("hello", GREEDY_24) == b.run_with("hello", GREEDY_24) == d.run_with("hello", GREEDY_24)
@@ -214,7 +217,7 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
     monkeypatch.setenv("PAW_CACHE_DIR", str(cache))
     with (
         PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror,
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as plain,
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as plain,
     ):
         assert type(mirror).model_type() is MirrorQwen
         assert mirror.run_with("hello", GREEDY_24) == plain.run_with("hello", GREEDY_24)
@@ -229,18 +232,18 @@ def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_
 
 def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: TinyInterpreter) -> None:
     with pytest.raises(BaseModelError, match="GGUF architecture is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=gpt2.gguf_path)
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=gpt2.gguf_path)
     with pytest.raises(BaseModelError, match="model_type is 'gpt2', but Qwen3_0_6B needs 'qwen3'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=gpt2.hf_dir)
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=gpt2.hf_dir)
     with pytest.raises(BaseModelError, match="this GGUF is a LoRA adapter"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.adapter)
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.adapter)
 
 
 def test_unavailable_device_is_a_clear_error(qwen3_program: TinyProgram) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(BaseModelError, match="torch sees no CUDA device; use device='cpu'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(device="cuda"))
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(device="cuda"))
 
 
 def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,7 +269,7 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
     monkeypatch.setattr(TorchInterpreter, "prefill_prefix", count_prefill)
     monkeypatch.setattr(TorchInterpreter, "forward", record_forward)
     monkeypatch.setattr(TorchInterpreter, "step", record_step)
-    function = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
+    function = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
     n_prefix = function.prefix_tokens
     forwards.clear()
     first = function.generate(INPUTS[0], RuntimeOptions(max_tokens=4))
@@ -300,7 +303,7 @@ def test_cached_prefix_gives_the_same_tokens_as_a_full_evaluation(qwen: PawFn[Qw
 
 
 def test_close_frees_the_adapter(qwen3_program: TinyProgram) -> None:
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as function:
         runtime = torch_program(function)
         assert runtime.device_adapter.pairs
     assert function.closed
@@ -326,16 +329,16 @@ def test_max_tokens(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
 
 def test_context_overflow(qwen3_program: TinyProgram) -> None:
     config = PawConfig(n_ctx=64)
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as f:
         with pytest.raises(ContextOverflowError, match=r"context window=64; shorten the input or raise n_ctx") as info:
             f.run("word " * 100)
         assert info.value.n_ctx == 64 and info.value.prefix_tokens == f.prefix_tokens
     with pytest.raises(ContextOverflowError):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
 
 
 def test_gpt2_context_is_capped_by_its_position_table(gpt2_program: TinyProgram) -> None:
-    with PawFn[GPT2, Torch].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path) as function:
+    with PawFn[GPT2, Torch].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path) as function:
         assert function.n_ctx == 256  # the tiny GPT-2 has 256 positions; n_ctx asked 2048
 
 
@@ -351,7 +354,7 @@ def test_sampling_is_seeded(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
 @pytest.mark.parametrize("backend", [Torch, pytest.param(LlamaCpp, marks=requires_llama_cpp)], ids=["torch", "llamacpp"])
 def test_astream_gives_the_text_as_generated_then_the_same_generation(qwen3_program: TinyProgram, backend: type[Backend]) -> None:
     options = RuntimeOptions(max_tokens=12)
-    with PawFn.specialize(Qwen3_0_6B, backend).from_path(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path) as program:
+    with PawFn.specialize(Qwen3_0_6B, backend).load_sync(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path) as program:
         expected = program.generate("hello world", options)
 
         async def follow() -> tuple[list[str], tuple[int, ...]]:
@@ -374,7 +377,7 @@ def test_astream_gives_the_text_as_generated_then_the_same_generation(qwen3_prog
 
 
 def _open(program: TinyProgram) -> PawFn[Qwen3_0_6B, Torch]:
-    return PawFn[Qwen3_0_6B, Torch].from_path(program.archive, base=program.interpreter.gguf_path)
+    return PawFn[Qwen3_0_6B, Torch].load_sync(program.archive, base=program.interpreter.gguf_path)
 
 
 def _long_calls(program: PawFn[Qwen3_0_6B, Torch]) -> list[PendingGeneration]:
@@ -410,3 +413,31 @@ def test_an_interrupt_leaving_the_with_block_cancels_the_calls(qwen3_program: Ti
         waited.append(program.submit("hello", RuntimeOptions(max_tokens=40)))
         raise ValueError("the caller's own")
     assert len(waited[0].result(timeout=0).token_ids) == 40
+
+
+def test_the_deprecated_loaders_warn_and_still_load(qwen3_program: TinyProgram) -> None:
+    """`from_path` and `load_id` stay for one release, each with a `DeprecationWarning` naming its replacement."""
+    base = qwen3_program.interpreter.gguf_path
+    with pytest.deprecated_call(match=r"use PawFn\.load_sync\(path, base=\.\.\.\)"):
+        old = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+    with old, PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base) as new:
+        assert old.run_with("hello", GREEDY_24) == new.run_with("hello", GREEDY_24)
+    with pytest.deprecated_call(match=r"use PawFn\.load_sync\(program_id\)"), pytest.raises(ConfigError, match="program id"):
+        PawFn[Qwen3_0_6B, Torch].load_id_sync("not an id")
+
+
+def test_every_way_to_call_checks_the_arguments_once(qwen3_program: TinyProgram) -> None:
+    """`PawFn`, `TypedFn` and `Positional` share one call implementation: a wrong count, a wrong kind and a closed
+    program are refused the same way by each, before any work."""
+    program = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path)
+    typed = program.returning(bool)
+    with pytest.raises(ArityError, match="takes 1 positional argument"):
+        Positional[str, str](program).run("a", "b")
+    with pytest.raises(TypeError, match="input must be str"):
+        typed.run(3)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # the run-time check
+    with pytest.raises(TypeError, match="must be str or pawfn.Image"):
+        Positional[int](program).run(3)
+    program.close()
+    for call in (lambda: program.run("x"), lambda: typed.run("x"), lambda: Positional[str](program).run("x"), lambda: program.run_batch(["x"])):
+        with pytest.raises(ProgramClosedError):
+            call()

@@ -81,7 +81,7 @@ def test_the_default_gives_llama_cpps_tokens_on_float_bases(family: str, base_ty
     model: type[InterpreterModel] = Qwen3_0_6B if family == "qwen3" else GPT2
     for program in programs:
         expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")
-        with PawFn.specialize(model, Torch).from_path(program.folder, base=base) as function:
+        with PawFn.specialize(model, Torch).load_sync(program.folder, base=base) as function:
             found = [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in INPUTS]
             matrices = torch_program(function).base.interpreter.weights.matrices.values()
             assert all(isinstance(m, NativeFloatMatrix) for m in matrices) or native_kernels() is None

@@ -316,14 +316,14 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     """`pawfn bench`'s engine line: the C kernels, or the emulation where they could not be built."""
     fixture = load_trained("qwen3")
     config = PawConfig(numerics="llamacpp")
-    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in cpu_flags())
         assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
     monkeypatch.setattr(arithmetic, "native_kernels", lambda: None)
     ModelRegistry.clear()
-    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("q6_k"), config=config) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine
-    with PawFn[Qwen3_0_6B, Torch].from_path(fixture.program, base=fixture.base("f32"), config=PawConfig(numerics="native")) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("f32"), config=PawConfig(numerics="native")) as function:
         assert function.runtime.engine == "torch numerics (float32) on cpu"
 
 

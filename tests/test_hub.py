@@ -72,7 +72,7 @@ class Hub:
         return PawConfig.model_validate(values | changes)
 
     def expected(self, text: str) -> tuple[int, ...]:
-        with PawFn[Qwen3_0_6B, Torch].from_path(self.program.folder, base=self.base) as function:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(self.program.folder, base=self.base) as function:
             return function.generate(text, OPTIONS).token_ids
 
 
@@ -136,9 +136,9 @@ def test_load_slug_end_to_end_in_the_official_layout(hub: Hub) -> None:
 
 
 def test_second_load_is_served_from_the_cache(hub: Hub) -> None:
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     before = len(hub.server.state.snapshot())
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     assert len(hub.server.state.snapshot()) == before  # an id needs no request once cached
 
 
@@ -161,7 +161,7 @@ def test_retries_run_out(hub: Hub) -> None:
 
 def test_api_key_never_reaches_another_origin(hub: Hub) -> None:
     hub.server.state.redirect_downloads_to = hub.server.cdn_url
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     requests = hub.server.state.snapshot()
     cdn = [r for r in requests if r.origin == "cdn"]
     api = [r for r in requests if r.origin == "api"]
@@ -172,7 +172,7 @@ def test_api_key_never_reaches_another_origin(hub: Hub) -> None:
 
 def test_base_download_resumes_after_a_dropped_connection(hub: Hub) -> None:
     hub.server.state.drop_file_after[BASE_FILE] = 4096
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     base_requests = [r for r in hub.server.state.snapshot() if r.path == f"/files/{BASE_FILE}"]
     assert len(base_requests) == 2
     assert "range" not in base_requests[0].headers
@@ -184,7 +184,7 @@ def test_partial_base_file_is_resumed_by_the_next_run(hub: Hub) -> None:
     folder = hub.cache_dir / "base_models"
     folder.mkdir(parents=True)
     (folder / f".{BASE_FILE}.pawfn-partial").write_bytes(hub.base.read_bytes()[:10_000])
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     base_requests = [r for r in hub.server.state.snapshot() if r.path == f"/files/{BASE_FILE}"]
     assert [r.headers.get("range") for r in base_requests] == ["bytes=10000-"]
     assert (folder / BASE_FILE).read_bytes() == hub.base.read_bytes()
@@ -195,7 +195,7 @@ def test_sha256_mismatch_is_refused(hub: Hub) -> None:
     assert isinstance(local, dict)
     local["base_model"]["sha256"] = "0" * 64
     with pytest.raises(IntegrityError, match=f"{BASE_FILE}: sha256 .* does not match the expected 0000"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config())
+        PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config())
     folder = hub.cache_dir / "base_models"
     assert not (folder / BASE_FILE).exists() and not (folder / f".{BASE_FILE}.pawfn-partial").exists()
 
@@ -206,7 +206,7 @@ def test_offline_mode_makes_no_request(hub: Hub, monkeypatch: pytest.MonkeyPatch
     offline = hub.config(offline=True)
     with PawFn[Qwen3_0_6B, Torch].load_slug_sync(SLUG, config=offline) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=offline).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=offline).close()
     monkeypatch.setenv("PAW_OFFLINE", "1")
     monkeypatch.setenv("PAW_API_URL", hub.server.api_url)
     monkeypatch.setenv("PAW_CACHE_DIR", str(hub.cache_dir))
@@ -217,17 +217,17 @@ def test_offline_mode_makes_no_request(hub: Hub, monkeypatch: pytest.MonkeyPatch
 
 
 def test_offline_error_names_the_missing_base(hub: Hub) -> None:
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     (hub.cache_dir / "base_models" / BASE_FILE).unlink()
     with pytest.raises(OfflineError, match=f"base model {BASE_FILE} .* `pawfn cache prepare {PROGRAM_ID}`"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+        PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(offline=True))
 
 
 def test_a_cache_written_by_the_official_sdk_is_used_without_requests(hub: Hub) -> None:
     bundle = hub.archive.parent / "bundle"
     write_official_cache(hub.cache_dir, PROGRAM_ID, bundle, hub.runtime, hub.base, {f"{SLUG}@v1": PROGRAM_ID})
     config = hub.config()
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=config) as by_id:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=config) as by_id:
         assert by_id.generate("hello", OPTIONS).token_ids == hub.expected("hello")
     PawFn[Qwen3_0_6B, Torch].load_slug_sync(f"{SLUG}@v1", config=config).close()  # pinned: no resolve
     assert hub.server.state.snapshot() == []
@@ -375,7 +375,7 @@ def test_download_wait_is_bounded(hub: Hub) -> None:
 
     hub.server.state.always_202 = True
     with pytest.raises(ServerError, match="still being generated"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_wait_s=0.0))
+        PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(max_wait_s=0.0))
 
 
 def test_a_broken_program_download_leaves_nothing_installed(hub: Hub) -> None:
@@ -383,12 +383,12 @@ def test_a_broken_program_download_leaves_nothing_installed(hub: Hub) -> None:
 
     hub.server.state.drop_file_after[f"{PROGRAM_ID}.paw"] = 200
     with pytest.raises(HubConnectionError, match="connection lost during the download"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_retries=0))
+        PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(max_retries=0))
     programs = hub.cache_dir / "programs"
     assert not (programs / PROGRAM_ID).exists()
     assert not (programs / ".staging").exists() or not any((programs / ".staging").iterdir())
     hub.server.state.drop_file_after[f"{PROGRAM_ID}.paw"] = 200  # with retries the next attempt succeeds
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(max_retries=1)).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(max_retries=1)).close()
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
 
 
@@ -413,7 +413,7 @@ def test_client_endpoints(hub: Hub) -> None:
 
 
 def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> None:
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     folder = hub.cache_dir / "programs" / PROGRAM_ID
     with PawFn[Qwen3_0_6B, Torch].from_path(folder, config=hub.config(offline=True)) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
@@ -433,19 +433,19 @@ def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pyte
         return original(self, ids, adapter, cache)
 
     monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as first:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as first:
         expected = first.generate("hello", OPTIONS).token_ids
     folder = hub.cache_dir / "programs" / PROGRAM_ID
     stored = list(folder.glob(".pawfn-prefix-*.pt"))
     assert len(stored) == 1 and len(prefills) == 1
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as second:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as second:
         assert second.generate("hello", OPTIONS).token_ids == expected == reference
     assert len(prefills) == 1  # the second load read the stored prefix
     stored[0].write_bytes(b"not a torch file")
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as third:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as third:
         assert third.generate("hello", OPTIONS).token_ids == expected
     assert len(prefills) == 2 and stored[0].read_bytes() != b"not a torch file"  # re-evaluated and rewritten
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(dtype="bfloat16")):
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(dtype="bfloat16")):
         pass
     assert len(list(folder.glob(".pawfn-prefix-*.pt"))) == 2  # one per dtype
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
@@ -453,7 +453,7 @@ def test_prefix_kv_is_stored_beside_a_cached_program(hub: Hub, monkeypatch: pyte
 
 def test_no_prefix_file_in_a_users_own_folder(hub: Hub) -> None:
     folder = hub.archive.parent / "bundle"
-    PawFn[Qwen3_0_6B, Torch].from_path(folder, base=hub.base, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(folder, base=hub.base, config=hub.config()).close()
     assert not list(folder.glob(".pawfn-*"))
 
 
@@ -487,7 +487,7 @@ def test_waits_for_the_official_sdk_installing_the_same_program(hub: Hub, tmp_pa
     )
     official = subprocess.Popen([sys.executable, "-c", script, str(hub.cache_dir), str(staged), PROGRAM_ID], stdout=subprocess.PIPE, text=True)
     assert official.stdout is not None and official.stdout.readline().strip() == "locked"
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
     assert official.wait(timeout=60) == 0
     assert hub.server.state.count("/download$") == 0  # the official SDK's install was used
@@ -515,7 +515,7 @@ def test_a_lock_wait_says_what_it_waits_for_and_gives_up(hub: Hub, caplog: pytes
     with lock_held_elsewhere(hub.cache_dir / ".locks" / "programs" / f"{PROGRAM_ID}.lock", 30.0):
         started = time.perf_counter()
         with caplog.at_level("WARNING", logger="pawfn"), pytest.raises(CacheLockError, match=f"programs/{PROGRAM_ID}"):
-            PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
+            PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(lock_timeout_s=1.0))
         assert time.perf_counter() - started < 10
         assert any(f"waiting for the cache lock on programs/{PROGRAM_ID}" in record.getMessage() for record in caplog.records)
         run = run_cli(
@@ -551,7 +551,7 @@ def test_downloads_are_staged_in_the_cache_and_a_killed_runs_leftovers_removed(h
     leftover.mkdir(parents=True)
     (leftover / f"{PROGRAM_ID}.paw").write_bytes(b"half a download")
     temp_before = set(Path(tempfile.gettempdir()).glob("pawfn-download-*"))
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     assert not leftover.exists()
     assert set(Path(tempfile.gettempdir()).glob("pawfn-download-*")) == temp_before
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []
@@ -588,28 +588,28 @@ def test_a_runtime_naming_another_runtimes_base_file_gets_a_file_of_its_own(hub:
             },
         },
     }
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(other_program, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(other_program, config=hub.config()).close()
     base_models = hub.cache_dir / "base_models"
     assert (base_models / BASE_FILE).read_bytes() == hub.base.read_bytes()  # the first runtime's file, untouched
     assert [path.read_bytes() for path in base_models.glob("tiny-qwen3.sha256-*.gguf")] == [other_base]
     for program_id in (PROGRAM_ID, other_program):  # both load offline
-        with PawFn[Qwen3_0_6B, Torch].load_id_sync(program_id, config=hub.config(offline=True)) as function:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(program_id, config=hub.config(offline=True)) as function:
             assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
 
 
 def test_a_damaged_installed_program_is_fetched_again_online_and_named_offline(hub: Hub) -> None:
     """A cached adapter cut short (its magic intact) failed every run and was never fetched again."""
-    PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()).close()
+    PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     adapter = hub.cache_dir / "programs" / PROGRAM_ID / "adapter.gguf"
     adapter.write_bytes(adapter.read_bytes()[: adapter.stat().st_size // 2])
     with pytest.raises(OfflineError, match=f"the cached program {PROGRAM_ID} is damaged \\(adapter.gguf: .*past the end"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+        PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config(offline=True))
     run_cli("run", "--program", PROGRAM_ID, "--input", "hello", "--offline", "--cache-dir", str(hub.cache_dir)).assert_one_line_error(
         1, f"the cached program {PROGRAM_ID} is damaged"
     )
     downloads = hub.server.state.count("/download$")
-    with PawFn[Qwen3_0_6B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
     assert hub.server.state.count("/download$") == downloads + 1
     assert official_program_problems(hub.cache_dir, PROGRAM_ID) == []

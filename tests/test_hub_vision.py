@@ -70,7 +70,7 @@ class VisionHub:
         return self.cache_dir / "base_models" / "sha256" / f"{hashlib.sha256(self.files[file]).hexdigest()}.gguf"
 
     def expected(self, text: str) -> tuple[int, ...]:
-        with PawFn[Qwen3_5_0_8B, Torch].from_path(self.bundle, base=self.base) as function:
+        with PawFn[Qwen3_5_0_8B, Torch].load_sync(self.bundle, base=self.base) as function:
             return function.generate(text, OPTIONS).token_ids
 
 
@@ -129,7 +129,7 @@ print(json.dumps([str(paths.base_model), str(paths.projector)]))
 
 @requires_official
 def test_pawfn_installs_what_the_official_sdk_then_runs_offline(hub: VisionHub) -> None:
-    with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as function:
         assert function.generate("Server down!", OPTIONS).token_ids == hub.expected("Server down!")
     assert hub.server.state.count(r"/resolve/main/") == 2  # the base and the projector, once each
     for file in (BASE_FILE, PROJECTOR_FILE):
@@ -139,7 +139,7 @@ def test_pawfn_installs_what_the_official_sdk_then_runs_offline(hub: VisionHub) 
     assert listed == {hub.content_path(BASE_FILE), hub.content_path(PROJECTOR_FILE)}  # what `pawfn cache list` shows
     paths = json.loads(_official(hub.cache_dir, _OFFICIAL_READS, str(hub.cache_dir), PROGRAM_ID, extra_env={"PAW_OFFLINE": "1"}))
     assert paths == [str(hub.content_path(BASE_FILE)), str(hub.content_path(PROJECTOR_FILE))]
-    with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True)) as again:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config(offline=True)) as again:
         assert again.generate("Server down!", OPTIONS).token_ids == hub.expected("Server down!")
 
 
@@ -161,7 +161,7 @@ def test_what_the_official_sdk_installs_runs_offline_in_pawfn(hub: VisionHub) ->
     assert paths == [str(hub.content_path(BASE_FILE)), str(hub.content_path(PROJECTOR_FILE))]
     write_official_cache(hub.cache_dir, PROGRAM_ID, hub.bundle, hub.runtime, None, {}, manifest_version=2)
     requests = len(hub.server.state.snapshot())
-    with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True)) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config(offline=True)) as function:
         assert function.generate("Server down!", OPTIONS).token_ids == hub.expected("Server down!")
     assert len(hub.server.state.snapshot()) == requests  # nothing fetched
 
@@ -171,7 +171,7 @@ def test_a_base_cached_under_its_name_is_adopted_not_downloaded(hub: VisionHub) 
     legacy = hub.cache_dir / "base_models" / BASE_FILE
     legacy.parent.mkdir(parents=True)
     legacy.write_bytes(hub.files[BASE_FILE])
-    with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config()) as function:
         function.generate("hello", OPTIONS)
     assert hub.server.state.count(rf"/resolve/main/{BASE_FILE}$") == 0
     assert hub.server.state.count(rf"/resolve/main/{PROJECTOR_FILE}$") == 1
@@ -179,11 +179,11 @@ def test_a_base_cached_under_its_name_is_adopted_not_downloaded(hub: VisionHub) 
 
 
 def test_offline_without_the_projector_names_it(hub: VisionHub) -> None:
-    with PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config()):
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config()):
         pass
     hub.content_path(PROJECTOR_FILE).unlink()
     with pytest.raises(OfflineError, match=f"projector {PROJECTOR_FILE}"):
-        PawFn[Qwen3_5_0_8B, Torch].load_id_sync(PROGRAM_ID, config=hub.config(offline=True))
+        PawFn[Qwen3_5_0_8B, Torch].load_sync(PROGRAM_ID, config=hub.config(offline=True))
 
 
 def test_the_builtin_vision_runtime_is_the_official_one_and_cannot_be_weakened() -> None:

@@ -29,8 +29,8 @@ from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_progra
 
 def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
-    first = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
-    second = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program_q4.folder, base=base)
+    first = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base)
+    second = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program_q4.folder, base=base)
     shared = torch_program(first).base
     assert torch_program(second).base is shared and shared.users == 2
     weights = weakref.ref(shared.interpreter.weights.tensors["output_norm.weight"])
@@ -48,7 +48,7 @@ def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qw
     assert weights() is None and interpreter() is None  # freed although both handles are still referenced
     with pytest.raises(ProgramClosedError):
         second.run("hello")
-    with PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base) as again:  # a later load reloads it
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base) as again:  # a later load reloads it
         assert again.run("hello") == PawFn[Qwen3_0_6B, Torch].narrow(again).run("hello")
     assert ModelRegistry.load_count() == 2
 
@@ -56,7 +56,7 @@ def test_the_last_program_to_close_frees_its_base(qwen3_program: TinyProgram, qw
 def test_a_failed_open_releases_its_base(qwen3_program: TinyProgram) -> None:
     """A prefix longer than the context fails after the base loaded: the base goes with it."""
     with pytest.raises(ContextOverflowError):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=8))
     assert ModelRegistry.load_count() == 1 and ModelRegistry.loaded() == []
 
 
@@ -151,14 +151,14 @@ def test_a_failing_llama_cpp_load_leaves_no_live_handle(
         monkeypatch.setattr(llama_cpp.Llama, "eval", failing_eval)
         expected = RuntimeError
     with pytest.raises(expected):
-        PawFn[GPT2, LlamaCpp].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+        PawFn[GPT2, LlamaCpp].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
     assert len(native_spy["made"]) == 1 and _all_released(native_spy)
     assert len(native_spy["adapters"]) == 1
 
 
 @requires_llama_cpp
 def test_closing_a_llama_cpp_program_releases_its_handles(gpt2_program: TinyProgram, native_spy: dict[str, list[object]]) -> None:
-    program = PawFn[GPT2, LlamaCpp].from_path(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
+    program = PawFn[GPT2, LlamaCpp].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
     assert program.run("hello") == program.run("hello")
     assert not _all_released(native_spy)
     program.close()
@@ -176,7 +176,7 @@ def rss_mb():  # the anonymous part: mapped file pages come and go with the page
 
 before = rss_mb()
 config = {"float32": PawConfig(), "numerics": PawConfig(numerics="llamacpp"), "int8": PawConfig(weight_dtype="int8")}[sys.argv[3]]
-with PawFn[Qwen3_0_6B, Torch].from_path(sys.argv[1], base=sys.argv[2], config=config) as program:
+with PawFn[Qwen3_0_6B, Torch].load_sync(sys.argv[1], base=sys.argv[2], config=config) as program:
     program.generate("hello", RuntimeOptions(max_tokens=4))
     loaded = rss_mb()
 print(before, loaded, rss_mb())

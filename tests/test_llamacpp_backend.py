@@ -41,8 +41,8 @@ def test_llama_cpp_backend_matches_torch(family: str, request: pytest.FixtureReq
     base = program.interpreter.gguf_path
     model = _model(program)
     with (
-        PawFn.specialize(model, LlamaCpp).from_path(program.folder, base=base) as llama,
-        PawFn.specialize(model, Torch).from_path(program.folder, base=base) as torch_fn,
+        PawFn.specialize(model, LlamaCpp).load_sync(program.folder, base=base) as llama,
+        PawFn.specialize(model, Torch).load_sync(program.folder, base=base) as torch_fn,
     ):
         assert type(llama).backend_type() is LlamaCpp
         for _ in range(2):  # the second round checks the rewind to the cached prefix
@@ -53,7 +53,7 @@ def test_llama_cpp_backend_matches_torch(family: str, request: pytest.FixtureReq
 
 def test_llama_cpp_runs_are_serialized(qwen3_program: TinyProgram) -> None:
     base = qwen3_program.interpreter.gguf_path
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=base) as function:
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=base) as function:
         expected = {text: function.generate(text, OPTIONS).token_ids for text in INPUTS}
 
         def run(text: str) -> tuple[str, tuple[int, ...]]:
@@ -67,7 +67,7 @@ def test_llama_cpp_runs_are_serialized(qwen3_program: TinyProgram) -> None:
 
 def test_llama_cpp_needs_a_gguf_base(qwen3_program: TinyProgram) -> None:
     with pytest.raises(BaseModelError, match="needs a GGUF file"):
-        PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.hf_dir)
+        PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.hf_dir)
 
 
 AMX_FLAGS = "flags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2 avx512f avx512cd avx512vl avx512dq avx512bw amx_tile amx_int8\n"
@@ -122,8 +122,8 @@ def test_weight_repacking_is_refused_where_amx_would_crash(
     assert llamacpp_program.uses_repack(config) is repack
     base = qwen3_program.interpreter.gguf_path
     with (
-        PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=base, config=config) as function,
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base) as torch_fn,
+        PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=base, config=config) as function,
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base) as torch_fn,
     ):
         assert _extra_bufts(function) is repack
         assert function.generate(INPUTS[0], OPTIONS).token_ids == torch_fn.generate(INPUTS[0], OPTIONS).token_ids
@@ -136,7 +136,7 @@ def test_the_repack_setting_leaves_other_loads_alone(qwen3_program: TinyProgram)
 
     defaults = llama_cpp.llama_cpp.llama_model_default_params
     config = PawConfig(llamacpp_repack=False)
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
         assert not _extra_bufts(function)
     assert llama_cpp.llama_cpp.llama_model_default_params is defaults
     assert llama_cpp.llama_model_default_params().use_extra_bufts
@@ -152,7 +152,7 @@ def test_a_llama_cpp_python_without_the_setting_is_refused_where_it_is_needed(qw
 
     monkeypatch.setattr(llama_cpp, "llama_model_params", OldParams)
     with pytest.raises(PawError, match="cannot load without weight repacking.*20824.*pip install -U llama-cpp-python"):
-        PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(llamacpp_repack=False))
+        PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(llamacpp_repack=False))
 
 
 def test_an_invalid_repack_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,7 +170,7 @@ def test_submit_returns_before_the_call_runs_and_calls_run_in_order(qwen3_progra
 
     from pawfn import RuntimeOptions
 
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:
         alone = program.generate("hello", RuntimeOptions(max_tokens=8)).token_ids
         caller = threading.get_ident()
         seen: list[int] = []
@@ -221,7 +221,7 @@ def test_the_context_is_the_official_sdks(family: str, module: str, request: pyt
     official = _official_constant_keywords(module)
     assert official == llamacpp_program.official_llama_settings(model)
     base = program.interpreter.gguf_path
-    with PawFn.specialize(model, LlamaCpp).from_path(program.folder, base=base, config=PawConfig(n_ctx=512)) as ours:
+    with PawFn.specialize(model, LlamaCpp).load_sync(program.folder, base=base, config=PawConfig(n_ctx=512)) as ours:
         runtime = llamacpp_program_of(ours)
         context = runtime.llm.context_params
         theirs = llama_cpp.Llama(
@@ -237,7 +237,7 @@ def test_the_context_is_the_official_sdks(family: str, module: str, request: pyt
 
 def test_a_named_setting_changes_only_what_it_names(qwen3_program: TinyProgram) -> None:
     config = PawConfig(n_ctx=512, threads=1, llamacpp_kv_dtype="float32", dtype="bfloat16")  # dtype: the Torch backend's
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
         runtime = llamacpp_program_of(function)
         context = runtime.llm.context_params
         assert (context.type_k, context.type_v, context.n_threads, context.n_threads_batch, context.n_batch) == (0, 0, 1, 1, 512)

@@ -320,7 +320,7 @@ def test_llamacpp_numerics_on_quantized_tiny_bases(ftype: str, quantized_bases: 
     token equal to llama.cpp's."""
     program, base = wide_qwen3_program_q4, quantized_bases[ftype]
     expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS, 24, n_ctx=2048, kv="f16")
-    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
         found = [list(function.generate(text, RuntimeOptions(max_tokens=24)).token_ids) for text in TINY_INPUTS]
     differ = differences(tuple(TINY_INPUTS), expected, found)
     assert not differ, f"sequences that differ: {differ}"
@@ -363,7 +363,7 @@ def test_llamacpp_numerics_on_narrow_heads(family: str, qwen3_program: TinyProgr
     model = Qwen3_0_6B if family == "qwen3" else GPT2
     base = program.interpreter.gguf_path
     expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS, 12, n_ctx=2048, kv="f16")
-    with PawFn.specialize(model, Torch).from_path(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
+    with PawFn.specialize(model, Torch).load_sync(program.folder, base=base, config=PawConfig(numerics="llamacpp")) as function:
         found = [list(function.generate(text, RuntimeOptions(max_tokens=12)).token_ids) for text in TINY_INPUTS]
     differ = differences(tuple(TINY_INPUTS), expected, found)
     assert not differ, f"sequences that differ: {differ}"
@@ -392,12 +392,12 @@ def test_auto_numerics_follow_the_base(quantized_bases: dict[str, Path], wide_qw
     options = RuntimeOptions(max_tokens=12)
     for base in (quantized_bases["Q6_K"], wide_qwen3.gguf_path):
         expected = llama_generate_each(base, program.adapter, program.template, TINY_INPUTS[:3], 12, n_ctx=2048, kv="f16")
-        with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base) as function:
+        with PawFn[Qwen3_0_6B, Torch].load_sync(program.folder, base=base) as function:
             found = [function.generate(text, options) for text in TINY_INPUTS[:3]]
             assert [list(g.token_ids) for g in found] == expected, base.name
             assert {g.numerics for g in found} == {"llamacpp"}
             assert "llama.cpp numerics" in (torch_program(function).engine or "")
-    with PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=wide_qwen3.hf_dir) as function:
+    with PawFn[Qwen3_0_6B, Torch].load_sync(program.folder, base=wide_qwen3.hf_dir) as function:
         assert function.generate(TINY_INPUTS[0], options).numerics == "native"
         assert (torch_program(function).engine or "").startswith("torch numerics (float32)")
 
@@ -408,7 +408,7 @@ def test_auto_numerics_fall_back_to_torchs_where_llama_cpps_cannot_run(
     """A lossy mode named (dtype, weight_dtype, batched products) keeps torch's arithmetic; the log says why once."""
     program, base = wide_qwen3_program_q4, quantized_bases["Q8_0"]
     for config in (PawConfig(dtype="bfloat16"), PawConfig(weight_dtype="int8"), PawConfig(batch_invariant=False)):
-        with caplog.at_level("INFO", logger="pawfn"), PawFn[Qwen3_0_6B, Torch].from_path(program.folder, base=base, config=config) as function:
+        with caplog.at_level("INFO", logger="pawfn"), PawFn[Qwen3_0_6B, Torch].load_sync(program.folder, base=base, config=config) as function:
             assert function.generate(TINY_INPUTS[0], RuntimeOptions(max_tokens=2)).numerics == "native"
     said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("numerics auto")]
     assert len(said) == 2 and "Q8_0 matrices" in said[0] and "dtype='float32'" in said[0]  # batched products: no attempt

@@ -34,7 +34,7 @@ def _model(program: TinyProgram) -> type[InterpreterModel]:
 
 def _load(program: TinyProgram, base: Path, n_ctx: int = 2048, numerics: Numerics = "auto") -> PawFn[InterpreterModel, Torch]:
     config = PawConfig(n_ctx=n_ctx, numerics=numerics)
-    return PawFn.specialize(_model(program), Torch).from_path(program.folder, base=base, config=config)
+    return PawFn.specialize(_model(program), Torch).load_sync(program.folder, base=base, config=config)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
@@ -187,7 +187,7 @@ def test_llama_cpp_backend_runs_quantized_bases_like_the_official_runtime(
     program, base = wide_qwen3_program_q4, quantized_bases[ftype]
     assert _matrix_types(base) == {ftype}, "llama.cpp's quantizer fell back to another type"
     expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")
-    with PawFn[Qwen3_0_6B, LlamaCpp].from_path(program.folder, base=base) as official:  # no setting: the official ones
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(program.folder, base=base) as official:  # no setting: the official ones
         for text, tokens in zip(INPUTS, expected, strict=True):
             assert list(official.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) == tokens, text
 

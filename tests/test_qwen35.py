@@ -93,7 +93,7 @@ def test_program_tokens_equal_llama_cpp(qwen35_program: TinyProgram, qwen35_prog
     tiny = program.interpreter
     prompts = [_rendered(program.template, text) for text in TEXTS]
     expected = llama_generate_whole(tiny.gguf_path, prompts, MAX_TOKENS, kv="f16", adapter=program.adapter, vision_runtime=True)
-    with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=tiny.gguf_path) as function:
+    with PawFn.specialize(Qwen3_5_0_8B, backend).load_sync(program.folder, base=tiny.gguf_path) as function:
         assert _tokens(function, TEXTS) == expected
 
 
@@ -108,7 +108,7 @@ def test_program_tokens_equal_peft(qwen35_program: TinyProgram, qwen35_program_q
         peft_generate_ids(tiny, hf_pairs(config_of(tiny), pairs), program.alpha, tokenizer.encode(_rendered(program.template, text)).ids, MAX_TOKENS)
         for text in TEXTS
     ]
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=tiny.gguf_path, config=PawConfig(numerics="native")) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=tiny.gguf_path, config=PawConfig(numerics="native")) as function:
         assert _tokens(function, TEXTS) == expected
         without = peft_generate_ids(tiny, None, program.alpha, tokenizer.encode(_rendered(program.template, TEXTS[0])).ids, MAX_TOKENS)
         assert expected[0] != without  # the adapter is not silently ignored
@@ -119,7 +119,7 @@ def test_batched_calls_equal_lone_calls(qwen35_program: TinyProgram, batch_invar
     """Rows of one decode step each carry their own recurrent state (continuous batching over calls)."""
     program = qwen35_program
     config = PawConfig(max_batch_rows=4, batch_invariant=batch_invariant)
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path, config=config) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=program.interpreter.gguf_path, config=config) as function:
         lone = _tokens(function, TEXTS)
         batched = [list(g.token_ids) for g in function.generate_batch(TEXTS, RuntimeOptions(max_tokens=MAX_TOKENS))]
     assert batched == lone
@@ -132,7 +132,7 @@ def test_the_prefix_state_cache_gives_the_tokens_of_no_cache(qwen35_program: Tin
     as the official vision runtime does)."""
     program = qwen35_program
     config = PawConfig(numerics="native")
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=program.interpreter.gguf_path, config=config) as function:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=program.interpreter.gguf_path, config=config) as function:
         runtime = torch_program(function)
         interpreter, adapter = runtime.base.interpreter, runtime.device_adapter
         prefix = runtime.prefix_state
@@ -156,7 +156,7 @@ def test_the_stored_prefix_keeps_its_recurrent_states(qwen35_program: TinyProgra
     base = qwen35_program.interpreter.gguf_path
 
     def run() -> tuple[list[list[int]], PrefixState, Architecture]:
-        with PawFn[Qwen3_5_0_8B, Torch].from_path(qwen35_program.folder, base=base, config=config) as function:
+        with PawFn[Qwen3_5_0_8B, Torch].load_sync(qwen35_program.folder, base=base, config=config) as function:
             runtime = torch_program(function)
             return _tokens(function, TEXTS[:2]), runtime.prefix_state, runtime.base.interpreter.architecture
 
@@ -191,7 +191,7 @@ def test_a_vision_runtime_program_takes_its_numbered_arguments(
     calls = [("be brief", text) for text in TEXTS]
     prompts = [NUMBERED.replace("{INPUT_0}", first).replace("{INPUT_1}", second) for first, second in calls]
     expected = llama_generate_whole(qwen35.gguf_path, prompts, MAX_TOKENS, kv="f16", adapter=program.adapter, vision_runtime=True)
-    with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=qwen35.gguf_path) as function:
+    with PawFn.specialize(Qwen3_5_0_8B, backend).load_sync(program.folder, base=qwen35.gguf_path) as function:
         chat = Positional[str, str](function)
         assert [list(chat.generate(first, second, options=RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for first, second in calls] == expected
         with pytest.raises(ArityError):
@@ -201,7 +201,7 @@ def test_a_vision_runtime_program_takes_its_numbered_arguments(
 def test_a_vision_runtime_program_with_a_gap_in_its_slots_is_refused(qwen35: TinyInterpreter, tmp_path: Path) -> None:
     program = make_program(qwen35, tmp_path, "gap", template="{INPUT_0} and {INPUT_2}", meta_extra={"runtime_manifest_version": 2})
     with pytest.raises(BundleError, match="without gaps"):
-        PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35.gguf_path)
+        PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35.gguf_path)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="pawfn serve needs the serve extra")
@@ -215,7 +215,7 @@ def test_a_server_takes_a_numbered_programs_arguments(qwen35: TinyInterpreter, t
     options = RuntimeOptions(max_tokens=MAX_TOKENS)
     try:
         with (
-            PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35.gguf_path) as local,
+            PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35.gguf_path) as local,
             PawFn[Qwen3_5_0_8B, Remote].load_sync(program_id, config=PawConfig.from_env(server_url=server.url, max_retries=0)) as remote,
         ):
             here, there = Positional[str, str](local), Positional[str, str](remote)
@@ -268,7 +268,7 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
     expected = llama_generate_whole(qwen35_q8_0, prompts, MAX_TOKENS, n_ctx=1024, kv="f16", adapter=program.adapter, vision_runtime=True)
     config = PawConfig(numerics="llamacpp", n_ctx=1024)
     try:
-        with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=config) as function:
+        with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=config) as function:
             assert (torch_program(function).base.interpreter.arithmetic.kernels is None) == (kernels == "torch")
             assert _tokens(function, LLAMACPP_TEXTS) == expected
             batched = function.generate_batch(LLAMACPP_TEXTS[:3], RuntimeOptions(max_tokens=MAX_TOKENS))
@@ -276,5 +276,5 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
             assert len(function.prompt_token_ids(LLAMACPP_TEXTS[-2])) > 256  # its decode steps see 512 cells
     finally:
         native_kernels.cache_clear()
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024, numerics="native")) as plain:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024, numerics="native")) as plain:
         assert _tokens(plain, LLAMACPP_TEXTS[:3]) != expected[:3]  # the case this mode is for

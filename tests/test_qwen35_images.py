@@ -140,11 +140,11 @@ def test_two_images_in_one_call_and_a_programs_adapter(qwen35_vision: TinyVision
     calls: list[tuple[bytes, bytes, str]] = [(IMAGES[0], IMAGES[1], "which is brighter?"), (IMAGES[2], IMAGES[2], "same?")]
     expected = _official_texts(qwen35_vision, TWO_IMAGES, [list(call) for call in calls], program.adapter)
     options = RuntimeOptions(max_tokens=MAX_TOKENS)
-    with PawFn[Qwen3_5_0_8B, LlamaCpp].from_path(program.folder, base=qwen35_vision.text.gguf_path, config=_config()) as function:
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].load_sync(program.folder, base=qwen35_vision.text.gguf_path, config=_config()) as function:
         compare = Positional[Image, Image, str](function)
         got = [compare.generate(Image(first), Image(second), question, options=options) for first, second, question in calls]
         assert all(_agrees(g, official) for g, official in zip(got, expected, strict=True)), ([g.text for g in got], expected)
-    with PawFn[Qwen3_5_0_8B, Torch].from_path(program.folder, base=qwen35_vision.text.gguf_path, config=PawConfig(n_ctx=N_CTX)) as on_torch:
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_vision.text.gguf_path, config=PawConfig(n_ctx=N_CTX)) as on_torch:
         compare = Positional[Image, Image, str](on_torch)
         alone = [compare.generate(Image(first), Image(second), question, options=options) for first, second, question in calls]
 
@@ -275,7 +275,7 @@ def test_a_server_takes_image_arguments(qwen35_vision: TinyVision, tmp_path: Pat
     options = RuntimeOptions(max_tokens=MAX_TOKENS)
     try:
         with (
-            PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=qwen35_vision.text.gguf_path) as local,
+            PawFn.specialize(Qwen3_5_0_8B, backend).load_sync(program.folder, base=qwen35_vision.text.gguf_path) as local,
             PawFn[Qwen3_5_0_8B, Remote].load_sync(program_id, config=PawConfig.from_env(server_url=server.url, max_retries=0)) as remote,
         ):
             here, there = Positional[str, Image](local), Positional[str, Image](remote)
@@ -325,7 +325,7 @@ def test_llamacpp_numerics_give_mtmds_tokens_with_a_q4_0_adapter(qwen35_vision: 
         ("default", Torch, PawConfig(n_ctx=N_CTX)),  # auto: llama.cpp's arithmetic on the Q8_0 base
         ("plain", Torch, PawConfig(n_ctx=N_CTX, numerics="native")),
     ]:
-        with PawFn.specialize(Qwen3_5_0_8B, backend).from_path(program.folder, base=base, config=config) as function:
+        with PawFn.specialize(Qwen3_5_0_8B, backend).load_sync(program.folder, base=base, config=config) as function:
             compare = Positional[Image, Image, str](function)
             generations = [compare.generate(Image(a), Image(b), question, options=options) for a, b, question in calls]
             runs[name] = [generation.token_ids for generation in generations]

@@ -265,7 +265,7 @@ def test_serving_on_the_llamacpp_backend_gives_its_tokens(
     )
     try:
         options = RuntimeOptions(max_tokens=10)
-        with PawFn[Qwen3_0_6B, LlamaCpp].from_path(served_programs[0].archive, base=qwen3.gguf_path) as local:
+        with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(served_programs[0].archive, base=qwen3.gguf_path) as local:
             expected = [local.generate(text, options).token_ids for text in INPUTS]
             results = run_concurrently(server.url, [("tiny", text) for text in INPUTS], max_tokens=10, threads=4)
             assert [result.generation.token_ids for result in results] == expected

@@ -210,7 +210,7 @@ def test_json_schema_tokens_equal_llama_cpps_own_grammar_on_trained_models(famil
     program, base = fixture.program_with_f32_adapter(tmp_path), fixture.base("f32")
     expected = llama_generate_json(base, fixture.adapter_f32, fixture.template, fixture.inputs, SCHEMA, 48, n_ctx=2048, kv="f32")
     options = RuntimeOptions(max_tokens=48, response_format=JsonSchemaFormat(json_schema=JsonSchemaSpec(schema=SCHEMA)))
-    with PawFn.specialize(fixture.model, backend).from_path(program, base=base, config=PawConfig(n_ctx=2048)) as function:
+    with PawFn.specialize(fixture.model, backend).load_sync(program, base=base, config=PawConfig(n_ctx=2048)) as function:
         found = [_tokens(function, text, options) for text in fixture.inputs]
     assert found == expected
 
@@ -221,7 +221,7 @@ def test_trained_outputs_that_fit_keep_their_tokens(family: Family) -> None:
     any text, each call gives its plain tokens; the calls run together as one batch."""
     fixture = load_trained(family)
     options = RuntimeOptions(max_tokens=32)
-    with PawFn.specialize(fixture.model, Torch).from_path(fixture.program, base=fixture.base("q8_0")) as function:
+    with PawFn.specialize(fixture.model, Torch).load_sync(fixture.program, base=fixture.base("q8_0")) as function:
         plain = [generation.token_ids for generation in function.generate_batch(list(fixture.inputs), options)]
         pendings: list[PendingGeneration] = []
         for text, tokens in zip(fixture.inputs, plain, strict=True):
@@ -244,7 +244,7 @@ def test_trained_outputs_that_do_not_fit_become_values(family: Family) -> None:
     with a value of its type, decoded together in one batch."""
     fixture = load_trained(family)
     options = RuntimeOptions(max_tokens=64)
-    with PawFn.specialize(fixture.model, Torch).from_path(fixture.program, base=fixture.base("q8_0")) as function:
+    with PawFn.specialize(fixture.model, Torch).load_sync(fixture.program, base=fixture.base("q8_0")) as function:
         inputs = list(fixture.inputs)
         assert all(label in ("yes", "no") for label in function.returning(Literal["yes", "no"]).run_batch(inputs, options))
         assert all(isinstance(number, int) for number in function.returning(int).run_batch(inputs, options))

@@ -22,7 +22,7 @@ INPUT = "Urgent: the server is down!"
 def _tokens(program: TinyProgram, cache: PawCache) -> tuple[int, ...]:
     """One int8 run of the installed copy of `program`: converts the base, stores the prefix."""
     config = PawConfig(weight_dtype="int8", cache_dir=cache.root)
-    with PawFn.specialize(Qwen3_0_6B, Torch).from_path(
+    with PawFn.specialize(Qwen3_0_6B, Torch).load_sync(
         cache.program_dir("0123456789abcdef0123"), base=cache.base_models_dir / "base.gguf", config=config
     ) as loaded:
         return loaded.generate(INPUT, RuntimeOptions(max_tokens=6)).token_ids

@@ -81,8 +81,8 @@ def test_fp16_weights_agree_with_float32_above_the_floor(family: str, request: p
     base, options = program.interpreter.gguf_path, RuntimeOptions(max_tokens=32)
     compact_config = PawConfig(weight_dtype="float16")
     with (
-        kind.from_path(program.folder, base=base, config=FLOAT32) as exact,
-        kind.from_path(program.folder, base=base, config=compact_config) as compact,
+        kind.load_sync(program.folder, base=base, config=FLOAT32) as exact,
+        kind.load_sync(program.folder, base=base, config=compact_config) as compact,
     ):
         agreed = total = 0
         for text in INPUTS:
@@ -129,7 +129,7 @@ def test_fp16_weights_agree_on_trained_models(family: str, request: pytest.Fixtu
 
 def test_fp16_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
     with pytest.raises(ConfigError, match="weight_dtype='float16' runs on the CPU with dtype='float32'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(
+        PawFn[Qwen3_0_6B, Torch].load_sync(
             qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(weight_dtype="float16", dtype="bfloat16")
         )
 
@@ -205,7 +205,7 @@ def test_fused_matrices_change_no_bit(
 
 def test_int8_weights_need_the_cpu_and_float32(qwen3_program: TinyProgram) -> None:
     with pytest.raises(ConfigError, match="weight_dtype='int8' runs on the CPU with dtype='float32'"):
-        PawFn[Qwen3_0_6B, Torch].from_path(
+        PawFn[Qwen3_0_6B, Torch].load_sync(
             qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(weight_dtype="int8", dtype="bfloat16")
         )
 
@@ -215,7 +215,7 @@ def test_int8_loads_without_torchs_deprecation_warning(qwen3_program: TinyProgra
     script = (
         "import sys\n"
         "from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch\n"
-        "with PawFn[Qwen3_0_6B, Torch].from_path(sys.argv[1], base=sys.argv[2], config=PawConfig(weight_dtype='int8')) as p:\n"
+        "with PawFn[Qwen3_0_6B, Torch].load_sync(sys.argv[1], base=sys.argv[2], config=PawConfig(weight_dtype='int8')) as p:\n"
         "    p.generate('hi', RuntimeOptions(max_tokens=2))\n"
     )
     environment = {**os.environ, "PAW_CACHE_DIR": str(tmp_path)}

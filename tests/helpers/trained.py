@@ -81,7 +81,7 @@ def llama_tokens(fixture: TrainedProgram, base: BaseType, adapter: Path, kv: Lit
 
 def pawfn_tokens(fixture: TrainedProgram, program: Path, base: BaseType, config: PawConfig) -> list[list[int]]:
     """pawfn's greedy tokens (Torch) on every fidelity input: the bundle `program` on `base` under `config`."""
-    with PawFn.specialize(fixture.model, Torch).from_path(program, base=fixture.base(base), config=config) as function:
+    with PawFn.specialize(fixture.model, Torch).load_sync(program, base=fixture.base(base), config=config) as function:
         return [list(function.generate(text, RuntimeOptions(max_tokens=MAX_TOKENS)).token_ids) for text in fixture.inputs]
 
 

@@ -24,14 +24,14 @@ def any_program(program: PawFn[M, B], text: str) -> str:
 
 
 def loads(qwen: PawFn[Qwen3_0_6B, Torch], gpt2: PawFn[GPT2, Torch]) -> None:
-    assert_type(PawFn[Qwen3_0_6B, Torch].from_path("p.paw", base="b.gguf"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(PawFn[Qwen3_0_6B, Torch].load_sync("p.paw", base="b.gguf"), PawFn[Qwen3_0_6B, Torch])
     assert_type(PawFn[GPT2, Torch].load_slug_sync("user/slug"), PawFn[GPT2, Torch])
-    assert_type(PawFn[Qwen3_0_6B, Torch].load_id_sync("0123456789abcdef"), PawFn[Qwen3_0_6B, Torch])
+    assert_type(PawFn[Qwen3_0_6B, Torch].load_sync("0123456789abcdef"), PawFn[Qwen3_0_6B, Torch])
     assert_type(PawFn[Qwen3_0_6B, Torch].compile_spec_sync("Classify sentiment"), PawFn[Qwen3_0_6B, Torch])
     assert_type(qwen.run("text"), str)
     assert_type(triage(qwen, "text"), str)
     assert_type(any_program(gpt2, "text"), str)
-    on_llama = PawFn[Qwen3_0_6B, LlamaCpp].from_path("p.paw", base="b.gguf")
+    on_llama = PawFn[Qwen3_0_6B, LlamaCpp].load_sync("p.paw", base="b.gguf")
     assert_type(on_llama, PawFn[Qwen3_0_6B, LlamaCpp])
     assert_type(triage(on_llama, "text"), str)  # any backend
     qwen = on_llama  # expect-error: assignment; reportAssignmentType
@@ -50,7 +50,7 @@ def to_base(qwen: PawFn[Qwen3_0_6B, Torch]) -> PawFn[InterpreterModel, Torch]:
 
 async def async_loads() -> None:
     assert_type(await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage"), PawFn[Qwen3_0_6B, Torch])
-    assert_type(await PawFn[GPT2, Torch].load_id("0123456789abcdef"), PawFn[GPT2, Torch])
+    assert_type(await PawFn[GPT2, Torch].load("0123456789abcdef"), PawFn[GPT2, Torch])
     assert_type(await PawFn[Qwen3_0_6B, Torch].compile_spec("Classify sentiment", compiler="paw-4b-qwen3-0.6b"), PawFn[Qwen3_0_6B, Torch])
     function = await PawFn[Qwen3_0_6B, Torch].load_slug("email-triage")
     assert_type(await function.arun("text"), str)

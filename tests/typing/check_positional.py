@@ -38,7 +38,7 @@ async def streams_and_tokens(program: PawFn[Qwen3_5_0_8B, Remote]) -> None:
 
 def qwen35_loads() -> None:
     assert_type(PawFn[Qwen3_5_0_8B, Torch].bare(base="qwen3.5.gguf"), PawFn[Qwen3_5_0_8B, Torch])
-    assert_type(PawFn[Qwen3_5_0_8B, LlamaCpp].from_path("vision.paw"), PawFn[Qwen3_5_0_8B, LlamaCpp])
+    assert_type(PawFn[Qwen3_5_0_8B, LlamaCpp].load_sync("vision.paw"), PawFn[Qwen3_5_0_8B, LlamaCpp])
 
 
 def images(program: PawFn[Qwen3_5_0_8B, LlamaCpp]) -> None:

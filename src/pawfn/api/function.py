@@ -10,12 +10,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from typing_extensions import Self, TypeForm, Unpack
+from typing_extensions import Self, TypeForm, Unpack, deprecated
 
 from ..core.backends import Backend
 from ..formats.bundle import ProgramMeta
 from ..core.config import PawConfig
-from ..core.errors import ProgramClosedError
 from ..hub.cache import PawCache
 from ..hub.prepare import compile_program
 from ..hub.refs import checked_program_id, checked_slug
@@ -25,9 +24,10 @@ from ..core.options import RuntimeOptions
 from ..formats.outputs import OutputType
 from ..core.results import Generation
 from ..calls.runtime import ProgramRuntime
-from .typed import TypedFn
-from ..calls.pending import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
+from ..calls.caller import Caller
+from ..calls.pending import PendingGeneration, TextStream
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
+from .typed import TypedFn
 
 __all__ = ["PawFn"]
 
@@ -42,8 +42,8 @@ class PawFn(Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
     Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin)
-    and call `run` (or `arun`). Every load goes through `opening` (`open_reference`, `open_files`), every compile
-    through `compile_program`; the builder and the CLI call these classmethods.
+    and call `run` (or `arun`); every call method takes `options`. Every load goes through `opening`, every compile
+    through `compile_program`, every call through one `Caller` (shared with `TypedFn` and `Positional`).
     """
 
     _model_type: ClassVar[type[InterpreterModel] | None] = None
@@ -83,8 +83,9 @@ class PawFn(Generic[M, B]):
         return specialized
 
     def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):
-        """Internal: use `PawFn[Model, Backend].from_path(...)` or `.load_sync(...)`."""
+        """Internal: use `PawFn[Model, Backend].load_sync(...)` or `.load(...)`."""
         self._runtime = runtime
+        self._calls = Caller(runtime, self.model_type())
         self._meta = meta
         self._source = source
         self._config = config
@@ -122,9 +123,9 @@ class PawFn(Generic[M, B]):
         return cls(opened.runtime, opened.meta, opened.source, config, opened.load_ms)
 
     @classmethod
+    @deprecated("PawFn.from_path goes in the next release; use PawFn.load_sync(path, base=...)", category=DeprecationWarning)
     def from_path(cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
-        """Load a `.paw` zip or bundle folder on base weights `base` (a GGUF file or a HF model folder); without
-        `base`, a verified base already in the shared cache. Makes no network request."""
+        """Deprecated: `load_sync(path, base=...)`, which also fetches a base the cache lacks (unless offline)."""
         config = config or PawConfig.from_env()
         bundle, choose = Path(path), expect_model(cls.model_type())
         derived_dir = PawCache(config.cache_dir, config.lock_timeout_s).derived_dir(bundle)
@@ -137,15 +138,15 @@ class PawFn(Generic[M, B]):
         return cls._opened(open_bare(cls.backend_type(), cls.model_type(), None if base is None else Path(base), template, config), config)
 
     @classmethod
-    def load_sync(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
-        """Load a program by id, slug or path: download what is missing, or use the cache (offline too);
-        `base` brings your own base weights (then none are downloaded). On `Remote`, the server's program."""
-        choose = expect_model(cls.model_type())
+    def load_sync(cls, reference: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
+        """Load a program by id, slug or path (a `.paw` or bundle folder): download what is missing, or use the cache
+        (offline too); `base` brings your own base weights (a GGUF file or HF folder; then none are downloaded, and a
+        local bundle makes no request). On `Remote`, the server's program."""
         config = config or PawConfig.from_env()
-        return cls._opened(open_reference(reference, cls.backend_type(), choose, config, base), config)
+        return cls._opened(open_reference(os.fspath(reference), cls.backend_type(), expect_model(cls.model_type()), config, base), config)
 
     @classmethod
-    async def load(cls, reference: str, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
+    async def load(cls, reference: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
         """`load_sync` in a worker thread: downloads, hashing and weight loading never block the event loop."""
         return await asyncio.to_thread(lambda: cls.load_sync(reference, base=base, config=config))
 
@@ -177,14 +178,16 @@ class PawFn(Generic[M, B]):
         return await asyncio.to_thread(lambda: cls.load_slug_sync(slug, config=config))
 
     @classmethod
+    @deprecated("PawFn.load_id_sync goes in the next release; use PawFn.load_sync(program_id)", category=DeprecationWarning)
     def load_id_sync(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
-        """Load a program by its hash id."""
+        """Deprecated: `load_sync(program_id)`."""
         return cls.load_sync(checked_program_id(program_id), config=config)
 
     @classmethod
+    @deprecated("PawFn.load_id goes in the next release; use PawFn.load(program_id)", category=DeprecationWarning)
     async def load_id(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
-        """Async `load_id_sync`."""
-        return await asyncio.to_thread(lambda: cls.load_id_sync(program_id, config=config))
+        """Deprecated: `load(program_id)`."""
+        return await cls.load(checked_program_id(program_id), config=config)
 
     @classmethod
     def compile_spec_sync(
@@ -194,7 +197,7 @@ class PawFn(Generic[M, B]):
         cls.model_type()
         config = config or PawConfig.from_env()
         request = compile_request(spec, compiler, **settings)
-        return cls.load_id_sync(compile_program(request, config), config=config)
+        return cls.load_sync(compile_program(request, config), config=config)
 
     @classmethod
     async def compile_spec(
@@ -258,13 +261,18 @@ class PawFn(Generic[M, B]):
         """Whether `close()` was called."""
         return self._runtime.closed
 
+    @property
+    def calls(self) -> Caller:
+        """The one implementation of this program's calls (`TypedFn` and `Positional` run on it; advanced use)."""
+        return self._calls
+
     def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
         """Run the program and return text, token ids and timings."""
-        return self._runtime.generate(*self._checked_call(input, options))
+        return self._calls.generate(input, options)
 
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
-        return self._runtime.encode_prompt(checked_input(input), checked_options(options))
+        return self._calls.encode(input, options)
 
     def returning(self, output: TypeForm[T]) -> TypedFn[T]:
         """This program returning `output`, decoded under its grammar (`GrammarError` now if the type has none)."""
@@ -276,66 +284,47 @@ class PawFn(Generic[M, B]):
 
     def run(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
         """Run the program on `input` (greedily unless `options` say otherwise) and return its output text."""
-        return self.generate(input, options).text
+        return self._calls.generate(input, options).text
 
     def run_with(self, input: str, options: RuntimeOptions) -> str:  # noqa: A002
         """`run` with `options` (paw-rs's name for it)."""
-        return self.generate(input, options).text
+        return self.run(input, options)
 
     def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """Start a call and return a future of its `Generation` at once (Torch: on its base's scheduler, decoded with the
         calls in flight; llama.cpp: its calls in turn; Remote: sent). `cancel()` stops a call still decoding."""
-        return self._runtime.submit(*self._checked_call(input, options))
-
-    def _checked_call(self, input: str, options: RuntimeOptions | None) -> tuple[str, RuntimeOptions]:  # noqa: A002
-        """The input and options checked, and the program open (a closed program says so whatever the input)."""
-        text, checked = checked_input(input), checked_options(options)
-        self._check_open()
-        return text, checked
-
-    def _check_open(self) -> None:
-        if self._runtime.closed:
-            raise ProgramClosedError()
+        return self._calls.submit(input, options)
 
     async def agenerate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
         """`generate` without blocking the event loop; cancelling the task stops the call at its next token."""
-        return await asyncio.wrap_future(await self.asubmit(input, options))
+        return await self._calls.agenerate(input, options)
 
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
         """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
-        return (await self.agenerate(input, options)).text
+        return (await self._calls.agenerate(input, options)).text
 
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """`submit` for the event loop (it returns at once on every backend)."""
-        return self._runtime.submit(*self._checked_call(input, options))
+        return self._calls.submit(input, options)
 
     async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
         """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then
         `await stream.generation()`; leaving `async with stream` early cancels the call."""
-        text, checked = self._checked_call(input, options)
-        stream = TextStream(self._runtime.decode_tokens)
-        stream.follow(self._runtime.submit_streaming(text, checked, stream))
-        return stream
+        return self._calls.stream(input, options)
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
         """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
         Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
         one. If calls fail, the first failing input's error is raised once every call has ended."""
-        return results_in_order(self._runtime.submit_batch(*self._checked_batch(inputs, options)))
-
-    def _checked_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> tuple[list[str], RuntimeOptions]:
-        texts, checked = checked_inputs(inputs), checked_options(options)
-        self._check_open()
-        return texts, checked
+        return self._calls.generate_batch(inputs, options)
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """The output texts of `generate_batch`."""
-        return [generation.text for generation in self.generate_batch(inputs, options)]
+        return [generation.text for generation in self._calls.generate_batch(inputs, options)]
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
         """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
-        pendings = self._runtime.submit_batch(*self._checked_batch(inputs, options))
-        return [generation.text for generation in await gather_in_order(pendings)]
+        return [generation.text for generation in await self._calls.agenerate_batch(inputs, options)]
 
     def close(self) -> None:
         """Wait for running calls, then free the program's adapter and prefix; the shared base is freed with the

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from ..calls.caller import Caller
 from ..calls.pending import PendingGeneration
 from ..core.options import RuntimeOptions
 from ..formats.outputs import OutputType
@@ -17,30 +18,11 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class TextProgram(Protocol):
-    """What a typed program runs on: a `PawFn`'s calls, which return text."""
+    """What a typed program runs on: a `PawFn`, whose calls return text."""
 
-    def generate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation:  # noqa: A002
-        """Run the program and return its `Generation`."""
-        ...
-
-    async def agenerate(self, input: str, options: RuntimeOptions | None = None, /) -> Generation:  # noqa: A002
-        """`generate` for the event loop."""
-        ...
-
-    def submit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
-        """Start a call; its future gives the `Generation`."""
-        ...
-
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop."""
-        ...
-
-    def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[Generation]:
-        """`generate` for each input, results in input order."""
-        ...
-
-    async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None, /) -> list[str]:
-        """`generate_batch`'s texts, for the event loop."""
+    @property
+    def calls(self) -> Caller:
+        """The one implementation of the program's calls."""
         ...
 
 
@@ -60,6 +42,7 @@ class TypedFn(Generic[T_co]):
     def __init__(self, program: TextProgram, output: OutputType[T_co]) -> None:
         self._program = program
         self._output = output
+        self._calls = program.calls.returning(output.format)
 
     @property
     def program(self) -> TextProgram:
@@ -71,16 +54,12 @@ class TypedFn(Generic[T_co]):
         """The declared output type (its name, grammar format and parser)."""
         return self._output
 
-    def _options(self, options: RuntimeOptions | None) -> RuntimeOptions:
-        """`options` with the type's format (it replaces any `response_format` given)."""
-        return (options or RuntimeOptions()).model_copy(update={"response_format": self._output.format})
-
     def _typed(self, generation: Generation) -> TypedGeneration[T_co]:
         return TypedGeneration(self._output.parse(generation.text), generation)
 
     def generate(self, input: str, options: RuntimeOptions | None = None) -> TypedGeneration[T_co]:  # noqa: A002
-        """Run the program under the type's grammar: the value and its `Generation`."""
-        return self._typed(self._program.generate(input, self._options(options)))
+        """Run the program under the type's grammar (it replaces any `response_format` given): the value and its `Generation`."""
+        return self._typed(self._calls.generate(input, options))
 
     def run(self, input: str, options: RuntimeOptions | None = None) -> T_co:  # noqa: A002
         """The program's output on `input`, as a `T_co`."""
@@ -88,15 +67,15 @@ class TypedFn(Generic[T_co]):
 
     def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """Start a call under the type's grammar; its future gives the `Generation`, `value_of` its value."""
-        return self._program.submit(input, self._options(options))
+        return self._calls.submit(input, options)
 
     async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
         """`submit` for the event loop (it returns at once)."""
-        return self.submit(input, options)
+        return self._calls.submit(input, options)
 
     async def agenerate(self, input: str, options: RuntimeOptions | None = None) -> TypedGeneration[T_co]:  # noqa: A002
         """`generate` without blocking the event loop."""
-        return self._typed(await self._program.agenerate(input, self._options(options)))
+        return self._typed(await self._calls.agenerate(input, options))
 
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> T_co:  # noqa: A002
         """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
@@ -104,7 +83,7 @@ class TypedFn(Generic[T_co]):
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[TypedGeneration[T_co]]:
         """`generate` for each input, decoded together as `PawFn.generate_batch` does; results in input order."""
-        return [self._typed(generation) for generation in self._program.generate_batch(inputs, self._options(options))]
+        return [self._typed(generation) for generation in self._calls.generate_batch(inputs, options)]
 
     def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[T_co]:
         """The values of `generate_batch`."""
@@ -112,7 +91,7 @@ class TypedFn(Generic[T_co]):
 
     async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[T_co]:
         """`run_batch` without blocking the event loop (as `PawFn.arun_batch`: one request on Remote)."""
-        return [self._output.parse(text) for text in await self._program.arun_batch(inputs, self._options(options))]
+        return [self._output.parse(generation.text) for generation in await self._calls.agenerate_batch(inputs, options)]
 
     def value_of(self, generation: Generation) -> T_co:
         """The value of a `Generation` this program's call produced under its type (`OutputTypeError` if none)."""

@@ -20,7 +20,6 @@ from ..core.options import RuntimeOptions
 from ..core.protocol import RunResponse, ServedProgram
 from ..core.results import Generation
 from ..calls.runtime import CallInput, ProgramRuntime
-from ..core.templates import ArityError
 from ..calls.pending import PendingGeneration, TextStream, TokenListener
 
 __all__ = ["RemoteProgram"]
@@ -61,18 +60,11 @@ class RemoteProgram(ProgramRuntime):
         return self._served.prefix_tokens
 
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
-        return self._client.tokenize(self._served.name, self._checked(text), options)
+        return self._client.tokenize(self._served.name, text, options)
 
     @property
     def arity(self) -> int:
         return self._served.arity
-
-    def _checked(self, text: CallInput) -> CallInput:
-        """`text` if its count fits the served program's (`ArityError` before any request)."""
-        given = 1 if isinstance(text, str) else len(text)
-        if given != self.arity:
-            raise ArityError(self.arity, given)
-        return text
 
     def decode_tokens(self, token_ids: Sequence[int]) -> str:
         raise ConfigError("a Remote program has no tokenizer here: its text comes from the server (Generation.text)")
@@ -82,11 +74,11 @@ class RemoteProgram(ProgramRuntime):
         `cancel()` closes its connection and the server stops it at its next token."""
         if on_token is not None:
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
-        return self._streamed(self._checked(text), options, None)
+        return self._streamed(text, options, None)
 
     def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
-        return self._streamed(self._checked(text), options, stream.on_text)
+        return self._streamed(text, options, stream.on_text)
 
     def _streamed(self, text: CallInput, options: RuntimeOptions, on_text: Callable[[str], None] | None) -> PendingGeneration:
         pending = self.track(PendingGeneration())
