@@ -216,7 +216,7 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
     (cache / "base_models" / "mirror.gguf").write_bytes(qwen3_program.interpreter.gguf_path.read_bytes())
     monkeypatch.setenv("PAW_CACHE_DIR", str(cache))
     with (
-        PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror,
+        PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror,  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
         PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as plain,
     ):
         assert type(mirror).model_type() is MirrorQwen
@@ -227,7 +227,7 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
 def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
     with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B in the cache: pass base=PATH.*qwen3-0.6b-q6_k.gguf"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)
+        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
 
 
 def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: TinyInterpreter) -> None:
@@ -419,11 +419,11 @@ def test_the_deprecated_loaders_warn_and_still_load(qwen3_program: TinyProgram) 
     """`from_path` and `load_id` stay for one release, each with a `DeprecationWarning` naming its replacement."""
     base = qwen3_program.interpreter.gguf_path
     with pytest.deprecated_call(match=r"use PawFn\.load_sync\(path, base=\.\.\.\)"):
-        old = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)
+        old = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
     with old, PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base) as new:
         assert old.run_with("hello", GREEDY_24) == new.run_with("hello", GREEDY_24)
     with pytest.deprecated_call(match=r"use PawFn\.load_sync\(program_id\)"), pytest.raises(ConfigError, match="program id"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync("not an id")
+        PawFn[Qwen3_0_6B, Torch].load_id_sync("not an id")  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
 
 
 def test_every_way_to_call_checks_the_arguments_once(qwen3_program: TinyProgram) -> None:
