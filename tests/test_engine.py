@@ -82,9 +82,9 @@ def test_a_call_reads_its_programs_prefix_in_place(family: str, request: pytest.
         assert prefix.length > 0
         keys = [k.clone() for k in prefix.keys]
         generation = function.generate("hello there", RuntimeOptions(max_tokens=4))
-        with runtime.base.acquire() as copy:  # the one copy, which the call used
-            assert copy.cache.prefix is prefix
-            assert copy.cache.offset == prefix.length
-            own = copy.cache.keys[0][:, : min(generation.prompt_tokens, prefix.length)]
+        with runtime.base.acquire() as slot:  # the one KV slot, which the call used
+            assert slot.cache.prefix is prefix
+            assert slot.cache.offset == prefix.length
+            own = slot.cache.keys[0][:, : min(generation.prompt_tokens, prefix.length)]
             assert not torch.equal(own, prefix.keys[0][:, : own.shape[1]])  # not a copy of the prefix
         assert all(torch.equal(before, after) for before, after in zip(keys, prefix.keys, strict=True))

@@ -168,7 +168,7 @@ def test_concurrent_runs_match_sequential_ones(qwen3_program: TinyProgram, copie
             results = list(pool.map(run, INPUTS * 4))
         shared = torch_program(function).base
     assert all(tokens == expected[text] for text, tokens in results)
-    assert 1 <= shared.n_copies <= copies
+    assert 1 <= shared.n_slots <= copies
 
 
 def test_two_programs_share_one_base_and_keep_their_own_state(qwen3_program: TinyProgram, qwen3_program_q4: TinyProgram) -> None:

@@ -158,7 +158,7 @@ def test_rows_per_pass_and_copies_bound_the_batch(qwen3_program: TinyProgram) ->
         with _counting(function) as counts:
             found = [g.token_ids for g in function.generate_batch(INPUTS, options)]
         assert found == alone
-        assert torch_program(function).base.n_copies <= 3
+        assert torch_program(function).base.n_slots <= 3
         steps, rows = counts()
         assert rows <= 2 * steps and rows > steps
 

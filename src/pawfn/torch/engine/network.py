@@ -51,7 +51,7 @@ class StepRow:
 
 class TorchInterpreter:
     """The network: a base's weights on the device, its family's blocks and its arithmetic, composed into the passes
-    that run them; read-only, shared by every program and model copy."""
+    that run them; read-only, shared by every program and KV slot."""
 
     def __init__(self, weights: DeviceWeights) -> None:
         self.weights = weights

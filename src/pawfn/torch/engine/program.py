@@ -24,7 +24,7 @@ from ..weights.loading import load_device_weights, torch_dtype
 from ..weights.lora import DeviceAdapter
 from .network import TorchInterpreter
 from .prefix_store import PrefixStore
-from .registry import BaseKey, ModelRegistry, SharedBase
+from .registry import ENGINES, BaseEngine, EngineKey
 from .scheduler import ScheduledCall
 from .vision import PromptImage, VisionTower
 from ..weights.reader import read_base_weights
@@ -47,11 +47,11 @@ def _use_cores(threads: int | None, device: torch.device) -> None:
         share_cores()  # the cores other processes leave idle (see `FreeCores`)
 
 
-def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings, device: torch.device, numerics: Numerics) -> SharedBase:
+def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: EngineSettings, device: torch.device, numerics: Numerics) -> BaseEngine:
     """The base `files` name on `device`, loaded on the compute thread by the first program that asks, with one
-    more user (pair it with `ModelRegistry.release`)."""
+    more user (pair it with `ENGINES.release`)."""
     source, dtype, weight_dtype = str(files.base.resolve()), config.dtype, config.weight_dtype
-    key = BaseKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=numerics)
+    key = EngineKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=numerics)
 
     def load() -> TorchInterpreter:
         weights = read_base_weights(files.base, model)
@@ -61,12 +61,12 @@ def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: Eng
         loaded = on_compute_thread(load_device_weights, weights, device, torch_dtype(dtype), config.progress, weight_dtype, store, numerics)
         return TorchInterpreter(loaded)
 
-    return ModelRegistry.acquire(key, load, config.max_model_copies, config.max_batch_rows)
+    return ENGINES.acquire(key, load, config.max_model_copies, config.max_batch_rows)
 
 
-def _prefix(base: SharedBase, files: ProgramFiles, config: EngineSettings, prefix_ids: list[int], adapter: DeviceAdapter) -> PrefixState:
+def _prefix(base: BaseEngine, files: ProgramFiles, config: EngineSettings, prefix_ids: list[int], adapter: DeviceAdapter) -> PrefixState:
     """The program's prefix evaluated on `base`: from its stored KV beside the program where it was kept, else
-    evaluated on a free model copy (and stored)."""
+    evaluated on a free KV slot (and stored)."""
     interpreter, device = base.interpreter, base.interpreter.device
     store = None
     if files.derived_dir is not None and files.adapter_path is not None:
@@ -75,8 +75,8 @@ def _prefix(base: SharedBase, files: ProgramFiles, config: EngineSettings, prefi
         store = PrefixStore.in_folder(files.derived_dir, files.base, files.adapter_path, prefix_ids, mode, str(device))
     prefix = None if store is None else on_compute_thread(store.load, prefix_ids, interpreter.architecture, device)
     if prefix is None:
-        with base.acquire() as copy:
-            prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, adapter, copy.cache)
+        with base.acquire() as slot:
+            prefix = on_compute_thread(interpreter.prefill_prefix, prefix_ids, adapter, slot.cache)
         if store is not None:
             on_compute_thread(store.save, prefix)
     return prefix
@@ -87,7 +87,7 @@ class TorchProgram(PromptRuntime):
 
     def __init__(
         self,
-        base: SharedBase,
+        base: BaseEngine,
         adapter: DeviceAdapter,
         prefix: PrefixState,
         prompt: Prompt,
@@ -96,7 +96,7 @@ class TorchProgram(PromptRuntime):
         image_delimiters: tuple[str, str] = ("", ""),
     ) -> None:
         super().__init__(prompt)
-        self._base: SharedBase | None = base
+        self._base: BaseEngine | None = base
         self._adapter = adapter
         self._prefix: PrefixState | None = prefix
         self.batch_invariant = batch_invariant
@@ -115,7 +115,7 @@ class TorchProgram(PromptRuntime):
         _use_cores(config.threads, device)
         with contextlib.ExitStack() as on_error:
             base = _shared_base(model, files, config, device, numerics)
-            on_error.callback(ModelRegistry.release, base)
+            on_error.callback(ENGINES.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
             prompt = files.prompt(interpreter.weights.codec, n_ctx, model.whole_prompt, cached_prefix=not interpreter.arithmetic.whole_prompts)
@@ -127,7 +127,7 @@ class TorchProgram(PromptRuntime):
         return cls(base, device_adapter, prefix, prompt, batch_invariant, projector, model.image_delimiters)
 
     @property
-    def base(self) -> SharedBase:
+    def base(self) -> BaseEngine:
         """The shared base this program runs on (gone once the program is closed)."""
         if self._base is None:
             raise ProgramClosedError("this program was closed; its base is no longer held")
@@ -216,7 +216,7 @@ class TorchProgram(PromptRuntime):
         self._prefix = None  # its KV (66 MiB for Qwen3-0.6B's 303-token prefixes) goes even if the PawFn is kept
         base, self._base = self._base, None
         if base is not None:
-            ModelRegistry.release(base)
+            ENGINES.release(base)
             if base.users <= 0:  # the last program: the scheduler's last iteration lets go of the base as it ends
                 base.scheduler.wait_idle()
                 del base  # the weights go with this last reference; glibc keeps the pages unless trimmed

@@ -1,5 +1,7 @@
-"""`ModelRegistry`: the process-wide registry of loaded base models, one load per (model, weights, device,
-dtype), reference counted by the programs that use them: the last program to close frees its base."""
+"""One engine per loaded base (`BaseEngine`: its network, KV slots, scheduler and runner, image towers), kept by
+`Engines`, one load per (model, weights, device, dtype, storage, arithmetic) and reference counted by the programs
+that use it: the last program to close frees its base. `ModelRegistry` is the process's engines, as the public API
+shows them."""
 
 from __future__ import annotations
 
@@ -8,21 +10,20 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 from ...core.models import InterpreterModel
-from .copies import ModelCopies, ModelCopy
+from .kv_slots import KvSlots, KvSlot
 from .network import TorchInterpreter
 from .runner import Runner
 from .scheduler import Scheduler
 from .vision import VisionTower
 
-__all__ = ["BaseKey", "ModelRegistry", "SharedBase"]
+__all__ = ["ENGINES", "BaseEngine", "EngineKey", "Engines", "ModelRegistry"]
 
 
 @dataclass(frozen=True)
-class BaseKey:
-    """What identifies one loaded base: model type, resolved weights path, device, dtype and weight storage."""
+class EngineKey:
+    """What identifies one loaded base: model type, resolved weights path, device, dtype, weight storage and arithmetic."""
 
     model: type[InterpreterModel]
     source: str
@@ -32,16 +33,17 @@ class BaseKey:
     numerics: str = "native"
 
 
-class SharedBase:
-    """A loaded base model and its bounded set of copies; runs hold one specific copy each."""
+class BaseEngine:
+    """The engine of one loaded base: its network (`interpreter`), its bounded KV slots (a running call holds one),
+    the scheduler and runner every call on the base goes through, and the image towers beside it."""
 
-    def __init__(self, key: BaseKey, interpreter: TorchInterpreter, max_copies: int, max_rows: int) -> None:
+    def __init__(self, key: EngineKey, interpreter: TorchInterpreter, max_slots: int, max_rows: int) -> None:
         self.key = key
         self.interpreter = interpreter
-        self._copies = ModelCopies(interpreter, max_copies, max_rows)
+        self._slots = KvSlots(interpreter, max_slots, max_rows)
         self.users = 0
         """Programs holding this base (guarded by the registry's lock)."""
-        self.scheduler = Scheduler(self._copies, Runner(interpreter))
+        self.scheduler = Scheduler(self._slots, Runner(interpreter))
         """Batches every call on this base."""
         self._towers: dict[Path, VisionTower] = {}
         self._towers_lock = threading.Lock()
@@ -57,91 +59,113 @@ class SharedBase:
             return tower
 
     @property
-    def max_copies(self) -> int:
-        """Upper bound on copies (and so on concurrent runs)."""
-        return self._copies.max_copies
+    def max_slots(self) -> int:
+        """Upper bound on slots (and so on concurrent runs)."""
+        return self._slots.max_slots
 
     @property
-    def n_copies(self) -> int:
-        """Copies created so far (they are created lazily)."""
-        return self._copies.count
+    def n_slots(self) -> int:
+        """Slots created so far (they are created lazily)."""
+        return self._slots.count
 
-    def allow_copies(self, max_copies: int, max_rows: int) -> None:
-        """Raise the bounds to `max_copies` and `max_rows` (bounds are never lowered while programs use the base)."""
-        self._copies.allow(max_copies, max_rows)
+    def allow_slots(self, max_slots: int, max_rows: int) -> None:
+        """Raise the bounds to `max_slots` and `max_rows` (bounds are never lowered while programs use the base)."""
+        self._slots.allow(max_slots, max_rows)
         self.scheduler.wake()
 
     @contextlib.contextmanager
-    def acquire(self) -> Generator[ModelCopy, None, None]:
-        """Hold one copy outside the scheduler (a load evaluating its prefix), waiting for a free one; calls waiting
+    def acquire(self) -> Generator[KvSlot, None, None]:
+        """Hold one slot outside the scheduler (a load evaluating its prefix), waiting for a free one; calls waiting
         for it start once it is given back."""
         try:
-            with self._copies.acquire() as copy:
-                yield copy
+            with self._slots.acquire() as slot:
+                yield slot
         finally:
             self.scheduler.wake()
 
 
-class ModelRegistry:
-    """Process-wide registry; `load_count` tells how often a key was actually loaded (for tests and stats)."""
+class Engines:
+    """Loaded bases by key, each loaded once and shared; `load_count` tells how often a key was actually loaded."""
 
-    _lock: ClassVar[threading.Lock] = threading.Lock()
-    _entries: ClassVar[dict[BaseKey, SharedBase]] = {}
-    _key_locks: ClassVar[dict[BaseKey, threading.Lock]] = {}
-    _loads: ClassVar[dict[BaseKey, int]] = {}
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._engines: dict[EngineKey, BaseEngine] = {}
+        self._key_locks: dict[EngineKey, threading.Lock] = {}
+        self._loads: dict[EngineKey, int] = {}
 
-    @classmethod
-    def acquire(cls, key: BaseKey, load: Callable[[], TorchInterpreter], max_copies: int, max_rows: int) -> SharedBase:
-        """The shared base for `key`, loading it once, with one more user; pair it with `release`.
-
-        Concurrent callers for one key wait for that load; other keys keep loading in parallel.
-        """
-        with cls._lock:
-            key_lock = cls._key_locks.setdefault(key, threading.Lock())
+    def acquire(self, key: EngineKey, load: Callable[[], TorchInterpreter], max_slots: int, max_rows: int) -> BaseEngine:
+        """The engine for `key`, loading its base once, with one more user; pair it with `release`. Concurrent callers
+        for one key wait for that load; other keys keep loading in parallel."""
+        with self._lock:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
-            with cls._lock:
-                entry = cls._entries.get(key)
-                if entry is not None:
-                    entry.users += 1
-            if entry is None:
-                entry = SharedBase(key, load(), max_copies, max_rows)
-                with cls._lock:
-                    cls._entries[key] = entry
-                    cls._loads[key] = cls._loads.get(key, 0) + 1
-                    entry.users += 1
+            with self._lock:
+                engine = self._engines.get(key)
+                if engine is not None:
+                    engine.users += 1
+            if engine is None:
+                engine = BaseEngine(key, load(), max_slots, max_rows)
+                with self._lock:
+                    self._engines[key] = engine
+                    self._loads[key] = self._loads.get(key, 0) + 1
+                    engine.users += 1
             else:
-                entry.allow_copies(max_copies, max_rows)
-        return entry
+                engine.allow_slots(max_slots, max_rows)
+        return engine
 
-    @classmethod
-    def release(cls, base: SharedBase) -> None:
-        """One user fewer; the last one removes the base, so its memory goes with the last reference to it."""
-        with cls._lock:
-            base.users -= 1
-            if base.users <= 0 and cls._entries.get(base.key) is base:
-                del cls._entries[base.key]
+    def release(self, engine: BaseEngine) -> None:
+        """One user fewer; the last one removes the engine, so its memory goes with the last reference to it."""
+        with self._lock:
+            engine.users -= 1
+            if engine.users <= 0 and self._engines.get(engine.key) is engine:
+                del self._engines[engine.key]
 
-    @classmethod
-    def load_count(cls, key: BaseKey | None = None) -> int:
+    def load_count(self, key: EngineKey | None = None) -> int:
         """Loads of `key` so far (of every key when None)."""
-        with cls._lock:
-            return sum(cls._loads.values()) if key is None else cls._loads.get(key, 0)
+        with self._lock:
+            return sum(self._loads.values()) if key is None else self._loads.get(key, 0)
 
-    @classmethod
-    def loaded(cls) -> list[BaseKey]:
+    def loaded(self) -> list[EngineKey]:
         """Keys of the bases loaded now."""
-        with cls._lock:
-            return list(cls._entries)
+        with self._lock:
+            return list(self._engines)
 
-    @classmethod
-    def evict(cls, key: BaseKey) -> bool:
+    def evict(self, key: EngineKey) -> bool:
         """Forget a loaded base (its memory is freed once no program holds it); True if it was loaded."""
-        with cls._lock:
-            return cls._entries.pop(key, None) is not None
+        with self._lock:
+            return self._engines.pop(key, None) is not None
 
-    @classmethod
-    def clear(cls) -> None:
+    def clear(self) -> None:
         """Forget every loaded base and the load counts."""
-        with cls._lock:
-            cls._entries.clear()
-            cls._loads.clear()
+        with self._lock:
+            self._engines.clear()
+            self._loads.clear()
+
+
+ENGINES = Engines()
+"""The process's engines: every Torch program in this process shares its base through them."""
+
+
+class ModelRegistry:
+    """The process's loaded bases (`ENGINES`), as the public API shows them: what is loaded, how often a base was
+    loaded, and forgetting them (tests, notebooks)."""
+
+    @staticmethod
+    def load_count(key: EngineKey | None = None) -> int:
+        """Loads of `key` so far (of every key when None)."""
+        return ENGINES.load_count(key)
+
+    @staticmethod
+    def loaded() -> list[EngineKey]:
+        """Keys of the bases loaded now."""
+        return ENGINES.loaded()
+
+    @staticmethod
+    def evict(key: EngineKey) -> bool:
+        """Forget a loaded base (its memory is freed once no program holds it); True if it was loaded."""
+        return ENGINES.evict(key)
+
+    @staticmethod
+    def clear() -> None:
+        """Forget every loaded base and the load counts."""
+        ENGINES.clear()

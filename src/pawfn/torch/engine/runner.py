@@ -40,8 +40,8 @@ class Runner:
 
     def _start(self, call: ScheduledCall) -> None:
         """Evaluate the call's prompt after its program's prefix and sample its first token."""
-        assert call.copy is not None  # a started call holds a copy
-        session = TorchSession(call.adapter, call.prefix, call.copy.cache, call.decoding.options)
+        assert call.slot is not None  # a started call holds a slot
+        session = TorchSession(call.adapter, call.prefix, call.slot.cache, call.decoding.options)
         call.session = session
         prompt_ids = call.decoding.prompt_ids  # with images: 0 at each image's positions
         logits = call.prefix.last_logits

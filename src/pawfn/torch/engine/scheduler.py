@@ -3,7 +3,7 @@ when calls end. Calls from any threads, tasks and programs join the next decode 
 
 Each iteration the scheduler writes a `Plan` (data: prompts to evaluate, decode steps grouped by program) and a
 runner executes it (`runner.Runner`); both run on the compute thread, one iteration queued behind the other work
-there, so a call costs no thread of its own. A call waits to join at most one iteration, unless every model copy
+there, so a call costs no thread of its own. A call waits to join at most one iteration, unless every KV slot
 is busy.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ...calls.pending import PendingGeneration
 from ...calls.runtime import Decoding
 from .compute import on_compute_thread, on_compute_thread_now, queue_on_compute_thread
-from .copies import ModelCopies, ModelCopy
+from .kv_slots import KvSlots, KvSlot
 from ..model.kvcache import PrefixState
 from ..weights.lora import DeviceAdapter
 from .session import TorchSession
@@ -39,8 +39,8 @@ class ScheduledCall:
     """Called once when the call ends, however it ends (the program counts its running calls)."""
     batch_invariant: bool = True
     """Its decode steps compute each row exactly as alone (`PawConfig.batch_invariant`)."""
-    copy: ModelCopy | None = None
-    """The model copy (its KV cache) the call holds while it runs."""
+    slot: KvSlot | None = None
+    """The KV slot (its KV cache) the call holds while it runs."""
     session: TorchSession | None = None
     token: int = 0
     """The token sampled last, to be taken (and evaluated, if the call goes on) in the next step."""
@@ -58,7 +58,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    """One iteration, decided before anything runs: the prompts to evaluate (calls that hold a copy now), then the
+    """One iteration, decided before anything runs: the prompts to evaluate (calls that hold a slot now), then the
     decode steps of the calls already running."""
 
     start: list[ScheduledCall] = field(default_factory=list[ScheduledCall])
@@ -71,27 +71,27 @@ Execute = Callable[[Plan], Failures]
 
 
 class Scheduler:
-    """Batches the calls on one base; the copies bound how many run (`max_copies`) and how many rows share a pass
+    """Batches the calls on one base; the slots bound how many run (`max_slots`) and how many rows share a pass
     (`max_rows`)."""
 
-    def __init__(self, copies: ModelCopies, execute: Execute) -> None:
-        self._copies = copies
+    def __init__(self, slots: KvSlots, execute: Execute) -> None:
+        self._slots = slots
         self._execute = execute
         self._lock = threading.Condition()
         self._waiting: deque[ScheduledCall] = deque()
         self._running: list[ScheduledCall] = []
-        """Calls that hold a copy: touched by iterations only, which run one at a time on the compute thread."""
+        """Calls that hold a slot: touched by iterations only, which run one at a time on the compute thread."""
         self._busy = False
         """An iteration is queued or running; it queues the next one while there is work."""
         self._woken = False
-        """A call came or a copy was given back during the iteration: waiting calls may start in the next one."""
+        """A call came or a slot was given back during the iteration: waiting calls may start in the next one."""
         self.steps = 0
         """Decode steps taken so far (forward passes over one or more rows)."""
         self.rows_stepped = 0
         """Rows those steps advanced, in total (rows_stepped / steps is the mean batch size)."""
 
     def submit(self, call: ScheduledCall) -> None:
-        """Queue `call`; it starts in the next iteration that finds a free copy."""
+        """Queue `call`; it starts in the next iteration that finds a free slot."""
         with self._lock:
             self._waiting.append(call)
             self._woken = True
@@ -101,7 +101,7 @@ class Scheduler:
             queue_on_compute_thread(self._iterate)
 
     def wake(self) -> None:
-        """A copy was given back outside the scheduler (a load's prefix evaluation), or the bounds were raised: waiting
+        """A slot was given back outside the scheduler (a load's prefix evaluation), or the bounds were raised: waiting
         calls may start now."""
         with self._lock:
             self._woken = True
@@ -111,7 +111,7 @@ class Scheduler:
             queue_on_compute_thread(self._iterate)
 
     def wait_idle(self) -> None:
-        """Wait until no iteration is queued or running (no call waiting for a copy or running)."""
+        """Wait until no iteration is queued or running (no call waiting for a slot or running)."""
         if on_compute_thread_now():
             return  # an iteration is the caller (a token listener closing its program): it ends by itself
         with self._lock:
@@ -125,7 +125,7 @@ class Scheduler:
 
     def plan(self) -> Plan:
         """Decide the next iteration: end the calls that are done or cancelled, step the others (a program's rows
-        adjacent, at most `max_rows` per pass) and start waiting calls while copies are free."""
+        adjacent, at most `max_rows` per pass) and start waiting calls while slots are free."""
         stepping: list[ScheduledCall] = []
         for call in list(self._running):
             try:
@@ -139,13 +139,13 @@ class Scheduler:
                 self._end(call, None)
         first_seen: dict[int, int] = {}  # each program's side paths then run once per pass, on all its rows
         stepping.sort(key=lambda call: first_seen.setdefault(id(call.adapter), len(first_seen)))
-        width = self._copies.max_rows
+        width = self._slots.max_rows
         steps: list[Step] = []
         for invariant in (True, False):  # each program's choice holds: row-exact rows never share a batched pass
             rows = [call for call in stepping if call.batch_invariant is invariant]
             steps += [Step(rows[start : start + width], invariant) for start in range(0, len(rows), width)]
         started: list[ScheduledCall] = []
-        with self._lock:  # calls cancelled while they waited for a copy end now, without one
+        with self._lock:  # calls cancelled while they waited for a slot end now, without one
             cancelled = [call for call in self._waiting if call.pending.abandoned.is_set()]
             for call in cancelled:
                 self._waiting.remove(call)
@@ -155,11 +155,11 @@ class Scheduler:
         while True:
             with self._lock:
                 self._woken = False
-                copy = self._copies.try_take() if self._waiting else None  # every running call holds one
-                if copy is None:
+                slot = self._slots.try_take() if self._waiting else None  # every running call holds one
+                if slot is None:
                     break
                 call = self._waiting.popleft()
-            call.copy = copy
+            call.slot = slot
             self._running.append(call)
             if call.pending.set_running_or_notify_cancel():
                 started.append(call)
@@ -185,13 +185,13 @@ class Scheduler:
                 queue_on_compute_thread(self._iterate)
 
     def _end(self, call: ScheduledCall, error: BaseException | None) -> None:
-        """Give back the call's copy and hand over its result (or `error`); a cancelled call gets nothing."""
+        """Give back the call's slot and hand over its result (or `error`); a cancelled call gets nothing."""
         if call in self._running:
             self._running.remove(call)
-        copy, call.copy, call.session = call.copy, None, None
+        slot, call.slot, call.session = call.slot, None, None
         try:
-            if copy is not None:
-                self._copies.give_back(copy)
+            if slot is not None:
+                self._slots.give_back(slot)
                 self.wake()
         finally:
             pending = call.pending

@@ -1,4 +1,4 @@
-"""One call's decoding state on the Torch backend: the model copy's KV cache it continues, its position and its
+"""One call's decoding state on the Torch backend: the KV slot's cache it continues, its position and its
 sampler."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["TorchSession"]
 
 
 class TorchSession:
-    """One call on one model copy: the copy's KV cache continues the program's prefix (shared, not copied)."""
+    """One call on one KV slot: the slot's cache continues the program's prefix (shared, not copied)."""
 
     def __init__(self, adapter: DeviceAdapter, prefix: PrefixState, cache: KVCache, options: RuntimeOptions) -> None:
         self.adapter = adapter
