@@ -24,6 +24,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.core.errors import AdapterError
+from pawfn.llamacpp.context import NativeContext
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 
 
@@ -94,39 +95,37 @@ def test_narrow_gives_the_precise_type_or_refuses(qwen3_program: TinyProgram, gp
 
 @pytest.fixture
 def native_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[object]]]:
-    """Records every llama.cpp context made and closed, and every adapter made and freed."""
+    """Records every llama.cpp model and context made and freed, and every adapter made and freed."""
     import llama_cpp
 
     seen: dict[str, list[object]] = {"made": [], "closed": [], "adapters": [], "freed": []}
 
-    class SpyLlama(llama_cpp.Llama):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - forwards llama_cpp's own signature
-            super().__init__(*args, **kwargs)
-            seen["made"].append(self)
+    def spy(name: str, into: str) -> None:
+        real = getattr(llama_cpp, name)
 
-        def close(self) -> None:
-            seen["closed"].append(self)
-            super().close()
+        def recorded(*args: Any) -> Any:  # noqa: ANN401 - ctypes handles
+            result = real(*args)
+            seen[into].append(result if into in ("made", "adapters") else args[0])
+            return result
 
-    init, free = llama_cpp.llama_adapter_lora_init, llama_cpp.llama_adapter_lora_free
+        monkeypatch.setattr(llama_cpp, name, recorded)
 
-    def spy_init(model: Any, path: bytes) -> Any:  # noqa: ANN401 - ctypes handles
-        adapter = init(model, path)
-        seen["adapters"].append(adapter)
-        return adapter
-
-    def spy_free(adapter: Any) -> None:  # noqa: ANN401 - ctypes handles
-        seen["freed"].append(adapter)
-        free(adapter)
-
-    monkeypatch.setattr(llama_cpp, "Llama", SpyLlama)
-    monkeypatch.setattr(llama_cpp, "llama_adapter_lora_init", spy_init)
-    monkeypatch.setattr(llama_cpp, "llama_adapter_lora_free", spy_free)
+    spy("llama_model_load_from_file", "made")
+    spy("llama_init_from_model", "made")
+    spy("llama_free", "closed")
+    spy("llama_model_free", "closed")
+    spy("llama_adapter_lora_init", "adapters")
+    spy("llama_adapter_lora_free", "freed")
     yield seen
 
 
 def _all_released(seen: dict[str, list[object]]) -> bool:
-    return seen["made"] == seen["closed"] and seen["adapters"] == seen["freed"]
+    """Every handle made was freed (compared by address: ctypes hands out a new wrapper per call)."""
+
+    def addresses(handles: list[object]) -> list[int]:
+        return sorted(handle if isinstance(handle, int) else int(getattr(handle, "value", None) or 0) for handle in handles)
+
+    return addresses(seen["made"]) == addresses(seen["closed"]) and addresses(seen["adapters"]) == addresses(seen["freed"])
 
 
 @requires_llama_cpp
@@ -145,14 +144,14 @@ def test_a_failing_llama_cpp_load_leaves_no_live_handle(
         expected: type[Exception] = AdapterError
     else:
 
-        def failing_eval(self: llama_cpp.Llama, tokens: object) -> None:
+        def failing_eval(self: NativeContext, tokens: object) -> None:
             raise RuntimeError("llama_decode failed")
 
-        monkeypatch.setattr(llama_cpp.Llama, "eval", failing_eval)
+        monkeypatch.setattr(NativeContext, "eval", failing_eval)
         expected = RuntimeError
     with pytest.raises(expected):
         PawFn[GPT2, LlamaCpp].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
-    assert len(native_spy["made"]) == 1 and _all_released(native_spy)
+    assert len(native_spy["made"]) == 2 and _all_released(native_spy)  # the model and its context
     assert len(native_spy["adapters"]) == 1
 
 
@@ -162,7 +161,7 @@ def test_closing_a_llama_cpp_program_releases_its_handles(gpt2_program: TinyProg
     assert program.run("hello") == program.run("hello")
     assert not _all_released(native_spy)
     program.close()
-    assert _all_released(native_spy) and len(native_spy["made"]) == 1
+    assert _all_released(native_spy) and len(native_spy["made"]) == 2
 
 
 _RSS_SCRIPT = """

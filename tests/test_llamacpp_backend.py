@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -87,7 +88,7 @@ def _fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpuinfo: str,
 def _extra_bufts(function: PawFn[Qwen3_0_6B, LlamaCpp]) -> bool:
     runtime = function.runtime
     assert isinstance(runtime, llamacpp_program.LlamaCppProgram)
-    return bool(runtime.llm.model_params.use_extra_bufts)
+    return bool(runtime.context.model_params.use_extra_bufts)
 
 
 @pytest.mark.parametrize(
@@ -202,6 +203,12 @@ def _official_constant_keywords(module: str) -> dict[str, object]:
     return found
 
 
+def _plain_fields(params: ctypes.Structure) -> dict[str, object]:
+    """A ctypes parameter struct's numbers and flags by name (pointers and callbacks left out)."""
+    names = [field[0] for field in type(params)._fields_]
+    return {name: value for name in names if isinstance(value := getattr(params, name), (bool, int, float))}
+
+
 _PARAMETERS = ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_threads", "n_threads_batch", "type_k", "type_v", "flash_attn_type", "offload_kqv")
 
 
@@ -223,12 +230,14 @@ def test_the_context_is_the_official_sdks(family: str, module: str, request: pyt
     base = program.interpreter.gguf_path
     with PawFn.specialize(model, LlamaCpp).load_sync(program.folder, base=base, config=PawConfig(n_ctx=512)) as ours:
         runtime = llamacpp_program_of(ours)
-        context = runtime.llm.context_params
+        context = runtime.context.context_params
         theirs = llama_cpp.Llama(
             model_path=str(base), n_ctx=context.n_ctx, n_gpu_layers=0, verbose=False, **llamacpp_program.official_llama_settings(model)
         )
         try:
             assert {name: getattr(context, name) for name in _PARAMETERS} == {name: getattr(theirs.context_params, name) for name in _PARAMETERS}
+            assert _plain_fields(context) == _plain_fields(theirs.context_params)  # every other field as Llama sets it
+            assert _plain_fields(runtime.context.model_params) == _plain_fields(theirs.model_params)
         finally:
             theirs.close()
         assert context.type_k == context.type_v == 1  # GGML_TYPE_F16
@@ -239,6 +248,35 @@ def test_a_named_setting_changes_only_what_it_names(qwen3_program: TinyProgram) 
     config = PawConfig(n_ctx=512, threads=1, llamacpp_kv_dtype="float32", dtype="bfloat16")  # dtype: the Torch backend's
     with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
         runtime = llamacpp_program_of(function)
-        context = runtime.llm.context_params
+        context = runtime.context.context_params
         assert (context.type_k, context.type_v, context.n_threads, context.n_threads_batch, context.n_batch) == (0, 0, 1, 1, 512)
         assert "f32 KV cache, 1/1 threads" in runtime.engine
+
+
+@requires_llama_cpp
+def test_a_sampled_call_draws_what_llamas_sampler_draws(qwen3_program: TinyProgram) -> None:
+    """At a temperature the backend's sampler chain (made anew per token, seeded by the call) draws the tokens that
+    `Llama.sample` draws after the same evaluations, on the same program."""
+    import llama_cpp
+
+    from pawfn import RuntimeOptions
+
+    base = qwen3_program.interpreter.gguf_path
+    options = RuntimeOptions(max_tokens=12, temperature=0.9, top_p=0.9, seed=7)
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=base, config=PawConfig(n_ctx=512)) as function:
+        runtime = llamacpp_program_of(function)
+        prefix, prompt = runtime.prefix_ids, function.prompt_token_ids("hello there")
+        found = list(function.generate("hello there", options).token_ids)
+    theirs = llama_cpp.Llama(model_path=str(base), n_ctx=512, n_gpu_layers=0, verbose=False, lora_path=str(qwen3_program.adapter))
+    try:
+        theirs.eval(prefix)  # as the backend: the prefix at load, then the call's prompt
+        theirs.eval(prompt)
+        theirs.set_seed(7)
+        expected: list[int] = []
+        while len(expected) < len(found):
+            token = theirs.sample(temp=0.9, top_p=0.9, top_k=0, min_p=0.0)
+            expected.append(token)
+            theirs.eval([token])
+    finally:
+        theirs.close()
+    assert len(set(found)) > 1 and found == expected

@@ -18,10 +18,9 @@ from collections import deque
 from collections.abc import Callable, Generator
 from pathlib import Path
 from concurrent.futures import CancelledError
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ..core.config import EngineSettings
 from ..formats.constraint import Constraint
@@ -36,9 +35,9 @@ from ..calls.runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRun
 from ..calls.pending import PendingGeneration, TokenListener
 from ..formats.tokenizer import TextCodec
 from . import cpu
+from .context import LlamaSettings, NativeContext
 
 if TYPE_CHECKING:
-    import llama_cpp
     from llama_cpp import mtmd_cpp as mtmd
 
 __all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "official_llama_settings", "uses_repack"]
@@ -71,32 +70,6 @@ def _log_amx_refusal() -> None:
         "CPU (PAW_LLAMACPP_REPACK=1 overrides)",
         cpu.AMX_ISSUE,
     )
-
-
-def _repacked(llm: llama_cpp.Llama) -> bool:
-    return bool(getattr(llm.model_params, "use_extra_bufts", True))  # a llama-cpp-python too old to have it repacks
-
-
-@contextlib.contextmanager
-def _model_params(use_extra_bufts: bool) -> Generator[None, None, None]:
-    """`Llama()` takes no `use_extra_bufts`: the model parameters it makes on this thread get ours, for as long as
-    this lasts. Only under `_NATIVE_STDERR`, which serializes pawfn's loads."""
-    from llama_cpp import llama_cpp as native
-
-    default_params = native.llama_model_default_params
-    loading_thread = threading.get_ident()
-
-    def with_extra_bufts() -> native.llama_model_params:
-        params = default_params()
-        if threading.get_ident() == loading_thread:
-            params.use_extra_bufts = use_extra_bufts
-        return params
-
-    native.llama_model_default_params = with_extra_bufts
-    try:
-        yield
-    finally:
-        native.llama_model_default_params = default_params
 
 
 _NATIVE_LOG = logging.getLogger("pawfn.llamacpp")
@@ -144,80 +117,56 @@ class LlamaCppSession:
     """One call on the program's llama.cpp context, rewound to the cached prefix."""
 
     def __init__(self, program: LlamaCppProgram, options: RuntimeOptions) -> None:
-        self._llm = program.llm
+        self._context = program.context
         self._prefix_ids = program.prefix_ids
         self._rewinds = program.rewinds
         self._options = options
-        if options.seed is not None:
-            self._llm.set_seed(options.seed)
 
     def prefill(self, prompt_ids: list[int]) -> None:
-        n_prefix = len(self._prefix_ids)
+        context, n_prefix = self._context, len(self._prefix_ids)
         if not self._rewinds:  # a recurrent state cannot go back: the whole prompt on a cleared context
-            _clear(self._llm)
-            self._llm.eval(self._prefix_ids + prompt_ids)
+            context.clear()
+            context.eval(self._prefix_ids + prompt_ids)
         elif prompt_ids:
-            self._llm.n_tokens = n_prefix  # rewind to the cached prefix; eval trims the KV cache past it
-            self._llm.eval(prompt_ids)
+            context.rewind(n_prefix)  # to the cached prefix; eval trims the KV cache past it
+            context.eval(prompt_ids)
         else:
-            self._llm.n_tokens = n_prefix - 1  # re-evaluate the prefix's last token for fresh logits
-            self._llm.eval(self._prefix_ids[-1:])
+            context.rewind(n_prefix - 1)  # re-evaluate the prefix's last token for fresh logits
+            context.eval(self._prefix_ids[-1:])
 
     def sample(self, constraint: Constraint | None = None) -> int:
-        """The next token, by llama.cpp's sampler; a constrained call's forbidden tokens are masked first, through
-        its logits hook (`logits_processor`)."""
-        import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
-
-        position = self._llm.n_tokens
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._llm.ctx, -1), shape=(self._llm.n_vocab(),))
+        """The next token, by llama.cpp's sampler; a constrained call's forbidden tokens are masked first (the logits
+        in place, as `Llama`'s logits hook would)."""
+        context = self._context
+        logits = context.logits()
         if not np.isfinite(logits).all():  # llama.cpp's sampler would pick a token from them anyway
-            raise NonFiniteError(position, "the base or adapter holds extreme or non-finite values; check the program's files")
-        hook = None if constraint is None else [_masking(constraint, logits.shape[0])]
+            raise NonFiniteError(context.n_tokens, "the base or adapter holds extreme or non-finite values; check the program's files")
+        if constraint is not None:
+            logits[~constraint.allowed(logits.shape[0])[: logits.shape[0]]] = -np.inf
         options = self._options
-        if options.temperature == 0.0:
-            return self._llm.sample(temp=0.0, logits_processor=hook)
-        return self._llm.sample(temp=options.temperature, top_p=options.top_p, top_k=0, min_p=0.0, logits_processor=hook)
+        return context.sample(options.temperature, options.top_p, options.seed)
 
     def advance(self, token: int) -> None:
-        self._llm.eval([token])
+        self._context.eval([token])
 
 
-def _clear(llm: llama_cpp.Llama) -> None:
-    """Empty the context: `Llama.reset` moves its position only, so the memory (KV and recurrent states) is cleared
-    explicitly, as the official vision runtime does."""
-    import llama_cpp  # loaded already (the program opened with it); optional, so never at pawfn's import
-
-    llm.reset()
-    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm.ctx), True)
-
-
-def _masking(constraint: Constraint, width: int) -> Callable[[NDArray[np.intc], NDArray[np.single]], NDArray[np.single]]:
-    """A llama.cpp logits processor that sets the tokens `constraint` forbids now to -inf."""
-    allowed = constraint.allowed(width)
-
-    def mask(_: NDArray[np.intc], scores: NDArray[np.single]) -> NDArray[np.single]:
-        return np.where(allowed[: scores.shape[0]], scores, np.single(-np.inf)).astype(np.single)
-
-    return mask
-
-
-def _apply_adapter(llama_cpp: types.ModuleType, llm: llama_cpp.Llama, adapter_path: Path, resources: contextlib.ExitStack) -> None:
+def _apply_adapter(llama_cpp: types.ModuleType, context: NativeContext, adapter_path: Path, resources: contextlib.ExitStack) -> None:
     """Load the program's LoRA and apply it at scale 1, undone (then freed) when `resources` close."""
     with _quiet_native_stderr():
-        adapter = llama_cpp.llama_adapter_lora_init(llm.model, str(adapter_path).encode())
+        adapter = llama_cpp.llama_adapter_lora_init(context.model, str(adapter_path).encode())
     if adapter is None:
         raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
     resources.callback(llama_cpp.llama_adapter_lora_free, adapter)
     adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
     scales = (ctypes.c_float * 1)(1.0)
-    if llama_cpp.llama_set_adapters_lora(llm.ctx, adapters, 1, scales):
+    if llama_cpp.llama_set_adapters_lora(context.ctx, adapters, 1, scales):
         raise AdapterError(adapter_path, "llama.cpp could not apply this LoRA adapter")
     # Detach before the adapter is freed: callbacks run last-registered first.
-    resources.callback(llama_cpp.llama_set_adapters_lora, llm.ctx, None, 0, None)
+    resources.callback(llama_cpp.llama_set_adapters_lora, context.ctx, None, 0, None)
 
 
 def _open_projector(
-    path: Path, llm: llama_cpp.Llama, model: type[InterpreterModel], config: EngineSettings, resources: contextlib.ExitStack
+    path: Path, text: NativeContext, model: type[InterpreterModel], config: EngineSettings, resources: contextlib.ExitStack
 ) -> mtmd.mtmd_context_p:
     """llama.cpp's mtmd context on the projector GGUF, with the official vision runtime's parameters; freed with
     `resources`."""
@@ -228,29 +177,18 @@ def _open_projector(
     params = mtmd.mtmd_context_params_default()
     params.use_gpu = config.device != "cpu"
     params.print_timings = False
-    params.n_threads = llm.context_params.n_threads  # the text context's, as the vision runtime sets it
+    params.n_threads = text.context_params.n_threads  # the text context's, as the vision runtime sets it
     if model.image_tokens is not None:
         params.image_min_tokens, params.image_max_tokens = model.image_tokens
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
     with _quiet_native_stderr():
-        context = mtmd.mtmd_init_from_file(os.fsencode(path), llm.model, params)
+        context = mtmd.mtmd_init_from_file(os.fsencode(path), text.model, params)
     if not context:
         raise BaseModelError(path, "llama.cpp's mtmd could not load this projector (mmproj GGUF)")
     resources.callback(mtmd.mtmd_free, context)
     if not mtmd.mtmd_support_vision(context):
         raise BaseModelError(path, "this projector takes no images")
     return context
-
-
-class LlamaSettings(TypedDict, total=False):
-    """`Llama`'s keyword arguments that pawfn sets beside the model path, `n_ctx`, `n_gpu_layers` and `verbose`."""
-
-    n_batch: int
-    n_threads: int
-    n_threads_batch: int
-    flash_attn: bool
-    type_k: int
-    type_v: int
 
 
 def official_llama_settings(model: type[InterpreterModel]) -> LlamaSettings:
@@ -277,15 +215,14 @@ class LlamaCppProgram(PromptRuntime):
     """One program on its own llama.cpp context (the base GGUF is memory-mapped, so the OS shares it); its calls
     queue for the program's own worker thread and run one by one, in order."""
 
-    def __init__(
-        self, resources: contextlib.ExitStack, llm: llama_cpp.Llama, prompt: Prompt, rewinds: bool = True, vision: mtmd.mtmd_context_p | None = None
-    ) -> None:
+    def __init__(self, resources: contextlib.ExitStack, context: NativeContext, prompt: Prompt, vision: mtmd.mtmd_context_p | None = None) -> None:
         super().__init__(prompt)
         self._resources = resources
-        self.llm = llm
+        self.context = context
+        """llama.cpp's model and context (on llama-cpp-python's low-level API, configured as `Llama` configures them)."""
         self._vision = vision
         """llama.cpp's mtmd context on the projector, for image arguments (None: no projector)."""
-        self.rewinds = rewinds
+        self.rewinds = not context.recurrent
         """Whether a call rewinds the context to the evaluated prefix; a model with recurrent layers cannot (llama.cpp
         refuses the next input), so each call clears it and evaluates its whole prompt, as the official runtime does."""
         self._lock = threading.Lock()
@@ -368,8 +305,7 @@ class LlamaCppProgram(PromptRuntime):
             )
         marker = mtmd.mtmd_default_marker().decode("utf-8")
         rendered, images = prompt.rendered(text, marker)
-        llm = self.llm
-        _clear(llm)
+        self.context.clear()
         bitmaps: list[mtmd.mtmd_bitmap_p] = []
         try:
             for image in images:
@@ -386,14 +322,14 @@ class LlamaCppProgram(PromptRuntime):
         finally:
             for bitmap in bitmaps:
                 mtmd.mtmd_bitmap_free(bitmap)
-        return [int(token) for token in llm.input_ids[len(prompt.prefix_ids) : llm.n_tokens]]
+        return self.context.tokens[len(prompt.prefix_ids) :]
 
     def _evaluate_chunks(self, vision: mtmd.mtmd_context_p, text: str, bitmaps: list[mtmd.mtmd_bitmap_p]) -> None:
         """One mtmd tokenization (text with at most one image) evaluated on the context after what is there."""
         import llama_cpp
         from llama_cpp import mtmd_cpp as mtmd
 
-        llm, encoded = self.llm, text.encode("utf-8")
+        context, encoded = self.context, text.encode("utf-8")
         given = mtmd.mtmd_input_text()
         given.text, given.text_len, given.add_special, given.parse_special = encoded, len(encoded), False, True
         chunks = mtmd.mtmd_input_chunks_init()
@@ -406,22 +342,21 @@ class LlamaCppProgram(PromptRuntime):
             for index in range(mtmd.mtmd_input_chunks_size(chunks)):
                 chunk = mtmd.mtmd_input_chunks_get(chunks, index)
                 size = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-                if llm.n_tokens + size >= llm.n_ctx():
-                    raise ContextOverflowError(llm.n_tokens, size, llm.n_ctx())
+                if context.n_tokens + size >= context.n_ctx:
+                    raise ContextOverflowError(context.n_tokens, size, context.n_ctx)
                 if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                     count = ctypes.c_size_t()
                     tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
                     if count.value:
-                        llm.eval([tokens[i] for i in range(count.value)])
+                        context.eval([tokens[i] for i in range(count.value)])
                     continue
-                start, end = llm.n_tokens, llama_cpp.llama_pos(0)
+                start, end = context.n_tokens, llama_cpp.llama_pos(0)
                 status = mtmd.mtmd_helper_eval_chunk_single(
-                    vision, llm.ctx, chunk, llama_cpp.llama_pos(start), llama_cpp.llama_seq_id(0), llm.n_batch, True, ctypes.byref(end)
+                    vision, context.ctx, chunk, llama_cpp.llama_pos(start), llama_cpp.llama_seq_id(0), context.n_batch, True, ctypes.byref(end)
                 )
-                if status != 0 or not start < end.value < llm.n_ctx():
+                if status != 0 or not start < end.value < context.n_ctx:
                     raise PawError(f"llama.cpp's mtmd could not evaluate the image (status {status})")
-                llm.input_ids[start : end.value] = 0  # the image's positions: bookkeeping, as the official runtime keeps it
-                llm.n_tokens = end.value
+                context.moved_to(end.value, [0] * (end.value - start))  # the image's positions, as the official runtime counts them
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
 
@@ -429,8 +364,8 @@ class LlamaCppProgram(PromptRuntime):
     def engine(self) -> str:
         """llama.cpp's build (its system info line), its KV cache type and thread counts, and whether it repacked
         the weights."""
-        repacked = "on" if _repacked(self.llm) else "off"
-        params = self.llm.context_params
+        repacked = "on" if self.context.model_params.use_extra_bufts else "off"
+        params = self.context.context_params
         kv = _KV_NAMES.get(int(params.type_k), str(params.type_k))
         return f"llama.cpp {_system_info()}; {kv} KV cache, {params.n_threads}/{params.n_threads_batch} threads; weight repacking {repacked}"
 
@@ -467,27 +402,14 @@ class LlamaCppProgram(PromptRuntime):
             )
         with contextlib.ExitStack() as resources:
             with _quiet_native_stderr():
-                with _model_params(use_extra_bufts=repack):
-                    llm = llama_cpp.Llama(
-                        model_path=str(base),
-                        n_ctx=prompt.n_ctx,
-                        n_gpu_layers=0 if config.device == "cpu" else -1,
-                        verbose=False,
-                        **llama_settings(model, config),
-                    )
-                resources.callback(llm.close)
-                if _repacked(llm) != repack:  # a llama-cpp-python that makes its parameters elsewhere
-                    raise PawError(
-                        f"this llama-cpp-python loaded with use_extra_bufts={not repack}, not {repack} as asked; on an "
-                        f"AMX CPU rebuild it without AMX: {cpu.REBUILD_WITHOUT_AMX}"
-                    )
+                n_gpu_layers = 0 if config.device == "cpu" else -1
+                context = NativeContext(base, prompt.n_ctx, n_gpu_layers, llama_settings(model, config), repack, resources)
             if adapter_path is not None:
-                _apply_adapter(llama_cpp, llm, adapter_path, resources)
-            rewinds = not (llama_cpp.llama_model_is_recurrent(llm.model) or llama_cpp.llama_model_is_hybrid(llm.model))
-            if prompt.prefix_ids and rewinds:
-                llm.eval(prompt.prefix_ids)
-            vision = None if files.projector is None else _open_projector(files.projector, llm, model, config, resources)
-            return cls(resources.pop_all(), llm, prompt, rewinds, vision)
+                _apply_adapter(llama_cpp, context, adapter_path, resources)
+            if prompt.prefix_ids and not context.recurrent:
+                context.eval(prompt.prefix_ids)
+            vision = None if files.projector is None else _open_projector(files.projector, context, model, config, resources)
+            return cls(resources.pop_all(), context, prompt, vision)
 
     def release(self) -> None:
         with self._lock:
