@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +26,7 @@ from ..calls.runtime import ProgramRuntime
 from ..calls.caller import Caller
 from ..calls.pending import PendingGeneration, TextStream
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
+from .specialized import Specializations
 from .typed import TypedFn
 
 __all__ = ["PawFn"]
@@ -36,6 +36,8 @@ B = TypeVar("B", bound=Backend)
 OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
 T = TypeVar("T")
+
+_SPECIALIZATIONS = Specializations()
 
 
 class PawFn(Generic[M, B]):
@@ -48,33 +50,12 @@ class PawFn(Generic[M, B]):
 
     _model_type: ClassVar[type[InterpreterModel] | None] = None
     _backend_type: ClassVar[type[Backend] | None] = None
-    _specializations: ClassVar[dict[tuple[type[InterpreterModel], type[Backend]], type[PawFn[Any, Any]]]] = {}
-    _specializations_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __class_getitem__(cls, params: object) -> Any:  # noqa: ANN401 - typing's own hook returns Any
-        """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B (one per pair,
-        across threads)."""
+        """`PawFn[M, B]` with concrete classes returns a cached subclass that carries M and B (one per pair)."""
         generic_alias = cast(object, super().__class_getitem__(params))  # type: ignore[misc]  # Generic's own hook
-        arguments = cast("tuple[object, ...]", params if isinstance(params, tuple) else (params,))  # cast: checked below
-        if len(arguments) != 2:
-            return generic_alias
-        model, backend = arguments
-        if not (isinstance(model, type) and isinstance(backend, type)):
-            return generic_alias  # type variables and forward references stay typing aliases
-        if not issubclass(model, InterpreterModel):
-            raise TypeError(f"PawFn's first type argument must be an InterpreterModel subclass, not {model!r}")
-        if not issubclass(backend, Backend):
-            raise TypeError(f"PawFn's second type argument must be a Backend subclass, not {backend!r}")
-        key = (model, backend)
-        with PawFn._specializations_lock:
-            specialized = PawFn._specializations.get(key)
-            if specialized is None:
-                name = f"PawFn[{model.__name__}, {backend.__name__}]"
-                namespace = {"_model_type": model, "_backend_type": backend, "__module__": cls.__module__}
-                specialized = type(name, (PawFn,), namespace)
-                specialized.__qualname__ = name
-                PawFn._specializations[key] = specialized
-        return specialized
+        specialized = _SPECIALIZATIONS.of(PawFn, params)
+        return generic_alias if specialized is None else specialized
 
     @staticmethod
     def specialize(model: type[OtherM], backend: type[OtherB]) -> type[PawFn[OtherM, OtherB]]:
