@@ -2,7 +2,7 @@
 Qwen3-0.6B-shaped program (benchmarks/load_cost.py writes it): each mode in fresh processes (--runs each), anonymous
 RSS before the load, after one call, and after `close()` with the PawFn still referenced. With --arena-max N the
 processes run under `MALLOC_ARENA_MAX=N` (glibc's per-thread arenas keep some free space; see
-docs/how-it-runs.md). tests/test_lifetimes.py checks the same on a smaller model.
+docs/how-it-runs.md). tests/api/test_lifetimes.py checks the same on a smaller model.
 
     python benchmarks/close_memory.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 3] [--arena-max N]
 """

@@ -26,7 +26,7 @@ FLOORS: dict[tuple[str, WeightDType | None], int] = {
 """Least sequences (of 16) equal to the official runtime's, per (family, weight dtype): one below the fewest
 measured (`benchmarks/fidelity.py` on an Intel Xeon: qwen3 10, 10, 9 and gpt2 9, 9, 10 with llama.cpp's AVX-512
 build; 10, 10, 9 and 11, 11, 8 with an AVX2-only llama.cpp; 10, 10, 9 and 9, 9, 9 with torch's AVX2 kernels), as
-other CPUs round differently. `numerics="llamacpp"` (tests/test_llamacpp_numerics.py) keeps all 16 of both."""
+other CPUs round differently. `numerics="llamacpp"` (tests/torch/test_llamacpp_numerics.py) keeps all 16 of both."""
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])

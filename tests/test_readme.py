@@ -1,5 +1,5 @@
 """The README holds when tried: its Python snippets are valid scripts (no top-level await). (Its commands and
-examples run in tests/test_hub.py and tests/test_serve.py; the layout moved to docs/contributing.md, tests/test_docs.py.)"""
+examples run in tests/hub/test_hub.py and tests/serve/test_serve.py; the layout moved to docs/contributing.md, tests/test_docs.py.)"""
 
 from __future__ import annotations
 

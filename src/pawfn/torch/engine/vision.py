@@ -6,7 +6,7 @@ grid, ViT blocks with 2-D rotary positions, then each 2x2 block of patches merge
 Arithmetic is float32 with two of llama.cpp's roundings, which bring the embeddings ten times closer to its own:
 its GELU (an f16 lookup table) and the patch convolution's f16 inputs (ggml's im2col, unless the kernel is BF16).
 Its flash attention (f16 keys, values and sums) is not followed: on F32 projectors the embeddings agree with mtmd's
-to ~5e-4 of their largest value (tests/test_qwen35_images.py asserts 1e-3), on BF16 ones to ~4e-3 (measured once,
+to ~5e-4 of their largest value (tests/torch/test_qwen35_images.py asserts 1e-3), on BF16 ones to ~4e-3 (measured once,
 by hand, on a BF16 copy of the test's projector).
 """
 

@@ -44,7 +44,7 @@ def test_batched_steps_agree_with_row_exact_steps_on_trained_models(family: Fami
 
 
 def test_row_exact_steps_give_each_call_its_tokens_alone(qwen3_program: TinyProgram) -> None:
-    """The default on the CPU, stated: the batch equals the calls made one by one (tests/test_scheduler.py checks
+    """The default on the CPU, stated: the batch equals the calls made one by one (tests/torch/test_scheduler.py checks
     every mode); with it off the same batch still runs, row by row in one fused pass."""
     inputs = ["hello", "Urgent: the server is down!", "a", "numbers 1 2 3"]
     options = RuntimeOptions(max_tokens=6)

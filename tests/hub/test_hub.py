@@ -644,7 +644,7 @@ def test_pawfn_serve_allow_load_loads_a_hub_program_once_on_its_first_requests(h
 
 def _readme_command_lines() -> list[str]:
     """The README's `pawfn` command lines (its Command line block), optional parts filled in, alternatives split."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     block = readme.split("## Command line", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands: list[str] = []
     for line in block.splitlines():
@@ -721,7 +721,7 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     from PIL import Image as PILImage
 
     PILImage.new("RGB", (48, 40), (200, 120, 40)).save(work / "photo.jpg")
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     blocks: list[str] = []
     for page in (root / "README.md", root / "docs" / "guide.md", root / "docs" / "index.md", root / "docs" / "typed-outputs.md"):
         text = page.read_text(encoding="utf-8")

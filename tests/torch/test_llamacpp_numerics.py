@@ -34,7 +34,7 @@ from tests.helpers.tiny_models import TinyInterpreter
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 WIDTH = 16 if "avx512f" in cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 STEPS = 3

@@ -30,7 +30,7 @@ from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 WIDTH = 16 if "avx512f" in cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 12

@@ -14,7 +14,7 @@ from pawfn.torch.model.arithmetic import Arithmetic, LlamaCppArithmetic, TorchAr
 from pawfn.torch.ggml.c_kernels import native_kernels
 from tests.helpers.programs import TinyProgram, torch_program
 
-TORCH_BACKEND = Path(__file__).resolve().parents[1] / "src" / "pawfn" / "torch"
+TORCH_BACKEND = Path(__file__).resolve().parents[2] / "src" / "pawfn" / "torch"
 MODE_TEST = re.compile(r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|ggml_kernels\s+is\b|llamacpp_width|\._llamacpp\b""")
 """A comparison with a numerics mode's name, or a test of the C kernels by an old name: only `arithmetic.py` makes
 them (the loaders keep weights and adapters by the arithmetic's type: `functools.singledispatch`)."""

@@ -431,7 +431,7 @@ def test_a_body_sent_as_a_form_gets_415_naming_the_content_type(server: ServePro
 
 
 def _readme_curl_commands() -> list[str]:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
     return [line.strip() for line in text.splitlines() if line.strip().startswith("curl ")]
 
 
