@@ -69,3 +69,36 @@ def test_a_truncated_base_is_refused(qwen3: TinyInterpreter, tmp_path: Path) -> 
         path.write_bytes(data[:cut])
         with pytest.raises(GGUFFormatError, match="past the end"):
             GGUFFile(path)
+
+
+def _resident_kb(path: Path) -> int:
+    """This process's resident kB of the mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line: address range, ..., path
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_release_drops_a_copied_tensors_pages_and_keeps_its_bytes(tmp_path: Path) -> None:
+    """A loader releases a tensor once copied: its pages leave the process's resident memory; reading it again gives
+    the same bytes (faulted back in from the page cache)."""
+    path = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    values = np.arange(4 * 1024 * 1024, dtype=np.float32).reshape(1024, 4096)  # 16 MiB
+    writer.add_tensor("big.weight", values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    file = GGUFFile(path)
+    raw, _ = file.raw("big.weight")
+    copied = raw.copy()  # touches every page
+    assert _resident_kb(path) >= 15 * 1024
+    file.release("big.weight")
+    assert _resident_kb(path) < 1024
+    again, _ = file.raw("big.weight")
+    assert np.array_equal(again, copied) and np.array_equal(again.view(np.float32).reshape(1024, 4096), values)

@@ -328,6 +328,16 @@ class GGUFFile:
         tensor = self._tensors[name]
         return np.frombuffer(self._buffer, dtype=np.uint8, count=tensor.n_bytes, offset=tensor.offset), tensor.qtype
 
+    def release(self, name: str) -> None:
+        """Drop this process's pages of tensor `name` once its bytes were copied (`madvise(MADV_DONTNEED)` on the
+        read-only file mapping): they leave the process's resident memory but stay in the OS's page cache, and a
+        later read of them faults them back in; without `madvise` (not Linux) nothing happens."""
+        tensor = self._tensors[name]
+        start = tensor.offset - tensor.offset % mmap.PAGESIZE
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if advice is not None and tensor.n_bytes:
+            self._buffer.madvise(advice, start, tensor.offset + tensor.n_bytes - start)
+
     def read_f32(self, name: str) -> npt.NDArray[np.float32]:
         """Tensor `name` dequantized to float32 in numpy order (a fresh, writeable array)."""
         tensor = self._tensors[name]

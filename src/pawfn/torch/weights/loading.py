@@ -235,6 +235,7 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: LlamaC
                 loaded.tensors[name] = loaded.on_device(read_one(name))
         elif name != "token_embd.weight" or rows is None or name in matrices:
             place(name, loaded.on_device(read_one(name)))
+        weights.release(name)  # copied: the file's pages of it need not stay resident (row tables fault theirs back in)
 
 
 def _join_blocks(loaded: DeviceWeights, groups: list[tuple[str, ...]]) -> None:

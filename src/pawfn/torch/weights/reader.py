@@ -47,6 +47,8 @@ class BaseWeights:
     raw: Callable[[str], tuple[npt.NDArray[np.uint8], gguf.GGMLQuantizationType] | None] = lambda name: None
     tensor: Callable[[str], Array] | None = None
     """One tensor by name as float32 (GGUF only): a loader that keeps some tensors as their blocks reads the rest."""
+    release: Callable[[str], None] = lambda name: None
+    """Drop the process's pages of a tensor's file bytes once a loader has copied them (GGUF: `GGUFFile.release`)."""
 
     @property
     def codec(self) -> TextCodec:
@@ -161,6 +163,7 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
     def tensors() -> Iterator[tuple[str, Array]]:
         for name in file.tensor_names():
             yield name, tensor(name)
+            file.release(name)  # converted by now: its file pages need not stay in this process's memory
 
     def shapes() -> dict[str, tuple[int, ...]]:
         return {name: file.tensor_shape(name) for name in file.tensor_names()}
@@ -176,7 +179,16 @@ def _read_gguf(path: Path, model: type[InterpreterModel], family: Family) -> Bas
             raise BaseModelError(path, str(exc)) from exc
 
     return BaseWeights(
-        source=path, architecture=architecture, family=family, pending_codec=codec, tensors=tensors, shapes=shapes, rows=rows, raw=raw, tensor=tensor
+        source=path,
+        architecture=architecture,
+        family=family,
+        pending_codec=codec,
+        tensors=tensors,
+        shapes=shapes,
+        rows=rows,
+        raw=raw,
+        tensor=tensor,
+        release=file.release,
     )
 
 
