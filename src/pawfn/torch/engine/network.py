@@ -70,9 +70,10 @@ class TorchInterpreter:
         weight_dtype: WeightDType | None = None,
         numerics: Numerics = "native",
         store: ConvertedStore | None = None,
+        progress: bool | None = False,
     ) -> TorchInterpreter:
         """`weights` read onto `device` for the arithmetic `numerics` names (`load_device_weights`), as a network."""
-        return cls(load_device_weights(weights, device, dtype, False, weight_dtype, store, numerics))
+        return cls(load_device_weights(weights, device, dtype, progress, weight_dtype, store, numerics))
 
     def attach(self, adapter: LoraAdapter) -> DeviceAdapter:
         """Check `adapter` against these weights and move it to the device."""

@@ -20,7 +20,7 @@ from ..model.arithmetic import requested_arithmetic
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from ..weights.converted import ConvertedStore
 from ..model.kvcache import PrefixState
-from ..weights.loading import load_device_weights, torch_dtype
+from ..weights.loading import torch_dtype
 from ..weights.lora import DeviceAdapter
 from .network import TorchInterpreter
 from .prefix_store import PrefixStore
@@ -58,8 +58,7 @@ def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: Eng
         store = None
         if weight_dtype is not None and files.base_derived_dir is not None:
             store = ConvertedStore.for_base(files.base_derived_dir, files.base, weight_dtype)
-        loaded = on_compute_thread(load_device_weights, weights, device, torch_dtype(dtype), config.progress, weight_dtype, store, numerics)
-        return TorchInterpreter(loaded)
+        return on_compute_thread(TorchInterpreter.load, weights, device, torch_dtype(dtype), weight_dtype, numerics, store, config.progress)
 
     return ENGINES.acquire(key, load, config.max_model_copies, config.max_batch_rows)
 

@@ -19,6 +19,7 @@ import torch
 from ...core.errors import BaseModelError
 from ...core.options import Numerics, WeightDType
 from ...core.progress import track
+from ...formats.tokenizer import TextCodec
 from ..ggml.blocks import BlockMatrix, block_matrix
 from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
 from ..ggml.dequant import RowTable
@@ -61,7 +62,6 @@ def load_device_weights(
     arithmetic = open_arithmetic(numerics, weights.family, weights.architecture.head_dim, weights.source, device, dtype, weight_dtype, held)
     _keep_matrices(arithmetic, loaded, weights, progress, store)
     loaded.arithmetic = arithmetic
-    loaded.codec = weights.codec  # built meanwhile on a thread of its own
     return loaded
 
 
@@ -98,7 +98,12 @@ class DeviceWeights:
             self.rope_frequencies = self.rope_frequencies.to(device)
         self.arithmetic: Arithmetic = Arithmetic()
         """The arithmetic the passes run (`PawConfig.numerics`, decided at the load)."""
-        self.codec = weights.codec
+        self._pending_codec = weights.pending_codec  # built meanwhile on a thread of its own: waited for when asked
+
+    @property
+    def codec(self) -> TextCodec:
+        """The base's tokenizer (raises its `TokenizerError` if it could not be built)."""
+        return self._pending_codec.result()
 
     def _check_shapes(self, weights: BaseWeights) -> None:
         """Every tensor the family needs, with its shape, before anything is converted; hyperparameters no file of
