@@ -25,7 +25,7 @@ class Specializations:
         """`base` specialized by `arguments` when they are an interpreter model and a backend class (a checked
         `TypeError` for other classes); None for anything else (type variables, forward references, another count),
         which stays a typing alias."""
-        pair = cast("tuple[object, ...]", arguments) if isinstance(arguments, tuple) else ()
+        pair = cast("tuple[object, ...]", arguments) if isinstance(arguments, tuple) else ()  # cast: isinstance leaves the items unknown
         if len(pair) != 2:
             return None
         model, backend = pair
