@@ -88,8 +88,8 @@ def _rows(n: int, width: int, seed: int) -> torch.Tensor:
 def test_block_products_equal_the_emulation(
     qtype: gguf.GGMLQuantizationType, base_layer: bool, n: int, monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels
 ) -> None:
-    """Every kernel: one-row lanes, tiled (int8 GEMM block sums, plain and prepacked for oneDNN; AMX tiles where the
-    CPU has AMX, with row counts around its tiles of 16 and pairs of 32), repacked Q4_0 bases."""
+    """Every kernel: one-row lanes, tiled (from the codes, AVX-512 VNNI and AVX2; AMX tiles where the CPU has AMX, with
+    row counts around its tiles of 16 and pairs of 32), repacked Q4_0 bases."""
     out = 48  # a multiple of 16, as AMX's tiles need
     raw = _raw(qtype, out, 512, seed=n)
     emulated = block_matrix(raw, qtype, out, base_layer, native=False)
@@ -97,12 +97,10 @@ def test_block_products_equal_the_emulation(
     candidates: list[NativeBlockMatrix] = []
     for amx in (False, True) if kernels.amx else (False,):
         monkeypatch.setattr(kernels, "amx", amx)
-        native, prepacked = block_matrix(raw, qtype, out, base_layer), block_matrix(raw, qtype, out, base_layer)
-        assert isinstance(native, NativeBlockMatrix) and isinstance(prepacked, NativeBlockMatrix)
-        prepacked.prepack()
-        if qtype == Q6_K and base_layer:
-            assert native.amx and prepacked.amx if amx else native.split is not None and prepacked.packed is not None
-        candidates += [native, prepacked]
+        native = block_matrix(raw, qtype, out, base_layer)
+        assert isinstance(native, NativeBlockMatrix)
+        assert native.amx == (amx and qtype == Q6_K and base_layer)
+        candidates.append(native)
     x = _rows(n, 512, seed=n)
     for avx512 in (True, False):  # where the CPU has AVX-512, its one-row kernels and the AVX2 ones
         kernels.use_avx512(avx512)
@@ -115,10 +113,10 @@ def test_block_products_equal_the_emulation(
 
 
 def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:
-    """Outputs not a multiple of 16 keep the int8 GEMM's split weights even where the CPU has AMX."""
+    """Outputs not a multiple of 16 take the tiled kernel from the codes even where the CPU has AMX."""
     monkeypatch.setattr(kernels, "amx", True)
     matrix = block_matrix(_raw(Q6_K, 40, 256, seed=3), Q6_K, 40, True)
-    assert isinstance(matrix, NativeBlockMatrix) and not matrix.amx and matrix.split is not None
+    assert isinstance(matrix, NativeBlockMatrix) and not matrix.amx
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q8_0], ids=["q4_0", "q8_0"])

@@ -88,7 +88,7 @@ def _trace(program: Path, base: Path, text: str, out: Path) -> Trace:
 
 
 def _matrices(path: Path, base: bool, implementation: str) -> dict[str, BlockMatrix | NativeBlockMatrix]:
-    """The file's block matrices on one implementation (the C kernels' base weights prepacked, as the engine does)."""
+    """The file's block matrices on one implementation, as the engine loads them."""
     found: dict[str, BlockMatrix | NativeBlockMatrix] = {}
     if implementation == "c":
         _kernels()
@@ -100,7 +100,6 @@ def _matrices(path: Path, base: bool, implementation: str) -> dict[str, BlockMat
             )
             if isinstance(matrix, NativeBlockMatrix):
                 assert implementation == "c"
-                matrix.prepack()
             if matrix is not None:
                 found[tensor.name] = matrix
     return found

@@ -251,11 +251,7 @@ def _native_q6_k(kernels: NativeKernels, raw: npt.NDArray[np.uint8], out_feature
     scale = torch.empty((out_features, n_blocks), dtype=torch.float32)
     kernels.unpack_q6_k(data.ctypes.data, out_features * n_blocks, codes.data_ptr(), sub.data_ptr(), scale.data_ptr())
     amx = base_layer and kernels.amx and out_features % 16 == 0
-    split = None
-    if base_layer and not amx:  # others multiply one row at a time; AMX tiles are made from the codes
-        split = torch.empty((n_blocks, 2 * out_features, 256), dtype=torch.int8)
-        kernels.split_q6_k(codes.data_ptr(), sub.data_ptr(), out_features, n_blocks, split.data_ptr())
-    return NativeBlockMatrix("q6_k", codes, scale, sub, False, kernels, split, amx=amx)
+    return NativeBlockMatrix("q6_k", codes, scale, sub, False, kernels, amx=amx)
 
 
 def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,9 +57,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q6_K_FLOAT_PARTS, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT = range(
-    11
-)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT = range(10)
 """`paw_run`'s kernels."""
 
 
@@ -89,7 +86,6 @@ class NativeKernels:
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
         self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
-        self.split_q6_k = self._declare(library.paw_split_q6_k, [_PTR, _PTR, _I64, _I64, _PTR])
         self._q6_k_amx_product = library.paw_q6_k_amx_product
         self._q6_k_amx_product.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
         self._q6_k_amx_product.restype = ctypes.c_int
@@ -173,56 +169,11 @@ def native_kernels() -> NativeKernels | None:
     return None
 
 
-_workspaces = threading.local()
-
-
-def _workspace(size: int) -> torch.Tensor:
-    """A reused int32 buffer of at least `size` values for this thread: a fresh one per product page-faulted
-    ~1 ms of a prompt's every tiled product in (the block sums of a 79-token prompt take 8 MB)."""
-    buffer: torch.Tensor | None = getattr(_workspaces, "buffer", None)
-    if buffer is None or buffer.numel() < size:
-        buffer = torch.empty(size, dtype=torch.int32)
-        _workspaces.buffer = buffer
-    return buffer[:size]
-
-
 def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """int8 [m, k] times int8 [k, n] (into `out` where given), summed exactly in int32 (torch's oneDNN int8 GEMM: AMX
     or VNNI where the CPU has them; private but stable API)."""
     product: torch.Tensor = torch._int_mm(a, b, out=out)  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]  # no public int8 GEMM
     return product
-
-
-def _prepack(weight: torch.Tensor) -> torch.Tensor:
-    """An int8 [N, K] weight reordered for `_qlinear` (torch's oneDNN quantized-linear op; private but stable)."""
-    packed: torch.Tensor = torch.ops.onednn.qlinear_prepack(weight, None)
-    return packed
-
-
-@functools.cache
-def _unit_scales(width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.ones(width, dtype=torch.float32), torch.zeros(width, dtype=torch.int64)
-
-
-def _qlinear(shifted: torch.Tensor, packed: torch.Tensor, ones: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """Exact sums of (shifted - 128) x weight as float32 [M, N] (below 2**22 here: exact): scales 1, zero point 128.
-    Without VNNI oneDNN adds pairs of u8 x s8 products in int16; |weight| <= 64 keeps them from saturating."""
-    result: torch.Tensor = torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 128, packed, ones, zeros, None, 1.0, 0, torch.float32, "none", [], "")
-    return result
-
-
-@functools.cache
-def _qlinear_is_exact() -> bool:
-    """Whether this torch's oneDNN gives `_qlinear` exact sums here, tried on the extremes the split weights and the
-    Q8_K codes reach (any ISA path that rounded or saturated them would show); False where the ops are missing."""
-    weight = torch.tensor([[64, -64, 63, 0] * 64, [-64, 64, 0, 63] * 64, [63] * 256, [-64] * 256], dtype=torch.int8)
-    codes = torch.tensor([[127, -127, 127, -127] * 64, [-127] * 256, [127] * 256] + [[5, -3, 0, 127] * 64] * 14, dtype=torch.int8)
-    try:
-        ones, zeros = _unit_scales(4)
-        found = _qlinear(codes.view(torch.uint8) ^ 0x80, _prepack(weight), ones, zeros)
-    except (AttributeError, RuntimeError, NotImplementedError):
-        return False
-    return bool(torch.equal(found, (codes.double() @ weight.double().t()).float()))
 
 
 def _ptr(tensor: torch.Tensor) -> int:
@@ -382,16 +333,10 @@ class NativeBlockMatrix:
     repacked: bool = False
     """A Q4_0 base weight llama.cpp repacks (see `ggml.BlockMatrix.repacked`)."""
     kernels: NativeKernels | None = None
-    split: torch.Tensor | None = None
-    """Q6_K matrices multiplied 8 rows at a time or more (base layers): each signed code times its sub-block scale
-    as `64 * high + low`, int8 [blocks, 2 * out, 256] (the highs, then the lows), so the tiled kernel's exact block
-    sums come from one int8 GEMM per block."""
-    packed: tuple[torch.Tensor, ...] | None = None
-    """`split`'s blocks prepacked for oneDNN's int8 GEMM (`prepack`), which then replaces it."""
     amx: bool = False
     """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
-    makes each block's weights into tiles from the codes and gives the exact block sums and the float steps, so no
-    `split` is kept (2 bytes a weight) and no float32 block sums are written and read back."""
+    makes each block's weights into tiles from the codes. Elsewhere the tiled kernel reads the codes too (AVX-512
+    VNNI or AVX2): no second copy of the weights is kept."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
     _by_eights: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
@@ -399,19 +344,6 @@ class NativeBlockMatrix:
     def out_features(self) -> int:
         """Output width."""
         return int(self.codes.shape[0])
-
-    def prepack(self) -> None:
-        """Reorder `split`'s blocks once for oneDNN's int8 GEMM (`onednn::qlinear_prepack`): unpacked, every prompt
-        reordered them again, about half of its GEMMs' time. Keeps `split` where torch has no such op."""
-        if self.split is None:
-            return
-        if not _qlinear_is_exact():
-            return
-        try:
-            packed = tuple(_prepack(self.split[block]) for block in range(self.split.shape[0]))
-        except (AttributeError, RuntimeError, NotImplementedError):
-            return
-        self.packed, self.split = packed, None
 
     def _eights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Q4_0/Q8_0 codes grouped by eight outputs for the `q0_eights` kernel, [out/8, blocks, 8 lanes, 8 outputs, 4],
@@ -447,7 +379,7 @@ class NativeBlockMatrix:
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
         """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
         tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS
-        if tiled and self._tiled_sums() or y.dtype != torch.float32 or y.stride(-1) != 1:
+        if tiled and self.amx or y.dtype != torch.float32 or y.stride(-1) != 1:
             y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
             return
         self._product(x, tiled, into=y, alpha=alpha)
@@ -460,8 +392,6 @@ class NativeBlockMatrix:
         out = self.out_features
         if tiled and self.amx:
             return self._tiled_amx(kernels, x)
-        if tiled and self._tiled_sums():
-            return self._tiled_int8(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
         codes, sub = self.codes, self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: unread
         eights = None if self.kind == "q6_k" or self.repacked else self._eights()
@@ -477,11 +407,6 @@ class NativeBlockMatrix:
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
         kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
         return y
-
-    def _tiled_sums(self) -> bool:
-        """Whether tiled products take their block sums from integer GEMMs or tiles (base layers) rather than the
-        one-call C kernel."""
-        return self.split is not None or self.packed is not None or self.amx
 
     def _tiled_amx(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
         """The tiled Q6_K kernel in one C call on AMX tiles (`amx`)."""
@@ -502,35 +427,6 @@ class NativeBlockMatrix:
         )
         return y
 
-    def _tiled_int8(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
-        """The tiled Q6_K kernel with its exact block sums from int8 GEMMs, then the float steps in C."""
-        rows, width = x.shape
-        out, blocks = self.out_features, self.scale.shape[1]
-        y = torch.empty((rows, out), dtype=torch.float32)
-        codes = torch.empty((rows, width), dtype=torch.int8)
-        x_scale = torch.empty((rows, blocks), dtype=torch.float32)
-        sums = torch.empty((rows, blocks, 16), dtype=torch.int16)
-        kernels.quantize_q8_k(_ptr(x), rows, width, _ptr(codes), _ptr(x_scale), _ptr(sums))
-        if self.packed is not None:
-            # the codes as uint8 less 128 (oneDNN's u8 x s8 GEMM with a zero point): exact integer sums, as float32
-            shifted = (codes.view(torch.uint8) ^ 0x80).reshape(rows, blocks, 256)
-            ones, zeros = _unit_scales(2 * out)
-            sums_by_block = [_qlinear(shifted[:, block], packed, ones, zeros) for block, packed in enumerate(self.packed)]
-        else:  # int32 sums (below 2**22), made float32 exactly
-            assert self.split is not None
-            parts = _workspace(blocks * rows * 2 * out).view(blocks, rows, 2 * out)
-            blocked = codes.reshape(rows, blocks, 256)
-            sums_by_block = [int8_mm(blocked[:, block], self.split[block].t(), parts[block]).float() for block in range(blocks)]
-        pointers = (_PTR * blocks)(*(_ptr(part) for part in sums_by_block))
-        kernels.run(
-            _Q6_K_FLOAT_PARTS,
-            [ctypes.addressof(pointers), _ptr(self._scale_t()), _ptr(x_scale), _ptr(y)],
-            [rows, out, blocks],
-            out,
-            rows * out * blocks * 64,
-        )
-        return y
-
 
 def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
     """Matrices that read the same input joined by output rows, or None where their kinds or widths differ. Exact:
@@ -541,19 +437,12 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         and part.repacked == first.repacked
         and part.codes.shape[1:] == first.codes.shape[1:]
         and (part.sub_scales is None) == (first.sub_scales is None)
-        and (part.split is None) == (first.split is None)
         and part.amx == first.amx
         for part in parts
     )
-    if not alike or any(part.packed is not None for part in parts):
+    if not alike:
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
-    split = None
-    if first.split is not None:  # [blocks, 2 * out, 256]: the joined highs, then the joined lows
-        width = [p.out_features for p in parts]
-        highs = [p.split[:, :w] for p, w in zip(parts, width, strict=True) if p.split is not None]
-        lows = [p.split[:, w:] for p, w in zip(parts, width, strict=True) if p.split is not None]
-        split = torch.cat(highs + lows, dim=1)
     return NativeBlockMatrix(
-        first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub, first.repacked, first.kernels, split, amx=first.amx
+        first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub, first.repacked, first.kernels, amx=first.amx
     )

@@ -266,6 +266,57 @@ AVX512_TARGET static void q6_k_rows_512(const uint8_t *w, const int8_t *sub, con
     }
 }
 
+/* Eight rows' int32 lanes summed each, exactly (integer adds): lane i of the result is the sum of v[i]'s lanes. */
+static inline __m256i sum_ints_8(const __m256i v[8]) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    /* a: rows 0..3's sums of lanes 0..3, then of lanes 4..7; b: rows 4..7 the same */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* q6_k_tiled on AVX-512 straight from the packed codes (no 2-byte copy of the weights): each output's block is
+   unpacked once for eight rows, its exact integer sums come from q6_k_rows_512's steps, and the float steps
+   `acc = fma(float(s) * d_w, d_x, acc)` run on the eight rows' lanes, each rounded as the scalar steps are.
+   x_scale_t is the rows' block scales as [blocks][rows]. */
+AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x,
+                                         const float *x_scale_t, const int16_t *sums, const paw_out *y, int64_t blocks,
+                                         int64_t rows, int64_t first, int64_t last) {
+    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                            1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int64_t o = first; o < last; ++o) {
+        for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+            int count = rows - r0 < 8 ? (int)(rows - r0) : 8;
+            __m256 acc = _mm256_setzero_ps();
+            __m256i folded[8];
+            for (int i = count; i < 8; ++i) folded[i] = _mm256_setzero_si256();
+            for (int64_t b = 0; b < blocks; ++b) {
+                __m512i codes[4], scale[4];
+                q6_k_unpack_512(w + (o * blocks + b) * 192, codes);
+                __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16)));
+                for (int step = 0; step < 4; ++step)
+                    scale[step] = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16((short)(4 * step))),
+                                                           _mm512_castsi256_si512(sub16));
+                for (int i = 0; i < count; ++i) {
+                    const int8_t *xb = x + ((r0 + i) * blocks + b) * 256;
+                    __m512i lanes = _mm512_setzero_si512();
+                    for (int step = 0; step < 4; ++step)
+                        lanes = _mm512_dpwssd_epi32(lanes, _mm512_maddubs_epi16(codes[step], _mm512_loadu_si512(xb + 64 * step)),
+                                                    scale[step]);
+                    __m256i offsets = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(sums + ((r0 + i) * blocks + b) * 16)), sub16);
+                    folded[i] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1)),
+                                                 _mm256_slli_epi32(offsets, 5));
+                }
+                __m256 s = _mm256_cvtepi32_ps(sum_ints_8(folded));
+                __m256 dx = _mm256_loadu_ps(x_scale_t + b * rows + r0);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(w_scale[o * blocks + b])), dx, acc);
+            }
+            float values[8];
+            _mm256_storeu_ps(values, acc);
+            for (int i = 0; i < count; ++i) put(y, r0 + i, o, values[i]);
+        }
+    }
+}
+
 #endif
 
 /* ggml's tiled K-quant kernel (8 rows or more): per block the exact integer sum s, then
@@ -421,31 +472,6 @@ static void q4_0_repacked(const int8_t *w, const float *w_scale, const int8_t *x
                 acc = fmaf((float)s, x_scale[r * blocks + b] * w_scale[o * blocks + b], acc);
             }
             put(y, r, o, acc);
-        }
-    }
-}
-
-/* The tiled kernel's float steps from exact block sums given in two parts, as float32 (exact integers) in one
-   [rows, 2 * out] array per block: s = 64 * parts[b][r, o] + parts[b][r, out + o], then
-   `acc = fma(float(s) * d_w, d_x, acc)` over the blocks in order. `w_scale_t` is [blocks, out]; eight outputs at a
-   time (each output's steps are its own); base products only: written, never accumulated. */
-static void q6_k_tiled_float_parts(const float *const *parts, const float *w_scale_t, const float *x_scale, float *y,
-                                   int64_t rows, int64_t out, int64_t blocks, int64_t first, int64_t last) {
-    for (int64_t r = 0; r < rows; ++r) {
-        float *acc = y + r * out;
-        for (int64_t o = first; o < last; ++o) acc[o] = 0.0f;
-        for (int64_t b = 0; b < blocks; ++b) {
-            const float *high = parts[b] + r * 2 * out, *low = high + out;
-            const float *dw = w_scale_t + b * out;
-            float dx = x_scale[r * blocks + b];
-            __m256 dx8 = _mm256_set1_ps(dx);
-            int64_t o = first;
-            for (; o + 8 <= last; o += 8) {  /* 64 * high + low is exact in float32 (below 2**24) */
-                __m256 sum = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(high + o), _mm256_set1_ps(64.0f)), _mm256_loadu_ps(low + o));
-                __m256 product = _mm256_mul_ps(sum, _mm256_loadu_ps(dw + o));
-                _mm256_storeu_ps(acc + o, _mm256_fmadd_ps(product, dx8, _mm256_loadu_ps(acc + o)));
-            }
-            for (; o < last; ++o) acc[o] = fmaf((64.0f * high[o] + low[o]) * dw[o], dx, acc[o]);
         }
     }
 }
@@ -1184,14 +1210,19 @@ typedef struct {
 } paw_args;
 
 enum {
-    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION,
-    KERNEL_Q6_K_FLOAT_PARTS, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT
+    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
     switch (kernel) {
     case KERNEL_Q6_K_ROWS:
     case KERNEL_Q6_K_TILED:
+#ifndef PAW_BASELINE
+        if (kernel == KERNEL_Q6_K_TILED && a->p[7] != NULL) {  /* the rows' scales laid out by block: AVX-512 */
+            q6_k_tiled_512(a->p[0], a->p[1], a->p[2], a->p[3], a->p[7], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
+            break;
+        }
+#endif
         (kernel == KERNEL_Q6_K_ROWS ? (avx512_on() ? q6_k_rows_512 : q6_k_rows) : q6_k_tiled)(
             a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
         break;
@@ -1202,9 +1233,6 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q0_EIGHTS:
         (avx512_on() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
-        break;
-    case KERNEL_Q6_K_FLOAT_PARTS:
-        q6_k_tiled_float_parts(a->p[0], a->p[1], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_GATED_DELTA_NET:
         gated_delta_net(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], (float *)a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2],
@@ -1258,16 +1286,22 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     int8_t *codes = malloc((size_t)(rows * in));
     float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
     int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
+    /* the AVX-512 tiled kernel reads eight rows' scales of a block at once: [blocks][rows], zero-padded */
+    float *x_scale_t = kernel == KERNEL_Q6_K_TILED && avx512_on() ? calloc((size_t)(blocks * rows + 8), sizeof(float)) : NULL;
     int status = -1;
     if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant)) {
         if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
         else paw_quantize_q8_0(x, rows, in, codes, x_scale);
-        paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target}, {blocks, rows}, 0.0f};
+        if (x_scale_t != NULL)
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t b = 0; b < blocks; ++b) x_scale_t[b * rows + r] = x_scale[r * blocks + b];
+        paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
         status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS ? out / 8 : out, threads);
     }
     free(codes);
     free(x_scale);
     free(sums);
+    free(x_scale_t);
     return status;
 }
 
@@ -1387,20 +1421,3 @@ void paw_unpack_q6_k(const uint8_t *raw, int64_t count, uint8_t *codes, int8_t *
     }
 }
 
-/* Signed codes times their sub-block scales, w = (code - 32) * sub, as 64 * high + low: int8 [blocks, 2 * out, 256],
-   a block's highs (-64..64) then its lows (0..63). codes [out, blocks, 192] (packed), sub [out, blocks, 16]. */
-void paw_split_q6_k(const uint8_t *codes, const int8_t *sub, int64_t out, int64_t blocks, int8_t *split) {
-    uint8_t q[256] __attribute__((aligned(32)));
-    for (int64_t o = 0; o < out; ++o) {
-        for (int64_t b = 0; b < blocks; ++b) {
-            q6_k_unpack(codes + (o * blocks + b) * 192, q);
-            const int8_t *s = sub + (o * blocks + b) * 16;
-            int8_t *high = split + (b * 2 * out + o) * 256, *low = split + (b * 2 * out + out + o) * 256;
-            for (int e = 0; e < 256; ++e) {
-                int w = ((int)q[e] - 32) * s[e / 16];
-                high[e] = (int8_t)(w >> 6);
-                low[e] = (int8_t)(w & 63);
-            }
-        }
-    }
-}

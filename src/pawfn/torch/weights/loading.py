@@ -159,9 +159,6 @@ def _(arithmetic: LlamaCppArithmetic, loaded: DeviceWeights, weights: BaseWeight
     _load_blocks(loaded, weights, arithmetic, progress)
     loaded.biases_after = {name: bias for name in loaded.matrix_names if (bias := loaded.bias(name)) is not None}
     _join_blocks(loaded, loaded.family.fused_groups(loaded.architecture))
-    for matrix in loaded.matrices.values():
-        if isinstance(matrix, NativeBlockMatrix):
-            matrix.prepack()
 
 
 def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[str, ...]], progress: bool | None) -> None:
