@@ -39,7 +39,7 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
-from .c_kernels import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, int8_mm, native_kernels
+from .c_kernels import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, group_by_eights, int8_mm, native_kernels
 
 __all__ = [
     "BlockMatrix",
@@ -229,7 +229,7 @@ def block_matrix(
             kind = "q4_0"
         repacked = kind == "q4_0" and base_layer and out_features % 8 == 0
         if kernels is not None:
-            return NativeBlockMatrix(kind, codes.contiguous(), _f16(blocks[:, :, :2]), None, repacked, kernels)
+            return group_by_eights(NativeBlockMatrix(kind, codes.contiguous(), _f16(blocks[:, :, :2]), None, repacked, kernels))
         return BlockMatrix(kind, _q0_lanes(codes.float()), _f16(blocks[:, :, :2]), None, repacked)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         blocks = data.reshape(out_features, -1, _Q6_K_BYTES)

@@ -28,6 +28,7 @@ from .build import build_key, build_kernels
 __all__ = [
     "TILED_MIN_ROWS",
     "NativeBlockMatrix",
+    "group_by_eights",
     "NativeKernels",
     "int8_mm",
     "join_blocks",
@@ -57,7 +58,7 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT = range(10)
+_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT, _Q4_0_EIGHTS = range(11)
 """`paw_run`'s kernels."""
 
 
@@ -325,9 +326,9 @@ class NativeBlockMatrix:
     kind: Literal["q4_0", "q8_0", "q6_k"]
     codes: torch.Tensor
     """Q6_K: the blocks' codes as stored (low nibbles, then high bit pairs), uint8 [out, blocks, 192]; Q4_0/Q8_0:
-    signed codes int8 [out, blocks, 32]."""
+    signed codes int8 [out, blocks, 32], or `grouped` by eight outputs."""
     scale: torch.Tensor
-    """Per block f16 scale as float32, [out, blocks]."""
+    """Per block f16 scale as float32, [out, blocks] (`grouped`: as float16, [out / 8, blocks, 8])."""
     sub_scales: torch.Tensor | None
     """Q6_K: int8 sub-block scales [out, blocks, 16]."""
     repacked: bool = False
@@ -337,25 +338,27 @@ class NativeBlockMatrix:
     """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
     makes each block's weights into tiles from the codes. Elsewhere the tiled kernel reads the codes too (AVX-512
     VNNI or AVX2): no second copy of the weights is kept."""
+    grouped: bool = False
+    """Q4_0/Q8_0 codes and scales grouped by eight outputs for the `q0_eights` kernels (made by `group_by_eights`):
+    Q8_0 codes int8 [out / 8, blocks, 8 lanes, 8 outputs, 4]; Q4_0 codes + 8 as nibbles, uint8 [out / 8, blocks, 4, 32],
+    lane 2p in the low and lane 2p + 1 in the high nibbles of row p (the file's 0.5 bytes a weight)."""
     _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
-    _by_eights: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, init=False, repr=False)
 
     @property
     def out_features(self) -> int:
         """Output width."""
-        return int(self.codes.shape[0])
+        return int(self.codes.shape[0]) * (8 if self.grouped else 1)
 
-    def _eights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Q4_0/Q8_0 codes grouped by eight outputs for the `q0_eights` kernel, [out/8, blocks, 8 lanes, 8 outputs, 4],
-        and their scales [out/8, blocks, 8]; None where the outputs are not a multiple of 8."""
-        out, blocks = self.codes.shape[0], self.codes.shape[1]
-        if out % 8 != 0:
-            return None
-        if self._by_eights is None:
-            codes = self.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()
-            scales = self.scale.reshape(out // 8, 8, blocks).transpose(1, 2).contiguous()
-            self._by_eights = (codes, scales)
-        return self._by_eights
+    def part(self, first: int, count: int) -> NativeBlockMatrix:
+        """Outputs [first, first + count) as views of this matrix's tensors (a grouped one in whole groups of eight)."""
+        if self.grouped:
+            if first % 8 or count % 8:
+                raise ValueError(f"a grouped matrix's part starts and ends at a multiple of 8, not at {first} and {first + count}")
+            first, count = first // 8, count // 8
+        sub = None if self.sub_scales is None else self.sub_scales[first : first + count]
+        return NativeBlockMatrix(
+            self.kind, self.codes[first : first + count], self.scale[first : first + count], sub, self.repacked, self.kernels, self.amx, self.grouped
+        )
 
     def _scale_t(self) -> torch.Tensor:
         """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
@@ -393,19 +396,17 @@ class NativeBlockMatrix:
         if tiled and self.amx:
             return self._tiled_amx(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
-        codes, sub = self.codes, self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: unread
-        eights = None if self.kind == "q6_k" or self.repacked else self._eights()
+        sub = self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: the grouped kernels' scales
         if self.kind == "q6_k":
             kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
         elif self.repacked:
             kernel = _Q4_0_REPACKED
-        elif eights is None:
-            kernel = _Q0_ROWS
+        elif self.grouped:
+            kernel = _Q4_0_EIGHTS if self.kind == "q4_0" else _Q0_EIGHTS
         else:
-            kernel = _Q0_EIGHTS
-            codes, sub = eights  # the kernel reads the scales grouped by eights where the sub-scales go
+            kernel = _Q0_ROWS
         target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
-        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
+        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(self.codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
         return y
 
     def _tiled_amx(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
@@ -438,11 +439,25 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         and part.codes.shape[1:] == first.codes.shape[1:]
         and (part.sub_scales is None) == (first.sub_scales is None)
         and part.amx == first.amx
+        and part.grouped == first.grouped
         for part in parts
     )
     if not alike:
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
-    return NativeBlockMatrix(
-        first.kind, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]), sub, first.repacked, first.kernels, amx=first.amx
-    )
+    codes, scale = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
+    return NativeBlockMatrix(first.kind, codes, scale, sub, first.repacked, first.kernels, first.amx, first.grouped)
+
+
+def group_by_eights(matrix: NativeBlockMatrix) -> NativeBlockMatrix:
+    """A Q4_0/Q8_0 matrix (not repacked, outputs a multiple of 8) grouped for the `q0_eights` kernels, in place of its
+    rows (one copy of the codes, never both); others as they are."""
+    out, blocks = matrix.codes.shape[0], matrix.codes.shape[1]
+    if matrix.kind == "q6_k" or matrix.repacked or matrix.grouped or out % 8 != 0:
+        return matrix
+    codes = matrix.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()  # [g, b, lane, output, 4]
+    if matrix.kind == "q4_0":
+        nibbles = (codes + 8).to(torch.uint8).reshape(out // 8, blocks, 4, 2, 32)
+        codes = nibbles[:, :, :, 0] | (nibbles[:, :, :, 1] << 4)
+    scale = matrix.scale.reshape(out // 8, 8, blocks).transpose(1, 2).to(torch.float16).contiguous()  # the file's f16: exact
+    return NativeBlockMatrix(matrix.kind, codes, scale, None, False, matrix.kernels, False, True)

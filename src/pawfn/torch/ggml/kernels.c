@@ -20,6 +20,9 @@
 
 static inline float f16_round(float value) { return _cvtsh_ss(_cvtss_sh(value, 0)); }
 
+/* Eight f16 values (their bits) as float32, exactly. */
+static inline __m256 load_f16(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
+
 /* 32 floats times `scale`, rounded half to even and capped at 127 (values are within +-127.5 here), as int8. */
 static inline void round_32(const float *x, __m256 scale, int8_t *codes) {
     __m256i parts[4];
@@ -369,9 +372,9 @@ static void q0_rows(const int8_t *w, const float *w_scale, const int8_t *x, cons
 /* q0_rows eight outputs at a time, from codes grouped by eights, `eights[g][b][l][j][e] = w[8g + j][32b + 4l + e]`,
    and scales `scales[g][b][j] = d_w[8g + j][b]`: each output's 8 lanes accumulate fma(d_x * d_w, lane, acc) over the
    blocks and are summed by halves, exactly as q0_rows rounds them; [first, last) counts groups of eight. */
-static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x, const float *x_scale, const paw_out *y,
-                      int64_t blocks, int64_t rows, int64_t first, int64_t last) {
-    const __m256i ones = _mm256_set1_epi16(1);
+static void q0_eights(const int8_t *eights, const uint16_t *scales, const int8_t *x, const float *x_scale, const paw_out *y,
+                      int64_t blocks, int64_t rows, int64_t first, int64_t last, int nibbles) {
+    const __m256i ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1), low4 = _mm256_set1_epi8(15);
     for (int64_t r = 0; r < rows; ++r) {
         float *row = y->y + r * y->stride;
         for (int64_t g = first; g < last; ++g) {
@@ -380,7 +383,26 @@ static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x
             for (int64_t b = 0; b < blocks; ++b) {
                 int32_t quads[8];
                 memcpy(quads, x + (r * blocks + b) * 32, 32);
-                __m256 d = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), _mm256_loadu_ps(scales + (g * blocks + b) * 8));
+                __m256 d = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), load_f16(scales + (g * blocks + b) * 8));
+                if (nibbles) {
+                    /* Q4_0 as nibbles n = code + 8, lanes 2p and 2p + 1 in the low and high halves of 32 bytes p:
+                       sum(n * x) - 8 * sum(x) per lane, the very integers of the signed codes */
+                    __m256i xb = _mm256_loadu_si256((const __m256i *)(x + (r * blocks + b) * 32));
+                    int32_t quad_sums[8];
+                    _mm256_storeu_si256((__m256i *)quad_sums, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xb), ones));
+                    const uint8_t *w = (const uint8_t *)eights + (g * blocks + b) * 128;
+                    for (int p = 0; p < 4; ++p) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * p));
+                        __m256i halves[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
+                        for (int h = 0; h < 2; ++h) {
+                            int l = 2 * p + h;
+                            __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(halves[h], _mm256_set1_epi32(quads[l])), ones);
+                            lanes = _mm256_sub_epi32(lanes, _mm256_set1_epi32(8 * quad_sums[l]));
+                            acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[l]);
+                        }
+                    }
+                    continue;
+                }
                 const int8_t *w = eights + (g * blocks + b) * 256;
                 for (int l = 0; l < 8; ++l) {
                     __m256i wv = _mm256_loadu_si256((const __m256i *)(w + l * 32));
@@ -406,11 +428,11 @@ static void q0_eights(const int8_t *eights, const float *scales, const int8_t *x
    vpdpbusd on the codes made unsigned (+128), less 128 times the row's quad sums (the start value), so the same
    integer lanes; per lane fma(d_x * d_w, lane, acc), then the lanes by halves as q0_eights does. A row's x quads and
    their corrections are laid out once per row ([blocks][4 steps] x 64 bytes each). */
-AVX512_TARGET static void q0_eights_512(const int8_t *eights, const float *scales, const int8_t *x, const float *x_scale,
-                                        const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last) {
+AVX512_TARGET static void q0_eights_512(const int8_t *eights, const uint16_t *scales, const int8_t *x, const float *x_scale,
+                                        const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last, int nibbles) {
     __m512i *quads = aligned_alloc(64, (size_t)blocks * 8 * sizeof(__m512i));
     if (quads == NULL) {  /* no memory for the row layout: the AVX2 kernel needs none */
-        q0_eights(eights, scales, x, x_scale, y, blocks, rows, first, last);
+        q0_eights(eights, scales, x, x_scale, y, blocks, rows, first, last, nibbles);
         return;
     }
     __m512i *starts = quads + blocks * 4;
@@ -420,9 +442,9 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const float *scale
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t b = 0; b < blocks; ++b) {
             __m512i block = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x + (r * blocks + b) * 32)));
-            /* -128 * (the quad's sum of codes), per dword */
+            /* -128 (the codes made unsigned) or -8 (nibbles) times the quad's sum of codes, per dword */
             __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, block);
-            __m512i negated = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+            __m512i negated = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, nibbles ? 3 : 7));
             for (int step = 0; step < 4; ++step) {
                 __m512i index = _mm512_add_epi32(pick, _mm512_set1_epi32(2 * step));
                 quads[b * 4 + step] = _mm512_permutexvar_epi32(index, block);
@@ -434,11 +456,18 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const float *scale
             __m512 acc[4];
             for (int step = 0; step < 4; ++step) acc[step] = _mm512_setzero_ps();
             for (int64_t b = 0; b < blocks; ++b) {
-                __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), _mm256_loadu_ps(scales + (g * blocks + b) * 8));
+                __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x_scale[r * blocks + b]), load_f16(scales + (g * blocks + b) * 8));
                 __m512 d = _mm512_insertf32x8(_mm512_castps256_ps512(d8), d8, 1);
-                const int8_t *w = eights + (g * blocks + b) * 256;
+                const int8_t *w = eights + (g * blocks + b) * (nibbles ? 128 : 256);
                 for (int step = 0; step < 4; ++step) {
-                    __m512i codes = _mm512_xor_si512(_mm512_loadu_si512(w + 64 * step), flip);
+                    __m512i codes;
+                    if (nibbles) {  /* lanes 2s and 2s + 1: the low and high nibbles of 32 bytes */
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * step)), low4 = _mm256_set1_epi8(15);
+                        codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
+                                                   _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1);
+                    } else {
+                        codes = _mm512_xor_si512(_mm512_loadu_si512(w + 64 * step), flip);
+                    }
                     __m512i lanes = _mm512_dpbusd_epi32(starts[b * 4 + step], codes, quads[b * 4 + step]);
                     acc[step] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[step]);
                 }
@@ -706,8 +735,6 @@ void paw_expf(const float *x, float *y, int64_t count, int64_t width) {
 }
 
 static inline float f16_value(uint16_t bits) { return _cvtsh_ss(bits); }
-
-static inline __m256 load_f16(const uint16_t *x) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x)); }
 
 /* GGML_F32x8_REDUCE's last steps (AVX2 one-row dots): halves to 4 lanes, then (a0+a1)+(a2+a3). */
 static inline float reduce_hadd(__m256 lanes) {
@@ -1210,7 +1237,8 @@ typedef struct {
 } paw_args;
 
 enum {
-    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT
+    KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
+    KERNEL_Q4_0_EIGHTS
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1232,7 +1260,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
             a->p[0], a->p[2], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
         break;
     case KERNEL_Q0_EIGHTS:
-        (avx512_on() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last);
+    case KERNEL_Q4_0_EIGHTS:
+        (avx512_on() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last,
+                                                  kernel == KERNEL_Q4_0_EIGHTS);
         break;
     case KERNEL_GATED_DELTA_NET:
         gated_delta_net(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], (float *)a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2],
@@ -1296,7 +1326,7 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t b = 0; b < blocks; ++b) x_scale_t[b * rows + r] = x_scale[r * blocks + b];
         paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
-        status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS ? out / 8 : out, threads);
+        status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS ? out / 8 : out, threads);
     }
     free(codes);
     free(x_scale);

@@ -3,6 +3,7 @@ as the base's arithmetic multiplies them."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -107,8 +108,14 @@ def _(arithmetic: LlamaCppArithmetic, base: DeviceWeights, adapter: LoraAdapter)
     groups: dict[tuple[str, ...], GroupLora] = {}
     for group in base.groups:
         joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
-        if joined_lora is not None:
-            groups[group] = joined_lora
+        if joined_lora is None:
+            continue
+        groups[group] = joined_lora
+        joined, first = joined_lora.a, 0
+        for name, rank in zip(group, joined_lora.ranks, strict=True):  # each member's `a` a view of the joined one: one copy
+            if isinstance(joined, NativeBlockMatrix):
+                pairs[name] = dataclasses.replace(pairs[name], a=joined.part(first, rank))
+            first += rank
     return DeviceAdapter(pairs, groups)
 
 
