@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 from pawfn import GPT2, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
@@ -148,3 +150,34 @@ def test_a_normal_control_looking_token_is_read_as_llama_cpp_reads_it(tmp_path: 
     for codec in (TextCodec.from_gguf(GGUFFile(tmp_path / "vocab.gguf")), TextCodec.from_hf_folder(tmp_path, Qwen3_0_6B)):
         assert [codec.encode(text, parse_special=special) for text, special in requests] == expected
         assert closing in expected[0] and codec.decode(expected[0]) == "Hello world"
+
+
+_PIECES = st.sampled_from(
+    ["a", "Z", "é", "e\u0301", "中", "7", "12", " ", "  ", "\n", "\r\n", "\t", "'s", "'", "]", "[", ":", "!", "🙂", "<|im_start|>"]
+)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2", "qwen35"])
+def test_settled_ids_start_every_continuation(family: str, request: pytest.FixtureRequest) -> None:
+    """A text's settled tokens (what a program's cached prefix may hold) begin the tokens of the text followed by
+    anything: words, digits, white space, punctuation, combining marks, control tokens."""
+    tiny: TinyInterpreter = request.getfixturevalue(family)
+    codec = TextCodec.from_gguf(GGUFFile(tiny.gguf_path))
+
+    @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(_PIECES, max_size=12).map("".join), st.lists(_PIECES, max_size=6).map("".join))
+    def check(head: str, continuation: str) -> None:
+        settled = codec.settled_ids("<|im_start|>user\n" + head)
+        assert codec.encode("<|im_start|>user\n" + head + continuation, parse_special=True)[: len(settled)] == settled
+
+    check()
+
+
+def test_settled_ids_leave_out_what_a_continuation_may_change(qwen3: TinyInterpreter) -> None:
+    codec = TextCodec.from_gguf(GGUFFile(qwen3.gguf_path))
+    head = "<|im_start|>user\nClassify the message.\n\n[INPUT]\n"
+    whole = codec.encode(head, parse_special=True)
+    settled = codec.settled_ids(head)
+    assert whole[: len(settled)] == settled and 0 < len(whole) - len(settled) <= 2  # "]\n" may become "]\n\n"
+    assert codec.settled_ids(head + "word") == codec.settled_ids(head + "word ")[: len(codec.settled_ids(head + "word"))]
+    assert codec.settled_ids("<|im_start|>") == codec.encode("<|im_start|>", parse_special=True)  # a control token ends it

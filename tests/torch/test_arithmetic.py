@@ -35,7 +35,7 @@ def test_each_arithmetic_states_what_differs() -> None:
     torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, None, flash=True)
     assert torch_way.kv_dtype(torch.bfloat16) == torch.bfloat16 and llamacpp_way.kv_dtype(torch.float32) == torch.float16
     assert not torch_way.row_exact and llamacpp_way.row_exact
-    assert not torch_way.whole_prompts and llamacpp_way.whole_prompts and not LlamaCppArithmetic(8, None, flash=False).whole_prompts
+    assert torch_way.prefix_granule == 1 and llamacpp_way.prefix_granule == 128 and LlamaCppArithmetic(8, None, flash=False).prefix_granule == 1
     assert torch_way.prefix_tag == "" and llamacpp_way.prefix_tag == "+llamacpp-numerics-16-lanes"
     assert llamacpp_way.describe("float32", "cpu") == "llama.cpp numerics on torch emulation (no C kernels built), 16 float32 lanes"
 

@@ -278,3 +278,48 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
         native_kernels.cache_clear()
     with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=PawConfig(n_ctx=1024, numerics="native")) as plain:
         assert _tokens(plain, LLAMACPP_TEXTS[:3]) != expected[:3]  # the case this mode is for
+
+
+LONG_HEAD = "<|im_start|>user\n" + "Sort the message by urgency: outages first, then billing, then the rest. " * 12 + "\n\n[INPUT]\n"
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_llamacpp_numerics_cache_the_whole_batches_of_a_long_head(qwen35: TinyInterpreter, qwen35_q8_0: Path, tmp_path: Path) -> None:
+    """The official vision runtime evaluates each call's whole prompt in batches of 128 from position 0, so the batches
+    that lie inside the head's settled tokens are the same in every call: the exact mode keeps the state after them
+    and gives llama.cpp's tokens of the whole prompt, lone and batched, with inputs that extend the head's last
+    pre-token (a newline after its "]\\n") and that do not."""
+    program = make_program(
+        qwen35,
+        tmp_path,
+        "long-head",
+        gguf.GGMLQuantizationType.Q4_0,
+        seed=5,
+        template=LONG_HEAD + "{INPUT_PLACEHOLDER}\n[END_INPUT]<|im_end|>\n<|im_start|>assistant\n",
+    )
+    texts = ["\nUrgent: the server is down!", "hello", "x " * 140]
+    expected = llama_generate_whole(
+        qwen35_q8_0,
+        [_rendered(program.template, text) for text in texts],
+        MAX_TOKENS,
+        n_ctx=1024,
+        kv="f16",
+        adapter=program.adapter,
+        vision_runtime=True,
+    )
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=PawConfig(numerics="llamacpp", n_ctx=1024)) as function:
+        cached = torch_program(function).prefix_state.length
+        assert cached >= 256 and cached % 128 == 0  # whole batches of the head, its control token's cut long passed
+        assert _tokens(function, texts) == expected
+        batched = function.generate_batch(texts, RuntimeOptions(max_tokens=MAX_TOKENS))
+        assert [list(g.token_ids) for g in batched] == expected
+        runtime = torch_program(function)  # the same batches give the same bits: the logits of no cache, exactly
+        interpreter, adapter, prefix = runtime.base.interpreter, runtime.device_adapter, runtime.prefix_state
+        for text in texts:
+            prompt = function.prompt_token_ids(text)
+            cache = interpreter.new_cache()
+            cache.begin(prefix)
+            after_prefix = interpreter.forward(prompt, prefix.length, cache, adapter)
+            cache.begin(None)
+            assert torch.equal(after_prefix, interpreter.forward(list(prefix.token_ids) + prompt, 0, cache, adapter))

@@ -109,20 +109,26 @@ class WholePrompt(Prompt):
     """A bare interpreter's template (no program): each call's prompt rendered whole and tokenized at once, as the
     official runtime's base mode does; the text up to the template's last control token before its first slot is
     the cached prefix (llama.cpp cuts a prompt at control tokens before anything else, so that cut changes no
-    token)."""
+    token). A `granule` above 1 caches instead the head's settled tokens (`TextCodec.settled_ids`: the same in every
+    call, whatever its arguments) cut to a multiple of it; None caches nothing (each call evaluates the whole prompt)."""
 
-    def __init__(self, codec: TextCodec, template: NumberedTemplate, n_ctx: int, cached_prefix: bool = True) -> None:
-        """`cached_prefix=False`: nothing cached, each call evaluates the whole prompt."""
+    def __init__(self, codec: TextCodec, template: NumberedTemplate, n_ctx: int, granule: int | None = 1) -> None:
         self.codec = codec
         self.n_ctx = n_ctx
         self.arity = template.arity
         head = template.head
         fixed = len(head) - len(codec.control_spans(head)[-1][0])  # the end of its last control token
-        cut = fixed if cached_prefix else 0
-        self.prefix_ids = self._prefix_ids(head[:cut])
-        self.counted_prefix = len(self.prefix_ids) if cached_prefix else len(self._prefix_ids(head[:fixed]))
-        self._prefix_text = head[:cut]
-        self._template = NumberedTemplate((head[cut:], *template.segments[1:]))
+        self._fixed_ids = self._prefix_ids(head[:fixed])
+        self.counted_prefix = len(self._fixed_ids)
+        if granule is None:
+            self.prefix_ids: list[int] = []
+        elif granule == 1:
+            self.prefix_ids = self._fixed_ids
+        else:  # the head's settled tokens (whatever an argument adds), cut to whole granules
+            settled = self._prefix_ids(head) if fixed == len(head) else codec.settled_ids(head)
+            self.prefix_ids = settled[: len(settled) // granule * granule]
+        self._prefix_text = head[:fixed]
+        self._template = NumberedTemplate((head[fixed:], *template.segments[1:]))
 
     def rendered(self, text: CallInput, marker: str) -> tuple[str, list[Image]]:
         """The whole prompt, prefix included, with `marker` where each image argument goes, and the images in
@@ -149,7 +155,15 @@ class WholePrompt(Prompt):
     def encode(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of the prompt after the prefix: the template's text parsed for control tokens, the arguments'
         only with `parse_special_in_input`."""
-        return self._encoded(self._template.bind(_text_arguments(text)), options)
+        return self._after_prefix(self._encoded(self._template.bind(_text_arguments(text)), options))
+
+    def _after_prefix(self, rest: list[int]) -> list[int]:
+        """A call's tokens after the cached prefix, from its tokens after the fixed head's (`rest`): the official
+        runtime's tokens are the head's then these, as llama.cpp cuts a prompt at control tokens first."""
+        whole, cached = self._fixed_ids + rest, len(self.prefix_ids)
+        if whole[:cached] != self.prefix_ids:  # settled tokens are a prefix of every call's: never expected
+            raise RuntimeError(f"a call's prompt does not start with its program's cached prefix of {cached} tokens (a pawfn bug)")
+        return whole[cached:]
 
     def parts(self, text: CallInput, options: RuntimeOptions, delimiters: tuple[str, str]) -> list[list[int] | Image]:
         """The prompt after the prefix as mtmd splits it: runs of token ids (encoded as `encode` does) and each image
@@ -166,7 +180,11 @@ class WholePrompt(Prompt):
                 run = [(delimiters[1], False)]
             elif argument:
                 run.append((argument, not isinstance(segment, str)))
-        return [*parts, self._encoded(run, options)]
+        parts.append(self._encoded(run, options))
+        first = parts[0]
+        assert isinstance(first, list)  # the prompt starts with text: the head, before every argument
+        parts[0] = self._after_prefix(first)
+        return parts
 
     def _encoded(self, pieces: Sequence[tuple[str, bool]], options: RuntimeOptions) -> list[int]:
         """Token ids of (text, is an argument) pieces: an argument's control-token text stays text unless

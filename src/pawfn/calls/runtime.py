@@ -65,20 +65,20 @@ class ProgramFiles:
         """The program's LoRA adapter (None on a bare interpreter)."""
         return None if self.bundle is None else self.bundle.adapter_path
 
-    def prompt(self, codec: TextCodec, n_ctx: int, whole: bool = False, cached_prefix: bool = True) -> Prompt:
+    def prompt(self, codec: TextCodec, n_ctx: int, whole: bool = False, prefix_granule: int | None = 1) -> Prompt:
         """The call encoding: the bundle's template split at its placeholder, or rendered whole (a bare template,
         or `whole`: an interpreter whose official runtime renders every call's prompt whole, `InterpreterModel.whole_prompt`;
-        `cached_prefix=False`: a whole prompt with nothing cached)."""
+        a whole prompt's cached prefix is a multiple of `prefix_granule` tokens, None: nothing cached)."""
         if self.bundle is not None:
             template = self.bundle.template
             if isinstance(template, NumberedTemplate):
-                return WholePrompt(codec, template, n_ctx, cached_prefix)
+                return WholePrompt(codec, template, n_ctx, prefix_granule)
             if not whole:
                 return Prompt(codec, template, n_ctx)
-            return WholePrompt(codec, NumberedTemplate((template.prefix, 0, template.suffix)), n_ctx, cached_prefix)
+            return WholePrompt(codec, NumberedTemplate((template.prefix, 0, template.suffix)), n_ctx, prefix_granule)
         if self.template is None:
             raise ValueError("ProgramFiles needs a bundle or a bare template")
-        return WholePrompt(codec, self.template, n_ctx, cached_prefix)
+        return WholePrompt(codec, self.template, n_ctx, prefix_granule)
 
 
 def context_window(model: type[InterpreterModel], requested: int, trained_positions: int) -> int:

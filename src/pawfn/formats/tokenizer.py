@@ -146,6 +146,21 @@ class TextCodec:
             end = match.end()
         return [*spans, (text[end:], False)]
 
+    def settled_ids(self, text: str) -> list[int]:
+        """The leading token ids of `text` (control tokens parsed) that every text starting with `text` begins with:
+        all but those of its last pre-token after its last control token, which what follows may extend (a pre-token
+        is a regex match that reads at most one character past its end; BPE merges stay inside one)."""
+        text = scalar_text(text)
+        spans = self.control_spans(text)
+        tail = spans[-1][0] if not spans[-1][1] else ""
+        pre_tokenizer = self._special.pre_tokenizer
+        if not tail:  # it ends with a control token (or is empty): nothing after it can change a token
+            return self.encode(text, parse_special=True)
+        pieces = [] if pre_tokenizer is None else pre_tokenizer.pre_tokenize_str(tail)  # none: the tail is one piece
+        cut = len(text) - len(tail) + (pieces[-1][1][0] if pieces else 0)
+        encoding = self._special.encode(text, add_special_tokens=False)
+        return [token for token, (_, end) in zip(encoding.ids, encoding.offsets, strict=True) if end <= cut]
+
     def holds_control_text(self, text: str) -> bool:
         """Whether `text` holds a control token's text (which the official runtime would parse as that token)."""
         return len(self.control_spans(text)) > 1

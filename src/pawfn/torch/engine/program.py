@@ -117,7 +117,7 @@ class TorchProgram(PromptRuntime):
             on_error.callback(ENGINES.release, base)
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
-            prompt = files.prompt(interpreter.weights.codec, n_ctx, model.whole_prompt, cached_prefix=not interpreter.arithmetic.whole_prompts)
+            prompt = files.prompt(interpreter.weights.codec, n_ctx, model.whole_prompt, interpreter.arithmetic.prefix_granule)
             device_adapter = on_compute_thread(interpreter.attach, adapter)
             prefix = _prefix(base, files, config, prompt.prefix_ids, device_adapter)
             projector = None if files.projector is None or model.image_tokens is None else (files.projector, model.image_tokens)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ...core.errors import ConfigError
 from ...core.options import Numerics, ResolvedNumerics, WeightDType
-from .attention import attend, attend_batched, attend_llamacpp, attend_llamacpp_flash
+from .attention import LLAMACPP_BATCH, attend, attend_batched, attend_llamacpp, attend_llamacpp_flash
 from .delta_rule import delta_rule, l2_normalized
 from .families import Architecture
 from .families.base import Family
@@ -69,7 +69,8 @@ class Arithmetic:
     """Every decode step row by row whatever `batch_invariant` asks (llama.cpp computes each call alone)."""
     keeps_last_row = False
     """The last layer keeps only the rows whose outputs a pass returns, from its attention output on."""
-    whole_prompts = False
+    prefix_granule: int = 1
+    """Tokens a cached prefix is a multiple of (`WholePrompt`): 1, or the batch a runtime's prompt arithmetic follows."""
     """Each call evaluates its prompt whole from position 0 (no cached prefix), as llama.cpp's batches decide its
     attention kernel (the official vision runtime)."""
 
@@ -193,7 +194,9 @@ class LlamaCppArithmetic(Arithmetic):
         self.width = width
         self.kernels: NativeKernels | None = kernels
         self.flash = flash
-        self.whole_prompts = flash  # its flash attention follows its batches, which start at each call's first token
+        # its flash attention follows its batches of 128 from each call's first token: whole batches of the prefix are
+        # the same in every call, so a prefix cut at one of their ends is too
+        self.prefix_granule = LLAMACPP_BATCH if flash else 1
         self.prefix_tag = f"+llamacpp-numerics-{width}-lanes"  # it follows the CPU's vector width: a shared cache may span CPUs
 
     def kv_dtype(self, dtype: torch.dtype) -> torch.dtype:

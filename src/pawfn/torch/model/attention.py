@@ -105,15 +105,18 @@ def attend_llamacpp_flash(
 ) -> torch.Tensor:
     """`attend_llamacpp` with flash attention, as the official vision runtime runs it (`ggml_flash_attention`): the
     rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
-    cells used, padded to 256). The sequence starts at position 0 (no prefix)."""
+    cells used from position 0, the prefix's first, padded to 256)."""
     end = cache.store(layer, slot, k, v)
+    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
+    prefix = cache.prefix
+    if prefix is not None and prefix.length:  # the cells in llama.cpp's order: a copy, small beside a batch's products
+        keys, values = torch.cat([prefix.keys[layer], keys], dim=1), torch.cat([prefix.values[layer], values], dim=1)
     outputs: list[torch.Tensor] = []
     first = 0
     for rows in batches:
-        stop = end - q.shape[0] + first + rows
+        stop = keys.shape[1] - q.shape[0] + first + rows
         cells = max(256, -(-stop // 256) * 256)
-        keys, values = cache.keys[layer][:, :stop], cache.values[layer][:, :stop]
-        outputs.append(ggml_flash_attention(q[first : first + rows], keys, values, rows, cells, LLAMACPP_THREADS, width, kernels))
+        outputs.append(ggml_flash_attention(q[first : first + rows], keys[:, :stop], values[:, :stop], rows, cells, LLAMACPP_THREADS, width, kernels))
         first += rows
     return torch.cat(outputs)
 
