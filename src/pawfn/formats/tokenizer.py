@@ -156,7 +156,7 @@ class TextCodec:
         pre_tokenizer = self._special.pre_tokenizer
         if not tail:  # it ends with a control token (or is empty): nothing after it can change a token
             return self.encode(text, parse_special=True)
-        pieces = [] if pre_tokenizer is None else pre_tokenizer.pre_tokenize_str(tail)  # none: the tail is one piece
+        pieces: list[tuple[str, tuple[int, int]]] = [] if pre_tokenizer is None else pre_tokenizer.pre_tokenize_str(tail)  # none: one piece
         cut = len(text) - len(tail) + (pieces[-1][1][0] if pieces else 0)
         encoding = self._special.encode(text, add_special_tokens=False)
         return [token for token, (_, end) in zip(encoding.ids, encoding.offsets, strict=True) if end <= cut]

@@ -277,44 +277,56 @@ static inline __m256i sum_ints_8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* q6_k_tiled on AVX-512 straight from the packed codes (no 2-byte copy of the weights): each output's block is
-   unpacked once for eight rows, its exact integer sums come from q6_k_rows_512's steps, and the float steps
-   `acc = fma(float(s) * d_w, d_x, acc)` run on the eight rows' lanes, each rounded as the scalar steps are.
-   x_scale_t is the rows' block scales as [blocks][rows]. */
-AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *x,
-                                         const float *x_scale_t, const int16_t *sums, const paw_out *y, int64_t blocks,
-                                         int64_t rows, int64_t first, int64_t last) {
+/* q6_k_tiled on AVX-512 straight from the packed codes (no 2-byte copy of the weights). The rows' Q8_K codes come
+   made unsigned (`xu` = x + 128) and the weights' signed (c - 32), so a block's pairs sum with one vpmaddubsw each
+   and the offset 128 * sum((c - 32) * sub) is the weights' alone: one integer per block, taken from every row's
+   sum. Each output's block is unpacked once for 16 rows; the float steps `acc = fma(float(s) * d_w, d_x, acc)`
+   run on eight rows' lanes, each rounded as the scalar steps are. x_scale_t is the rows' block scales as
+   [blocks][rows]. */
+AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *xu,
+                                         const float *x_scale_t, const paw_out *y, int64_t blocks, int64_t rows,
+                                         int64_t first, int64_t last) {
     const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
                                             1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i bias = _mm512_set1_epi8(32), ones = _mm512_set1_epi8(1);
     for (int64_t o = first; o < last; ++o) {
-        for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-            int count = rows - r0 < 8 ? (int)(rows - r0) : 8;
-            __m256 acc = _mm256_setzero_ps();
-            __m256i folded[8];
-            for (int i = count; i < 8; ++i) folded[i] = _mm256_setzero_si256();
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+            int count = rows - r0 < 16 ? (int)(rows - r0) : 16;
+            __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            __m256i folded[16];
+            for (int i = count; i < 16; ++i) folded[i] = _mm256_setzero_si256();
             for (int64_t b = 0; b < blocks; ++b) {
                 __m512i codes[4], scale[4];
                 q6_k_unpack_512(w + (o * blocks + b) * 192, codes);
                 __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16)));
-                for (int step = 0; step < 4; ++step)
+                __m512i offset = _mm512_setzero_si512();
+                for (int step = 0; step < 4; ++step) {
+                    codes[step] = _mm512_sub_epi8(codes[step], bias);
                     scale[step] = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16((short)(4 * step))),
                                                            _mm512_castsi256_si512(sub16));
-                for (int i = 0; i < count; ++i) {
-                    const int8_t *xb = x + ((r0 + i) * blocks + b) * 256;
-                    __m512i lanes = _mm512_setzero_si512();
-                    for (int step = 0; step < 4; ++step)
-                        lanes = _mm512_dpwssd_epi32(lanes, _mm512_maddubs_epi16(codes[step], _mm512_loadu_si512(xb + 64 * step)),
-                                                    scale[step]);
-                    __m256i offsets = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(sums + ((r0 + i) * blocks + b) * 16)), sub16);
-                    folded[i] = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1)),
-                                                 _mm256_slli_epi32(offsets, 5));
+                    offset = _mm512_dpwssd_epi32(offset, _mm512_maddubs_epi16(ones, codes[step]), scale[step]);
                 }
-                __m256 s = _mm256_cvtepi32_ps(sum_ints_8(folded));
-                __m256 dx = _mm256_loadu_ps(x_scale_t + b * rows + r0);
-                acc = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(w_scale[o * blocks + b])), dx, acc);
+                __m256i offset8 = _mm256_add_epi32(_mm512_castsi512_si256(offset), _mm512_extracti64x4_epi64(offset, 1));
+                __m256i correction = _mm256_set1_epi32(128 * sum_ints(offset8));
+                for (int i = 0; i < count; ++i) {  /* two chains of sums per row: the products' latency overlaps */
+                    const int8_t *xb = xu + ((r0 + i) * blocks + b) * 256;
+                    __m512i even = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_loadu_si512(xb), codes[0]), scale[0]);
+                    __m512i odd = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 64), codes[1]), scale[1]);
+                    even = _mm512_dpwssd_epi32(even, _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 128), codes[2]), scale[2]);
+                    odd = _mm512_dpwssd_epi32(odd, _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 192), codes[3]), scale[3]);
+                    __m512i lanes = _mm512_add_epi32(even, odd);
+                    folded[i] = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
+                }
+                float dw = w_scale[o * blocks + b];
+                for (int half = 0; half < 2 && 8 * half < count; ++half) {
+                    __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum_ints_8(folded + 8 * half), correction));
+                    __m256 dx = _mm256_loadu_ps(x_scale_t + b * rows + r0 + 8 * half);
+                    acc[half] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(dw)), dx, acc[half]);
+                }
             }
-            float values[8];
-            _mm256_storeu_ps(values, acc);
+            float values[16];
+            _mm256_storeu_ps(values, acc[0]);
+            _mm256_storeu_ps(values + 8, acc[1]);
             for (int i = 0; i < count; ++i) put(y, r0 + i, o, values[i]);
         }
     }
@@ -1247,7 +1259,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     case KERNEL_Q6_K_TILED:
 #ifndef PAW_BASELINE
         if (kernel == KERNEL_Q6_K_TILED && a->p[7] != NULL) {  /* the rows' scales laid out by block: AVX-512 */
-            q6_k_tiled_512(a->p[0], a->p[1], a->p[2], a->p[3], a->p[7], a->p[5], a->p[6], a->i[0], a->i[1], first, last);
+            q6_k_tiled_512(a->p[0], a->p[1], a->p[2], a->p[3], a->p[7], a->p[6], a->i[0], a->i[1], first, last);
             break;
         }
 #endif
@@ -1317,14 +1329,16 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
     int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
     /* the AVX-512 tiled kernel reads eight rows' scales of a block at once: [blocks][rows], zero-padded */
-    float *x_scale_t = kernel == KERNEL_Q6_K_TILED && avx512_on() ? calloc((size_t)(blocks * rows + 8), sizeof(float)) : NULL;
+    float *x_scale_t = kernel == KERNEL_Q6_K_TILED && avx512_on() ? calloc((size_t)(blocks * rows + 16), sizeof(float)) : NULL;
     int status = -1;
     if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant)) {
         if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
         else paw_quantize_q8_0(x, rows, in, codes, x_scale);
-        if (x_scale_t != NULL)
+        if (x_scale_t != NULL) {  /* the AVX-512 tiled kernel's inputs: scales by block, codes made unsigned */
             for (int64_t r = 0; r < rows; ++r)
                 for (int64_t b = 0; b < blocks; ++b) x_scale_t[b * rows + r] = x_scale[r * blocks + b];
+            for (int64_t i = 0; i < rows * in; ++i) codes[i] = (int8_t)((uint8_t)codes[i] ^ 0x80);
+        }
         paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
         status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS ? out / 8 : out, threads);
     }

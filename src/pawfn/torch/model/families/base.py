@@ -298,7 +298,8 @@ class Family(ABC):
     """Whether `numerics="llamacpp"` (llama.cpp's CPU arithmetic, emulated) covers the family's operations."""
     llamacpp_flash_attention: ClassVar[bool] = False
     """Whether the official runtime runs the family with flash attention, in batches of 128 on a fresh
-    context per call (its vision runtime); `numerics="llamacpp"` then follows it, the whole prompt in each call."""
+    context per call (its vision runtime); `numerics="llamacpp"` then follows it, each call from the program's head
+    cut to whole batches."""
 
     def is_table(self, name: str) -> bool:
         """Whether 2-D tensor `name` is read as values (e.g. a convolution's kernel) rather than multiplied."""
