@@ -4,12 +4,12 @@ runtime's base is, and a rank-64 Q4_0 adapter over every linear layer. Each conf
 --json` process (load, a warm-up call, then --runs 10-token calls); --rounds rounds run every configuration in turn.
 llama.cpp runs each call as the official vision runtime does (a cleared context, the whole prompt evaluated);
 pawfn's Torch backend continues from the program's evaluated prefix (its recurrent states kept). Prints the median
-figures and the median of each round's ratios to llama.cpp.
+call and peak RSS and the median of each round's ratios to llama.cpp.
 
     python benchmarks/qwen35.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 5] [--rounds 3] [--threads N] [--llamacpp-numerics]
 
---llamacpp-numerics adds `numerics="llamacpp"` (llama.cpp's arithmetic emulated, the whole prompt each call): the
-official runtime's exact tokens, at a cost this prints.
+--llamacpp-numerics adds `numerics="llamacpp"` (llama.cpp's arithmetic, each call from the head's whole batches of
+128, as the official runtime's batches fall): the official runtime's exact tokens.
 """
 
 from __future__ import annotations
@@ -139,7 +139,9 @@ def main() -> None:
         call = statistics.median(value(r[mode], "median_ms") for r in rounds)
         ratio = statistics.median(value(r[mode], "median_ms") / value(r["llama.cpp"], "median_ms") for r in rounds)
         each = ", ".join(f"{value(r[mode], 'median_ms'):.0f}" for r in rounds)
-        print(f"{mode:20s} median call {call:8.1f} ms   {ratio:5.2f}x llama.cpp's   (rounds: {each} ms)")
+        rss = statistics.median(value(r[mode], "peak_rss_mb") for r in rounds)
+        rss_ratio = statistics.median(value(r[mode], "peak_rss_mb") / value(r["llama.cpp"], "peak_rss_mb") for r in rounds)
+        print(f"{mode:24s} median call {call:8.1f} ms   {ratio:5.2f}x llama.cpp's   (rounds: {each} ms)   peak RSS {rss:6.0f} MiB {rss_ratio:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from .build import build_key, build_kernels
 __all__ = [
     "TILED_MIN_ROWS",
     "NativeBlockMatrix",
-    "group_by_eights",
     "NativeKernels",
+    "group_by_eights",
     "int8_mm",
     "join_blocks",
     "native_attention",

@@ -70,9 +70,8 @@ class Arithmetic:
     keeps_last_row = False
     """The last layer keeps only the rows whose outputs a pass returns, from its attention output on."""
     prefix_granule: int = 1
-    """Tokens a cached prefix is a multiple of (`WholePrompt`): 1, or the batch a runtime's prompt arithmetic follows."""
-    """Each call evaluates its prompt whole from position 0 (no cached prefix), as llama.cpp's batches decide its
-    attention kernel (the official vision runtime)."""
+    """Tokens a whole prompt's cached prefix is a multiple of (`WholePrompt`): 1, or the batch from position 0 whose
+    size decides the attention kernel (llama.cpp's flash attention in the official vision runtime: 128)."""
 
     prefix_tag = ""
     """What a stored prefix's key adds for this arithmetic (`PrefixStore`)."""
