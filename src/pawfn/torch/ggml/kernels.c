@@ -278,17 +278,26 @@ static inline __m256i sum_ints_8(const __m256i v[8]) {
 }
 
 /* q6_k_tiled on AVX-512 straight from the packed codes (no 2-byte copy of the weights). The rows' Q8_K codes come
-   made unsigned (`xu` = x + 128) and the weights' signed (c - 32), so a block's pairs sum with one vpmaddubsw each
-   and the offset 128 * sum((c - 32) * sub) is the weights' alone: one integer per block, taken from every row's
-   sum. Each output's block is unpacked once for 16 rows; the float steps `acc = fma(float(s) * d_w, d_x, acc)`
-   run on eight rows' lanes, each rounded as the scalar steps are. x_scale_t is the rows' block scales as
-   [blocks][rows]. */
+   made unsigned (`xu` = x + 128) and the weights' signed (c - 32): vpdpbusd sums each 4 products of a sub-block in
+   an int32 lane (|sum| <= 4 * 255 * 32, so two steps pack to int16 exactly), and vpdpwssd weights those by their
+   sub-block scales: 6 products a block where pairs then scales took 8. The offset 128 * sum((c - 32) * sub) is the
+   weights' alone: one integer per block, taken from every row's sum. Each output's block is unpacked once for 16
+   rows; the float steps `acc = fma(float(s) * d_w, d_x, acc)` run on eight rows' lanes, each rounded as the scalar
+   steps are. x_scale_t is the rows' block scales as [blocks][rows]. */
 AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *xu,
                                          const float *x_scale_t, const paw_out *y, int64_t blocks, int64_t rows,
                                          int64_t first, int64_t last) {
-    const __m512i spread = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
-                                            1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i bias = _mm512_set1_epi8(32), ones = _mm512_set1_epi8(1);
+    /* int16 e of a packed pair of steps (2p, 2p + 1): 128-bit chunk L = e / 8 holds step 2p's sub-block 8p + L in its
+       first four, step 2p + 1's sub-block 8p + 4 + L in its last four */
+    __m512i pick[2];
+    {
+        int16_t index[2][32];
+        for (int p = 0; p < 2; ++p)
+            for (int e = 0; e < 32; ++e) index[p][e] = (int16_t)(8 * p + 4 * ((e % 8) >= 4) + e / 8);
+        pick[0] = _mm512_loadu_si512(index[0]);
+        pick[1] = _mm512_loadu_si512(index[1]);
+    }
+    const __m512i bias = _mm512_set1_epi8(32), ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
     for (int64_t o = first; o < last; ++o) {
         for (int64_t r0 = 0; r0 < rows; r0 += 16) {
             int count = rows - r0 < 16 ? (int)(rows - r0) : 16;
@@ -296,25 +305,25 @@ AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, co
             __m256i folded[16];
             for (int i = count; i < 16; ++i) folded[i] = _mm256_setzero_si256();
             for (int64_t b = 0; b < blocks; ++b) {
-                __m512i codes[4], scale[4];
+                __m512i codes[4], scale[2];
                 q6_k_unpack_512(w + (o * blocks + b) * 192, codes);
-                __m256i sub16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16)));
-                __m512i offset = _mm512_setzero_si512();
-                for (int step = 0; step < 4; ++step) {
-                    codes[step] = _mm512_sub_epi8(codes[step], bias);
-                    scale[step] = _mm512_permutexvar_epi16(_mm512_add_epi16(spread, _mm512_set1_epi16((short)(4 * step))),
-                                                           _mm512_castsi256_si512(sub16));
-                    offset = _mm512_dpwssd_epi32(offset, _mm512_maddubs_epi16(ones, codes[step]), scale[step]);
-                }
+                __m512i sub16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16))));
+                for (int step = 0; step < 4; ++step) codes[step] = _mm512_sub_epi8(codes[step], bias);
+                scale[0] = _mm512_permutexvar_epi16(pick[0], sub16);
+                scale[1] = _mm512_permutexvar_epi16(pick[1], sub16);
+                __m512i offset = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[0]),
+                                                                              _mm512_dpbusd_epi32(zero, ones, codes[1])), scale[0]);
+                offset = _mm512_dpwssd_epi32(offset, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[2]),
+                                                                        _mm512_dpbusd_epi32(zero, ones, codes[3])), scale[1]);
                 __m256i offset8 = _mm256_add_epi32(_mm512_castsi512_si256(offset), _mm512_extracti64x4_epi64(offset, 1));
                 __m256i correction = _mm256_set1_epi32(128 * sum_ints(offset8));
-                for (int i = 0; i < count; ++i) {  /* two chains of sums per row: the products' latency overlaps */
+                for (int i = 0; i < count; ++i) {
                     const int8_t *xb = xu + ((r0 + i) * blocks + b) * 256;
-                    __m512i even = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_loadu_si512(xb), codes[0]), scale[0]);
-                    __m512i odd = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 64), codes[1]), scale[1]);
-                    even = _mm512_dpwssd_epi32(even, _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 128), codes[2]), scale[2]);
-                    odd = _mm512_dpwssd_epi32(odd, _mm512_maddubs_epi16(_mm512_loadu_si512(xb + 192), codes[3]), scale[3]);
-                    __m512i lanes = _mm512_add_epi32(even, odd);
+                    __m512i low = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb), codes[0]),
+                                                     _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 64), codes[1]));
+                    __m512i high = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 128), codes[2]),
+                                                      _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 192), codes[3]));
+                    __m512i lanes = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, low, scale[0]), high, scale[1]);
                     folded[i] = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
                 }
                 float dw = w_scale[o * blocks + b];
