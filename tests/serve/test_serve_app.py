@@ -245,3 +245,23 @@ def test_any_body_gets_an_answer_or_a_json_error_never_a_crash(route: str, body:
                 assert set(error) == {"error", "message", "request_id"} and error["message"]
 
     asyncio.run(scenario())
+
+
+def test_a_body_not_utf8_and_an_oversized_one_are_named_and_counted() -> None:
+    """A body that is not UTF-8 gets 422 naming the byte (FastAPI alone answers 400 "error parsing the body"); a 413 for
+    a body over the limit carries the request id of its header and is counted like every other answer."""
+
+    async def scenario() -> None:
+        async with _client(ScriptedService(), ServeSettings(max_body_bytes=100)) as client:
+            encoded = await client.post("/v1/programs/p/run", content=b'{"input": "\xff\xfe"}', headers={"content-type": "application/json"})
+            assert encoded.status_code == 422 and encoded.json()["error"] == "invalid_encoding"
+            assert "0xff at offset 11" in encoded.json()["message"]
+            large = await client.post("/v1/programs/p/run", json={"input": "x" * 200})
+            assert large.status_code == 413 and large.json()["error"] == "body_too_large"
+            for response in (encoded, large):
+                assert response.json()["request_id"] == response.headers["x-request-id"]
+            counted = (await client.get("/metrics")).text
+            assert 'pawfn_requests_total{route="unmatched",status="413"} 1.0' in counted
+            assert 'status="422"} 1.0' in counted
+
+    asyncio.run(scenario())

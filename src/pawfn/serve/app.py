@@ -138,6 +138,7 @@ class _BodyLimit:
         body = ErrorBody(
             error="body_too_large",
             message=f"the request body is over this server's limit of {self._max_bytes} bytes; send less (split a batch) or raise --max-body-bytes",
+            request_id=scope.get("state", {}).get("request_id"),  # set by the app's outer middleware, which counts this answer
         )
         response = JSONResponse(body.model_dump(), status_code=413)
 
@@ -405,12 +406,18 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, UnicodeDecodeError):  # FastAPI's "error parsing the body"
+            byte = cause.object[cause.start : cause.start + 1].hex()
+            message = f"the request body is not UTF-8 (byte 0x{byte} at offset {cause.start}); send the JSON encoded as UTF-8"
+            return error_response(request, ApiError(422, "invalid_encoding", message))
         code = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(request, ApiError(exc.status_code, code, str(exc.detail), dict(exc.headers or {})))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(HTTPException, on_http)
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)  # inside `observe`: its 413s are counted and named
 
     @app.middleware("http")
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -423,5 +430,4 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         response.headers["x-request-id"] = request.state.request_id
         return response
 
-    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
     return app
