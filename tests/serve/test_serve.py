@@ -397,28 +397,38 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
     assert _settled_steps(server) - before < STOPPED
 
 
-def test_sigterm_cancels_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:
-    """24 calls to the end of the context, running and queued: SIGTERM ends the server once its 1 s is over."""
+def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:
+    """24 calls to the end of the context, running and queued, and a stream: SIGTERM ends the server once its 1 s is
+    over; the requests still running then answer 503 `shutting_down` JSON with Retry-After (a `Remote` client sends
+    such a call again), the stream ends with that `error` event, and nothing is cut off or logged as a traceback."""
     server = long_calls_server
-    answers: list[int] = []
+    answers: list[httpx.Response] = []
+    streamed: list[str] = []
 
     def batch() -> None:
-        try:
-            answers.append(
-                httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8}, headers=AUTH, timeout=120).status_code
-            )
-        except httpx.TransportError:
-            answers.append(0)
+        answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8}, headers=AUTH, timeout=120))
 
+    def stream() -> None:
+        body = {"input": "q", "options": {"max_tokens": 2000}}
+        with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
+            streamed.append(response.read().decode())
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
     threads = _three_batches_queued(server, batch)
     stopping = time.monotonic()
     status = server.stop(timeout_s=60)
     stopped_s = time.monotonic() - stopping
-    for thread in threads:
+    for thread in [*threads, streaming]:
         thread.join()
     assert status == -signal.SIGTERM, server.output()
     assert stopped_s < 10, server.output()  # the 24 calls would take over a minute
-    assert "timeout graceful shutdown exceeded" in server.output() and len(answers) == 3 and 200 not in answers
+    assert [answer.status_code for answer in answers] == [503] * 3, server.output()
+    for answer in answers:
+        assert answer.json()["error"] == "shutting_down" and answer.headers["retry-after"] == "1" and answer.json()["request_id"]
+    events = list(sse_events(iter(streamed[0].splitlines())))
+    assert events[-1][0] == "error" and events[-1][1]["error"] == "shutting_down", streamed
+    assert "Traceback" not in server.output() and "timeout graceful shutdown exceeded" not in server.output()
 
 
 def test_a_body_sent_as_a_form_gets_415_naming_the_content_type(server: ServeProcess) -> None:

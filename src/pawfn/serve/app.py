@@ -59,7 +59,7 @@ from .metrics import ServerMetrics
 from .service import ProgramService
 from .settings import ServeSettings
 
-__all__ = ["ApiError", "create_app"]
+__all__ = ["ApiError", "create_app", "drain_after"]
 
 
 class ApiError(Exception):
@@ -92,10 +92,34 @@ def api_error(exc: PawError) -> ApiError:
     if isinstance(exc, ConfigError):
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, ProgramClosedError):
-        return ApiError(503, "shutting_down", "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+        return _shutting_down()
     if isinstance(exc, (HubError, OfflineError)):
         return ApiError(502, "load_failed", f"the server could not load the program: {exc}")
     return ApiError(500, "run_failed", f"{type(exc).__name__}: {exc}")
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "shutting_down", "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+
+
+class _Drain:
+    """The server's drain deadline (`drain_after`): once it passes, the requests still running answer 503
+    `shutting_down` and the streams end with that `error` event, before the server cancels what is left."""
+
+    def __init__(self) -> None:
+        self._passed: asyncio.Event | None = None
+
+    @property
+    def passed(self) -> asyncio.Event:
+        if self._passed is None:  # made in the server's event loop, on first use
+            self._passed = asyncio.Event()
+        return self._passed
+
+
+def drain_after(app: FastAPI, seconds: float) -> None:
+    """Start `app`'s drain deadline, `seconds` from now (call it in the server's event loop as it shuts down)."""
+    drain: _Drain = app.state.drain
+    asyncio.get_running_loop().call_later(seconds, drain.passed.set)
 
 
 class _BodyLimit:
@@ -151,25 +175,46 @@ class _BodyLimit:
 T = TypeVar("T")
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def _unless_disconnected(request: Request, work: Awaitable[T], drain: _Drain) -> T:
     """`work`'s result, or, where the client disconnects first, `work` cancelled (its calls then stop at their next
-    token instead of decoding for nobody) and a 499 that nobody reads."""
+    token instead of decoding for nobody) and a 499 that nobody reads; where the drain deadline passes first, `work`
+    cancelled and a 503 `shutting_down`."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    watcher = asyncio.ensure_future(disconnected())
+    watchers = {asyncio.ensure_future(disconnected()), asyncio.ensure_future(drain.passed.wait())}
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # this request's own cancellation (server shutdown) takes both with it
-        watcher.cancel()
+        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # this request's own cancellation (the server's last resort) takes them all with it
+        for watcher in watchers:
+            watcher.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled() or not task.done():
-        raise ApiError(499, "client_closed", "the client closed the connection; its calls were cancelled")
-    return task.result()
+    if task.done() and not task.cancelled():
+        return task.result()
+    if drain.passed.is_set():
+        raise _shutting_down()
+    raise ApiError(499, "client_closed", "the client closed the connection; its calls were cancelled")
+
+
+async def _next_unless_drained(items: AsyncIterator[StreamPiece | RunResponse], drain: _Drain) -> StreamPiece | RunResponse | None:
+    """The stream's next item (None at its end), or, where the drain deadline passes first, the stream's call cancelled
+    and a 503 `shutting_down` raised."""
+    following = asyncio.ensure_future(anext(items, None))
+    deadline = asyncio.ensure_future(drain.passed.wait())
+    try:
+        await asyncio.wait({following, deadline}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        deadline.cancel()
+        if not following.done():
+            following.cancel()
+            await asyncio.wait({following})  # the generator's own cancellation ends before it is closed
+    if following.done() and not following.cancelled():
+        return following.result()
+    raise _shutting_down()
 
 
 @contextmanager
@@ -205,6 +250,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     """The API over `service`, with `settings`' limits and key; the service is closed when the app shuts down."""
     settings = settings or ServeSettings()
     admission = _Admission(settings.max_queue)
+    drain = _Drain()
     metrics = ServerMetrics(lambda: admission.queued, service.counters)
     key = None if settings.api_key is None else settings.api_key.get_secret_value().encode()
 
@@ -219,6 +265,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         lifespan=lifespan,
         description="ProgramAsWeights programs over HTTP: the official hosted inference shape and pawfn's typed API.",
     )
+    app.state.drain = drain
 
     def authorize(request: Request) -> None:
         if key is None:
@@ -271,7 +318,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         started = time.perf_counter()
         options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
         with admission.hold(1), _answered():
-            result = await _unless_disconnected(request, service.run(body.program_id, body.input, options))
+            result = await _unless_disconnected(request, service.run(body.program_id, body.input, options), drain)
         counted(result)
         latency_ms = (time.perf_counter() - started) * 1e3
         return InferResponse(output=result.generation.text, tokens_generated=len(result.generation.token_ids), latency_ms=latency_ms)
@@ -294,7 +341,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         disconnects cancels its call."""
         call, options = decoded(body)
         with admission.hold(1), _answered():
-            result = await _unless_disconnected(request, service.run(reference, call, options))
+            result = await _unless_disconnected(request, service.run(reference, call, options), drain)
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
@@ -310,7 +357,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         options = capped(body.options)
         metrics.batch_inputs.observe(len(body.inputs))
         with admission.hold(len(body.inputs)), _answered():
-            result = await _unless_disconnected(request, service.run_batch(reference, body.inputs, options))
+            result = await _unless_disconnected(request, service.run_batch(reference, body.inputs, options), drain)
         for generation in result.generations:
             counted(RunResponse(program=result.program, generation=generation))
         return result
@@ -340,9 +387,9 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                             yield f"event: done\ndata: {item.model_dump_json()}\n\n"
                             break
                         yield f"event: token\ndata: {item.model_dump_json()}\n\n"
-                        item = await anext(items, None)
-                except PawError as exc:
-                    error = api_error(exc)
+                        item = await _next_unless_drained(items, drain)
+                except (PawError, ApiError) as exc:
+                    error = exc if isinstance(exc, ApiError) else api_error(exc)
                     body = ErrorBody(error=error.code, message=error.message)
                     yield f"event: error\ndata: {body.model_dump_json()}\n\n"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from .settings import ServeSettings
 __all__ = ["ServeTarget", "serve_on_ray", "serve_programs"]
 
 logger = logging.getLogger("pawfn.serve")
+
+_ANSWER_S = 5
+"""Seconds after the grace for the drained requests' 503s to go out, before uvicorn cancels what is left."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
     try:  # the `serve` extra: imported when a server starts, never with pawfn
         import uvicorn
 
-        from .app import create_app
+        from .app import create_app, drain_after
     except ImportError as exc:
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
     _warn_if_open(target.host, target.settings)
@@ -55,13 +59,20 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         alias, reference = split_alias(given)
         info = service.load(reference, target.base, alias)
         logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
-    uvicorn.run(
-        create_app(service, target.settings),
-        host=target.host,
-        port=target.port,
-        log_level="info",
-        timeout_graceful_shutdown=None if graceful_timeout_s is None else math.ceil(graceful_timeout_s),
-    )
+    app = create_app(service, target.settings)
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, whose shutdown first starts the app's drain deadline: requests still running when the grace is
+        over answer 503 `shutting_down` (streams end with that event), before uvicorn's own timeout (a few seconds
+        later, the last resort) would cancel them into 500s."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if graceful_timeout_s is not None:
+                drain_after(app, graceful_timeout_s)
+            await super().shutdown(sockets)
+
+    last_resort = None if graceful_timeout_s is None else math.ceil(graceful_timeout_s) + _ANSWER_S
+    DrainingServer(uvicorn.Config(app, host=target.host, port=target.port, log_level="info", timeout_graceful_shutdown=last_resort)).run()
 
 
 def _warn_if_open(host: str, settings: ServeSettings) -> None:
