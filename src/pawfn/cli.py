@@ -32,7 +32,7 @@ from .core.images import Image, ImageError
 from .api.function import PawFn
 from .core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, PatternFormat
 from .hub.cache import PawCache
-from .hub.usage import cache_files, clear_derived
+from .hub.usage import cache_files, clear_derived, prune_derived
 from .hub.client import PawClient
 from .hub.prepare import compile_spec, prepare_program
 from .hub.refs import parse_reference
@@ -245,6 +245,12 @@ def _parser() -> argparse.ArgumentParser:
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.add_argument(
         "--derived", action="store_true", help="delete only pawfn's derived files (converted bases, stored prefixes, kernels), which it rebuilds"
+    )
+    prune = cache_commands.add_parser(
+        "prune", parents=[common], help="delete pawfn's least recently used derived files until they fit a size (programs and bases stay)"
+    )
+    prune.add_argument(
+        "--max-bytes", type=int, metavar="N", help="the size to fit, in bytes (default: derived_cache_max_bytes, PAW_DERIVED_CACHE_MAX_BYTES, 8 GiB)"
     )
     prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
     prepare.add_argument("program", metavar="REF", help="program id or slug")
@@ -576,6 +582,14 @@ def _cache(args: argparse.Namespace) -> int:
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     if args.cache_command == "list":
         _list_cache(cache, args.json)
+        return 0
+    if args.cache_command == "prune":
+        bound = config.derived_cache_max_bytes if args.max_bytes is None else args.max_bytes
+        if bound < 0:
+            raise _CliError(f"--max-bytes must be 0 or more, not {bound}")
+        removed = prune_derived(cache, bound)
+        left = sum(item.size_bytes for item in cache_files(cache) if item.derived)
+        print(f"removed {len(removed)} derived files ({_size(sum(item.size_bytes for item in removed))}); {_size(left)} left in {cache.root}")
         return 0
     if args.cache_command == "clear" and args.derived:
         removed = clear_derived(cache)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.cli import main
 from pawfn.hub.cache import PawCache
-from pawfn.hub.usage import cache_files
+from pawfn.hub.usage import cache_files, prune_derived
 from tests.helpers.programs import TinyProgram
 
 INPUT = "Urgent: the server is down!"
@@ -70,3 +71,68 @@ def test_a_foreign_safetensors_file_is_listed_without_a_detail(capsys: pytest.Ca
     assert (item.kind, item.size_bytes, item.detail) == ("converted_base", 64, None)
     assert main(["cache", "list"]) == 0
     assert "converted base: odd.safetensors" in capsys.readouterr().out
+
+
+def _derived_file(path: Path, size: int, used_at: float) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * size)
+    os.utime(path, (used_at, used_at))
+    return path
+
+
+def test_prune_removes_the_least_recently_used_derived_files_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Derived files (prefixes, converted bases, kernels) go oldest use first until they fit; programs and base
+    models stay whatever the bound; `pawfn cache prune` says what it freed."""
+    cache = PawCache(tmp_path / "cache")
+    derived = cache.root / ".pawfn-derived"
+    oldest = _derived_file(derived / "a" / ".pawfn-prefix-1.pt", 400, 1000)
+    converted = _derived_file(cache.base_derived_dir() / "b.safetensors", 300, 2000)
+    kernel = _derived_file(derived / "kernels" / "ggml-x.so", 200, 3000)
+    newest = _derived_file(derived / "c" / ".pawfn-prefix-2.pt", 100, 4000)
+    base = _derived_file(cache.base_models_dir / "base.gguf", 5000, 500)
+    removed = prune_derived(cache, 350)
+    assert [item.path for item in removed] == [oldest, converted]  # 1000 bytes -> 300
+    assert kernel.exists() and newest.exists() and base.exists()
+    assert prune_derived(cache, 350) == []
+    assert main(["cache", "prune", "--max-bytes", "0", "--cache-dir", str(cache.root)]) == 0
+    assert capsys.readouterr().out.startswith("removed 2 derived files (")
+    assert not kernel.exists() and not newest.exists() and base.exists()
+
+
+def test_loads_keep_the_derived_files_under_their_bound(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """Programs loaded one after another with a bound of about two stored prefixes: after each load the derived
+    files fit it and the program just loaded keeps its prefix (marked used); an evicted program's next load
+    evaluates its prefix again and gives the same tokens."""
+    bundles = []
+    for index in range(4):  # different prefixes: a stored prefix each
+        bundle = shutil.copytree(qwen3_program.folder, tmp_path / f"bundle-{index}")
+        template = bundle / "prompt_template.txt"
+        template.write_text(f"Program {index}: " + template.read_text())
+        bundles.append(bundle)
+    cache = PawCache(tmp_path / "cache")
+    base = qwen3_program.interpreter.gguf_path
+
+    def run(bundle: Path, bound: int) -> tuple[int, ...]:
+        config = PawConfig(cache_dir=cache.root, derived_cache_max_bytes=bound)
+        with PawFn[Qwen3_0_6B, Torch].load_sync(bundle, base=base, config=config) as loaded:
+            return loaded.generate(INPUT, RuntimeOptions(max_tokens=6)).token_ids
+
+    def prefixes() -> set[Path]:
+        return {item.path for item in cache_files(cache) if item.kind == "prefix"}
+
+    first = run(bundles[0], 1 << 40)
+    (stored,) = [item for item in cache_files(cache) if item.kind == "prefix"]
+    prefix_of, bound = [stored.path], stored.size_bytes * 5 // 2
+    for bundle in bundles[1:]:
+        before = prefixes()
+        run(bundle, bound)
+        (new,) = prefixes() - before
+        prefix_of.append(new)
+        held = [item for item in cache_files(cache) if item.derived]
+        assert sum(item.size_bytes for item in held) <= bound and len(held) == 2 and new.exists()
+    assert prefixes() == {prefix_of[2], prefix_of[3]}  # the least recently used went first
+    time.sleep(0.01)
+    run(bundles[2], bound)  # its stored prefix read: marked used, so bundle 3's is now the least recently used
+    time.sleep(0.01)
+    assert run(bundles[0], bound) == first  # evaluated again: the same tokens
+    assert prefixes() == {prefix_of[0], prefix_of[2]}

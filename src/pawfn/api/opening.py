@@ -3,6 +3,7 @@ go through (resolve and download with `prepare_program`, choose the interpreter,
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -13,8 +14,9 @@ from typing import cast
 from ..core.backends import Backend, LlamaCpp, Remote, Torch
 from ..formats.bundle import ProgramMeta, open_bundle
 from ..core.config import PawConfig
-from ..core.errors import BaseModelError, ConfigError, InterpreterMismatchError
+from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
 from ..hub.cache import PawCache
+from ..hub.usage import prune_derived
 from ..hub.prepare import find_cached_base, find_cached_projector, prepare_program
 from ..llamacpp import LlamaCppProgram
 from ..core.models import InterpreterModel, model_for_interpreter
@@ -22,7 +24,9 @@ from ..remote import RemoteProgram
 from ..calls.runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
 from ..core.templates import INPUT_PLACEHOLDER, NumberedTemplate
 
-__all__ = ["ModelChoice", "Opened", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
+__all__ = ["ModelChoice", "Opened", "bound_derived", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
+
+_LOG = logging.getLogger("pawfn")
 
 ModelChoice = Callable[[ProgramMeta, str], type[InterpreterModel]]
 """The interpreter model a program runs as, from its meta and its name; raises where it cannot run."""
@@ -105,7 +109,22 @@ def open_files(
         base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
         projector = _projector(model, base, opened.meta, cache)
         runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
+    bound_derived(cache, config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
+
+
+def bound_derived(cache: PawCache, config: PawConfig) -> None:
+    """Keep pawfn's derived files under `config.derived_cache_max_bytes` after a load (which may have written some);
+    a cache that cannot be pruned (read-only, its lock held too long) is left as it is, the load unharmed."""
+    try:
+        removed = prune_derived(cache, config.derived_cache_max_bytes)
+    except (OSError, CacheLockError) as exc:
+        _LOG.warning("could not prune pawfn's derived files in %s: %s", cache.root, exc)
+        return
+    if removed:
+        freed = sum(item.size_bytes for item in removed)
+        bound = config.derived_cache_max_bytes
+        _LOG.info("pruned %d derived files (%d bytes, least recently used) to stay under %d bytes", len(removed), freed, bound)
 
 
 def _base_weights(base: Path | None, model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache, otherwise: str) -> Path:
@@ -148,6 +167,7 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     meta = ProgramMeta(interpreter=model.interpreter_id)
     base = _base_weights(base, model, meta, cache, "")
     runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered, _projector(model, base, meta, cache)), config)
+    bound_derived(cache, config)
     return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
 
 

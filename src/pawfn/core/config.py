@@ -32,6 +32,7 @@ _ENV_VARIABLES = {
     "dtype": "PAW_DTYPE",
     "weight_dtype": "PAW_WEIGHT_DTYPE",
     "lock_timeout_s": "PAW_LOCK_TIMEOUT_S",
+    "derived_cache_max_bytes": "PAW_DERIVED_CACHE_MAX_BYTES",
     "server_url": "PAW_SERVER_URL",
     "server_api_key": "PAW_SERVER_API_KEY",
     "llamacpp_repack": "PAW_LLAMACPP_REPACK",
@@ -56,6 +57,8 @@ def default_cache_dir() -> Path:
 
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 """`PawConfig.lock_timeout_s`'s default, in seconds."""
+DEFAULT_DERIVED_CACHE_MAX_BYTES = 8 << 30
+"""`PawConfig.derived_cache_max_bytes`'s default: 8 GiB (a few converted bases and hundreds of stored prefixes)."""
 
 
 def _http_url(value: str, name: str) -> str:
@@ -91,6 +94,10 @@ class HubSettings(OptionsModel):
     lock_timeout_s: float = Field(default=DEFAULT_LOCK_TIMEOUT_S, gt=0)
     """Longest wait for a cache entry another process is installing or downloading (its lock), in seconds;
     then a `CacheLockError`. The wait is logged (``pawfn`` logger) when it starts."""
+    derived_cache_max_bytes: int = Field(default=DEFAULT_DERIVED_CACHE_MAX_BYTES, ge=0)
+    """Most bytes of the files pawfn derives in the cache (stored prefixes, converted bases, compiled kernels): after
+    each load the least recently used go first (`pawfn cache prune`); they are rebuilt when needed. Programs and
+    base models are never removed by it."""
 
     @field_validator("api_url")
     @classmethod
@@ -190,7 +197,7 @@ class PawConfig(RemoteSettings, EngineSettings, HubSettings):  # this order list
     @classmethod
     def from_env(cls, **overrides: object) -> PawConfig:
         """Read `PAW_API_URL`, `PAW_API_KEY`, `PAW_CACHE_DIR`, `PAW_OFFLINE`, `PAW_N_CTX`, `PAW_DEVICE`,
-        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S`, `PAW_SERVER_URL`,
+        `PAW_DTYPE`, `PAW_MAX_MODEL_COPIES`, `PAW_THREADS`, `PAW_LOCK_TIMEOUT_S`, `PAW_DERIVED_CACHE_MAX_BYTES`, `PAW_SERVER_URL`,
         `PAW_SERVER_API_KEY`, `PAW_LLAMACPP_REPACK`, `PAW_BATCH_INVARIANT` and the official config file; keyword
         arguments win."""
         return cls.from_sources(overrides)

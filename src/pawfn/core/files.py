@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["write_atomically"]
+__all__ = ["mark_used", "write_atomically"]
 
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
@@ -25,3 +25,10 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def mark_used(path: Path) -> None:
+    """Record that a cached file was just read (its modification time: a pruned cache keeps the most recently used);
+    a read-only cache is left as it is."""
+    with contextlib.suppress(OSError):
+        os.utime(path)

@@ -13,7 +13,7 @@ from typing import Literal
 
 from .cache import PawCache
 
-__all__ = ["CacheFile", "CacheFileKind", "cache_files", "clear_derived"]
+__all__ = ["CacheFile", "CacheFileKind", "cache_files", "clear_derived", "prune_derived"]
 
 CacheFileKind = Literal["base_model", "converted_base", "prefix", "kernel"]
 """A base model (or a vision runtime's projector) downloaded for the official runtime, or one of pawfn's derived files: a base converted for a
@@ -68,6 +68,32 @@ def clear_derived(cache: PawCache) -> list[CacheFile]:
     with contextlib.suppress(OSError):
         legacy.rmdir()  # only when nothing else is left in it
     return removed
+
+
+def prune_derived(cache: PawCache, max_bytes: int) -> list[CacheFile]:
+    """Delete pawfn's derived files, least recently used first (a file's modification time: a load that reads one
+    marks it), until they take at most `max_bytes`; returns what was deleted. Under the cache's ``derived`` lock, so
+    processes sharing the cache prune one at a time; a process using a deleted file keeps its open copy, and the
+    next load rebuilds it."""
+    with cache.lock("derived"):
+        derived = [item for item in cache_files(cache) if item.derived]
+        total = sum(item.size_bytes for item in derived)
+        removed: list[CacheFile] = []
+        for item in sorted(derived, key=_last_used):
+            if total <= max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                item.path.unlink()
+            total -= item.size_bytes
+            removed.append(item)
+        return removed
+
+
+def _last_used(item: CacheFile) -> float:
+    try:
+        return item.path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _visible_file(path: Path) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ...core.files import write_atomically
+from ...core.files import mark_used, write_atomically
 from ...core.hashing import file_sha256
 from ..model.families import Architecture
 from ..model.kvcache import PrefixState
@@ -117,6 +117,7 @@ class PrefixStore:
         recurrent = _states(states, architecture)  # pyright: ignore[reportUnknownArgumentType]  # checked there
         if recurrent is None:
             return None
+        mark_used(self.path)
         return PrefixState(
             token_ids=tuple(prefix_ids),
             keys=tuple(tensors[:n]),

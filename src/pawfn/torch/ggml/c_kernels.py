@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 
 from ...core.config import default_cache_dir
+from ...core.files import mark_used
 from .build import build_key, build_kernels
 
 __all__ = [
@@ -156,6 +157,7 @@ def native_kernels() -> NativeKernels | None:
     if not target.exists():
         failure = build_kernels(target)
     if failure is None:
+        mark_used(target)
         try:
             return NativeKernels(ctypes.CDLL(str(target)))
         except (OSError, AttributeError) as error:

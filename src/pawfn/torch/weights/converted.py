@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from ...core.files import write_atomically
+from ...core.files import mark_used, write_atomically
 
 __all__ = ["ConvertedStore", "CorruptStoreError", "StoredWeights"]
 
@@ -108,6 +108,7 @@ class ConvertedStore:
         if stored.identity != self._identity or set(stored.crc32) != names:
             self.discard()
             return None
+        mark_used(self.path)
         return StoredWeights(self.path, stored.crc32)
 
     def save(self, tensors: Mapping[str, torch.Tensor]) -> None:
