@@ -103,9 +103,9 @@ def test_loads_keep_the_derived_files_under_their_bound(qwen3_program: TinyProgr
     """Programs loaded one after another with a bound of about two stored prefixes: after each load the derived
     files fit it and the program just loaded keeps its prefix (marked used); an evicted program's next load
     evaluates its prefix again and gives the same tokens."""
-    bundles = []
+    bundles: list[Path] = []
     for index in range(4):  # different prefixes: a stored prefix each
-        bundle = shutil.copytree(qwen3_program.folder, tmp_path / f"bundle-{index}")
+        bundle = Path(shutil.copytree(qwen3_program.folder, tmp_path / f"bundle-{index}"))
         template = bundle / "prompt_template.txt"
         template.write_text(f"Program {index}: " + template.read_text())
         bundles.append(bundle)
