@@ -279,6 +279,12 @@ def _parser() -> argparse.ArgumentParser:
         default = getattr(limits, field)
         serve.add_argument(flag, type=int, default=default, metavar="N", dest=field, help=f"{what} (default: {default})")
     serve.add_argument(
+        "--max-programs",
+        type=int,
+        metavar="N",
+        help="most programs resident at once; with --allow-load a new one replaces the least recently used idle one (default: no bound)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=30.0,
@@ -702,7 +708,8 @@ def _serve(args: argparse.Namespace) -> int:
         if not key:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
-        settings = ServeSettings(api_key=None if key is None else SecretStr(key), **{field: getattr(args, field) for _, field, _ in _SERVE_LIMITS})
+        limits = {field: getattr(args, field) for _, field, _ in _SERVE_LIMITS}
+        settings = ServeSettings(api_key=None if key is None else SecretStr(key), max_programs=args.max_programs, **limits)
     except OptionError as exc:
         labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {field: flag for flag, field, _ in _SERVE_LIMITS}
         raise _CliError(str(exc.labeled(labels))) from exc
@@ -710,6 +717,8 @@ def _serve(args: argparse.Namespace) -> int:
     base = None if args.base is None else Path(args.base)
     target = ServeTarget(args.program, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
     if args.ray:
+        if args.max_programs is not None:
+            raise _CliError("--max-programs bounds one process's programs; on Ray each replica keeps at most 8 (Serve's multiplexing): leave it out")
         serve_on_ray(target, replicas=args.replicas, max_replicas=args.max_replicas)
     else:
         serve_programs(target, graceful_timeout_s=args.graceful_timeout)

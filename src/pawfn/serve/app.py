@@ -56,7 +56,7 @@ from ..core.protocol import (
     TokenizeResponse,
 )
 from .metrics import ServerMetrics
-from .service import ProgramService
+from .service import ProgramBudgetError, ProgramService
 from .settings import ServeSettings
 
 __all__ = ["ApiError", "create_app", "drain_after"]
@@ -93,6 +93,8 @@ def api_error(exc: PawError) -> ApiError:
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, ProgramClosedError):
         return _shutting_down()
+    if isinstance(exc, ProgramBudgetError):
+        return ApiError(503, "programs_busy", str(exc), {"Retry-After": "1"})
     if isinstance(exc, (HubError, OfflineError)):
         return ApiError(502, "load_failed", f"the server could not load the program: {exc}")
     return ApiError(500, "run_failed", f"{type(exc).__name__}: {exc}")

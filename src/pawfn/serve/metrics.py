@@ -29,6 +29,9 @@ class _ServiceTotals(Collector):
             "pawfn_decode_rows", "Rows the decode steps advanced (rows / steps is the mean batch size)", value=totals.decode_rows
         )
         yield CounterMetricFamily("pawfn_replica_retries", "Calls sent again because the replica holding them died", value=totals.replica_retries)
+        yield CounterMetricFamily("pawfn_program_loads", "Programs loaded on a request (first, or after an eviction)", value=totals.program_loads)
+        yield CounterMetricFamily("pawfn_program_evictions", "Idle programs unloaded to keep the resident budget", value=totals.program_evictions)
+        yield CounterMetricFamily("pawfn_program_cold_start_seconds", "Seconds the loads on a request took, in all", value=totals.cold_start_s)
 
 
 class ServerMetrics:

@@ -7,7 +7,9 @@ The Ray Serve deployment implements the same protocol over deployment handles (`
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing
+import time
+from collections import Counter
+from contextlib import aclosing, asynccontextmanager
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing_extensions import Unpack
 
 from ..core.backends import Backend
 from ..core.config import PawConfig
-from ..core.errors import ConfigError, NotFoundError
+from ..core.errors import ConfigError, NotFoundError, PawError
 from ..api.function import PawFn
 from ..hub.refs import is_hub_reference
 from ..core.models import InterpreterModel
@@ -29,6 +31,7 @@ from ..calls.runtime import CallInput
 
 __all__ = [
     "LocalPrograms",
+    "ProgramBudgetError",
     "ProgramService",
     "ServiceCounters",
     "check_loadable",
@@ -93,6 +96,16 @@ class ServiceCounters:
     """Rows those steps advanced (rows / steps is the mean batch size)."""
     replica_retries: int = 0
     """Calls sent again because the replica holding them died (Ray)."""
+    program_loads: int = 0
+    """Programs loaded on a request (`--allow-load`), first or again after an eviction."""
+    program_evictions: int = 0
+    """Idle programs unloaded to stay within the resident-program budget."""
+    cold_start_s: float = 0.0
+    """Seconds those loads took, in all."""
+
+
+class ProgramBudgetError(PawError):
+    """A program must load, the resident-program budget is full, and every resident program is pinned or running calls."""
 
 
 def split_alias(given: str) -> tuple[str | None, str]:
@@ -173,22 +186,34 @@ class LocalPrograms:
     """Programs loaded in this process by reference; `allow_load` also loads hub ids and slugs on first request
     (never local paths, which only the operator names at start)."""
 
-    def __init__(self, backend: type[Backend], config: PawConfig, *, allow_load: bool = False) -> None:
+    def __init__(self, backend: type[Backend], config: PawConfig, *, allow_load: bool = False, max_programs: int | None = None) -> None:
+        """`max_programs`: the resident-program budget (None: no bound); programs loaded on a request beyond it
+        replace the least recently used idle one that was not loaded at start."""
         self._backend = backend
         self._config = config
         self._allow_load = allow_load
+        self._max_programs = max_programs
         self._by_reference: dict[str, AnyPawFn] = {}
         self._names: dict[int, str] = {}
         """id(program) -> the name it is served under."""
-        self._loading: dict[str, asyncio.Lock] = {}
+        self._loading = asyncio.Lock()
+        """One load at a time: the budget is checked and kept by each load in turn."""
+        self._pinned: set[int] = set()
+        """Programs the operator named at start: never unloaded."""
+        self._in_flight: Counter[int] = Counter()
+        self._last_used: dict[int, float] = {}
+        self._loads = self._evictions = 0
+        self._cold_start_s = 0.0
 
     def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ServedProgram:
         """Load `reference` now (at start, before serving), on `base` weights if given, also served as `alias`; a
-        program already served under another reference (same id) is not loaded twice."""
+        program already served under another reference (same id) is not loaded twice. It stays (pinned)."""
         if alias is not None and not is_hub_reference(alias):
             raise ConfigError(f"alias {alias!r} for {reference}: use a slug-like name (lowercase letters, digits, -)")
         program = PawFn.load_any_sync(reference, self._backend, base=base, config=self._config)
-        return self._add(reference, program, alias)
+        info = self._add(reference, program, alias)
+        self._pinned.add(id(self._by_reference[reference]))
+        return info
 
     def _add(self, reference: str, program: AnyPawFn, alias: str | None = None) -> ServedProgram:
         known = self._by_reference.get(program.program_id or "")
@@ -209,14 +234,50 @@ class LocalPrograms:
         if program is not None:
             return program
         check_loadable(reference, self._allow_load, self._names.values())
-        lock = self._loading.setdefault(reference, asyncio.Lock())
-        async with lock:  # concurrent first requests load it once
+        async with self._loading:  # concurrent first requests load it once
             program = self._by_reference.get(reference)
             if program is None:
+                await self._make_room()
+                started = time.perf_counter()
                 loaded = await PawFn.load_any(reference, self._backend, config=self._config)
+                self._loads += 1
+                self._cold_start_s += time.perf_counter() - started
                 self._add(reference, loaded)
                 program = self._by_reference[reference]
         return program
+
+    @asynccontextmanager
+    async def _using(self, reference: str) -> AsyncGenerator[AnyPawFn, None]:
+        """The program `reference` names, held (never unloaded) while the block runs its calls."""
+        program = await self._program(reference)
+        key = id(program)  # counted before any other await: an eviction sees this call
+        self._in_flight[key] += 1
+        try:
+            yield program
+        finally:
+            self._in_flight[key] -= 1
+            self._last_used[key] = time.monotonic()
+
+    async def _make_room(self) -> None:
+        """Unload least recently used idle programs (not pinned, no call in flight) until one more fits the budget."""
+        if self._max_programs is None:
+            return
+        while self.served_count() >= self._max_programs:
+            resident = {id(program): program for program in self._by_reference.values()}
+            idle = [key for key in resident if key not in self._pinned and not self._in_flight[key]]
+            if not idle:
+                raise ProgramBudgetError(
+                    f"this server keeps at most {self._max_programs} programs and every one is running calls or pinned; "
+                    "retry in a moment (or raise --max-programs)"
+                )
+            victim = min(idle, key=lambda key: self._last_used.get(key, 0.0))
+            program = resident[victim]
+            for reference in self._references(program):
+                del self._by_reference[reference]
+            del self._names[victim]
+            self._last_used.pop(victim, None)
+            self._evictions += 1
+            await program.aclose()  # its adapter and prefix go; the base stays while another program uses it
 
     def served_count(self) -> int:
         return len({id(program) for program in self._by_reference.values()})
@@ -226,26 +287,25 @@ class LocalPrograms:
         return [program_info(self._names[key], self._references(program), program) for key, program in served.items()]
 
     async def info(self, reference: str) -> ServedProgram:
-        program = await self._program(reference)
-        return program_info(self._names[id(program)], self._references(program), program)
+        async with self._using(reference) as program:
+            return program_info(self._names[id(program)], self._references(program), program)
 
     async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
-        program = await self._program(reference)
-        return await run_call(program, self._names[id(program)], text, options)
+        async with self._using(reference) as program:
+            return await run_call(program, self._names[id(program)], text, options)
 
     async def run_batch(self, reference: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
-        program = await self._program(reference)
-        return await run_calls(program, self._names[id(program)], texts, options)
+        async with self._using(reference) as program:
+            return await run_calls(program, self._names[id(program)], texts, options)
 
     async def stream(self, reference: str, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse, None]:
-        program = await self._program(reference)
-        async with aclosing(stream_call(program, self._names[id(program)], text, options)) as items:
+        async with self._using(reference) as program, aclosing(stream_call(program, self._names[id(program)], text, options)) as items:
             async for item in items:
                 yield item
 
     async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
-        program = await self._program(reference)
-        return tokenize_call(program, text, options)
+        async with self._using(reference) as program:
+            return tokenize_call(program, text, options)
 
     def counters(self) -> ServiceCounters:
         schedulers = {  # programs on one base share its scheduler: each counted once
@@ -253,7 +313,13 @@ class LocalPrograms:
             for program in self._by_reference.values()
             if not program.runtime.closed and (counted := program.runtime.decode_counters) is not None
         }
-        return ServiceCounters(decode_steps=sum(c.steps for c in schedulers.values()), decode_rows=sum(c.rows for c in schedulers.values()))
+        return ServiceCounters(
+            decode_steps=sum(c.steps for c in schedulers.values()),
+            decode_rows=sum(c.rows for c in schedulers.values()),
+            program_loads=self._loads,
+            program_evictions=self._evictions,
+            cold_start_s=self._cold_start_s,
+        )
 
     async def aclose(self) -> None:
         programs = {id(program): program for program in self._by_reference.values()}

@@ -26,3 +26,6 @@ class ServeSettings(OptionsModel):
     """Most calls accepted and not yet ended, across requests (429 with Retry-After past it)."""
     max_batch_inputs: int = Field(default=64, ge=1)
     """Most inputs in one `run_batch` request (413 past it)."""
+    max_programs: int | None = Field(default=None, ge=1)
+    """Most programs resident at once, those named at start included (never unloaded): a program loaded on a request
+    (`--allow-load`) past it replaces the least recently used idle one; None: no bound."""

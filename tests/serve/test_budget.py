@@ -1,0 +1,92 @@
+"""The resident-program budget of a server that loads hub programs on request (`--allow-load --max-programs N`): the
+least recently used idle program makes room, never one running a call or one named at start; an evicted program
+loads again on its next call with the same tokens; loads, evictions and their time are counted."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pawfn import PawConfig, RuntimeOptions, Torch
+from pawfn.core.protocol import RunResponse
+from pawfn.serve.service import LocalPrograms, ProgramBudgetError
+from tests.helpers.hub_server import HubServer
+from tests.helpers.programs import TinyProgram
+from tests.helpers.tiny_models import write_bundle, zip_bundle
+
+RUNTIME_ID = "tiny-qwen3-f32"
+BASE_FILE = "tiny-qwen3.gguf"
+IDS = ["a0a0a0a0a0a0a0a0a0a1", "a0a0a0a0a0a0a0a0a0a2", "a0a0a0a0a0a0a0a0a0a3"]
+OPTIONS = RuntimeOptions(max_tokens=8)
+
+
+@pytest.fixture
+def hub(qwen3_program: TinyProgram, tmp_path: Path) -> Iterator[tuple[HubServer, PawConfig]]:
+    """Three programs (their own prefixes) on one base, served by a real HTTP hub; a config that loads from it."""
+    server = HubServer()
+    data = qwen3_program.interpreter.gguf_path.read_bytes()
+    base_model = {"provider": None, "repo": None, "file": BASE_FILE, "url": f"{server.cdn_url}/files/{BASE_FILE}", "size_bytes": len(data)}
+    base_model["sha256"] = hashlib.sha256(data).hexdigest()
+    server.state.runtimes[RUNTIME_ID] = {
+        "runtime_id": RUNTIME_ID,
+        "manifest_version": 1,
+        "interpreter": "Qwen/Qwen3-0.6B",
+        "adapter_format": "gguf_lora",
+        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": base_model},
+    }
+    server.state.files[BASE_FILE] = data
+    for index, program_id in enumerate(IDS):
+        meta: dict[str, object] = {"program_id": program_id, "runtime_id": RUNTIME_ID}
+        bundle = write_bundle(tmp_path / program_id, qwen3_program.adapter, "Qwen/Qwen3-0.6B", f"Program {index}. " + qwen3_program.template, meta)
+        archive = zip_bundle(bundle, tmp_path / f"{program_id}.paw").read_bytes()
+        server.state.programs[program_id] = archive
+        server.state.files[f"{program_id}.paw"] = archive
+    config = PawConfig.model_validate({"api_url": server.api_url, "api_key": "k", "cache_dir": tmp_path / "cache", "progress": False})
+    yield server, config
+    server.close()
+
+
+def test_the_least_recently_used_idle_program_makes_room(hub: tuple[HubServer, PawConfig]) -> None:
+    _, config = hub
+    service = LocalPrograms(Torch, config, allow_load=True, max_programs=2)
+
+    async def scenario() -> None:
+        first = await service.run(IDS[0], "hello", OPTIONS)
+        await service.run(IDS[1], "hello", OPTIONS)
+        await service.run(IDS[2], "hello", OPTIONS)  # the budget holds two: IDS[0], used least recently, goes
+        assert {program.name for program in await service.programs()} == {IDS[1], IDS[2]}
+        again = await service.run(IDS[0], "hello", OPTIONS)  # loaded again from the cache: the same tokens
+        assert again.generation.token_ids == first.generation.token_ids
+        assert {program.name for program in await service.programs()} == {IDS[2], IDS[0]}
+        counters = service.counters()
+        assert (counters.program_loads, counters.program_evictions) == (4, 2) and counters.cold_start_s > 0
+
+        # a program running a call stays: IDS[2] streams while IDS[1] loads, so IDS[0] (idle) makes room
+        stream = service.stream(IDS[2], "hello", RuntimeOptions(max_tokens=40))
+        await anext(stream)
+        await service.run(IDS[1], "hello", OPTIONS)
+        assert {program.name for program in await service.programs()} == {IDS[2], IDS[1]}
+        items = [item async for item in stream]
+        assert isinstance(items[-1], RunResponse)
+        await service.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_programs_named_at_start_are_never_unloaded(hub: tuple[HubServer, PawConfig]) -> None:
+    _, config = hub
+    service = LocalPrograms(Torch, config, allow_load=True, max_programs=1)
+    service.load(IDS[0])
+
+    async def scenario() -> None:
+        with pytest.raises(ProgramBudgetError, match="at most 1 programs"):
+            await service.run(IDS[1], "hello", OPTIONS)
+        assert (await service.run(IDS[0], "hello", OPTIONS)).generation.token_ids
+        assert {program.name for program in await service.programs()} == {IDS[0]}
+        await service.aclose()
+
+    asyncio.run(scenario())
