@@ -9,11 +9,15 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from pydantic import SecretStr
 
 from pawfn import PawConfig, RuntimeOptions, Torch
 from pawfn.core.protocol import RunResponse
+from pawfn.serve.app import create_app
 from pawfn.serve.service import LocalPrograms, ProgramBudgetError
+from pawfn.serve.settings import ServeSettings
 from tests.helpers.hub_server import HubServer
 from tests.helpers.programs import TinyProgram
 from tests.helpers.tiny_models import write_bundle, zip_bundle
@@ -87,6 +91,35 @@ def test_programs_named_at_start_are_never_unloaded(hub: tuple[HubServer, PawCon
             await service.run(IDS[1], "hello", OPTIONS)
         assert (await service.run(IDS[0], "hello", OPTIONS)).generation.token_ids
         assert {program.name for program in await service.programs()} == {IDS[0]}
+        await service.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_operator_loads_and_unloads_programs_over_http(hub: tuple[HubServer, PawConfig]) -> None:
+    """`POST /v1/programs/{ref}/load` loads a hub program and keeps it (the budget never replaces it); `/unload`
+    frees it (409 while it runs calls, 404 for one not loaded); both need the server's key."""
+    _, config = hub
+    service = LocalPrograms(Torch, config, allow_load=True, max_programs=2)
+    app = create_app(service, ServeSettings(api_key=SecretStr("key")))
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pawfn", headers={"x-api-key": "key"}) as client:
+            assert (await client.post(f"/v1/programs/{IDS[0]}/load", headers={"x-api-key": "wrong"})).status_code == 401
+            loaded = await client.post(f"/v1/programs/{IDS[0]}/load")
+            assert loaded.status_code == 200 and loaded.json()["name"] == IDS[0]
+            for program_id in IDS[1:]:  # each replaces the other: IDS[0] stays
+                assert (await client.post(f"/v1/programs/{program_id}/run", json={"input": "hello"})).status_code == 200
+            listed = (await client.get("/v1/programs")).json()["programs"]
+            assert {program["name"] for program in listed} == {IDS[0], IDS[2]}
+            stream = service.stream(IDS[2], "hello", RuntimeOptions(max_tokens=40))
+            await anext(stream)
+            busy = await client.post(f"/v1/programs/{IDS[2]}/unload")
+            assert busy.status_code == 409 and busy.json()["error"] == "program_busy"
+            await stream.aclose()
+            assert (await client.post(f"/v1/programs/{IDS[0]}/unload")).status_code == 200
+            assert (await client.post(f"/v1/programs/{IDS[0]}/unload")).status_code == 404
+            assert {program["name"] for program in (await client.get("/v1/programs")).json()["programs"]} == {IDS[2]}
         await service.aclose()
 
     asyncio.run(scenario())

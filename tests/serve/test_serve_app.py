@@ -75,6 +75,12 @@ class ScriptedService:
         yield StreamPiece(text="b")
         yield await self.run(reference, text, options)
 
+    async def load_program(self, reference: str) -> ServedProgram:
+        return await self.info(reference)
+
+    async def unload_program(self, reference: str) -> ServedProgram:
+        return await self.info(reference)
+
     async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         return [1]
 

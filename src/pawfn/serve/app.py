@@ -56,7 +56,7 @@ from ..core.protocol import (
     TokenizeResponse,
 )
 from .metrics import ServerMetrics
-from .service import ProgramBudgetError, ProgramService
+from .service import ProgramBudgetError, ProgramBusyError, ProgramService
 from .settings import ServeSettings
 
 __all__ = ["ApiError", "create_app", "drain_after"]
@@ -95,6 +95,8 @@ def api_error(exc: PawError) -> ApiError:
         return _shutting_down()
     if isinstance(exc, ProgramBudgetError):
         return ApiError(503, "programs_busy", str(exc), {"Retry-After": "1"})
+    if isinstance(exc, ProgramBusyError):
+        return ApiError(409, "program_busy", str(exc))
     if isinstance(exc, (HubError, OfflineError)):
         return ApiError(502, "load_failed", f"the server could not load the program: {exc}")
     return ApiError(500, "run_failed", f"{type(exc).__name__}: {exc}")
@@ -336,6 +338,18 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def programs() -> ServedPrograms:
         """Every program served now."""
         return ServedPrograms(programs=await service.programs())
+
+    @api.post("/v1/programs/{reference:path}/load", response_model=ServedProgram, tags=["programs"])
+    async def load(reference: str) -> ServedProgram:
+        """Load a hub program now (the server's `--allow-load`), kept until unloaded: the budget never replaces it."""
+        with _answered():
+            return await service.load_program(reference)
+
+    @api.post("/v1/programs/{reference:path}/unload", response_model=ServedProgram, tags=["programs"])
+    async def unload(reference: str) -> ServedProgram:
+        """Unload a program (409 while it runs calls); its next request loads it again where the server allows."""
+        with _answered():
+            return await service.unload_program(reference)
 
     @api.post("/v1/programs/{reference:path}/run", response_model=RunResponse, tags=["programs"])
     async def run(reference: str, body: RunRequest, request: Request) -> RunResponse:

@@ -230,6 +230,12 @@ class RayPrograms:
         assert isinstance(info, ServedProgram)
         return info
 
+    async def load_program(self, reference: str) -> ServedProgram:
+        raise ConfigError("loading and unloading programs by request is for `pawfn serve` without --ray: Ray Serve loads them on demand")
+
+    async def unload_program(self, reference: str) -> ServedProgram:
+        raise ConfigError("loading and unloading programs by request is for `pawfn serve` without --ray: Ray Serve loads them on demand")
+
     async def run(self, reference: str, text: CallInput, options: RuntimeOptions) -> RunResponse:
         result = await self._call(reference, "run", text, options)
         assert isinstance(result, RunResponse)

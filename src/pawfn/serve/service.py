@@ -32,6 +32,7 @@ from ..calls.runtime import CallInput
 __all__ = [
     "LocalPrograms",
     "ProgramBudgetError",
+    "ProgramBusyError",
     "ProgramService",
     "ServiceCounters",
     "check_loadable",
@@ -73,6 +74,14 @@ class ProgramService(Protocol):
         """Token ids of input + suffix."""
         ...
 
+    async def load_program(self, reference: str) -> ServedProgram:
+        """Load the program `reference` names now, kept until unloaded (an operator's request)."""
+        ...
+
+    async def unload_program(self, reference: str) -> ServedProgram:
+        """Unload the program `reference` names (refused while it runs calls); what it was."""
+        ...
+
     def counters(self) -> ServiceCounters:
         """Running totals for the metrics (zeros where the service cannot know them)."""
         ...
@@ -106,6 +115,10 @@ class ServiceCounters:
 
 class ProgramBudgetError(PawError):
     """A program must load, the resident-program budget is full, and every resident program is pinned or running calls."""
+
+
+class ProgramBusyError(PawError):
+    """A program asked to unload is running calls."""
 
 
 def split_alias(given: str) -> tuple[str | None, str]:
@@ -272,10 +285,7 @@ class LocalPrograms:
                 )
             victim = min(idle, key=lambda key: self._last_used.get(key, 0.0))
             program = resident[victim]
-            for reference in self._references(program):
-                del self._by_reference[reference]
-            del self._names[victim]
-            self._last_used.pop(victim, None)
+            self._unload(victim, program)
             self._evictions += 1
             await program.aclose()  # its adapter and prefix go; the base stays while another program uses it
 
@@ -306,6 +316,32 @@ class LocalPrograms:
     async def tokenize(self, reference: str, text: CallInput, options: RuntimeOptions) -> list[int]:
         async with self._using(reference) as program:
             return tokenize_call(program, text, options)
+
+    async def load_program(self, reference: str) -> ServedProgram:
+        """Load a hub program now (`allow_load` as for requests), kept like one named at start until unloaded."""
+        async with self._using(reference) as program:
+            self._pinned.add(id(program))
+            return program_info(self._names[id(program)], self._references(program), program)
+
+    async def unload_program(self, reference: str) -> ServedProgram:
+        """Unload the program `reference` names, whoever loaded it; refused while it runs calls."""
+        program = self._by_reference.get(reference)
+        if program is None:
+            raise NotFoundError(f"{reference!r} is not loaded on this server", status=404)
+        key = id(program)
+        if self._in_flight[key]:
+            raise ProgramBusyError(f"{self._names[key]} is running {self._in_flight[key]} calls; unload it when they end")
+        info = program_info(self._names[key], self._references(program), program)
+        self._unload(key, program)
+        await program.aclose()
+        return info
+
+    def _unload(self, key: int, program: AnyPawFn) -> None:
+        for reference in self._references(program):
+            del self._by_reference[reference]
+        del self._names[key]
+        self._last_used.pop(key, None)
+        self._pinned.discard(key)
 
     def counters(self) -> ServiceCounters:
         schedulers = {  # programs on one base share its scheduler: each counted once
