@@ -285,6 +285,12 @@ def _parser() -> argparse.ArgumentParser:
         help="most programs resident at once; with --allow-load a new one replaces the least recently used idle one (default: no bound)",
     )
     serve.add_argument(
+        "--max-program-bytes",
+        type=int,
+        metavar="N",
+        help="most bytes the resident programs hold beside their bases (adapters, prefixes), bounded like --max-programs (default: none)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=30.0,
@@ -709,7 +715,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
         limits = {field: getattr(args, field) for _, field, _ in _SERVE_LIMITS}
-        settings = ServeSettings(api_key=None if key is None else SecretStr(key), max_programs=args.max_programs, **limits)
+        budget = {"max_programs": args.max_programs, "max_program_bytes": args.max_program_bytes}
+        settings = ServeSettings(api_key=None if key is None else SecretStr(key), **budget, **limits)
     except OptionError as exc:
         labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {field: flag for flag, field, _ in _SERVE_LIMITS}
         raise _CliError(str(exc.labeled(labels))) from exc
@@ -717,8 +724,8 @@ def _serve(args: argparse.Namespace) -> int:
     base = None if args.base is None else Path(args.base)
     target = ServeTarget(args.program, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
     if args.ray:
-        if args.max_programs is not None:
-            raise _CliError("--max-programs bounds one process's programs; on Ray each replica keeps at most 8 (Serve's multiplexing): leave it out")
+        if args.max_programs is not None or args.max_program_bytes is not None:
+            raise _CliError("--max-programs and --max-program-bytes bound one process; on Ray each replica keeps at most 8 (Serve's multiplexing)")
         serve_on_ray(target, replicas=args.replicas, max_replicas=args.max_replicas)
     else:
         serve_programs(target, graceful_timeout_s=args.graceful_timeout)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from pawfn import PawConfig, RuntimeOptions, Torch
+from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
 from pawfn.core.protocol import RunResponse
 from pawfn.serve.app import create_app
 from pawfn.serve.service import LocalPrograms, ProgramBudgetError
@@ -121,5 +121,32 @@ def test_an_operator_loads_and_unloads_programs_over_http(hub: tuple[HubServer, 
             assert (await client.post(f"/v1/programs/{IDS[0]}/unload")).status_code == 404
             assert {program["name"] for program in (await client.get("/v1/programs")).json()["programs"]} == {IDS[2]}
         await service.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_budget_in_bytes_keeps_the_programs_memory_within_it(hub: tuple[HubServer, PawConfig]) -> None:
+    """`max_program_bytes` room for two programs' adapters and prefixes: a third replaces the least recently used;
+    room for less than one beside a pinned program: the load is refused and its program let go."""
+    _, config = hub
+
+    async def scenario() -> None:
+        with PawFn.load_any_sync(IDS[0], Torch, config=config) as program:  # one program's adapter and prefix
+            one = program.runtime.resident_bytes
+        assert one is not None and one > 0
+
+        service = LocalPrograms(Torch, config, allow_load=True, max_program_bytes=one * 5 // 2)
+        for program_id in IDS:
+            await service.run(program_id, "hello", OPTIONS)
+        assert {p.name for p in await service.programs()} == {IDS[1], IDS[2]}
+        assert service.counters().program_evictions == 1
+        await service.aclose()
+
+        tight = LocalPrograms(Torch, config, allow_load=True, max_program_bytes=one * 3 // 2)
+        tight.load(IDS[0])
+        with pytest.raises(ProgramBudgetError, match="within"):
+            await tight.run(IDS[1], "hello", OPTIONS)
+        assert {p.name for p in await tight.programs()} == {IDS[0]}
+        await tight.aclose()
 
     asyncio.run(scenario())

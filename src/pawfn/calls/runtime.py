@@ -226,6 +226,12 @@ class ProgramRuntime(ABC):
         calls are not batched here."""
         return None
 
+    @property
+    def resident_bytes(self) -> int | None:
+        """Bytes of memory this program holds of its own, beside the base it shares (its adapter and evaluated
+        prefix), for a resident-program budget; None where the backend cannot say."""
+        return None
+
     @abstractmethod
     def encode_prompt(self, text: CallInput, options: RuntimeOptions) -> list[int]:
         """Token ids of input + suffix, as evaluated after the cached prefix."""

@@ -54,7 +54,10 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
     except ImportError as exc:
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
     _warn_if_open(target.host, target.settings)
-    service = LocalPrograms(target.backend, target.config, allow_load=target.allow_load, max_programs=target.settings.max_programs)
+    settings = target.settings
+    service = LocalPrograms(
+        target.backend, target.config, allow_load=target.allow_load, max_programs=settings.max_programs, max_program_bytes=settings.max_program_bytes
+    )
     for given in target.references:
         alias, reference = split_alias(given)
         info = service.load(reference, target.base, alias)

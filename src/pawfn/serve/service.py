@@ -199,13 +199,23 @@ class LocalPrograms:
     """Programs loaded in this process by reference; `allow_load` also loads hub ids and slugs on first request
     (never local paths, which only the operator names at start)."""
 
-    def __init__(self, backend: type[Backend], config: PawConfig, *, allow_load: bool = False, max_programs: int | None = None) -> None:
-        """`max_programs`: the resident-program budget (None: no bound); programs loaded on a request beyond it
-        replace the least recently used idle one that was not loaded at start."""
+    def __init__(
+        self,
+        backend: type[Backend],
+        config: PawConfig,
+        *,
+        allow_load: bool = False,
+        max_programs: int | None = None,
+        max_program_bytes: int | None = None,
+    ) -> None:
+        """`max_programs`, `max_program_bytes`: the resident-program budget, by count and by the bytes programs hold
+        beside their bases (`ProgramRuntime.resident_bytes`; None: no bound); a program loaded on a request past it
+        replaces the least recently used idle ones that were not loaded at start."""
         self._backend = backend
         self._config = config
         self._allow_load = allow_load
         self._max_programs = max_programs
+        self._max_program_bytes = max_program_bytes
         self._by_reference: dict[str, AnyPawFn] = {}
         self._names: dict[int, str] = {}
         """id(program) -> the name it is served under."""
@@ -257,6 +267,7 @@ class LocalPrograms:
                 self._cold_start_s += time.perf_counter() - started
                 self._add(reference, loaded)
                 program = self._by_reference[reference]
+                await self._fit_bytes(program)
         return program
 
     @asynccontextmanager
@@ -272,22 +283,43 @@ class LocalPrograms:
             self._last_used[key] = time.monotonic()
 
     async def _make_room(self) -> None:
-        """Unload least recently used idle programs (not pinned, no call in flight) until one more fits the budget."""
-        if self._max_programs is None:
-            return
-        while self.served_count() >= self._max_programs:
-            resident = {id(program): program for program in self._by_reference.values()}
-            idle = [key for key in resident if key not in self._pinned and not self._in_flight[key]]
-            if not idle:
+        """Unload least recently used idle programs (not pinned, no call in flight) until one more fits the count."""
+        while self._max_programs is not None and self.served_count() >= self._max_programs:
+            if not await self._evict_one():
                 raise ProgramBudgetError(
                     f"this server keeps at most {self._max_programs} programs and every one is running calls or pinned; "
                     "retry in a moment (or raise --max-programs)"
                 )
-            victim = min(idle, key=lambda key: self._last_used.get(key, 0.0))
-            program = resident[victim]
-            self._unload(victim, program)
-            self._evictions += 1
-            await program.aclose()  # its adapter and prefix go; the base stays while another program uses it
+
+    async def _fit_bytes(self, loaded: AnyPawFn) -> None:
+        """After `loaded` came in: unload least recently used idle programs until their bytes fit; where none can go,
+        `loaded` goes again and the request is refused."""
+        while self._max_program_bytes is not None and self._resident_bytes() > self._max_program_bytes:
+            if not await self._evict_one(keep=id(loaded)):
+                held = self._resident_bytes()
+                self._unload(id(loaded), loaded)
+                await loaded.aclose()
+                raise ProgramBudgetError(
+                    f"this server keeps programs within {self._max_program_bytes} bytes and they would take {held} with every "
+                    "other program running calls or pinned; retry in a moment (or raise --max-program-bytes)"
+                )
+
+    def _resident_bytes(self) -> int:
+        resident = {id(program): program for program in self._by_reference.values()}
+        return sum(program.runtime.resident_bytes or 0 for program in resident.values())
+
+    async def _evict_one(self, keep: int | None = None) -> bool:
+        """Unload the least recently used idle program (not pinned, no call in flight, not `keep`); False if none."""
+        resident = {id(program): program for program in self._by_reference.values()}
+        idle = [key for key in resident if key != keep and key not in self._pinned and not self._in_flight[key]]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda key: self._last_used.get(key, 0.0))
+        program = resident[victim]
+        self._unload(victim, program)
+        self._evictions += 1
+        await program.aclose()  # its adapter and prefix go; the base stays while another program uses it
+        return True
 
     def served_count(self) -> int:
         return len({id(program) for program in self._by_reference.values()})

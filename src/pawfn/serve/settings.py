@@ -29,3 +29,6 @@ class ServeSettings(OptionsModel):
     max_programs: int | None = Field(default=None, ge=1)
     """Most programs resident at once, those named at start included (never unloaded): a program loaded on a request
     (`--allow-load`) past it replaces the least recently used idle one; None: no bound."""
+    max_program_bytes: int | None = Field(default=None, ge=1)
+    """Most bytes the resident programs hold beside their bases (adapters and evaluated prefixes; Torch reports them,
+    LlamaCpp programs count 0), bounded as `max_programs`; None: no bound."""

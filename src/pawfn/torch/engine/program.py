@@ -145,6 +145,12 @@ class TorchProgram(PromptRuntime):
         return DecodeCounters(id(scheduler), scheduler.steps, scheduler.rows_stepped)
 
     @property
+    def resident_bytes(self) -> int | None:
+        tensors = [*self._adapter.tensors(), *([] if self._prefix is None else self._prefix.tensors())]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}  # views counted once
+        return sum(storages.values())
+
+    @property
     def engine(self) -> str | None:
         """Which arithmetic runs the calls: torch's (its dtype and weight storage), or llama.cpp's and whether its C
         kernels or the torch emulation (several times slower) run it."""

@@ -31,6 +31,11 @@ class PrefixState:
         """Prefix length in tokens."""
         return len(self.token_ids)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Its keys, values, logits and recurrent states."""
+        logits = [] if self.last_logits is None else [self.last_logits]
+        return [*self.keys, *self.values, *logits, *(t for state in self.states.values() for t in state)]
+
 
 class KVCache:
     """Keys and values of one sequence after its program's prefix: per layer `[n_kv_heads, capacity, head_dim]`, one

@@ -54,6 +54,12 @@ class DeviceAdapter:
         """The side path of weight `name`, if adapted."""
         return self.pairs.get(name)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the side paths hold (views included: count storages to size them)."""
+        products: list[object] = [half for lora in self.pairs.values() for half in (lora.a, lora.b)]
+        products += [product for group in self.groups.values() for product in (group.a, *group.b)]
+        return [value for product in products for value in vars(product).values() if isinstance(value, torch.Tensor)]
+
     def release(self) -> None:
         """Drop the adapter's tensors."""
         self.pairs.clear()
