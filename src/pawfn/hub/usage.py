@@ -34,6 +34,8 @@ class CacheFile:
     path: Path
     size_bytes: int
     detail: str | None = None
+    last_used: float = 0.0
+    """Its modification time (seconds since the epoch), which a load that reads a derived file renews."""
 
     @property
     def derived(self) -> bool:
@@ -79,7 +81,7 @@ def prune_derived(cache: PawCache, max_bytes: int) -> list[CacheFile]:
         derived = [item for item in cache_files(cache) if item.derived]
         total = sum(item.size_bytes for item in derived)
         removed: list[CacheFile] = []
-        for item in sorted(derived, key=_last_used):
+        for item in sorted(derived, key=lambda item: item.last_used):
             if total <= max_bytes:
                 break
             with contextlib.suppress(FileNotFoundError):
@@ -87,13 +89,6 @@ def prune_derived(cache: PawCache, max_bytes: int) -> list[CacheFile]:
             total -= item.size_bytes
             removed.append(item)
         return removed
-
-
-def _last_used(item: CacheFile) -> float:
-    try:
-        return item.path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _visible_file(path: Path) -> bool:
@@ -108,10 +103,10 @@ def _files(folder: Path, pattern: str) -> list[Path]:
 
 def _entry(kind: CacheFileKind, path: Path, detail: str | None = None) -> CacheFile:
     try:
-        size = path.stat().st_size
+        stat = path.stat()
     except OSError:
-        size = -1  # removed meanwhile: left out
-    return CacheFile(kind, path, size, detail)
+        return CacheFile(kind, path, -1, detail)  # removed meanwhile: left out
+    return CacheFile(kind, path, stat.st_size, detail, stat.st_mtime)
 
 
 def _converted_from(path: Path) -> str | None:

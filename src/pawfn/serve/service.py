@@ -304,13 +304,16 @@ class LocalPrograms:
                     "other program running calls or pinned; retry in a moment (or raise --max-program-bytes)"
                 )
 
+    def _resident(self) -> dict[int, AnyPawFn]:
+        """Each program served now, once (a program is served under several references), by id."""
+        return {id(program): program for program in self._by_reference.values()}
+
     def _resident_bytes(self) -> int:
-        resident = {id(program): program for program in self._by_reference.values()}
-        return sum(program.runtime.resident_bytes or 0 for program in resident.values())
+        return sum(program.runtime.resident_bytes or 0 for program in self._resident().values())
 
     async def _evict_one(self, keep: int | None = None) -> bool:
         """Unload the least recently used idle program (not pinned, no call in flight, not `keep`); False if none."""
-        resident = {id(program): program for program in self._by_reference.values()}
+        resident = self._resident()
         idle = [key for key in resident if key != keep and key not in self._pinned and not self._in_flight[key]]
         if not idle:
             return False
@@ -322,11 +325,10 @@ class LocalPrograms:
         return True
 
     def served_count(self) -> int:
-        return len({id(program) for program in self._by_reference.values()})
+        return len(self._resident())
 
     async def programs(self) -> list[ServedProgram]:
-        served = {id(program): program for program in self._by_reference.values()}
-        return [program_info(self._names[key], self._references(program), program) for key, program in served.items()]
+        return [program_info(self._names[key], self._references(program), program) for key, program in self._resident().items()]
 
     async def info(self, reference: str) -> ServedProgram:
         async with self._using(reference) as program:
@@ -390,7 +392,7 @@ class LocalPrograms:
         )
 
     async def aclose(self) -> None:
-        programs = {id(program): program for program in self._by_reference.values()}
+        programs = self._resident()
         self._by_reference.clear()
         for program in programs.values():
             await program.aclose()
