@@ -42,7 +42,8 @@ print(json.dumps({"figures": figures}))
 
 def measure(backend: str, base: Path, bundles: list[Path]) -> list[dict[str, float]]:
     """One fresh process loading `bundles` one after another on `backend`; its memory (MiB) after each."""
-    figures: list[dict[str, float]] = run_script(backend, _MEASURE, [backend, str(base), INPUT, *map(str, bundles)])["figures"]  # type: ignore[assignment]
+    output = run_script(backend, _MEASURE, [backend, str(base), INPUT, *map(str, bundles)])
+    figures: list[dict[str, float]] = output["figures"]  # type: ignore[assignment]  # run_script types its JSON as floats; this one holds a list
     return figures
 
 
