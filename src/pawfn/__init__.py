@@ -27,6 +27,8 @@ from .core.errors import (
     NotFoundError,
     OfflineError,
     PawError,
+    ProgramBudgetError,
+    ProgramBusyError,
     ProgramClosedError,
     RateLimitError,
     RequestError,
@@ -35,6 +37,7 @@ from .core.errors import (
     TokenizerError,
 )
 from .api.function import PawFn
+from .api.pool import PoolStats, ProgramPool, ResidentProgram
 from .core.images import Image, ImageError
 from .api.positional import Positional
 from .core.templates import ArityError, TemplateError
@@ -97,11 +100,15 @@ __all__ = [
     "PawError",
     "PawFn",
     "PawFnBuilder",
+    "PoolStats",
     "Positional",
     "PreparedProgram",
+    "ProgramBudgetError",
+    "ProgramBusyError",
     "ProgramClosedError",
     "ProgramLoader",
     "ProgramMeta",
+    "ProgramPool",
     "PromptTemplate",
     "Qwen3_0_6B",
     "Qwen3_5_0_8B",
@@ -109,6 +116,7 @@ __all__ = [
     "Remote",
     "RemoteSettings",
     "RequestError",
+    "ResidentProgram",
     "Returns",
     "RuntimeOptions",
     "ServerError",

@@ -150,3 +150,35 @@ def test_a_budget_in_bytes_keeps_the_programs_memory_within_it(hub: tuple[HubSer
         await tight.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_ray_replica_keeps_the_same_budget(hub: tuple[HubServer, PawConfig]) -> None:
+    """A Ray replica's pool: programs named at start pinned once loaded, the least recently used idle program makes
+    room, one running calls never goes, and a program Ray's multiplexing drops is released once idle."""
+    pytest.importorskip("ray.serve", reason="the Ray Serve deployment needs the ray extra")
+    from pawfn.serve.ray import RayAppArgs, _ProgramReplica
+
+    _, config = hub
+    replica = _ProgramReplica(RayAppArgs(programs=[f"pinned={IDS[0]}"], allow_load=True, max_programs_per_replica=2, config=config))
+    pool = replica._pool  # noqa: SLF001 - what the replica holds, seen from the test
+
+    async def scenario() -> None:
+        await replica.program("pinned")
+        routed = await replica.program(IDS[1])
+        await replica.program(IDS[2])  # the budget holds two: IDS[1] (idle) goes, the pinned one stays
+        assert {resident.name for resident in pool.resident()} == {IDS[0], IDS[2]}
+        async with replica._using(IDS[2]):  # noqa: SLF001 - a call running on IDS[2]
+            with pytest.raises(ProgramBudgetError):
+                await replica.program(IDS[1])
+        await replica.program(IDS[1])
+        assert {resident.name for resident in pool.resident()} == {IDS[0], IDS[1]}
+        await asyncio.to_thread(routed.__del__)  # Ray's LRU dropped IDS[1]: Ray calls __del__ in a worker thread
+        for _ in range(50):  # the release runs on this loop
+            if len(pool) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert {resident.name for resident in pool.resident()} == {IDS[0]}
+        assert (pool.stats.loads, pool.stats.evictions) == (3, 3)  # IDS[1] twice and IDS[2]; IDS[1], IDS[2], IDS[1]
+        await pool.aclose()
+
+    asyncio.run(scenario())

@@ -35,6 +35,8 @@ __all__ = [
     "OptionError",
     "OptionProblem",
     "PawError",
+    "ProgramBudgetError",
+    "ProgramBusyError",
     "ProgramClosedError",
     "TokenizerError",
     "describe_validation_error",
@@ -144,6 +146,14 @@ class ProgramClosedError(PawError, RuntimeError):
 
     def __init__(self, message: str = "this program was closed; load it again to run it") -> None:
         super().__init__(message)
+
+
+class ProgramBudgetError(PawError, RuntimeError):
+    """A program must load, a pool's budget is full, and every program it holds is pinned or running calls."""
+
+
+class ProgramBusyError(PawError, RuntimeError):
+    """A program asked to unload is running calls."""
 
 
 class ConfigError(PawError, ValueError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -23,12 +23,14 @@ import ray.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ray import serve
 from ray.serve import Application
+from ray.serve import metrics as ray_metrics
 from ray.serve.handle import DeploymentHandle
 
 from ..core.backends import Backend, LlamaCpp, Torch
 from ..core.config import PawConfig
 from ..core.errors import ConfigError, PawError, describe_validation_error
 from ..api.function import PawFn
+from ..api.pool import PoolStats, ProgramPool
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
@@ -67,6 +69,10 @@ class RayAppArgs(BaseModel):
     replica_cpus: float = Field(default=1.0, gt=0)
     """CPUs Ray reserves for each replica (Ray also sets its OMP_NUM_THREADS, so torch's threads, to this)."""
     max_programs_per_replica: int = Field(default=8, ge=1)
+    """Programs a replica holds at most (Ray's multiplexing and the replica's pool alike); those named at start count
+    too and are never evicted once loaded."""
+    max_program_bytes_per_replica: int | None = Field(default=None, ge=1)
+    """Bytes a replica's programs may hold beside their bases (`ProgramRuntime.resident_bytes`); None: no bound."""
     config: PawConfig = Field(default_factory=PawConfig.from_env)
     settings: ServeSettings = Field(default_factory=ServeSettings)
 
@@ -77,6 +83,15 @@ class RayAppArgs(BaseModel):
         return [part for part in value.split(",") if part] if isinstance(value, str) else value
 
 
+class _PoolMetrics:
+    """A replica's pool totals as Ray's metrics (exported by Ray's own Prometheus endpoint, tagged by replica)."""
+
+    def __init__(self) -> None:
+        self.loads = ray_metrics.Counter("pawfn_program_loads", description="Programs loaded on a request, first or again after an eviction.")
+        self.evictions = ray_metrics.Counter("pawfn_program_evictions", description="Programs unloaded to stay within the budget.")
+        self.cold_start_s = ray_metrics.Counter("pawfn_program_cold_start_seconds", description="Seconds those loads took.")
+
+
 class _Refused(BaseModel):
     """An error a replica answers with (so the ingress re-raises it as the same response, not a Ray traceback)."""
 
@@ -85,72 +100,121 @@ class _Refused(BaseModel):
     message: str
 
 
-class _HeldProgram:
-    """A program as Ray's multiplexing holds it: evicted programs are closed (Ray calls `__del__`)."""
+class _Routed:
+    """A program as Ray's multiplexing holds it: a name in the replica's `ProgramPool`. Ray calls `__del__` when its
+    LRU drops the name, and the pool then releases the program if it is idle and not pinned (a program running calls
+    stays until the pool's own budget lets it go)."""
 
-    def __init__(self, program: PawFn[InterpreterModel, Backend], name: str, reference: str) -> None:
-        self.program = program
+    def __init__(self, name: str, pool: ProgramPool[InterpreterModel, Backend], loop: asyncio.AbstractEventLoop) -> None:
         self.name = name
-        self.reference = reference
+        self._pool = pool
+        self._loop = loop
+        self._released = False
 
-    def __del__(self) -> None:
-        self.program.close()
+    def __del__(self) -> None:  # sync: Ray runs it in a worker thread, and the garbage collector may run it too
+        if self._released:
+            return
+        self._released = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._pool.release(self.name), self._loop)
+        except RuntimeError:  # the replica's loop is closed: the replica is going, and its programs with it
+            pass
 
 
 class _ProgramReplica:
-    """One replica: its programs, loaded on first request and kept by Ray's multiplexing (LRU)."""
+    """One replica: its programs in a `ProgramPool` (loaded on first request, within `max_programs_per_replica` and
+    `max_program_bytes_per_replica`; those named at start are pinned once loaded), routed by Ray's multiplexing."""
 
     def __init__(self, args: RayAppArgs) -> None:
         self._args = args
         self._backend = _BACKENDS[args.backend]
         self._started = dict(_named(given) for given in args.programs)
         """Every name a program given at start answers to -> the reference it loads from."""
+        self._base = None if args.base is None else Path(args.base)
+        self._pool = ProgramPool[InterpreterModel, Backend](
+            self._load, max_programs=args.max_programs_per_replica, max_bytes=args.max_program_bytes_per_replica
+        )
+        self._starting = asyncio.Lock()
+        self._reported = PoolStats(loads=0, evictions=0, cold_start_s=0.0)
+        self._metrics = _PoolMetrics()
 
-    async def _load(self, name: str) -> _HeldProgram:
-        reference = self._started.get(name, name)
-        if name not in self._started:
-            check_loadable(reference, self._args.allow_load, self._started)
-        base = None if self._args.base is None else Path(self._args.base)
-        program = await PawFn.load_any(reference, self._backend, base=base, config=self._args.config)
-        return _HeldProgram(program, program.program_id or reference, name)
+    def _load(self, name: str) -> Awaitable[PawFn[InterpreterModel, Backend]]:
+        return PawFn.load_any(self._started.get(name, name), self._backend, base=self._base, config=self._args.config)
 
-    async def program(self, reference: str) -> _HeldProgram:
-        """The program `reference`, loaded if need be (`ray_app` wraps this in Ray's multiplexing)."""
-        return await self._load(reference)
+    async def program(self, name: str) -> _Routed:
+        """The program `name`, loaded into the pool if need be (`ray_app` wraps this in Ray's multiplexing)."""
+        async with self._using(name):
+            return _Routed(name, self._pool, asyncio.get_running_loop())
 
-    async def _program(self) -> _HeldProgram:
-        return await self.program(serve.get_multiplexed_model_id())
-
-    async def _answer(self, work: Callable[[_HeldProgram], Awaitable[_T]]) -> _T | _Refused:
+    @asynccontextmanager
+    async def _using(self, name: str) -> AsyncGenerator[tuple[PawFn[InterpreterModel, Backend], str], None]:
+        """The program `name` and its served name, held while the block runs its calls."""
         try:
-            return await work(await self._program())
+            if name not in self._pool:
+                if name in self._started:
+                    await self._start(name)
+                else:
+                    check_loadable(name, self._args.allow_load, self._started)
+            async with self._pool.use(name) as program:
+                yield program, self._pool.describe(name).name
+        finally:
+            self._report()
+
+    async def _start(self, name: str) -> None:
+        """A program named at start joins the pool on its first request, pinned and outside the budget (as
+        `pawfn serve --program` loads them before serving)."""
+        async with self._starting:
+            if name not in self._pool:
+                self._pool.add(name, await self._load(name))
+
+    def _report(self) -> None:
+        """The pool's new loads, evictions and cold-start seconds to Ray's metrics (per replica)."""
+        stats, reported = self._pool.stats, self._reported
+        for counter, delta in (
+            (self._metrics.loads, stats.loads - reported.loads),
+            (self._metrics.evictions, stats.evictions - reported.evictions),
+            (self._metrics.cold_start_s, stats.cold_start_s - reported.cold_start_s),
+        ):
+            if delta > 0:
+                counter.inc(delta)
+        self._reported = stats
+
+    async def _answer(self, work: Callable[[PawFn[InterpreterModel, Backend], str], Awaitable[_T]]) -> _T | _Refused:
+        try:
+            await self._program()
+            async with self._using(serve.get_multiplexed_model_id()) as (program, name):
+                return await work(program, name)
         except PawError as exc:
             refused = api_error(exc)
             return _Refused(status=refused.status, code=refused.code, message=refused.message)
 
+    async def _program(self) -> _Routed:
+        """Ray's view: the request's program is in this replica's multiplexed LRU (loaded there if it was not)."""
+        return await self.program(serve.get_multiplexed_model_id())
+
     async def info(self) -> ServedProgram | _Refused:
-        async def work(held: _HeldProgram) -> ServedProgram:
-            info = program_info(held.name, [held.reference, held.name], held.program)
+        async def work(program: PawFn[InterpreterModel, Backend], name: str) -> ServedProgram:
+            info = program_info(name, self._pool.describe(serve.get_multiplexed_model_id()).references, program)
             return info.model_copy(update={"replica": serve.get_replica_context().replica_id.to_full_id_str()})
 
         return await self._answer(work)
 
     async def run(self, text: CallInput, options: RuntimeOptions) -> RunResponse | _Refused:
-        return await self._answer(lambda held: run_call(held.program, held.name, text, options))
+        return await self._answer(lambda program, name: run_call(program, name, text, options))
 
     async def run_batch(self, texts: list[str], options: RuntimeOptions) -> RunBatchResponse | _Refused:
-        return await self._answer(lambda held: run_calls(held.program, held.name, texts, options))
+        return await self._answer(lambda program, name: run_calls(program, name, texts, options))
 
     async def tokenize(self, text: CallInput, options: RuntimeOptions) -> list[int] | _Refused:
-        async def work(held: _HeldProgram) -> list[int]:
-            return tokenize_call(held.program, text, options)
+        async def work(program: PawFn[InterpreterModel, Backend], name: str) -> list[int]:
+            return tokenize_call(program, text, options)
 
         return await self._answer(work)
 
     async def stream(self, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse | _Refused, None]:
         try:
-            held = await self._program()
-            async with aclosing(stream_call(held.program, held.name, text, options)) as items:
+            await self._program()
+            async with self._using(serve.get_multiplexed_model_id()) as (program, name), aclosing(stream_call(program, name, text, options)) as items:
                 async for item in items:
                     yield item
         except PawError as exc:
@@ -301,8 +365,8 @@ def ray_app(args: RayAppArgs) -> Application:
 
     class PawfnReplica(_ProgramReplica):
         @serve.multiplexed(max_num_models_per_replica=args.max_programs_per_replica)
-        async def program(self, reference: str) -> _HeldProgram:
-            return await self._load(reference)
+        async def program(self, name: str) -> _Routed:
+            return await super().program(name)
 
     replicas = serve.deployment(
         name="pawfn-programs",

@@ -1,0 +1,332 @@
+"""`ProgramPool[M, B]`: programs kept loaded by reference within a budget (a count and the bytes they hold beside
+their shared bases); the least recently used idle program makes room, never one running calls or one pinned.
+
+An evicted program loads again on its next use from the cache (its adapter and stored prefix), with the same
+tokens. `pawfn serve` keeps its programs in one (`--max-programs`, `--max-program-bytes`), as does each Ray replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from typing_extensions import Self
+
+from ..core.backends import Backend
+from ..core.config import PawConfig
+from ..core.errors import NotFoundError, ProgramBudgetError, ProgramBusyError
+from ..core.models import InterpreterModel
+from ..core.options import RuntimeOptions
+from ..core.results import Generation
+from .function import PawFn
+
+__all__ = ["PoolStats", "ProgramPool", "ResidentProgram"]
+
+M = TypeVar("M", bound=InterpreterModel)
+B = TypeVar("B", bound=Backend)
+OtherM = TypeVar("OtherM", bound=InterpreterModel)
+OtherB = TypeVar("OtherB", bound=Backend)
+
+
+@dataclass(frozen=True)
+class ResidentProgram(Generic[M, B]):
+    """A program the pool holds now."""
+
+    name: str
+    """Its program id, or the reference it was first loaded by where it has none."""
+    references: tuple[str, ...]
+    """Every reference (and alias) that finds it, sorted."""
+    program: PawFn[M, B]
+    pinned: bool
+    """Kept until unloaded: never evicted."""
+    in_flight: int
+    """`use` blocks holding it now."""
+    last_used_s: float
+    """`time.monotonic()` when its last use ended (its load time if never used)."""
+    resident_bytes: int | None
+    """Bytes it holds beside its base (`ProgramRuntime.resident_bytes`); None where its backend cannot tell."""
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Running totals of a pool."""
+
+    loads: int
+    """Programs loaded by `load` and `use`, first or again after an eviction (not those `add`ed)."""
+    evictions: int
+    """Idle programs unloaded to stay within the budget."""
+    cold_start_s: float
+    """Seconds those loads took, in all."""
+
+
+class _Entry(Generic[M, B]):
+    """A held program and its bookkeeping."""
+
+    def __init__(self, program: PawFn[M, B], name: str, pinned: bool) -> None:
+        self.program = program
+        self.name = name
+        self.pinned = pinned
+        self.in_flight = 0
+        self.last_used_s = time.monotonic()
+
+
+class ProgramPool(Generic[M, B]):
+    """Programs loaded on first use and kept within `max_programs` and `max_bytes`; use them inside `use`.
+
+    ```python
+    async with ProgramPool.of(PawFn[Qwen3_0_6B, Torch], max_programs=8) as pool:
+        label = await pool.run("email-triage", "Urgent: the server is down!")
+        async with pool.use("user/sentiment") as program:  # held: never evicted inside the block
+            scores = await program.arun_batch(reviews)
+    ```
+
+    A program handed out by `use` may be evicted (and closed) once the block ends; keep a program with
+    `load(..., pin=True)`. One event loop drives a pool; its loads run one at a time in worker threads.
+    """
+
+    def __init__(self, load: Callable[[str], Awaitable[PawFn[M, B]]], *, max_programs: int | None = None, max_bytes: int | None = None) -> None:
+        """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `max_programs`,
+        `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound)."""
+        if max_programs is not None and max_programs < 1:
+            raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes={max_bytes}: give a positive number of bytes (None: no bound)")
+        self._load = load
+        self.max_programs = max_programs
+        self.max_bytes = max_bytes
+        self._entries: dict[str, _Entry[M, B]] = {}
+        """reference or alias -> its entry (one entry under several keys)."""
+        self._loading = asyncio.Lock()
+        """One load at a time: each load checks and keeps the budget in turn, and concurrent first uses load once."""
+        self._loads = self._evictions = 0
+        self._cold_start_s = 0.0
+
+    @staticmethod
+    def of(
+        kind: type[PawFn[OtherM, OtherB]],
+        *,
+        base: str | os.PathLike[str] | None = None,
+        config: PawConfig | None = None,
+        max_programs: int | None = None,
+        max_bytes: int | None = None,
+    ) -> ProgramPool[OtherM, OtherB]:
+        """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded by `kind.load(reference, ...)`."""
+        return ProgramPool(lambda reference: kind.load(reference, base=base, config=config), max_programs=max_programs, max_bytes=max_bytes)
+
+    @staticmethod
+    def any(
+        backend: type[OtherB],
+        *,
+        base: str | os.PathLike[str] | None = None,
+        config: PawConfig | None = None,
+        max_programs: int | None = None,
+        max_bytes: int | None = None,
+    ) -> ProgramPool[InterpreterModel, OtherB]:
+        """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`)."""
+
+        def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
+            return PawFn.load_any(reference, backend, base=base, config=config)
+
+        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes)
+
+    # --- what is held ---
+
+    def _held(self) -> list[_Entry[M, B]]:
+        """Each entry once (an entry is found under several references)."""
+        return list({id(entry): entry for entry in self._entries.values()}.values())
+
+    def __len__(self) -> int:
+        """Programs held now."""
+        return len(self._held())
+
+    def __contains__(self, reference: object) -> bool:
+        return reference in self._entries
+
+    def get(self, reference: str) -> PawFn[M, B] | None:
+        """The program `reference` finds if the pool holds it now (nothing is loaded)."""
+        entry = self._entries.get(reference)
+        return None if entry is None else entry.program
+
+    def resident(self) -> list[ResidentProgram[M, B]]:
+        """Every program held now, least recently used first."""
+        return [self._describe(entry) for entry in sorted(self._held(), key=lambda entry: entry.last_used_s)]
+
+    def describe(self, reference: str) -> ResidentProgram[M, B]:
+        """The held program `reference` finds (`NotFoundError` if none)."""
+        return self._describe(self._entry(reference))
+
+    def _describe(self, entry: _Entry[M, B]) -> ResidentProgram[M, B]:
+        references = tuple(sorted(key for key, held in self._entries.items() if held is entry))
+        return ResidentProgram(
+            name=entry.name,
+            references=references,
+            program=entry.program,
+            pinned=entry.pinned,
+            in_flight=entry.in_flight,
+            last_used_s=entry.last_used_s,
+            resident_bytes=entry.program.runtime.resident_bytes,
+        )
+
+    def _entry(self, reference: str) -> _Entry[M, B]:
+        entry = self._entries.get(reference)
+        if entry is None:
+            raise NotFoundError(f"{reference!r} is not loaded in this pool", status=404)
+        return entry
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the held programs hold beside their bases (those whose backend cannot tell count 0)."""
+        return sum(entry.program.runtime.resident_bytes or 0 for entry in self._held())
+
+    @property
+    def stats(self) -> PoolStats:
+        """Loads, evictions and cold-start seconds so far."""
+        return PoolStats(loads=self._loads, evictions=self._evictions, cold_start_s=self._cold_start_s)
+
+    # --- bringing programs in ---
+
+    def add(self, reference: str, program: PawFn[M, B], *, aliases: Iterable[str] = (), pin: bool = True) -> ResidentProgram[M, B]:
+        """Hold a program loaded elsewhere under `reference` (and `aliases`), pinned unless `pin=False`; no budget is
+        checked (an operator's choice). A program the pool already holds (same id) is kept and `program` closed."""
+        entry = self._join(reference, program, pin)
+        for alias in aliases:
+            self._entries[alias] = entry
+        return self._describe(entry)
+
+    def _join(self, reference: str, program: PawFn[M, B], pin: bool) -> _Entry[M, B]:
+        entry = self._entries.get(program.program_id or "") or self._entries.get(reference)
+        if entry is not None and entry.program is not program:  # the same program by another name: keep the first
+            program.close()
+        elif entry is None:
+            entry = _Entry(program, program.program_id or reference, pin)
+        entry.pinned = entry.pinned or pin
+        for key in (reference, entry.name):
+            self._entries[key] = entry
+        return entry
+
+    async def load(self, reference: str, *, pin: bool = False) -> PawFn[M, B]:
+        """The program `reference` names, loaded within the budget if the pool does not hold it; `pin=True` keeps it
+        until `unload`. Unpinned, it may be evicted as soon as it is idle: run calls inside `use`."""
+        async with self.use(reference) as program:
+            if pin:
+                self._entry(reference).pinned = True
+            return program
+
+    @asynccontextmanager
+    async def use(self, reference: str) -> AsyncGenerator[PawFn[M, B], None]:
+        """The program `reference` names (loaded within the budget if need be), never evicted while the block runs."""
+        entry = self._entries.get(reference) or await self._bring_in(reference)
+        entry.in_flight += 1  # before any other await: an eviction sees this use
+        try:
+            yield entry.program
+        finally:
+            entry.in_flight -= 1
+            entry.last_used_s = time.monotonic()
+
+    async def _bring_in(self, reference: str) -> _Entry[M, B]:
+        async with self._loading:
+            entry = self._entries.get(reference)  # a concurrent first use loaded it meanwhile
+            if entry is not None:
+                return entry
+            await self._make_room()
+            started = time.perf_counter()
+            program = await self._load(reference)
+            self._loads += 1
+            self._cold_start_s += time.perf_counter() - started
+            entry = self._join(reference, program, pin=False)
+            await self._fit_bytes(entry)
+            return entry
+
+    async def _make_room(self) -> None:
+        """Evict until one more program fits the count."""
+        while self.max_programs is not None and len(self) >= self.max_programs:
+            if not await self._evict_one():
+                raise ProgramBudgetError(
+                    f"this pool holds at most {self.max_programs} programs and every one is running calls or pinned; "
+                    "retry in a moment (or raise the count: max_programs, --max-programs)"
+                )
+
+    async def _fit_bytes(self, loaded: _Entry[M, B]) -> None:
+        """After `loaded` came in: evict until the bytes fit; where none can go, `loaded` goes again and is refused."""
+        while self.max_bytes is not None and self.resident_bytes > self.max_bytes:
+            if not await self._evict_one(keep=loaded):
+                held = self.resident_bytes
+                self._forget(loaded)
+                await loaded.program.aclose()
+                raise ProgramBudgetError(
+                    f"this pool keeps programs within {self.max_bytes} bytes and they would take {held} with every other "
+                    "program running calls or pinned; retry in a moment (or raise the bound: max_bytes, --max-program-bytes)"
+                )
+
+    async def _evict_one(self, keep: _Entry[M, B] | None = None) -> bool:
+        """Unload the least recently used idle program (not pinned, not in use, not `keep`); False if none."""
+        idle = [entry for entry in self._held() if entry is not keep and not entry.pinned and not entry.in_flight]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda entry: entry.last_used_s)
+        self._forget(victim)
+        self._evictions += 1
+        await victim.program.aclose()  # its adapter and prefix go; the base stays while another program uses it
+        return True
+
+    def _forget(self, entry: _Entry[M, B]) -> None:
+        for key in [key for key, held in self._entries.items() if held is entry]:
+            del self._entries[key]
+
+    # --- letting programs go ---
+
+    async def unload(self, reference: str) -> ResidentProgram[M, B]:
+        """Unload the program `reference` finds, pinned or not; `ProgramBusyError` while it is in use. What it was."""
+        entry = self._entry(reference)
+        if entry.in_flight:
+            raise ProgramBusyError(f"{entry.name} is running {entry.in_flight} calls; unload it when they end")
+        described = self._describe(entry)
+        self._forget(entry)
+        await entry.program.aclose()
+        return described
+
+    async def release(self, reference: str) -> bool:
+        """Unload the program `reference` finds if it is idle and not pinned (a router dropped it); True if it went."""
+        entry = self._entries.get(reference)
+        if entry is None or entry.pinned or entry.in_flight:
+            return False
+        self._forget(entry)
+        self._evictions += 1
+        await entry.program.aclose()
+        return True
+
+    # --- calls ---
+
+    async def generate(self, reference: str, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
+        """One call on the program `reference` names (loaded if need be)."""
+        async with self.use(reference) as program:
+            return await program.agenerate(input, options)
+
+    async def run(self, reference: str, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
+        """The output text of `generate`."""
+        return (await self.generate(reference, input, options)).text
+
+    # --- closing ---
+
+    async def aclose(self) -> None:
+        """Wait for each program's running calls, then free every program (pinned ones too)."""
+        held = self._held()
+        self._entries.clear()
+        for entry in held:
+            await entry.program.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        bound = f"max_programs={self.max_programs}, max_bytes={self.max_bytes}"
+        return f"<ProgramPool {len(self)} held ({bound})>"

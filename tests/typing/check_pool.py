@@ -1,0 +1,21 @@
+"""Typing tests of `ProgramPool`: its programs keep the pool's type arguments; a pool of one kind refuses another's."""
+
+from __future__ import annotations
+
+from typing_extensions import assert_type
+
+from pawfn import GPT2, InterpreterModel, PawFn, PoolStats, ProgramPool, Qwen3_0_6B, ResidentProgram, Torch
+
+
+async def pools(other: PawFn[GPT2, Torch]) -> None:
+    pool = ProgramPool.of(PawFn[Qwen3_0_6B, Torch], max_programs=8)
+    assert_type(pool, ProgramPool[Qwen3_0_6B, Torch])
+    assert_type(await pool.load("email-triage", pin=True), PawFn[Qwen3_0_6B, Torch])
+    async with pool.use("email-triage") as program:
+        assert_type(program, PawFn[Qwen3_0_6B, Torch])
+    assert_type(await pool.run("email-triage", "text"), str)
+    assert_type(pool.resident(), list[ResidentProgram[Qwen3_0_6B, Torch]])
+    assert_type(pool.stats, PoolStats)
+    assert_type(ProgramPool.any(Torch), ProgramPool[InterpreterModel, Torch])
+    pool.add("gpt2", other)  # expect-error: arg-type; reportArgumentType
+    ProgramPool.of(PawFn[Qwen3_0_6B, Torch], max_programs="8")  # expect-error: arg-type; reportArgumentType
