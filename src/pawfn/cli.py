@@ -282,13 +282,15 @@ def _parser() -> argparse.ArgumentParser:
         "--max-programs",
         type=int,
         metavar="N",
-        help="most programs resident at once; with --allow-load a new one replaces the least recently used idle one (default: no bound)",
+        help="most programs resident at once (Ray: per replica); with --allow-load a new one replaces the least recently used idle one "
+        "(default: no bound; Ray: 8)",
     )
     serve.add_argument(
         "--max-program-bytes",
         type=int,
         metavar="N",
-        help="most bytes the resident programs hold beside their bases (adapters, prefixes), bounded like --max-programs (default: none)",
+        help="most bytes the resident programs hold beside their bases (adapters, prefixes; Ray: per replica), bounded like --max-programs "
+        "(default: none)",
     )
     serve.add_argument(
         "--graceful-timeout",
@@ -724,8 +726,6 @@ def _serve(args: argparse.Namespace) -> int:
     base = None if args.base is None else Path(args.base)
     target = ServeTarget(args.program, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
     if args.ray:
-        if args.max_programs is not None or args.max_program_bytes is not None:
-            raise _CliError("--max-programs and --max-program-bytes bound one process; on Ray each replica keeps at most 8 (Serve's multiplexing)")
         serve_on_ray(target, replicas=args.replicas, max_replicas=args.max_replicas)
     else:
         serve_programs(target, graceful_timeout_s=args.graceful_timeout)

@@ -88,9 +88,10 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def serve_on_ray(target: ServeTarget, *, replicas: int = 1, max_replicas: int | None = None, max_programs_per_replica: int = 8) -> None:
+def serve_on_ray(target: ServeTarget, *, replicas: int = 1, max_replicas: int | None = None) -> None:
     """Serve the same API on Ray Serve until interrupted: on the cluster `RAY_ADDRESS` names, else on a local Ray
-    instance; `replicas` program replicas (autoscaled up to `max_replicas`)."""
+    instance; `replicas` program replicas (autoscaled up to `max_replicas`), each within the settings' program budget
+    (8 programs when the settings name no count)."""
     try:  # the `ray` extra: imported when a server starts, never with pawfn
         import ray
         from ray import serve
@@ -105,7 +106,8 @@ def serve_on_ray(target: ServeTarget, *, replicas: int = 1, max_replicas: int | 
         base=None if target.base is None else str(target.base),
         replicas=replicas,
         max_replicas=max_replicas,
-        max_programs_per_replica=max_programs_per_replica,
+        max_programs_per_replica=target.settings.max_programs or 8,
+        max_program_bytes_per_replica=target.settings.max_program_bytes,
         config=target.config,
         settings=target.settings,
     )
