@@ -293,6 +293,14 @@ def _parser() -> argparse.ArgumentParser:
         "(default: none)",
     )
     serve.add_argument(
+        "--program-wait",
+        type=float,
+        default=ServeSettings().program_wait_s,
+        metavar="S",
+        dest="program_wait_s",
+        help="how long a request whose program must load waits for a resident one to go idle, then 503 (default: 5)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=30.0,
@@ -717,7 +725,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
     try:
         limits = {field: getattr(args, field) for _, field, _ in _SERVE_LIMITS}
-        budget = {"max_programs": args.max_programs, "max_program_bytes": args.max_program_bytes}
+        budget = {"max_programs": args.max_programs, "max_program_bytes": args.max_program_bytes, "program_wait_s": args.program_wait_s}
         settings = ServeSettings(api_key=None if key is None else SecretStr(key), **budget, **limits)
     except OptionError as exc:
         labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {field: flag for flag, field, _ in _SERVE_LIMITS}

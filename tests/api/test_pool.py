@@ -4,6 +4,7 @@ one in use or pinned; an evicted program loads again with the same tokens; loads
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,26 @@ def test_concurrent_calls_on_the_programs_of_a_full_pool(qwen3_program: TinyProg
                     assert outcome.token_ids == alone[bundles[index % 4]]
             assert sum(not isinstance(outcome, BaseException) for outcome in outcomes) >= 8
             assert len(pool) <= 2
+
+    asyncio.run(scenario())
+
+
+def test_a_load_past_the_budget_waits_for_a_program_to_go_idle(qwen3_program: TinyProgram, bundles: list[str], tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with pool_of(qwen3_program, tmp_path, max_programs=1) as pool:
+            pool.wait_s = 30.0
+            async with pool.use(bundles[0]):
+                waiting = asyncio.create_task(pool.run(bundles[1], "hello", OPTIONS))
+                await asyncio.sleep(0.3)
+                assert not waiting.done() and names(pool) == ["b0b0b0b0b0b0b0b0b0b0"]
+            assert await waiting  # bundles[0] went idle: it made room
+            assert names(pool) == ["b0b0b0b0b0b0b0b0b0b1"]
+            pool.wait_s = 0.2
+            async with pool.use(bundles[1]):
+                started = time.monotonic()
+                with pytest.raises(ProgramBudgetError):
+                    await pool.run(bundles[2], "hello", OPTIONS)
+                assert time.monotonic() - started >= 0.2
 
     asyncio.run(scenario())
 

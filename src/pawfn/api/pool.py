@@ -90,16 +90,24 @@ class ProgramPool(Generic[M, B]):
     `load(..., pin=True)`. One event loop drives a pool; its loads run one at a time in worker threads.
     """
 
-    def __init__(self, load: Callable[[str], Awaitable[PawFn[M, B]]], *, max_programs: int | None = None, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, load: Callable[[str], Awaitable[PawFn[M, B]]], *, max_programs: int | None = None, max_bytes: int | None = None, wait_s: float = 0.0
+    ) -> None:
         """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `max_programs`,
-        `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound)."""
+        `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound);
+        `wait_s`: how long a load past the budget waits for a held program to go idle before `ProgramBudgetError`."""
         if max_programs is not None and max_programs < 1:
             raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
         if max_bytes is not None and max_bytes < 1:
             raise ValueError(f"max_bytes={max_bytes}: give a positive number of bytes (None: no bound)")
+        if wait_s < 0:
+            raise ValueError(f"wait_s={wait_s}: give the seconds a load may wait for room, 0 or more")
         self._load = load
         self.max_programs = max_programs
         self.max_bytes = max_bytes
+        self.wait_s = wait_s
+        self._went_idle = asyncio.Event()
+        """Set when a use ends and leaves its program idle: a load waiting for room looks again."""
         self._entries: dict[str, _Entry[M, B]] = {}
         """reference or alias -> its entry (one entry under several keys)."""
         self._loading = asyncio.Lock()
@@ -115,9 +123,14 @@ class ProgramPool(Generic[M, B]):
         config: PawConfig | None = None,
         max_programs: int | None = None,
         max_bytes: int | None = None,
+        wait_s: float = 0.0,
     ) -> ProgramPool[OtherM, OtherB]:
         """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded by `kind.load(reference, ...)`."""
-        return ProgramPool(lambda reference: kind.load(reference, base=base, config=config), max_programs=max_programs, max_bytes=max_bytes)
+
+        def load(reference: str) -> Awaitable[PawFn[OtherM, OtherB]]:
+            return kind.load(reference, base=base, config=config)
+
+        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
 
     @staticmethod
     def any(
@@ -127,13 +140,14 @@ class ProgramPool(Generic[M, B]):
         config: PawConfig | None = None,
         max_programs: int | None = None,
         max_bytes: int | None = None,
+        wait_s: float = 0.0,
     ) -> ProgramPool[InterpreterModel, OtherB]:
         """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`)."""
 
         def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
             return PawFn.load_any(reference, backend, base=base, config=config)
 
-        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes)
+        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
 
     # --- what is held ---
 
@@ -228,6 +242,8 @@ class ProgramPool(Generic[M, B]):
         finally:
             entry.in_flight -= 1
             entry.last_used_s = time.monotonic()
+            if not entry.in_flight:
+                self._went_idle.set()
 
     async def _bring_in(self, reference: str) -> _Entry[M, B]:
         async with self._loading:
@@ -245,8 +261,9 @@ class ProgramPool(Generic[M, B]):
 
     async def _make_room(self) -> None:
         """Evict until one more program fits the count."""
+        deadline = time.monotonic() + self.wait_s
         while self.max_programs is not None and len(self) >= self.max_programs:
-            if not await self._evict_one():
+            if not await self._evict_one(deadline=deadline):
                 raise ProgramBudgetError(
                     f"this pool holds at most {self.max_programs} programs and every one is running calls or pinned; "
                     "retry in a moment (or raise the count: max_programs, --max-programs)"
@@ -254,8 +271,9 @@ class ProgramPool(Generic[M, B]):
 
     async def _fit_bytes(self, loaded: _Entry[M, B]) -> None:
         """After `loaded` came in: evict until the bytes fit; where none can go, `loaded` goes again and is refused."""
+        deadline = time.monotonic() + self.wait_s
         while self.max_bytes is not None and self.resident_bytes > self.max_bytes:
-            if not await self._evict_one(keep=loaded):
+            if not await self._evict_one(keep=loaded, deadline=deadline):
                 held = self.resident_bytes
                 self._forget(loaded)
                 await loaded.program.aclose()
@@ -264,9 +282,19 @@ class ProgramPool(Generic[M, B]):
                     "program running calls or pinned; retry in a moment (or raise the bound: max_bytes, --max-program-bytes)"
                 )
 
-    async def _evict_one(self, keep: _Entry[M, B] | None = None) -> bool:
-        """Unload the least recently used idle program (not pinned, not in use, not `keep`); False if none."""
-        idle = [entry for entry in self._held() if entry is not keep and not entry.pinned and not entry.in_flight]
+    async def _evict_one(self, keep: _Entry[M, B] | None = None, deadline: float = 0.0) -> bool:
+        """Unload the least recently used idle program (not pinned, not in use, not `keep`), waiting until `deadline`
+        (`time.monotonic()`) for one to go idle; False if none did."""
+        while True:
+            idle = [entry for entry in self._held() if entry is not keep and not entry.pinned and not entry.in_flight]
+            remaining = deadline - time.monotonic()
+            if idle or remaining <= 0:
+                break
+            self._went_idle.clear()
+            try:
+                await asyncio.wait_for(self._went_idle.wait(), remaining)
+            except TimeoutError:
+                pass
         if not idle:
             return False
         victim = min(idle, key=lambda entry: entry.last_used_s)

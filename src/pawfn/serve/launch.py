@@ -56,7 +56,12 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
     _warn_if_open(target.host, target.settings)
     settings = target.settings
     service = LocalPrograms(
-        target.backend, target.config, allow_load=target.allow_load, max_programs=settings.max_programs, max_program_bytes=settings.max_program_bytes
+        target.backend,
+        target.config,
+        allow_load=target.allow_load,
+        max_programs=settings.max_programs,
+        max_program_bytes=settings.max_program_bytes,
+        program_wait_s=settings.program_wait_s,
     )
     for given in target.references:
         alias, reference = split_alias(given)

@@ -132,7 +132,7 @@ class _ProgramReplica:
         """Every name a program given at start answers to -> the reference it loads from."""
         self._base = None if args.base is None else Path(args.base)
         self._pool = ProgramPool[InterpreterModel, Backend](
-            self._load, max_programs=args.max_programs_per_replica, max_bytes=args.max_program_bytes_per_replica
+            self._load, max_programs=args.max_programs_per_replica, max_bytes=args.max_program_bytes_per_replica, wait_s=args.settings.program_wait_s
         )
         self._starting = asyncio.Lock()
         self._reported = PoolStats(loads=0, evictions=0, cold_start_s=0.0)

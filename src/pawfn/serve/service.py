@@ -198,15 +198,17 @@ class LocalPrograms:
         allow_load: bool = False,
         max_programs: int | None = None,
         max_program_bytes: int | None = None,
+        program_wait_s: float = 0.0,
     ) -> None:
         """`max_programs`, `max_program_bytes`: the resident-program budget, by count and by the bytes programs hold
         beside their bases (`ProgramRuntime.resident_bytes`; None: no bound); a program loaded on a request past it
-        replaces the least recently used idle ones that were not loaded at start or by `load_program`."""
+        replaces the least recently used idle ones that were not loaded at start or by `load_program`, waiting up to
+        `program_wait_s` for one to go idle."""
         self._backend = backend
         self._config = config
         self._allow_load = allow_load
         self._pool: ProgramPool[InterpreterModel, Backend] = ProgramPool.any(
-            backend, config=config, max_programs=max_programs, max_bytes=max_program_bytes
+            backend, config=config, max_programs=max_programs, max_bytes=max_program_bytes, wait_s=program_wait_s
         )
 
     def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ServedProgram:

@@ -32,3 +32,6 @@ class ServeSettings(OptionsModel):
     max_program_bytes: int | None = Field(default=None, ge=1)
     """Most bytes the resident programs hold beside their bases (adapters and evaluated prefixes; Torch reports them,
     LlamaCpp programs count 0), bounded as `max_programs`; None: no bound."""
+    program_wait_s: float = Field(default=5.0, ge=0)
+    """How long a request whose program must load waits for a resident program to go idle when the budget is full,
+    in seconds (then 503 `programs_busy`)."""

@@ -1,0 +1,512 @@
+"""Load test of `pawfn serve`: many clients on more programs than the resident budget, faults mixed in, then a
+SIGTERM mid-load. Every check of a server under load, in one run:
+
+1. *Alone*: each program's calls one at a time (the reference tokens), the server's RSS after each program; more
+   programs than `--budget`, so the first ones are evicted on the way.
+2. *Load*: `--clients` threads for `--seconds`, each call on a random program and input: runs, batches, streams (a
+   third abandoned after their first token) and faults (a body that is not JSON or not UTF-8, a wrong key, an
+   unknown program, too many tokens, an oversized body), each answer checked against its documented status and
+   every output against its call alone; the server's RSS sampled throughout; then decode steps must stop (no
+   orphaned decoding) once the clients are gone.
+3. *SIGTERM*: the same load with long streams, a SIGTERM halfway: only documented answers (requests still running at
+   the end of `--graceful-timeout` answer 503 `shutting_down`, streams end with that `error` event), no traceback in
+   the log, and the process gone within the graceful timeout and uvicorn's 5 s of last resort.
+
+Programs come from a real HTTP hub on 127.0.0.1 (the tests' `HubServer`, so a checkout with the dev extras), and the
+server loads them on request (`--allow-load --max-programs B`). The RSS bound is the issue's: base + B programs +
+10%, where base + B programs is the highest RSS of the alone phase's first B programs.
+
+    python benchmarks/serve_load.py --tiny [--programs 12 --budget 4 --clients 12 --seconds 30]
+    python benchmarks/serve_load.py [--workdir /tmp/pawfn-qwen3-shape] [--programs 12 --budget 4 --clients 8 --seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.hub_server import HubServer  # noqa: E402 - the checkout's own test hub
+
+KEY = "load-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+INPUTS = ["Urgent: the server is down!", "Lunch on Friday?", "Invoice 4471 is overdue", "hello"]
+RUNTIME_ID = "load-test-qwen3"
+LONG_TOKENS = 1500
+"""Tokens of an abandoned stream, and of every stream once the SIGTERM is sent: calls that outlast the grace."""
+EXPECTED_FAULTS = {  # fault -> (status, error code)
+    "not_json": (422, "invalid_request"),
+    "not_utf8": (422, "invalid_encoding"),
+    "wrong_key": (401, "unauthorized"),
+    "unknown_program": (404, "program_not_found"),
+    "too_many_tokens": (422, "max_tokens_too_large"),
+    "oversized": (413, "body_too_large"),
+}
+BUSY = {(503, "programs_busy"), (429, "queue_full")}
+"""Documented refusals under load: every resident program busy, or the queue full."""
+
+
+@dataclass
+class Tally:
+    """What the clients saw."""
+
+    outcomes: Counter[str] = field(default_factory=Counter[str])
+    """kind:status:code -> count."""
+    wrong: list[str] = field(default_factory=list[str])
+    """Answers that broke a rule: an undocumented status, an output unlike its call alone."""
+    exact: int = 0
+    latencies_s: list[float] = field(default_factory=list[float])
+    answered_programs: set[str] = field(default_factory=set[str])
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, kind: str, status: int, code: str, problem: str | None = None) -> None:
+        with self.lock:
+            self.outcomes[f"{kind}:{status}:{code}"] += 1
+            if problem is not None:
+                self.wrong.append(f"{kind}: {problem}")
+
+
+# --- programs on a hub ---
+
+
+def _programs(folder: Path, tiny: bool, workdir: Path, count: int) -> tuple[Path, list[tuple[str, Path]]]:
+    """A base GGUF and `count` bundles on it (their own ids, templates, so prefixes, and adapter files)."""
+    if tiny:
+        from tests.helpers.programs import make_program
+        from tests.helpers.tiny_models import build_interpreter
+
+        interpreter = build_interpreter("qwen3", folder / "interpreter")
+        model = make_program(interpreter, folder, "model", seed=1)
+        base, adapter, template = interpreter.gguf_path, model.adapter, model.template
+    else:
+        from load_cost import prepare
+
+        base, bundle = prepare(workdir)
+        adapter, template = bundle / "adapter.gguf", (bundle / "prompt_template.txt").read_text(encoding="utf-8")
+    bundles = []
+    for index in range(count):
+        program_id = f"{0xC0DE0000 + index:020x}"
+        bundle = folder / program_id
+        bundle.mkdir(parents=True)
+        meta = {"interpreter": "Qwen/Qwen3-0.6B", "program_id": program_id, "runtime_id": RUNTIME_ID, "spec": f"load test program {index}"}
+        (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        (bundle / "prompt_template.txt").write_text(f"Program {index}. " + template, encoding="utf-8")
+        shutil.copyfile(adapter, bundle / "adapter.gguf")
+        bundles.append((program_id, bundle))
+    return base, bundles
+
+
+def _archive(bundle: Path) -> bytes:
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        for path in sorted(bundle.iterdir()):
+            archive.write(path, path.name)
+    return data.getvalue()
+
+
+def _serve_on_hub(hub: HubServer, base: Path, bundles: list[tuple[str, Path]]) -> None:
+    data = base.read_bytes()
+    base_model = {"provider": None, "repo": None, "file": base.name, "url": f"{hub.cdn_url}/files/{base.name}", "size_bytes": len(data)}
+    base_model["sha256"] = hashlib.sha256(data).hexdigest()
+    hub.state.runtimes[RUNTIME_ID] = {
+        "runtime_id": RUNTIME_ID,
+        "manifest_version": 1,
+        "interpreter": "Qwen/Qwen3-0.6B",
+        "adapter_format": "gguf_lora",
+        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": base_model},
+    }
+    hub.state.files[base.name] = data
+    for program_id, bundle in bundles:
+        archive = _archive(bundle)
+        hub.state.programs[program_id] = archive
+        hub.state.files[f"{program_id}.paw"] = archive
+
+
+# --- the server ---
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    url: str
+    log: Path
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", headers=AUTH, timeout=30).text
+        match = re.search(rf"^{name} ([0-9.e+]+)$", text, flags=re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+
+def _start(hub: HubServer, cache: Path, budget: int, graceful_s: float, max_tokens: int) -> Server:
+    port = _free_port()
+    log = cache.parent / "server.log"
+    environment = {**os.environ, "PAW_API_URL": hub.api_url, "PAW_API_KEY": "hub-key", "PAW_CACHE_DIR": str(cache), "LOAD_TEST_KEY": KEY}
+    command = [sys.executable, "-m", "pawfn", "serve", "--allow-load", "--max-programs", str(budget), "--api-key-env", "LOAD_TEST_KEY"]
+    command += ["--graceful-timeout", str(graceful_s), "--max-tokens-limit", str(LONG_TOKENS), "--port", str(port)]
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, env=environment)
+    server = Server(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"pawfn serve exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit(f"pawfn serve did not answer within 120 s:\n{log.read_text()}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class RssSampler:
+    """The server's RSS every `interval_s`, in a thread."""
+
+    def __init__(self, server: Server, interval_s: float = 0.25) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, interval_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: Server, interval_s: float) -> None:
+        while not self._stop.is_set() and server.process.poll() is None:
+            try:
+                self.samples.append(server.rss_mib())
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            self._stop.wait(interval_s)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+
+# --- calls ---
+
+
+def _run(client: httpx.Client, url: str, program: str, text: str, max_tokens: int) -> httpx.Response:
+    return client.post(f"{url}/v1/programs/{program}/run", json={"input": text, "options": {"max_tokens": max_tokens}}, headers=AUTH)
+
+
+def _code(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return "not-json"
+    return str(body.get("error", "")) if isinstance(body, dict) else ""
+
+
+def alone(server: Server, programs: list[str], max_tokens: int) -> tuple[dict[tuple[str, str], list[int]], list[float]]:
+    """Each program's calls one at a time: the reference tokens, and the server's RSS after each program (MiB)."""
+    reference: dict[tuple[str, str], list[int]] = {}
+    rss = []
+    with httpx.Client(timeout=300) as client:
+        for program in programs:
+            for text in INPUTS:
+                response = _run(client, server.url, program, text, max_tokens)
+                if response.status_code != 200:
+                    raise SystemExit(f"alone: {program} answered {response.status_code}: {response.text}")
+                reference[(program, text)] = response.json()["generation"]["token_ids"]
+            rss.append(server.rss_mib())
+    return reference, rss
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
+    event, data = "message", ""
+    for line in lines:
+        if line.startswith("event:"):
+            event = line.removeprefix("event:").strip()
+        elif line.startswith("data:"):
+            data += line.removeprefix("data:").strip()
+        elif not line and data:
+            yield event, json.loads(data)
+            event, data = "message", ""
+
+
+def _fault(client: httpx.Client, url: str, kind: str, program: str) -> httpx.Response:
+    run_url = f"{url}/v1/programs/{program}/run"
+    json_type = {"Content-Type": "application/json"} | AUTH
+    if kind == "not_json":
+        return client.post(run_url, content=b'{"input": ', headers=json_type)
+    if kind == "not_utf8":
+        return client.post(run_url, content=b'{"input": "caf\xe9"}', headers=json_type)
+    if kind == "wrong_key":
+        return client.post(run_url, json={"input": "x"}, headers={"Authorization": "Bearer wrong"})
+    if kind == "unknown_program":
+        return client.post(f"{url}/v1/programs/no-such-program-here/run", json={"input": "x"}, headers=AUTH)
+    if kind == "too_many_tokens":
+        return client.post(run_url, json={"input": "x", "options": {"max_tokens": 10**6}}, headers=AUTH)
+    return client.post(run_url, content=b'{"input": "' + b"x" * (2 << 20) + b'"}', headers=json_type)
+
+
+class StreamCut(Exception):
+    """A stream's connection broke after its 200: the server must end every stream with an event."""
+
+
+class Clients:
+    """`count` client threads calling until stopped, each answer checked; `stopping` marks answers after a SIGTERM."""
+
+    def __init__(self, server: Server, programs: list[str], reference: dict[tuple[str, str], list[int]], max_tokens: int, long_streams: bool) -> None:
+        """`long_streams`: every stream asks for `LONG_TOKENS` (the SIGTERM phase); else only abandoned ones do."""
+        self.server, self.programs, self.reference = server, programs, reference
+        self.max_tokens, self.long_streams = max_tokens, long_streams
+        self.tally = Tally()
+        self.stop = threading.Event()
+        self.signalled = threading.Event()
+        self.disconnected_after_signal = 0
+
+    def run(self, count: int, seconds: float, seed: int) -> None:
+        deadline = time.monotonic() + seconds
+        with ThreadPoolExecutor(count) as pool:
+            for worker in range(count):
+                pool.submit(self._client, random.Random(seed * 1000 + worker), deadline)
+
+    def _client(self, rng: random.Random, deadline: float) -> None:
+        with httpx.Client(timeout=300) as client:
+            while time.monotonic() < deadline and not self.stop.is_set():
+                try:
+                    self._one(client, rng)
+                except StreamCut as exc:
+                    self.tally.record("stream", 200, "cut", f"a stream ended without its done or error event: {exc}")
+                except httpx.TransportError as exc:
+                    if not self.signalled.is_set():
+                        self.tally.record("transport", 0, type(exc).__name__, f"lost before any SIGTERM: {exc!r}")
+                        continue
+                    # after the signal: refused (the server stopped accepting) or an idle keep-alive connection closed
+                    with self.tally.lock:
+                        self.disconnected_after_signal += 1
+                    if self.server.process.poll() is not None:
+                        return
+                    time.sleep(0.05)
+
+    def _check_status(self, kind: str, response: httpx.Response, documented: set[tuple[int, str]]) -> bool:
+        """Record the answer; True when it is a 200."""
+        code = _code(response) if response.status_code != 200 else ""
+        allowed = documented | BUSY | ({(503, "shutting_down")} if self.signalled.is_set() else set())
+        problem = None if response.status_code == 200 or (response.status_code, code) in allowed else f"{response.status_code} {code}: {response.text[:200]}"
+        self.tally.record(kind, response.status_code, code, problem)
+        return response.status_code == 200
+
+    def _compare(self, program: str, text: str, tokens: list[int]) -> None:
+        expected = self.reference[(program, text)]
+        with self.tally.lock:
+            if tokens[: len(expected)] == expected[: len(tokens)] and (len(tokens) == len(expected) or len(tokens) > len(expected)):
+                self.tally.exact += 1
+                self.tally.answered_programs.add(program)
+            else:
+                self.tally.wrong.append(f"{program} {text!r}: {tokens} where alone gave {expected}")
+
+    def _one(self, client: httpx.Client, rng: random.Random) -> None:
+        program, text = rng.choice(self.programs), rng.choice(INPUTS)
+        roll = rng.random()
+        started = time.perf_counter()
+        if roll < 0.15:
+            kind = rng.choice(sorted(EXPECTED_FAULTS))
+            self._check_status(kind, _fault(client, self.server.url, kind, program), {EXPECTED_FAULTS[kind]})
+        elif roll < 0.25:
+            texts = [text, rng.choice(INPUTS)]
+            body = {"inputs": texts, "options": {"max_tokens": self.max_tokens}}
+            response = client.post(f"{self.server.url}/v1/programs/{program}/run_batch", json=body, headers=AUTH)
+            if self._check_status("batch", response, set()):
+                for given, generation in zip(texts, response.json()["generations"], strict=True):
+                    self._compare(program, given, generation["token_ids"])
+        elif roll < 0.45:
+            self._stream(client, program, text, abandon=rng.random() < 0.33)
+        else:
+            response = _run(client, self.server.url, program, text, self.max_tokens)
+            if self._check_status("run", response, set()):
+                self._compare(program, text, response.json()["generation"]["token_ids"])
+                with self.tally.lock:
+                    self.tally.latencies_s.append(time.perf_counter() - started)
+
+    def _stream(self, client: httpx.Client, program: str, text: str, abandon: bool) -> None:
+        # a long stream while a SIGTERM may come: its call outlasts the grace and must end with an error event
+        tokens = LONG_TOKENS if self.long_streams or abandon else self.max_tokens
+        body = {"input": text, "options": {"max_tokens": tokens}}
+        with client.stream("POST", f"{self.server.url}/v1/programs/{program}/stream", json=body, headers=AUTH) as response:
+            if response.status_code != 200:
+                response.read()
+                self._check_status("stream", response, set())
+                return
+            last: tuple[str, dict[str, object]] | None = None
+            try:
+                for event, data in _sse(response.iter_lines()):
+                    last = (event, data)
+                    if abandon and event == "token":
+                        self.tally.record("stream_abandoned", 200, "")
+                        return  # leaving closes the connection: the server must stop decoding it
+            except httpx.TransportError as exc:
+                raise StreamCut(repr(exc)) from exc
+        if last is None:
+            self.tally.record("stream", 200, "no-events", "a stream ended without any event")
+        elif last[0] == "done":
+            self.tally.record("stream", 200, "")
+            generation = last[1]["generation"]
+            assert isinstance(generation, dict)
+            if tokens == self.max_tokens:
+                self._compare(program, text, list(generation["token_ids"]))
+        elif last[0] == "error" and last[1].get("error") == "shutting_down" and self.signalled.is_set():
+            self.tally.record("stream", 200, "error:shutting_down")
+        else:
+            self.tally.record("stream", 200, f"{last[0]}:{last[1].get('error')}", f"a stream ended with {last}")
+
+
+# --- the run ---
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+def _derived_bytes(cache: Path) -> int:
+    """Bytes of pawfn's derived files in the cache (stored prefixes, converted bases, kernels)."""
+    from pawfn import PawCache
+    from pawfn.hub.usage import cache_files
+
+    return sum(item.size_bytes for item in cache_files(PawCache(cache)) if item.derived)
+
+
+def main() -> None:  # noqa: PLR0915 - one run, its phases in order
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--tiny", action="store_true", help="a tiny generated Qwen3 interpreter (fast; the test suite's generators)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"), help="the Qwen3-0.6B-shaped base and bundle")
+    parser.add_argument("--programs", type=int, default=12)
+    parser.add_argument("--budget", type=int, default=4, help="--max-programs of the server")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=30.0, help="the load phase")
+    parser.add_argument("--sigterm-seconds", type=float, default=10.0, help="the SIGTERM phase (the signal comes halfway)")
+    parser.add_argument("--graceful-timeout", type=float, default=2.0)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.programs <= args.budget:
+        parser.error("--programs must exceed --budget: the test is about evictions")
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pawfn-load-") as scratch:
+        folder = Path(scratch)
+        base, bundles = _programs(folder / "programs", args.tiny, args.workdir, args.programs)
+        hub = HubServer()
+        _serve_on_hub(hub, base, bundles)
+        programs = [program_id for program_id, _ in bundles]
+        cache = folder / "cache"
+        server = _start(hub, cache, args.budget, args.graceful_timeout, args.max_tokens)
+        try:
+            # 1. alone
+            started = time.perf_counter()
+            reference, rss_alone = alone(server, programs, args.max_tokens)
+            at_budget = max(rss_alone[: args.budget])
+            bound = at_budget * 1.10
+            per_program = (rss_alone[args.budget - 1] - rss_alone[0]) / max(1, args.budget - 1)
+            print(f"alone: {len(reference)} calls on {len(programs)} programs in {time.perf_counter() - started:.1f} s; RSS with 1 program "
+                  f"{rss_alone[0]:.0f} MiB, with {args.budget} (the budget) {at_budget:.0f} MiB ({per_program:.1f} MiB a program); "
+                  f"after all {rss_alone[-1]:.0f} MiB; bound (base + {args.budget} programs + 10%) {bound:.0f} MiB")
+
+            # 2. load
+            clients = Clients(server, programs, reference, args.max_tokens, long_streams=False)
+            sampler = RssSampler(server)
+            started = time.perf_counter()
+            clients.run(args.clients, args.seconds, args.seed)
+            elapsed = time.perf_counter() - started
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{server.url}/healthz", timeout=10).json()["queued"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            steps = server.metric("pawfn_decode_steps_total")
+            time.sleep(1.0)
+            orphaned = server.metric("pawfn_decode_steps_total") - steps
+            samples = sampler.stop()
+            tally = clients.tally
+            total = sum(tally.outcomes.values())
+            print(f"load: {args.clients} clients, {elapsed:.1f} s, {total} requests ({total / elapsed:.1f}/s); run p50 "
+                  f"{_percentile(tally.latencies_s, 0.5) * 1e3:.0f} ms, p99 {_percentile(tally.latencies_s, 0.99) * 1e3:.0f} ms")
+            for outcome, count in sorted(tally.outcomes.items()):
+                print(f"  {outcome:40} {count}")
+            loads, evictions = server.metric("pawfn_program_loads_total"), server.metric("pawfn_program_evictions_total")
+            cold = server.metric("pawfn_program_cold_start_seconds_total")
+            print(f"  outputs equal to their call alone: {tally.exact}/{tally.exact + len([w for w in tally.wrong if ' where alone gave ' in w])}; "
+                  f"programs answering: {len(tally.answered_programs)}/{len(programs)}; loads {loads:.0f}, evictions {evictions:.0f}, "
+                  f"cold start {cold / max(loads, 1) * 1e3:.0f} ms a load")
+            print(f"  RSS during load: min {min(samples):.0f}, median {statistics.median(samples):.0f}, max {max(samples):.0f} MiB "
+                  f"(bound {bound:.0f}); decode steps in the second after the last answer: {orphaned:.0f}; derived cache "
+                  f"{_derived_bytes(cache) / 2**20:.0f} MiB")
+            problems += tally.wrong[:20]
+            if max(samples) > bound:
+                problems.append(f"RSS reached {max(samples):.0f} MiB, above the bound {bound:.0f}")
+            if orphaned:
+                problems.append(f"{orphaned:.0f} decode steps ran after every client had its answer or left")
+            if evictions < 1 or len(tally.answered_programs) < len(programs):
+                problems.append(f"evicted programs must answer again: {evictions:.0f} evictions, {len(tally.answered_programs)} programs answered")
+
+            # 3. SIGTERM mid-load
+            sigterm = Clients(server, programs, reference, args.max_tokens, long_streams=True)
+            runner = threading.Thread(target=sigterm.run, args=(args.clients, args.sigterm_seconds + args.graceful_timeout + 10, args.seed + 1))
+            runner.start()
+            time.sleep(args.sigterm_seconds / 2)
+            sigterm.signalled.set()
+            signalled_at = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            status = server.process.wait(args.graceful_timeout + 30)
+            exit_s = time.monotonic() - signalled_at
+            sigterm.stop.set()
+            runner.join()
+            log = server.log.read_text()
+            shutting = sum(count for outcome, count in sigterm.tally.outcomes.items() if "shutting_down" in outcome)
+            print(f"SIGTERM after {args.sigterm_seconds / 2:.1f} s of load: exit status {status} in {exit_s:.1f} s (graceful timeout "
+                  f"{args.graceful_timeout:g} s); {sum(sigterm.tally.outcomes.values())} answers, {shutting} of them shutting_down, "
+                  f"{sigterm.disconnected_after_signal} requests refused or cut after the signal; tracebacks in the log: {log.count('Traceback')}")
+            for outcome, count in sorted(sigterm.tally.outcomes.items()):
+                print(f"  {outcome:40} {count}")
+            problems += sigterm.tally.wrong[:20]
+            if exit_s > args.graceful_timeout + 5 + 2:
+                problems.append(f"the server took {exit_s:.1f} s to exit after SIGTERM")
+            if status not in (0, -signal.SIGTERM):
+                problems.append(f"the server exited with {status}")
+            if "Traceback" in log or "Internal Server Error" in log:
+                problems.append("the server's log holds a traceback")
+        finally:
+            if server.process.poll() is None:
+                server.process.kill()
+            hub.close()
+    print("checks: " + ("all held" if not problems else "BROKEN:\n  " + "\n  ".join(problems)))
+    if problems:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
