@@ -13,8 +13,9 @@ SIGTERM mid-load. Every check of a server under load, in one run:
    the log, and the process gone within the graceful timeout and uvicorn's 5 s of last resort.
 
 Programs come from a real HTTP hub on 127.0.0.1 (the tests' `HubServer`, so a checkout with the dev extras), and the
-server loads them on request (`--allow-load --max-programs B`). The RSS bound is the issue's: base + B programs +
-10%, where base + B programs is the highest RSS of the alone phase's first B programs.
+server loads them on request (`--allow-load --max-programs B`). The RSS bound is the issue's, base + B programs +
+10%, where base + B programs is the highest RSS while the same clients call only the B programs the budget holds
+(so no eviction: the calls' own memory, KV slots and batches, counts in the base).
 
     python benchmarks/serve_load.py --tiny [--programs 12 --budget 4 --clients 12 --seconds 30]
     python benchmarks/serve_load.py [--workdir /tmp/pawfn-qwen3-shape] [--programs 12 --budget 4 --clients 8 --seconds 60]
@@ -319,7 +320,11 @@ class Clients:
         """Record the answer; True when it is a 200."""
         code = _code(response) if response.status_code != 200 else ""
         allowed = documented | BUSY | ({(503, "shutting_down")} if self.signalled.is_set() else set())
-        problem = None if response.status_code == 200 or (response.status_code, code) in allowed else f"{response.status_code} {code}: {response.text[:200]}"
+        problem = (
+            None
+            if response.status_code == 200 or (response.status_code, code) in allowed
+            else f"{response.status_code} {code}: {response.text[:200]}"
+        )
         self.tally.record(kind, response.status_code, code, problem)
         return response.status_code == 200
 
@@ -432,11 +437,27 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             started = time.perf_counter()
             reference, rss_alone = alone(server, programs, args.max_tokens)
             at_budget = max(rss_alone[: args.budget])
-            bound = at_budget * 1.10
             per_program = (rss_alone[args.budget - 1] - rss_alone[0]) / max(1, args.budget - 1)
-            print(f"alone: {len(reference)} calls on {len(programs)} programs in {time.perf_counter() - started:.1f} s; RSS with 1 program "
-                  f"{rss_alone[0]:.0f} MiB, with {args.budget} (the budget) {at_budget:.0f} MiB ({per_program:.1f} MiB a program); "
-                  f"after all {rss_alone[-1]:.0f} MiB; bound (base + {args.budget} programs + 10%) {bound:.0f} MiB")
+            print(
+                f"alone: {len(reference)} calls on {len(programs)} programs in {time.perf_counter() - started:.1f} s; RSS with 1 program "
+                f"{rss_alone[0]:.0f} MiB, with {args.budget} (the budget) {at_budget:.0f} MiB ({per_program:.1f} MiB a program); "
+                f"after all {rss_alone[-1]:.0f} MiB"
+            )
+
+            # 2a. the same load on the programs the budget holds (no eviction): base + B programs under this load
+            resident = programs[-args.budget :]
+            warm = Clients(server, resident, reference, args.max_tokens, long_streams=False)
+            sampler = RssSampler(server)
+            evictions_before = server.metric("pawfn_program_evictions_total")
+            warm.run(args.clients, max(5.0, args.seconds / 3), args.seed + 2)
+            warm_samples = sampler.stop()
+            bound = max(warm_samples) * 1.10
+            print(
+                f"warm: {args.clients} clients on the {args.budget} resident programs, {sum(warm.tally.outcomes.values())} requests, "
+                f"{server.metric('pawfn_program_evictions_total') - evictions_before:.0f} evictions; RSS max {max(warm_samples):.0f} MiB "
+                f"(base + {args.budget} programs under this load); bound + 10%: {bound:.0f} MiB"
+            )
+            problems += warm.tally.wrong[:20]
 
             # 2. load
             clients = Clients(server, programs, reference, args.max_tokens, long_streams=False)
@@ -453,18 +474,24 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             samples = sampler.stop()
             tally = clients.tally
             total = sum(tally.outcomes.values())
-            print(f"load: {args.clients} clients, {elapsed:.1f} s, {total} requests ({total / elapsed:.1f}/s); run p50 "
-                  f"{_percentile(tally.latencies_s, 0.5) * 1e3:.0f} ms, p99 {_percentile(tally.latencies_s, 0.99) * 1e3:.0f} ms")
+            print(
+                f"load: {args.clients} clients, {elapsed:.1f} s, {total} requests ({total / elapsed:.1f}/s); run p50 "
+                f"{_percentile(tally.latencies_s, 0.5) * 1e3:.0f} ms, p99 {_percentile(tally.latencies_s, 0.99) * 1e3:.0f} ms"
+            )
             for outcome, count in sorted(tally.outcomes.items()):
                 print(f"  {outcome:40} {count}")
             loads, evictions = server.metric("pawfn_program_loads_total"), server.metric("pawfn_program_evictions_total")
             cold = server.metric("pawfn_program_cold_start_seconds_total")
-            print(f"  outputs equal to their call alone: {tally.exact}/{tally.exact + len([w for w in tally.wrong if ' where alone gave ' in w])}; "
-                  f"programs answering: {len(tally.answered_programs)}/{len(programs)}; loads {loads:.0f}, evictions {evictions:.0f}, "
-                  f"cold start {cold / max(loads, 1) * 1e3:.0f} ms a load")
-            print(f"  RSS during load: min {min(samples):.0f}, median {statistics.median(samples):.0f}, max {max(samples):.0f} MiB "
-                  f"(bound {bound:.0f}); decode steps in the second after the last answer: {orphaned:.0f}; derived cache "
-                  f"{_derived_bytes(cache) / 2**20:.0f} MiB")
+            print(
+                f"  outputs equal to their call alone: {tally.exact}/{tally.exact + len([w for w in tally.wrong if ' where alone gave ' in w])}; "
+                f"programs answering: {len(tally.answered_programs)}/{len(programs)}; loads {loads:.0f}, evictions {evictions:.0f}, "
+                f"cold start {cold / max(loads, 1) * 1e3:.0f} ms a load"
+            )
+            print(
+                f"  RSS during load: min {min(samples):.0f}, median {statistics.median(samples):.0f}, max {max(samples):.0f} MiB "
+                f"(bound {bound:.0f}); decode steps in the second after the last answer: {orphaned:.0f}; derived cache "
+                f"{_derived_bytes(cache) / 2**20:.0f} MiB"
+            )
             problems += tally.wrong[:20]
             if max(samples) > bound:
                 problems.append(f"RSS reached {max(samples):.0f} MiB, above the bound {bound:.0f}")
@@ -487,9 +514,11 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             runner.join()
             log = server.log.read_text()
             shutting = sum(count for outcome, count in sigterm.tally.outcomes.items() if "shutting_down" in outcome)
-            print(f"SIGTERM after {args.sigterm_seconds / 2:.1f} s of load: exit status {status} in {exit_s:.1f} s (graceful timeout "
-                  f"{args.graceful_timeout:g} s); {sum(sigterm.tally.outcomes.values())} answers, {shutting} of them shutting_down, "
-                  f"{sigterm.disconnected_after_signal} requests refused or cut after the signal; tracebacks in the log: {log.count('Traceback')}")
+            print(
+                f"SIGTERM after {args.sigterm_seconds / 2:.1f} s of load: exit status {status} in {exit_s:.1f} s (graceful timeout "
+                f"{args.graceful_timeout:g} s); {sum(sigterm.tally.outcomes.values())} answers, {shutting} of them shutting_down, "
+                f"{sigterm.disconnected_after_signal} requests refused or cut after the signal; tracebacks in the log: {log.count('Traceback')}"
+            )
             for outcome, count in sorted(sigterm.tally.outcomes.items()):
                 print(f"  {outcome:40} {count}")
             problems += sigterm.tally.wrong[:20]

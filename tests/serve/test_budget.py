@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
+from pawfn.core.errors import NotFoundError
 from pawfn.core.protocol import RunResponse
 from pawfn.serve.app import create_app
 from pawfn.serve.service import LocalPrograms, ProgramBudgetError
@@ -180,5 +181,26 @@ def test_a_ray_replica_keeps_the_same_budget(hub: tuple[HubServer, PawConfig]) -
         assert {resident.name for resident in pool.resident()} == {IDS[0]}
         assert (pool.stats.loads, pool.stats.evictions) == (3, 3)  # IDS[1] twice and IDS[2]; IDS[1], IDS[2], IDS[1]
         await pool.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_reference_is_identified_before_anything_is_evicted(hub: tuple[HubServer, PawConfig]) -> None:
+    """A full budget: a request for a program the hub does not know answers 404 and evicts nothing; a slug of a
+    resident program finds it without a load."""
+    server, config = hub
+    server.state.slugs["someone/first"] = IDS[0]
+    service = LocalPrograms(Torch, config, allow_load=True, max_programs=1)
+
+    async def scenario() -> None:
+        await service.run(IDS[0], "hello", OPTIONS)
+        with pytest.raises(NotFoundError):
+            await service.run("b9b9b9b9b9b9b9b9b9b9", "hello", OPTIONS)
+        by_slug = await service.run("someone/first", "hello", OPTIONS)
+        assert by_slug.program == IDS[0]
+        counters = service.counters()
+        assert (counters.program_loads, counters.program_evictions) == (1, 0)
+        assert [program.references for program in await service.programs()] == [sorted([IDS[0], "someone/first"])]
+        await service.aclose()
 
     asyncio.run(scenario())

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -24,6 +25,7 @@ from ..core.errors import NotFoundError, ProgramBudgetError, ProgramBusyError
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
+from ..hub.prepare import prepare_program
 from .function import PawFn
 
 __all__ = ["PoolStats", "ProgramPool", "ResidentProgram"]
@@ -76,6 +78,17 @@ class _Entry(Generic[M, B]):
         self.last_used_s = time.monotonic()
 
 
+def _identifier(config: PawConfig | None, base: str | os.PathLike[str] | None) -> Callable[[str], Awaitable[str | None]]:
+    """The program id a reference names, resolved and its files downloaded as a load would (the load then finds
+    them in the cache)."""
+
+    async def identify(reference: str) -> str | None:
+        prepared = await asyncio.to_thread(lambda: prepare_program(reference, config, base=None if base is None else Path(base)))
+        return prepared.program_id
+
+    return identify
+
+
 class ProgramPool(Generic[M, B]):
     """Programs loaded on first use and kept within `max_programs` and `max_bytes`; use them inside `use`.
 
@@ -91,9 +104,18 @@ class ProgramPool(Generic[M, B]):
     """
 
     def __init__(
-        self, load: Callable[[str], Awaitable[PawFn[M, B]]], *, max_programs: int | None = None, max_bytes: int | None = None, wait_s: float = 0.0
+        self,
+        load: Callable[[str], Awaitable[PawFn[M, B]]],
+        *,
+        identify: Callable[[str], Awaitable[str | None]] | None = None,
+        max_programs: int | None = None,
+        max_bytes: int | None = None,
+        wait_s: float = 0.0,
     ) -> None:
-        """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `max_programs`,
+        """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `identify(reference)`: its
+        program id, found before anything is evicted (a reference to a held program by another name then loads
+        nothing, and one that names no program fails without evicting: `of` and `any` resolve and download it);
+        `max_programs`,
         `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound);
         `wait_s`: how long a load past the budget waits for a held program to go idle before `ProgramBudgetError`."""
         if max_programs is not None and max_programs < 1:
@@ -103,6 +125,7 @@ class ProgramPool(Generic[M, B]):
         if wait_s < 0:
             raise ValueError(f"wait_s={wait_s}: give the seconds a load may wait for room, 0 or more")
         self._load = load
+        self._identify = identify
         self.max_programs = max_programs
         self.max_bytes = max_bytes
         self.wait_s = wait_s
@@ -130,7 +153,7 @@ class ProgramPool(Generic[M, B]):
         def load(reference: str) -> Awaitable[PawFn[OtherM, OtherB]]:
             return kind.load(reference, base=base, config=config)
 
-        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        return ProgramPool(load, identify=_identifier(config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
 
     @staticmethod
     def any(
@@ -147,7 +170,7 @@ class ProgramPool(Generic[M, B]):
         def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
             return PawFn.load_any(reference, backend, base=base, config=config)
 
-        return ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        return ProgramPool(load, identify=_identifier(config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
 
     # --- what is held ---
 
@@ -246,9 +269,11 @@ class ProgramPool(Generic[M, B]):
                 self._went_idle.set()
 
     async def _bring_in(self, reference: str) -> _Entry[M, B]:
+        program_id = None if self._identify is None else await self._identify(reference)  # raises for no program
         async with self._loading:
-            entry = self._entries.get(reference)  # a concurrent first use loaded it meanwhile
+            entry = self._entries.get(reference) or self._entries.get(program_id or "")  # loaded meanwhile, or by its id
             if entry is not None:
+                self._entries[reference] = entry
                 return entry
             await self._make_room()
             started = time.perf_counter()
