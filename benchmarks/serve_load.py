@@ -154,10 +154,12 @@ class Server:
     log: Path
 
     def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return self.memory_mib()["VmRSS"]
+
+    def memory_mib(self) -> dict[str, float]:
+        """VmRSS and its parts: RssAnon (the process's own), RssFile (mapped files' pages in memory)."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines() if ":" in line)
+        return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "RssAnon", "RssFile")}
 
     def metric(self, name: str) -> float:
         text = httpx.get(f"{self.url}/metrics", headers=AUTH, timeout=30).text
@@ -200,6 +202,8 @@ class RssSampler:
 
     def __init__(self, server: Server, interval_s: float = 0.25) -> None:
         self.samples: list[float] = []
+        self.peak: dict[str, float] = {"VmRSS": 0.0, "RssAnon": 0.0, "RssFile": 0.0}
+        """The parts of the highest sample."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(server, interval_s), daemon=True)
         self._thread.start()
@@ -207,9 +211,12 @@ class RssSampler:
     def _run(self, server: Server, interval_s: float) -> None:
         while not self._stop.is_set() and server.process.poll() is None:
             try:
-                self.samples.append(server.rss_mib())
+                memory = server.memory_mib()
             except (FileNotFoundError, ProcessLookupError):
                 return
+            self.samples.append(memory["VmRSS"])
+            if memory["VmRSS"] > self.peak["VmRSS"]:
+                self.peak = memory
             self._stop.wait(interval_s)
 
     def stop(self) -> list[float]:
@@ -276,7 +283,7 @@ def _fault(client: httpx.Client, url: str, kind: str, program: str) -> httpx.Res
     return client.post(run_url, content=b'{"input": "' + b"x" * (2 << 20) + b'"}', headers=json_type)
 
 
-class StreamCut(Exception):
+class StreamCutError(Exception):
     """A stream's connection broke after its 200: the server must end every stream with an event."""
 
 
@@ -303,7 +310,7 @@ class Clients:
             while time.monotonic() < deadline and not self.stop.is_set():
                 try:
                     self._one(client, rng)
-                except StreamCut as exc:
+                except StreamCutError as exc:
                     self.tally.record("stream", 200, "cut", f"a stream ended without its done or error event: {exc}")
                 except httpx.TransportError as exc:
                     if not self.signalled.is_set():
@@ -377,7 +384,7 @@ class Clients:
                         self.tally.record("stream_abandoned", 200, "")
                         return  # leaving closes the connection: the server must stop decoding it
             except httpx.TransportError as exc:
-                raise StreamCut(repr(exc)) from exc
+                raise StreamCutError(repr(exc)) from exc
         if last is None:
             self.tally.record("stream", 200, "no-events", "a stream ended without any event")
         elif last[0] == "done":
@@ -451,11 +458,13 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             evictions_before = server.metric("pawfn_program_evictions_total")
             warm.run(args.clients, max(5.0, args.seconds / 3), args.seed + 2)
             warm_samples = sampler.stop()
+            warm_peak = sampler.peak
             bound = max(warm_samples) * 1.10
             print(
                 f"warm: {args.clients} clients on the {args.budget} resident programs, {sum(warm.tally.outcomes.values())} requests, "
                 f"{server.metric('pawfn_program_evictions_total') - evictions_before:.0f} evictions; RSS max {max(warm_samples):.0f} MiB "
-                f"(base + {args.budget} programs under this load); bound + 10%: {bound:.0f} MiB"
+                f"(base + {args.budget} programs under this load; anonymous {warm_peak['RssAnon']:.0f}, files {warm_peak['RssFile']:.0f}); "
+                f"bound + 10%: {bound:.0f} MiB"
             )
             problems += warm.tally.wrong[:20]
 
@@ -489,7 +498,8 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             )
             print(
                 f"  RSS during load: min {min(samples):.0f}, median {statistics.median(samples):.0f}, max {max(samples):.0f} MiB "
-                f"(bound {bound:.0f}); decode steps in the second after the last answer: {orphaned:.0f}; derived cache "
+                f"(bound {bound:.0f}; at the peak anonymous {sampler.peak['RssAnon']:.0f}, files {sampler.peak['RssFile']:.0f}); "
+                f"decode steps in the second after the last answer: {orphaned:.0f}; derived cache "
                 f"{_derived_bytes(cache) / 2**20:.0f} MiB"
             )
             problems += tally.wrong[:20]

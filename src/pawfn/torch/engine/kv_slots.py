@@ -54,7 +54,8 @@ class KvSlots:
             return self._take_locked()
 
     def give_back(self, slot: KvSlot) -> None:
-        """Return a slot `try_take` or `acquire` handed out."""
+        """Return a slot `try_take` or `acquire` handed out; its sequence ends (its program's prefix let go)."""
+        slot.cache.end()
         with self._available:
             self._free.append(slot)
             self._available.notify()

@@ -69,6 +69,13 @@ class KVCache:
         self.states = {} if prefix is None else dict(prefix.states)
         self.shift = 0
 
+    def end(self) -> None:
+        """The sequence is over: let go of its prefix and states (an idle slot must not keep an unloaded program's
+        prefix alive; its own buffers stay for the next sequence)."""
+        self.prefix = None
+        self.states = {}
+        self.shift = 0
+
     def slot(self, position: int) -> int:
         """The slot of the token at text `position` (after every image stored so far)."""
         return position - self.offset + self.shift
