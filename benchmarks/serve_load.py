@@ -240,13 +240,13 @@ def _code(response: httpx.Response) -> str:
     return str(body.get("error", "")) if isinstance(body, dict) else ""
 
 
-def alone(server: Server, programs: list[str], max_tokens: int) -> tuple[dict[tuple[str, str], list[int]], list[float]]:
+def alone(server: Server, programs: list[str], max_tokens: int, inputs: list[str] = INPUTS) -> tuple[dict[tuple[str, str], list[int]], list[float]]:
     """Each program's calls one at a time: the reference tokens, and the server's RSS after each program (MiB)."""
     reference: dict[tuple[str, str], list[int]] = {}
     rss = []
     with httpx.Client(timeout=300) as client:
         for program in programs:
-            for text in INPUTS:
+            for text in inputs:
                 response = _run(client, server.url, program, text, max_tokens)
                 if response.status_code != 200:
                     raise SystemExit(f"alone: {program} answered {response.status_code}: {response.text}")
@@ -507,8 +507,12 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
                 problems.append(f"RSS reached {max(samples):.0f} MiB, above the bound {bound:.0f}")
             if orphaned:
                 problems.append(f"{orphaned:.0f} decode steps ran after every client had its answer or left")
-            if evictions < 1 or len(tally.answered_programs) < len(programs):
-                problems.append(f"evicted programs must answer again: {evictions:.0f} evictions, {len(tally.answered_programs)} programs answered")
+            # every program once more, one at a time: all but the budget's last were evicted at least once
+            again, _ = alone(server, programs, args.max_tokens, INPUTS[:1])
+            same = sum(tokens == reference[key] for key, tokens in again.items())
+            print(f"  each program again after the load: {same}/{len(programs)} gave their tokens alone")
+            if evictions < 1 or same < len(programs):
+                problems.append(f"evicted programs must answer again: {evictions:.0f} evictions, {same}/{len(programs)} gave their tokens")
 
             # 3. SIGTERM mid-load
             sigterm = Clients(server, programs, reference, args.max_tokens, long_streams=True)
