@@ -20,6 +20,7 @@ import importlib.util
 import json
 import statistics
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,6 +186,34 @@ def prepare(workdir: Path) -> tuple[Path, Path]:
         (bundle / "prompt_template.txt").write_text(TEMPLATE, encoding="utf-8")
         write_adapter(bundle / "adapter.gguf", "qwen3", [PROJECTIONS] * LAYERS)
     return base, bundle
+
+
+def many_bundles(folder: Path, tiny: bool, workdir: Path, count: int, first_id: int, meta: dict[str, object]) -> tuple[Path, list[tuple[str, Path]]]:
+    """A base and `count` bundles on it under `folder`, ids from `first_id` on, each its own template (so its own
+    prefix) and adapter file: the benchmark's Qwen3-0.6B-shaped program (`prepare(workdir)`), or with `tiny` a tiny
+    generated Qwen3 interpreter (the test suite's generators, so a checkout with the dev extras)."""
+    if tiny:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.helpers.programs import make_program
+        from tests.helpers.tiny_models import build_interpreter
+
+        interpreter = build_interpreter("qwen3", folder / "interpreter")
+        model = make_program(interpreter, folder, "model", seed=1)
+        base, adapter, template = interpreter.gguf_path, model.adapter, model.template
+    else:
+        base, bundle = prepare(workdir)
+        adapter, template = bundle / "adapter.gguf", (bundle / "prompt_template.txt").read_text(encoding="utf-8")
+    bundles = []
+    for index in range(count):
+        program_id = f"{first_id + index:020x}"
+        program = folder / program_id
+        program.mkdir(parents=True)
+        fields = {"interpreter": "Qwen/Qwen3-0.6B", "program_id": program_id, "spec": f"benchmark program {index}"} | meta
+        (program / "meta.json").write_text(json.dumps(fields), encoding="utf-8")
+        (program / "prompt_template.txt").write_text(f"Program {index}. " + template, encoding="utf-8")
+        shutil.copyfile(adapter, program / "adapter.gguf")
+        bundles.append((program_id, program))
+    return base, bundles
 
 
 def llama_cpp_build() -> str:

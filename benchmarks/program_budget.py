@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from load_cost import many_bundles
 
 
 def _rss_mib() -> float:
@@ -31,32 +29,6 @@ def _rss_mib() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise KeyError("VmRSS")
-
-
-def _bundles(folder: Path, tiny: bool, workdir: Path, count: int) -> tuple[Path, list[Path]]:
-    """A base and `count` bundles on it, each its own template (prefix) and adapter file."""
-    if tiny:
-        from tests.helpers.programs import make_program
-        from tests.helpers.tiny_models import build_interpreter
-
-        interpreter = build_interpreter("qwen3", folder / "interpreter")
-        model = make_program(interpreter, folder, "model", seed=1)
-        base, adapter, template = interpreter.gguf_path, model.adapter, model.template
-    else:
-        from load_cost import prepare
-
-        base, bundle = prepare(workdir)
-        adapter, template = bundle / "adapter.gguf", (bundle / "prompt_template.txt").read_text(encoding="utf-8")
-    bundles = []
-    for index in range(count):
-        bundle = folder / f"program-{index:03d}"
-        bundle.mkdir(parents=True)
-        meta = f'{{"interpreter": "Qwen/Qwen3-0.6B", "program_id": "{0xB0D6E7000 + index:020x}", "spec": "budget program {index}"}}'
-        (bundle / "meta.json").write_text(meta, encoding="utf-8")
-        (bundle / "prompt_template.txt").write_text(f"Program {index}. " + template, encoding="utf-8")
-        shutil.copyfile(adapter, bundle / "adapter.gguf")
-        bundles.append(bundle)
-    return base, bundles
 
 
 async def _run(base: Path, bundles: list[Path], budget: int, cache: Path) -> tuple[list[tuple[float, int, float]], int, int, list[str]]:
@@ -95,7 +67,8 @@ def main() -> None:
         parser.error("--programs must exceed --budget")
     os.environ["PAW_DERIVED_CACHE_MAX_BYTES"] = str(args.derived_bound)
     with tempfile.TemporaryDirectory(prefix="pawfn-budget-") as scratch:
-        base, bundles = _bundles(Path(scratch) / "programs", args.tiny, args.workdir, args.programs)
+        base, programs = many_bundles(Path(scratch) / "programs", args.tiny, args.workdir, args.programs, 0xB0D6E7000, {})
+        bundles = [bundle for _, bundle in programs]
         started = time.perf_counter()
         figures, loads, evictions, problems = asyncio.run(_run(base, bundles, args.budget, Path(scratch) / "cache"))
         elapsed = time.perf_counter() - started

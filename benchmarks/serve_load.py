@@ -24,13 +24,10 @@ server loads them on request (`--allow-load --max-programs B`). The RSS bound is
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
-import json
 import os
 import random
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -40,7 +37,6 @@ import threading
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +44,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from load_cost import many_bundles  # noqa: E402 - beside this script
 from tests.helpers.hub_server import HubServer  # noqa: E402 - the checkout's own test hub
+from tests.helpers.servers import free_port, sse_events  # noqa: E402
 
 KEY = "load-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -91,33 +89,6 @@ class Tally:
 # --- programs on a hub ---
 
 
-def _programs(folder: Path, tiny: bool, workdir: Path, count: int) -> tuple[Path, list[tuple[str, Path]]]:
-    """A base GGUF and `count` bundles on it (their own ids, templates, so prefixes, and adapter files)."""
-    if tiny:
-        from tests.helpers.programs import make_program
-        from tests.helpers.tiny_models import build_interpreter
-
-        interpreter = build_interpreter("qwen3", folder / "interpreter")
-        model = make_program(interpreter, folder, "model", seed=1)
-        base, adapter, template = interpreter.gguf_path, model.adapter, model.template
-    else:
-        from load_cost import prepare
-
-        base, bundle = prepare(workdir)
-        adapter, template = bundle / "adapter.gguf", (bundle / "prompt_template.txt").read_text(encoding="utf-8")
-    bundles = []
-    for index in range(count):
-        program_id = f"{0xC0DE0000 + index:020x}"
-        bundle = folder / program_id
-        bundle.mkdir(parents=True)
-        meta = {"interpreter": "Qwen/Qwen3-0.6B", "program_id": program_id, "runtime_id": RUNTIME_ID, "spec": f"load test program {index}"}
-        (bundle / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        (bundle / "prompt_template.txt").write_text(f"Program {index}. " + template, encoding="utf-8")
-        shutil.copyfile(adapter, bundle / "adapter.gguf")
-        bundles.append((program_id, bundle))
-    return base, bundles
-
-
 def _archive(bundle: Path) -> bytes:
     data = io.BytesIO()
     with zipfile.ZipFile(data, "w") as archive:
@@ -127,21 +98,9 @@ def _archive(bundle: Path) -> bytes:
 
 
 def _serve_on_hub(hub: HubServer, base: Path, bundles: list[tuple[str, Path]]) -> None:
-    data = base.read_bytes()
-    base_model = {"provider": None, "repo": None, "file": base.name, "url": f"{hub.cdn_url}/files/{base.name}", "size_bytes": len(data)}
-    base_model["sha256"] = hashlib.sha256(data).hexdigest()
-    hub.state.runtimes[RUNTIME_ID] = {
-        "runtime_id": RUNTIME_ID,
-        "manifest_version": 1,
-        "interpreter": "Qwen/Qwen3-0.6B",
-        "adapter_format": "gguf_lora",
-        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": base_model},
-    }
-    hub.state.files[base.name] = data
+    hub.serve_runtime(RUNTIME_ID, "Qwen/Qwen3-0.6B", base.read_bytes(), base.name)
     for program_id, bundle in bundles:
-        archive = _archive(bundle)
-        hub.state.programs[program_id] = archive
-        hub.state.files[f"{program_id}.paw"] = archive
+        hub.serve_program(program_id, _archive(bundle))
 
 
 # --- the server ---
@@ -168,7 +127,7 @@ class Server:
 
 
 def _start(hub: HubServer, cache: Path, budget: int, graceful_s: float, max_tokens: int) -> Server:
-    port = _free_port()
+    port = free_port()
     log = cache.parent / "server.log"
     environment = {**os.environ, "PAW_API_URL": hub.api_url, "PAW_API_KEY": "hub-key", "PAW_CACHE_DIR": str(cache), "LOAD_TEST_KEY": KEY}
     command = [sys.executable, "-m", "pawfn", "serve", "--allow-load", "--max-programs", str(budget), "--api-key-env", "LOAD_TEST_KEY"]
@@ -186,15 +145,6 @@ def _start(hub: HubServer, cache: Path, budget: int, graceful_s: float, max_toke
             time.sleep(0.2)
     process.kill()
     raise SystemExit(f"pawfn serve did not answer within 120 s:\n{log.read_text()}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class RssSampler:
@@ -253,18 +203,6 @@ def alone(server: Server, programs: list[str], max_tokens: int, inputs: list[str
                 reference[(program, text)] = response.json()["generation"]["token_ids"]
             rss.append(server.rss_mib())
     return reference, rss
-
-
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
-    event, data = "message", ""
-    for line in lines:
-        if line.startswith("event:"):
-            event = line.removeprefix("event:").strip()
-        elif line.startswith("data:"):
-            data += line.removeprefix("data:").strip()
-        elif not line and data:
-            yield event, json.loads(data)
-            event, data = "message", ""
 
 
 def _fault(client: httpx.Client, url: str, kind: str, program: str) -> httpx.Response:
@@ -378,7 +316,7 @@ class Clients:
                 return
             last: tuple[str, dict[str, object]] | None = None
             try:
-                for event, data in _sse(response.iter_lines()):
+                for event, data in sse_events(response.iter_lines()):
                     last = (event, data)
                     if abandon and event == "token":
                         self.tally.record("stream_abandoned", 200, "")
@@ -433,7 +371,7 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pawfn-load-") as scratch:
         folder = Path(scratch)
-        base, bundles = _programs(folder / "programs", args.tiny, args.workdir, args.programs)
+        base, bundles = many_bundles(folder / "programs", args.tiny, args.workdir, args.programs, 0xC0DE0000, {"runtime_id": RUNTIME_ID})
         hub = HubServer()
         _serve_on_hub(hub, base, bundles)
         programs = [program_id for program_id, _ in bundles]

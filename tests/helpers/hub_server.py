@@ -7,6 +7,7 @@ connections.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -252,6 +253,24 @@ class HubServer:
         self._threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (self._api, self._cdn)]
         for thread in self._threads:
             thread.start()
+
+    def serve_runtime(self, runtime_id: str, interpreter: str, base: bytes, file_name: str) -> None:
+        """A runtime manifest whose base weights (`base`, as `file_name`) the CDN serves, with their size and sha256."""
+        base_model = {"provider": None, "repo": None, "file": file_name, "url": f"{self.cdn_url}/files/{file_name}", "size_bytes": len(base)}
+        base_model["sha256"] = hashlib.sha256(base).hexdigest()
+        self.state.runtimes[runtime_id] = {
+            "runtime_id": runtime_id,
+            "manifest_version": 1,
+            "interpreter": interpreter,
+            "adapter_format": "gguf_lora",
+            "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": base_model},
+        }
+        self.state.files[file_name] = base
+
+    def serve_program(self, program_id: str, archive: bytes) -> None:
+        """A program's `.paw` archive, by id and as a CDN file."""
+        self.state.programs[program_id] = archive
+        self.state.files[f"{program_id}.paw"] = archive
 
     @property
     def api_url(self) -> str:

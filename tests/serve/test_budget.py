@@ -5,7 +5,6 @@ loads again on its next call with the same tokens; loads, evictions and their ti
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,23 +32,11 @@ OPTIONS = RuntimeOptions(max_tokens=8)
 def hub(qwen3_program: TinyProgram, tmp_path: Path) -> Iterator[tuple[HubServer, PawConfig]]:
     """Three programs (their own prefixes) on one base, served by a real HTTP hub; a config that loads from it."""
     server = HubServer()
-    data = qwen3_program.interpreter.gguf_path.read_bytes()
-    base_model = {"provider": None, "repo": None, "file": BASE_FILE, "url": f"{server.cdn_url}/files/{BASE_FILE}", "size_bytes": len(data)}
-    base_model["sha256"] = hashlib.sha256(data).hexdigest()
-    server.state.runtimes[RUNTIME_ID] = {
-        "runtime_id": RUNTIME_ID,
-        "manifest_version": 1,
-        "interpreter": "Qwen/Qwen3-0.6B",
-        "adapter_format": "gguf_lora",
-        "local_sdk": {"supported": True, "n_ctx": 2048, "base_model": base_model},
-    }
-    server.state.files[BASE_FILE] = data
+    server.serve_runtime(RUNTIME_ID, "Qwen/Qwen3-0.6B", qwen3_program.interpreter.gguf_path.read_bytes(), BASE_FILE)
     for index, program_id in enumerate(IDS):
         meta: dict[str, object] = {"program_id": program_id, "runtime_id": RUNTIME_ID}
         bundle = write_bundle(tmp_path / program_id, qwen3_program.adapter, "Qwen/Qwen3-0.6B", f"Program {index}. " + qwen3_program.template, meta)
-        archive = zip_bundle(bundle, tmp_path / f"{program_id}.paw").read_bytes()
-        server.state.programs[program_id] = archive
-        server.state.files[f"{program_id}.paw"] = archive
+        server.serve_program(program_id, zip_bundle(bundle, tmp_path / f"{program_id}.paw").read_bytes())
     config = PawConfig.model_validate({"api_url": server.api_url, "api_key": "k", "cache_dir": tmp_path / "cache", "progress": False})
     yield server, config
     server.close()
