@@ -17,6 +17,7 @@ from pawfn import (
     ProgramClosedError,
     Qwen3_0_6B,
     Remote,
+    ProgramPool,
     RequestError,
     RuntimeOptions,
     Torch,
@@ -62,6 +63,20 @@ def test_a_slug_loads_with_the_interpreter_the_server_names(server: ServeProcess
         assert narrowed.run_with(INPUTS[2], options) == local_runs[SECOND_ID].run_with(INPUTS[2], options)
     finally:
         program.close()
+
+
+def test_a_pool_of_remote_programs_leaves_resolving_to_the_server(server: ServeProcess, local_runs: LocalRuns) -> None:
+    """Served names (not hub references) work in a pool of `Remote` programs: nothing is resolved or downloaded here."""
+    options = RuntimeOptions(max_tokens=8)
+
+    async def scenario() -> tuple[str, str]:
+        async with ProgramPool.of(PawFn[Qwen3_0_6B, Remote], config=_config(server), max_programs=1) as pool:
+            first = await pool.run(FIRST_ID, INPUTS[0], options)
+            second = await pool.run("tiny-second", INPUTS[2], options)
+            assert len(pool) == 1 and pool.stats.evictions == 1
+            return first, second
+
+    assert asyncio.run(scenario()) == (local_runs[FIRST_ID].run_with(INPUTS[0], options), local_runs[SECOND_ID].run_with(INPUTS[2], options))
 
 
 def test_a_wrong_interpreter_type_fails_before_any_run(server: ServeProcess) -> None:

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from typing_extensions import Self
 
-from ..core.backends import Backend
+from ..core.backends import Backend, Remote
 from ..core.config import PawConfig
 from ..core.errors import NotFoundError, ProgramBudgetError, ProgramBusyError
 from ..core.models import InterpreterModel
@@ -78,9 +78,13 @@ class _Entry(Generic[M, B]):
         self.last_used_s = time.monotonic()
 
 
-def _identifier(config: PawConfig | None, base: str | os.PathLike[str] | None) -> Callable[[str], Awaitable[str | None]]:
+def _identifier(
+    backend: type[Backend], config: PawConfig | None, base: str | os.PathLike[str] | None
+) -> Callable[[str], Awaitable[str | None]] | None:
     """The program id a reference names, resolved and its files downloaded as a load would (the load then finds
-    them in the cache)."""
+    them in the cache); None on `Remote`, whose programs the server resolves and loads."""
+    if issubclass(backend, Remote):
+        return None
 
     async def identify(reference: str) -> str | None:
         prepared = await asyncio.to_thread(lambda: prepare_program(reference, config, base=None if base is None else Path(base)))
@@ -153,7 +157,9 @@ class ProgramPool(Generic[M, B]):
         def load(reference: str) -> Awaitable[PawFn[OtherM, OtherB]]:
             return kind.load(reference, base=base, config=config)
 
-        return ProgramPool(load, identify=_identifier(config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        return ProgramPool(
+            load, identify=_identifier(kind.backend_type(), config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s
+        )
 
     @staticmethod
     def any(
@@ -170,7 +176,7 @@ class ProgramPool(Generic[M, B]):
         def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
             return PawFn.load_any(reference, backend, base=base, config=config)
 
-        return ProgramPool(load, identify=_identifier(config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        return ProgramPool(load, identify=_identifier(backend, config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
 
     # --- what is held ---
 
