@@ -21,7 +21,7 @@ Program = PawFn[Qwen3_0_6B, Torch]
 @pytest.fixture
 def bundles(qwen3_program: TinyProgram, tmp_path: Path) -> list[str]:
     """Four programs on one base, each its own id, template (so prefix) and adapter copy."""
-    folders = []
+    folders: list[str] = []
     for index in range(4):
         meta: dict[str, object] = {"program_id": f"b0b0b0b0b0b0b0b0b0b{index}"}
         template = f"Program {index}. " + qwen3_program.template
@@ -79,7 +79,7 @@ def test_a_program_in_use_or_pinned_is_never_evicted(qwen3_program: TinyProgram,
             assert names(pool) == ["b0b0b0b0b0b0b0b0b0b0", "b0b0b0b0b0b0b0b0b0b2"] and not pinned.closed
             assert await pool.release(bundles[0]) is False  # pinned: stays
             unloaded = await pool.unload(bundles[0])  # an explicit unload takes a pinned one too
-            assert unloaded.pinned and pinned.closed and len(pool) == 1
+            assert unloaded.pinned and unloaded.program.closed and len(pool) == 1
             with pytest.raises(NotFoundError):
                 await pool.unload(bundles[0])
 

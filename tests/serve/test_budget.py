@@ -144,18 +144,18 @@ def test_a_ray_replica_keeps_the_same_budget(hub: tuple[HubServer, PawConfig]) -
     """A Ray replica's pool: programs named at start pinned once loaded, the least recently used idle program makes
     room, one running calls never goes, and a program Ray's multiplexing drops is released once idle."""
     pytest.importorskip("ray.serve", reason="the Ray Serve deployment needs the ray extra")
-    from pawfn.serve.ray import RayAppArgs, _ProgramReplica
+    from pawfn.serve.ray import RayAppArgs, _ProgramReplica  # pyright: ignore[reportPrivateUsage]  # the replica class Ray deploys
 
     _, config = hub
     replica = _ProgramReplica(RayAppArgs(programs=[f"pinned={IDS[0]}"], allow_load=True, max_programs_per_replica=2, config=config))
-    pool = replica._pool  # noqa: SLF001 - what the replica holds, seen from the test
+    pool = replica._pool  # noqa: SLF001  # pyright: ignore[reportPrivateUsage]  # what the replica holds, seen from the test
 
     async def scenario() -> None:
         await replica.program("pinned")
         routed = await replica.program(IDS[1])
         await replica.program(IDS[2])  # the budget holds two: IDS[1] (idle) goes, the pinned one stays
         assert {resident.name for resident in pool.resident()} == {IDS[0], IDS[2]}
-        async with replica._using(IDS[2]):  # noqa: SLF001 - a call running on IDS[2]
+        async with replica._using(IDS[2]):  # noqa: SLF001  # pyright: ignore[reportPrivateUsage]  # a call running on IDS[2]
             with pytest.raises(ProgramBudgetError):
                 await replica.program(IDS[1])
         await replica.program(IDS[1])
