@@ -238,10 +238,22 @@ class Clients:
         self.disconnected_after_signal = 0
 
     def run(self, count: int, seconds: float, seed: int) -> None:
+        """`count` clients for `seconds`, each fault sent once more beside them (so every kind is checked each run)."""
         deadline = time.monotonic() + seconds
-        with ThreadPoolExecutor(count) as pool:
-            for worker in range(count):
-                pool.submit(self._client, random.Random(seed * 1000 + worker), deadline)
+        with ThreadPoolExecutor(count + 1) as pool:
+            running = [pool.submit(self._every_fault, self.programs[0])]
+            running += [pool.submit(self._client, random.Random(seed * 1000 + worker), deadline) for worker in range(count)]
+        for future in running:
+            future.result()  # a client's own failure (not an answer it judged) ends the run with its traceback
+
+    def _every_fault(self, program: str) -> None:
+        with httpx.Client(timeout=300) as client:
+            for kind in sorted(EXPECTED_FAULTS):
+                try:
+                    self._check_status(kind, _fault(client, self.server.url, kind, program), {EXPECTED_FAULTS[kind]})
+                except httpx.TransportError as exc:
+                    if not self.signalled.is_set():
+                        self.tally.record(kind, 0, type(exc).__name__, f"lost before any SIGTERM: {exc!r}")
 
     def _client(self, rng: random.Random, deadline: float) -> None:
         with httpx.Client(timeout=300) as client:
