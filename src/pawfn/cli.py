@@ -25,7 +25,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from .core.backends import Backend, LlamaCpp, Remote, Torch
 from .api.bench import run_bench
 from .formats.bundle import open_bundle
-from .calls.pending import PendingGeneration
+from .calls.pending import PendingGeneration, wait_interruptibly
 from .core.config import PawConfig, save_api_key
 from .core.errors import OptionError, OptionProblem, PawError, describe_validation_error
 from .core.images import Image, ImageError
@@ -465,6 +465,14 @@ def _image_argument(path: str) -> Image:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _print_first(args: argparse.Namespace, program: PawFn[InterpreterModel, Backend], window: deque[tuple[str, PendingGeneration]]) -> None:
+    """Wait for the window's first call, print it and drop it; interrupted, the call stays in the window to be cancelled."""
+    text, running = window[0]
+    wait_interruptibly([running])
+    _print_generation(args, program, text, running.result())
+    window.popleft()
+
+
 def _run(args: argparse.Namespace) -> int:
     _positive("--batch-size", args.batch_size)
     config = _config(args)
@@ -488,11 +496,9 @@ def _run(args: argparse.Namespace) -> int:
             for text in inputs:
                 window.append((text, program.submit(text, options)))
                 if len(window) >= args.batch_size:
-                    done_text, running = window.popleft()
-                    _print_generation(args, program, done_text, running.result())
+                    _print_first(args, program, window)
             while window:
-                done_text, running = window.popleft()
-                _print_generation(args, program, done_text, running.result())
+                _print_first(args, program, window)
         finally:
             for _, running in window:
                 running.cancel()  # after an error or a broken pipe: stop what still runs

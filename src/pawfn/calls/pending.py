@@ -20,9 +20,13 @@ __all__ = [
     "checked_options",
     "gather_in_order",
     "results_in_order",
+    "wait_interruptibly",
 ]
 
 _DEFAULT_OPTIONS = RuntimeOptions()
+
+_SIGNAL_POLL_S = 0.05
+"""How often the main thread wakes while it waits on calls, to raise a Ctrl-C the kernel handed to another thread."""
 
 TokenListener = Callable[[int], None]
 """Called with each generated token id as a call takes it (on the thread that decodes; keep it short)."""
@@ -147,12 +151,21 @@ def results_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:
     while it waits (Ctrl-C: KeyboardInterrupt, or any other exception raised in this thread), it cancels them all,
     so a scheduler drops their rows at the next token instead of decoding for nobody, and raises again."""
     try:
-        wait(pendings)
+        wait_interruptibly(pendings)
     except BaseException:
         for pending in pendings:
             pending.cancel()
         raise
     return [pending.result() for pending in pendings]
+
+
+def wait_interruptibly(pendings: Sequence[Future[Generation]]) -> None:
+    """Block until every call has ended. On the main thread the wait wakes every 50 ms: a SIGINT the kernel
+    delivers to another thread (a decode or BLAS worker) only sets a flag that Python acts on in the main thread once
+    it runs again, and a lock wait without a timeout would hold it until the calls end."""
+    poll_s = _SIGNAL_POLL_S if threading.current_thread() is threading.main_thread() else None
+    while wait(pendings, timeout=poll_s).not_done:
+        pass
 
 
 async def gather_in_order(pendings: Sequence[PendingGeneration]) -> list[Generation]:

@@ -123,7 +123,9 @@ def serve_on_ray(target: ServeTarget, *, replicas: int = 1, max_replicas: int | 
         serve.start(http_options={"host": target.host, "port": target.port})
         serve.run(ray_app(args), name="pawfn", route_prefix="/")
         logger.info("serving on Ray Serve at http://%s:%d (Ctrl-C stops)", target.host, target.port)
-        threading.Event().wait()
+        never = threading.Event()
+        while not never.wait(0.2):  # wakes so a Ctrl-C the kernel gave one of Ray's threads is raised here
+            pass
     except KeyboardInterrupt:
         pass
     finally:
