@@ -10,7 +10,7 @@ SIGTERM mid-load. Every check of a server under load, in one run:
    orphaned decoding) once the clients are gone.
 3. *SIGTERM*: the same load with long streams, a SIGTERM halfway: only documented answers (requests still running at
    the end of `--graceful-timeout` answer 503 `shutting_down`, streams end with that `error` event), no traceback in
-   the log, and the process gone within the graceful timeout and uvicorn's 5 s of last resort.
+   the log, and the process gone within the graceful timeout.
 
 Programs come from a real HTTP hub on 127.0.0.1 (the tests' `HubServer`, so a checkout with the dev extras), and the
 server loads them on request (`--allow-load --max-programs B`). The RSS bound is the issue's, base + B programs +
@@ -479,15 +479,15 @@ def main() -> None:  # noqa: PLR0915 - one run, its phases in order
             log = server.log.read_text()
             shutting = sum(count for outcome, count in sigterm.tally.outcomes.items() if "shutting_down" in outcome)
             print(
-                f"SIGTERM after {args.sigterm_seconds / 2:.1f} s of load: exit status {status} in {exit_s:.1f} s (graceful timeout "
+                f"SIGTERM after {args.sigterm_seconds / 2:.1f} s of load: exit status {status} in {exit_s:.2f} s (graceful timeout "
                 f"{args.graceful_timeout:g} s); {sum(sigterm.tally.outcomes.values())} answers, {shutting} of them shutting_down, "
                 f"{sigterm.disconnected_after_signal} requests refused or cut after the signal; tracebacks in the log: {log.count('Traceback')}"
             )
             for outcome, count in sorted(sigterm.tally.outcomes.items()):
                 print(f"  {outcome:40} {count}")
             problems += sigterm.tally.wrong[:20]
-            if exit_s > args.graceful_timeout + 5 + 2:
-                problems.append(f"the server took {exit_s:.1f} s to exit after SIGTERM")
+            if exit_s > args.graceful_timeout:
+                problems.append(f"the server took {exit_s:.2f} s to exit after SIGTERM, more than its graceful timeout")
             if status not in (0, -signal.SIGTERM):
                 problems.append(f"the server exited with {status}")
             if "Traceback" in log or "Internal Server Error" in log:

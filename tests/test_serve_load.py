@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_load.py"
 
 def test_a_server_under_load_with_more_programs_than_its_budget(capsys: pytest.CaptureFixture[str]) -> None:
     arguments = ["--tiny", "--programs", "5", "--budget", "2", "--clients", "4", "--seconds", "6"]
-    arguments += ["--sigterm-seconds", "4", "--graceful-timeout", "0.5"]
+    arguments += ["--sigterm-seconds", "4", "--graceful-timeout", "2"]
     result = subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True, timeout=600, check=False)
     with capsys.disabled():  # the figures, in CI's log
         print("\n" + result.stdout)

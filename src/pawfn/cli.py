@@ -305,7 +305,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         metavar="S",
-        help="on SIGTERM or Ctrl-C, longest wait for running requests in seconds; then they answer 503 and their calls stop (default: 30)",
+        help="on SIGTERM or Ctrl-C, exit within S seconds; requests still running half a second before then answer 503 (default: 30)",
     )
     serve.add_argument("--ray", action="store_true", help="serve on Ray Serve (RAY_ADDRESS's cluster, else a local Ray; needs pawfn[ray])")
     serve.add_argument("--replicas", type=int, default=1, metavar="N", help="Ray: program replicas (default: 1)")

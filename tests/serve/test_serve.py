@@ -398,12 +398,14 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
 
 
 def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:
-    """24 calls to the end of the context, running and queued, and a stream: SIGTERM ends the server once its 1 s is
-    over; the requests still running then answer 503 `shutting_down` JSON with Retry-After (a `Remote` client sends
-    such a call again), the stream ends with that `error` event, and nothing is cut off or logged as a traceback."""
+    """24 calls to the end of the context, running and queued, a stream that runs and one still waiting for its first
+    token: SIGTERM ends the server within its 1 s; the requests still running then answer 503 `shutting_down` JSON
+    with Retry-After (a `Remote` client sends such a call again), the running stream ends with that `error` event, the
+    waiting one answers the 503 JSON, and nothing is cut off or logged as a traceback."""
     server = long_calls_server
     answers: list[httpx.Response] = []
     streamed: list[str] = []
+    waiting_stream: list[httpx.Response] = []
 
     def batch() -> None:
         answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8}, headers=AUTH, timeout=120))
@@ -413,21 +415,34 @@ def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_serv
         with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
             streamed.append(response.read().decode())
 
+    def stream_behind_the_batches() -> None:
+        body = {"input": "q", "options": {"max_tokens": 2000}}
+        with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
+            response.read()
+            waiting_stream.append(response)
+
     streaming = threading.Thread(target=stream)
     streaming.start()
     threads = _three_batches_queued(server, batch)
+    waiting = threading.Thread(target=stream_behind_the_batches)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] < 26 and time.monotonic() < deadline:
+        time.sleep(0.005)
     stopping = time.monotonic()
     status = server.stop(timeout_s=60)
     stopped_s = time.monotonic() - stopping
-    for thread in [*threads, streaming]:
+    for thread in [*threads, streaming, waiting]:
         thread.join()
     assert status == -signal.SIGTERM, server.output()
     assert stopped_s < 10, server.output()  # the 24 calls would take over a minute
+    [late] = waiting_stream
+    assert late.status_code == 503 and late.json()["error"] == "shutting_down" and late.json()["request_id"], late.text
     assert [answer.status_code for answer in answers] == [503] * 3, server.output()
     for answer in answers:
         assert answer.json()["error"] == "shutting_down" and answer.headers["retry-after"] == "1" and answer.json()["request_id"]
     events = list(sse_events(iter(streamed[0].splitlines())))
-    assert events[-1][0] == "error" and events[-1][1]["error"] == "shutting_down", streamed
+    assert events[-1][0] == "error" and events[-1][1]["error"] == "shutting_down" and events[-1][1]["request_id"], streamed
     assert "Traceback" not in server.output() and "timeout graceful shutdown exceeded" not in server.output()
 
 

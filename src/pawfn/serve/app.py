@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator
@@ -58,6 +59,8 @@ from ..core.protocol import (
 from .metrics import ServerMetrics
 from .service import ProgramBudgetError, ProgramBusyError, ProgramService
 from .settings import ServeSettings
+
+logger = logging.getLogger("pawfn.serve")
 
 __all__ = ["ApiError", "create_app", "drain_after"]
 
@@ -112,6 +115,8 @@ class _Drain:
 
     def __init__(self) -> None:
         self._passed: asyncio.Event | None = None
+        self.close_by: float | None = None
+        """The event loop's time by which closing the programs stops waiting for their cancelled calls (None: no limit)."""
 
     @property
     def passed(self) -> asyncio.Event:
@@ -120,10 +125,26 @@ class _Drain:
         return self._passed
 
 
-def drain_after(app: FastAPI, seconds: float) -> None:
-    """Start `app`'s drain deadline, `seconds` from now (call it in the server's event loop as it shuts down)."""
+def drain_after(app: FastAPI, seconds: float, *, close_within_s: float | None = None) -> None:
+    """Start `app`'s drain deadline, `seconds` from now (call it in the server's event loop as it shuts down); the
+    programs' close then waits at most until `close_within_s` from now for their cancelled calls' last step."""
     drain: _Drain = app.state.drain
-    asyncio.get_running_loop().call_later(seconds, drain.passed.set)
+    loop = asyncio.get_running_loop()
+    loop.call_later(seconds, drain.passed.set)
+    if close_within_s is not None:
+        drain.close_by = loop.time() + close_within_s
+
+
+async def _close_in_time(service: ProgramService, drain: _Drain) -> None:
+    """Close the programs; past the drain's close deadline, stop waiting for calls that were cancelled but are still in
+    their last step (a prompt's evaluation takes up to a second): the process is about to exit, which frees them."""
+    if drain.close_by is None:
+        await service.aclose()
+        return
+    try:
+        await asyncio.wait_for(service.aclose(), max(0.0, drain.close_by - asyncio.get_running_loop().time()))
+    except TimeoutError:
+        logger.info("exiting while cancelled calls end their last step (the graceful timeout is up)")
 
 
 class _BodyLimit:
@@ -261,7 +282,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncGenerator[None, None]:
         yield
-        await service.aclose()  # uvicorn has finished the requests it accepted by now
+        await _close_in_time(service, drain)  # uvicorn has finished the requests it accepted by now
 
     app = FastAPI(
         title="pawfn",
@@ -340,10 +361,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         return ServedPrograms(programs=await service.programs())
 
     @api.post("/v1/programs/{reference:path}/load", response_model=ServedProgram, tags=["programs"])
-    async def load(reference: str) -> ServedProgram:
+    async def load(reference: str, request: Request) -> ServedProgram:
         """Load a hub program now (the server's `--allow-load`), kept until unloaded: the budget never replaces it."""
         with _answered():
-            return await service.load_program(reference)
+            return await _unless_disconnected(request, service.load_program(reference), drain)
 
     @api.post("/v1/programs/{reference:path}/unload", response_model=ServedProgram, tags=["programs"])
     async def unload(reference: str) -> ServedProgram:
@@ -379,7 +400,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         return result
 
     @api.post("/v1/programs/{reference:path}/stream", tags=["programs"], response_class=StreamingResponse)
-    async def stream(reference: str, body: RunRequest) -> StreamingResponse:
+    async def stream(reference: str, body: RunRequest, request: Request) -> StreamingResponse:
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
         call, options = decoded(body)
@@ -388,7 +409,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         items = await held.enter_async_context(aclosing(service.stream(reference, call, options)))
         try:
             with _answered():  # errors before the first piece (unknown program, overflow) keep their status
-                first = await anext(items)
+                first = await _next_unless_drained(items, drain)  # a prompt still evaluating when the grace is up: 503
         except BaseException:
             await held.aclose()
             raise
@@ -406,17 +427,17 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                         item = await _next_unless_drained(items, drain)
                 except (PawError, ApiError) as exc:
                     error = exc if isinstance(exc, ApiError) else api_error(exc)
-                    body = ErrorBody(error=error.code, message=error.message)
+                    body = ErrorBody(error=error.code, message=error.message, request_id=getattr(request.state, "request_id", None))
                     yield f"event: error\ndata: {body.model_dump_json()}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @api.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse, tags=["programs"])
-    async def tokenize(reference: str, body: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(reference: str, body: TokenizeRequest, request: Request) -> TokenizeResponse:
         """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
         call, _ = decoded(body)
         with _answered():
-            ids = await service.tokenize(reference, call, body.options)
+            ids = await _unless_disconnected(request, service.tokenize(reference, call, body.options), drain)
         return TokenizeResponse(token_ids=ids)
 
     @api.get("/v1/programs/{reference:path}", response_model=ServedProgram, tags=["programs"])

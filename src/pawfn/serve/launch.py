@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import signal
 import socket
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,27 @@ logger = logging.getLogger("pawfn.serve")
 
 _ANSWER_S = 5
 """Seconds after the grace for the drained requests' 503s to go out, before uvicorn cancels what is left."""
+
+_EXIT_RESERVE_S = 0.5
+"""Seconds of the grace kept for what follows the drain (the 503s written, the programs closed, the exit), so the
+process is gone within the graceful timeout; a quarter of a grace under 2 s."""
+
+
+def _exit_reserve_s(graceful_timeout_s: float) -> float:
+    return min(_EXIT_RESERVE_S, graceful_timeout_s / 4)
+
+
+def drain_delay_s(graceful_timeout_s: float) -> float:
+    """Seconds from the signal until the requests still running answer 503: the grace less the exit's reserve."""
+    return max(0.0, graceful_timeout_s - _exit_reserve_s(graceful_timeout_s))
+
+
+class _UnjoinedExecutor(ThreadPoolExecutor):
+    """The server loop's default executor under a graceful timeout: the loop's end does not wait for its threads (a
+    program load or close a cancelled request left running has nothing left to give once the process exits)."""
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -45,8 +68,8 @@ class ServeTarget:
 
 def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = None) -> None:
     """Load the target's programs (each base once), then serve them until a signal: on SIGTERM/SIGINT the server stops
-    accepting, finishes the requests it holds (at most `graceful_timeout_s` seconds, None: no limit; then their calls
-    are cancelled), then closes the programs."""
+    accepting, finishes the requests it holds, then closes the programs and exits: within `graceful_timeout_s` seconds
+    of the signal (None: no limit), the requests still running half a second before then answering 503."""
     try:  # the `serve` extra: imported when a server starts, never with pawfn
         import uvicorn
 
@@ -70,13 +93,19 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
     app = create_app(service, target.settings)
 
     class DrainingServer(uvicorn.Server):
-        """uvicorn, whose shutdown first starts the app's drain deadline: requests still running when the grace is
-        over answer 503 `shutting_down` (streams end with that event), before uvicorn's own timeout (a few seconds
-        later, the last resort) would cancel them into 500s."""
+        """uvicorn, whose shutdown first starts the app's drain deadline: requests still running when it passes
+        answer 503 `shutting_down` (streams end with that event), before uvicorn's own timeout (a few seconds later,
+        the last resort) would cancel them into 500s."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            if graceful_timeout_s is not None:
+                asyncio.get_running_loop().set_default_executor(_UnjoinedExecutor(thread_name_prefix="pawfn-serve"))
+            await super().startup(sockets)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             if graceful_timeout_s is not None:
-                drain_after(app, graceful_timeout_s)
+                close_within_s = graceful_timeout_s - _exit_reserve_s(graceful_timeout_s) * 3 / 4  # the rest: the loop's end and the exit
+                drain_after(app, drain_delay_s(graceful_timeout_s), close_within_s=close_within_s)
             await super().shutdown(sockets)
 
     last_resort = None if graceful_timeout_s is None else math.ceil(graceful_timeout_s) + _ANSWER_S
