@@ -182,6 +182,24 @@ def test_attention_equals_the_emulation(width: int, n: int, prefix: int, own: in
 
 
 @pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
+@pytest.mark.parametrize(("dim", "prefix", "own"), [(128, 303, 85), (128, 0, 1), (128, 64, 0), (256, 57, 71), (64, 1, 127)])
+def test_one_row_attention_on_wide_heads_equals_the_emulation(width: int, dim: int, prefix: int, own: int) -> None:
+    """A decode step on Qwen3's (128) and Qwen3.5's (256) head sizes: positions eight at a time (lengths off every
+    multiple of 8 and 4W), the value product's lanes as chains, from the prefix and the own cache alike."""
+    generator = torch.Generator().manual_seed(dim + prefix + own)
+    q = torch.randn(1, 8, dim, generator=generator) * 3
+    # keys near each head pair's query: scores ~50 within a few units of each other, so most probabilities are
+    # neither 0 nor 1 and a score's last bit shows in some of them
+    near = q[0].reshape(2, 4, dim)[:, 0, None] * 0.5
+    prefix_keys, cache_keys = ((near + torch.randn(2, length, dim, generator=generator) * 0.5).half() for length in (prefix, own + 9))
+    prefix_values, cache_values = (torch.randn(2, length, dim, generator=generator).half() for length in (prefix, own + 9))
+    keys, values = cache_keys[:, :own], cache_values[:, :own]
+    expected = ggml_attention(q, torch.cat([prefix_keys, keys], 1), torch.cat([prefix_values, values], 1), width)
+    shared = (prefix_keys, prefix_values) if prefix else None
+    assert torch.equal(native_attention(_kernels(), q, shared, keys, values, width), expected)
+
+
+@pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
 def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     """ggml_v_expf over its whole range (far ends, infinities, NaN), rms_norm, rope and swiglu."""
     generator = torch.Generator().manual_seed(width)

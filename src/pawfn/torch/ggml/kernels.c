@@ -984,6 +984,120 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
     free(key_f);
 }
 
+/* The 8 positions' one-row dot lanes `v[k]` (each already folded to 8 lanes) reduced as ggml_vec_dot_f16 reduces one
+   row's: transposed so lane k holds position k, then by halves (AVX-512's W = 16: (l0+l4)+(l2+l6) plus
+   (l1+l5)+(l3+l7)) or GGML_F32x8_REDUCE (W = 8: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))). */
+static inline __m256 reduce_8_rows(__m256 v[8], int W) {
+    __m256 t[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(v[k], v[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(v[k], v[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        v[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+        v[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+        v[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        v[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    /* v[c] (c < 4): lane c of positions 0..3 (low half) and of 4..7 (high); v[4 + c]: lane 4 + c of the same */
+    __m256 lane[4];
+    for (int c = 0; c < 4; ++c) {
+        __m256 low = _mm256_permute2f128_ps(v[c], v[c + 4], 0x20), high = _mm256_permute2f128_ps(v[c], v[c + 4], 0x31);
+        lane[c] = _mm256_add_ps(low, high);  /* lane c + lane c + 4 of each position, positions in order */
+    }
+    if (W == 16) return _mm256_add_ps(_mm256_add_ps(lane[0], lane[2]), _mm256_add_ps(lane[1], lane[3]));
+    return _mm256_add_ps(_mm256_add_ps(lane[0], lane[1]), _mm256_add_ps(lane[2], lane[3]));
+}
+
+#define VALUE_CHUNK 64  /* outputs of the value product whose accumulators are in registers at once */
+
+/* One decode row (n == 1) for heads [first, last), where `dim` is a whole number of ggml's 4W-value steps: each
+   score is ggml_vec_dot_f16's (4 accumulators of W lanes, (0+2)+(1+3), its reduction), eight positions reduced at
+   once; the value product is ggml_vec_dot_f16 of the probabilities with each output's values, computed for
+   VALUE_CHUNK outputs at a time: accumulator lane `lam` (position p % 4W) is one FMA chain over its positions in
+   order, and the 4W lanes are reduced as one row's. */
+static inline __attribute__((always_inline)) void attention_one_row(
+    const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length, int64_t prefix_stride,
+    const uint16_t *keys, const uint16_t *values, int64_t kv_stride, float *out, int64_t heads, int64_t group, int64_t dim,
+    int64_t length, int64_t padded, float scale, const int W, int64_t first, int64_t last) {
+    const int64_t A = 4 * W;  /* accumulator lanes of a one-row dot */
+    float *scratch = malloc((size_t)(padded + dim + 4 * dim + W * dim) * sizeof(float));
+    if (scratch == NULL) return;
+    float *row = scratch, *query = row + padded, *lanes = query + dim, *folded = lanes + 4 * dim;  /* [4][dim], [W][dim] */
+    const int registers = (int)(A / 8), per = W / 8;
+    for (int64_t h = first; h < last; ++h) {
+        const int64_t kv = h / group;
+        const uint16_t *pk = prefix_keys + kv * prefix_stride, *ok = keys + kv * kv_stride - prefix_length * dim;
+        const uint16_t *pv = prefix_values + kv * prefix_stride, *ov = values + kv * kv_stride - prefix_length * dim;
+        for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[h * dim + d]);
+        __m256 top8 = _mm256_set1_ps(-INFINITY);
+        for (int64_t p0 = 0; p0 < padded; p0 += 8) {
+            __m256 v[8];
+            for (int k = 0; k < 8; ++k) {
+                int64_t p = p0 + k < length ? p0 + k : length - 1;  /* past the cache: any row, masked below */
+                const uint16_t *key = (p < prefix_length ? pk : ok) + p * dim;
+                __m256 acc[8];
+                for (int j = 0; j < registers; ++j) acc[j] = _mm256_setzero_ps();
+                for (int64_t s = 0; s < dim; s += A)
+                    for (int j = 0; j < registers; ++j)
+                        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(query + s + 8 * j), load_f16(key + s + 8 * j), acc[j]);
+                __m256 lanes[2];
+                for (int j = 0; j < per; ++j)
+                    lanes[j] = _mm256_add_ps(_mm256_add_ps(acc[j], acc[2 * per + j]), _mm256_add_ps(acc[per + j], acc[3 * per + j]));
+                v[k] = W == 16 ? _mm256_add_ps(lanes[1], lanes[0]) : lanes[0];
+            }
+            __m256 s = _mm256_mul_ps(reduce_8_rows(v, W), _mm256_set1_ps(scale));
+            __m256 seen = _mm256_cmp_ps(_mm256_add_ps(_mm256_set1_ps((float)p0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)),
+                                        _mm256_set1_ps((float)length), _CMP_LT_OQ);
+            s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, seen);
+            _mm256_storeu_ps(row + p0, s);
+            top8 = _mm256_blendv_ps(top8, s, _mm256_cmp_ps(s, top8, _CMP_GT_OQ));
+        }
+        float tops[8], top = -INFINITY;
+        _mm256_storeu_ps(tops, top8);
+        for (int l = 0; l < 8; ++l) top = tops[l] > top ? tops[l] : top;
+        softmax_f16(row, padded, top, W);
+        /* lane `lam` of output d: the chain over positions lam, lam + 4W, ... of row[p] * v[p][d], VALUE_CHUNK outputs
+           at a time; each position's row is read once, in order of position */
+        for (int l = 0; l < W; ++l) {
+            for (int j = 0; j < 4; ++j) {
+                const int64_t lam = j * W + l;
+                for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) {
+                    __m256 acc[VALUE_CHUNK / 8];
+                    for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_setzero_ps();
+                    for (int64_t p = lam; p < length; p += A) {  /* hidden positions weigh 0: nothing to add */
+                        const uint16_t *value = (p < prefix_length ? pv : ov) + p * dim + d0;
+                        __m256 weight = _mm256_broadcast_ss(row + p);
+                        for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_fmadd_ps(weight, load_f16(value + 8 * c), acc[c]);
+                    }
+                    for (int c = 0; c < VALUE_CHUNK / 8; ++c) _mm256_storeu_ps(lanes + j * dim + d0 + 8 * c, acc[c]);
+                }
+            }
+            for (int64_t d = 0; d < dim; d += 8) {  /* (0 + 2) + (1 + 3) */
+                __m256 a0 = _mm256_loadu_ps(lanes + d), a1 = _mm256_loadu_ps(lanes + dim + d);
+                __m256 a2 = _mm256_loadu_ps(lanes + 2 * dim + d), a3 = _mm256_loadu_ps(lanes + 3 * dim + d);
+                _mm256_storeu_ps(folded + l * dim + d, _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3)));
+            }
+        }
+        float *result = out + h * dim;
+        for (int64_t d = 0; d < dim; d += 8) {
+            __m256 f[16];
+            for (int l = 0; l < W; ++l) f[l] = _mm256_loadu_ps(folded + l * dim + d);
+            __m256 total;
+            if (W == 16) {  /* by halves */
+                for (int half = 8; half >= 1; half /= 2)
+                    for (int l = 0; l < half; ++l) f[l] = _mm256_add_ps(f[half + l], f[l]);
+                total = f[0];
+            } else {  /* GGML_F32x8_REDUCE */
+                for (int l = 0; l < 4; ++l) f[l] = _mm256_add_ps(f[l], f[4 + l]);
+                total = _mm256_add_ps(_mm256_add_ps(f[0], f[1]), _mm256_add_ps(f[2], f[3]));
+            }
+            _mm256_storeu_ps(result + d, total);
+        }
+    }
+    free(scratch);
+}
+
 /* llama.cpp's attention for query heads [first, last): q [n, H, D] float32 (the last n of the cached positions,
    causal) over a program's prefix (f16 [KV, *, D], `prefix_stride` values between heads) then the sequence's own
    positions (`kv_stride`), as one cache; out [n, H * D]. Scores: f16(q) . k (tinyBLAS for n > 1, one-row for
@@ -1001,9 +1115,18 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                        heads, heads / kv_heads, dim, length, padded, scale, (int)width, first, last);
         return;
     }
+    int W = (int)width;
+    if (n == 1 && dim % (4 * W) == 0) {
+        if (W == 16)  /* each width its own copy, its loops unrolled */
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out, heads,
+                              heads / kv_heads, dim, length, padded, scale, 16, first, last);
+        else
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out, heads,
+                              heads / kv_heads, dim, length, padded, scale, 8, first, last);
+        return;
+    }
     float *scratch = malloc((size_t)(padded + dim + 64 * dim) * sizeof(float));
     if (scratch == NULL) return;
-    int W = (int)width;
     int one_row = n == 1;
     int64_t group = heads / kv_heads;
     int accumulators = one_row ? 4 * W : W;
