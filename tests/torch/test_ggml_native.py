@@ -138,17 +138,20 @@ def test_one_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType
 
 @pytest.mark.parametrize("qtype", [Q6_K, Q4_0], ids=["q6_k", "q4_0"])
 @pytest.mark.parametrize("by_rows", [True, False])
-def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType, by_rows: bool) -> None:
-    """`y += product * scale` in C, into a column slice of a wider output (a joined group's member)."""
-    raw = _raw(qtype, 24, 256, seed=5)
-    emulated, native = block_matrix(raw, qtype, 24, native=False), block_matrix(raw, qtype, 24)
+@pytest.mark.parametrize(("n", "out"), [(9, 24), (40, 26)])
+def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType, by_rows: bool, n: int, out: int) -> None:
+    """`y += product * scale` in C, into a column slice of a wider output (a joined group's member); outputs in fours
+    and left over, rows in sixteens and left over."""
+    raw = _raw(qtype, out, 256, seed=5)
+    emulated, native = block_matrix(raw, qtype, out, native=False), block_matrix(raw, qtype, out)
     assert emulated is not None and isinstance(native, NativeBlockMatrix)
-    x = _rows(9, 256, seed=6)
-    expected, found = torch.randn(9, 72), torch.zeros(9, 72)
+    x = _rows(n, 256, seed=6)
+    expected, found = torch.randn(n, 3 * out), torch.zeros(n, 3 * out)
     found.copy_(expected)
-    emulated.accumulate(expected[:, 24:48], x, 0.37, by_rows)
-    native.accumulate(found[:, 24:48], x, 0.37, by_rows)
+    emulated.accumulate(expected[:, out : 2 * out], x, 0.37, by_rows)
+    native.accumulate(found[:, out : 2 * out], x, 0.37, by_rows)
     assert torch.equal(found, expected)
+    assert torch.equal(native(x), emulated(x))
 
 
 def test_activation_quantization_equals_the_emulation() -> None:

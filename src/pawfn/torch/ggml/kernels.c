@@ -269,26 +269,15 @@ AVX512_TARGET static void q6_k_rows_512(const uint8_t *w, const int8_t *sub, con
     }
 }
 
-/* Eight rows' int32 lanes summed each, exactly (integer adds): lane i of the result is the sum of v[i]'s lanes. */
-static inline __m256i sum_ints_8(const __m256i v[8]) {
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    /* a: rows 0..3's sums of lanes 0..3, then of lanes 4..7; b: rows 4..7 the same */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-/* q6_k_tiled on AVX-512 straight from the packed codes (no 2-byte copy of the weights). The rows' Q8_K codes come
-   made unsigned (`xu` = x + 128) and the weights' signed (c - 32): vpdpbusd sums each 4 products of a sub-block in
-   an int32 lane (|sum| <= 4 * 255 * 32, so two steps pack to int16 exactly), and vpdpwssd weights those by their
-   sub-block scales: 6 products a block where pairs then scales took 8. The offset 128 * sum((c - 32) * sub) is the
-   weights' alone: one integer per block, taken from every row's sum. Each output's block is unpacked once for 16
-   rows; the float steps `acc = fma(float(s) * d_w, d_x, acc)` run on eight rows' lanes, each rounded as the scalar
-   steps are. x_scale_t is the rows' block scales as [blocks][rows]. */
-AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const int8_t *xu,
-                                         const float *x_scale_t, const paw_out *y, int64_t blocks, int64_t rows,
-                                         int64_t first, int64_t last) {
-    /* int16 e of a packed pair of steps (2p, 2p + 1): 128-bit chunk L = e / 8 holds step 2p's sub-block 8p + L in its
-       first four, step 2p + 1's sub-block 8p + 4 + L in its last four */
+/* q6_k_tiled on AVX-512 VNNI with the rows in lanes: for `NO` outputs at once and sixteen rows, each sub-block's sum
+   of 16 products is four vpdpbusd steps of the rows' unsigned codes (xu = x + 128, laid out `xq` [group of 16 rows]
+   [block][quad of codes][row][4]) against one broadcast quad of the output's signed codes (c - 32), then weighted by
+   its sub-block scale. The offset 128 * sum((c - 32) * sub) is the weights' alone, one integer per block. The sums
+   are the exact integers s of q6_k_tiled (any order), and `acc = fma(float(s) * d_w, d_x, acc)` runs on sixteen
+   rows' lanes, each rounded as the scalar steps are. x_scale_t: the rows' block scales as [blocks][padded rows]. */
+AVX512_TARGET static inline __attribute__((always_inline)) void q6_k_outputs_16(
+    const uint8_t *w, const int8_t *sub, const float *w_scale, const uint8_t *xq, const float *x_scale_t, const paw_out *y,
+    int64_t blocks, int64_t rows, int64_t o0, const int NO, __m512 *acc) {
     __m512i pick[2];
     {
         int16_t index[2][32];
@@ -298,47 +287,88 @@ AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, co
         pick[1] = _mm512_loadu_si512(index[1]);
     }
     const __m512i bias = _mm512_set1_epi8(32), ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512();
-    for (int64_t o = first; o < last; ++o) {
-        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-            int count = rows - r0 < 16 ? (int)(rows - r0) : 16;
-            __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-            __m256i folded[16];
-            for (int i = count; i < 16; ++i) folded[i] = _mm256_setzero_si256();
-            for (int64_t b = 0; b < blocks; ++b) {
-                __m512i codes[4], scale[2];
-                q6_k_unpack_512(w + (o * blocks + b) * 192, codes);
-                __m512i sub16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + (o * blocks + b) * 16))));
-                for (int step = 0; step < 4; ++step) codes[step] = _mm512_sub_epi8(codes[step], bias);
-                scale[0] = _mm512_permutexvar_epi16(pick[0], sub16);
-                scale[1] = _mm512_permutexvar_epi16(pick[1], sub16);
-                __m512i offset = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[0]),
-                                                                              _mm512_dpbusd_epi32(zero, ones, codes[1])), scale[0]);
-                offset = _mm512_dpwssd_epi32(offset, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[2]),
-                                                                        _mm512_dpbusd_epi32(zero, ones, codes[3])), scale[1]);
-                __m256i offset8 = _mm256_add_epi32(_mm512_castsi512_si256(offset), _mm512_extracti64x4_epi64(offset, 1));
-                __m256i correction = _mm256_set1_epi32(128 * sum_ints(offset8));
-                for (int i = 0; i < count; ++i) {
-                    const int8_t *xb = xu + ((r0 + i) * blocks + b) * 256;
-                    __m512i low = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb), codes[0]),
-                                                     _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 64), codes[1]));
-                    __m512i high = _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 128), codes[2]),
-                                                      _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xb + 192), codes[3]));
-                    __m512i lanes = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, low, scale[0]), high, scale[1]);
-                    folded[i] = _mm256_add_epi32(_mm512_castsi512_si256(lanes), _mm512_extracti64x4_epi64(lanes, 1));
-                }
-                float dw = w_scale[o * blocks + b];
-                for (int half = 0; half < 2 && 8 * half < count; ++half) {
-                    __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum_ints_8(folded + 8 * half), correction));
-                    __m256 dx = _mm256_loadu_ps(x_scale_t + b * rows + r0 + 8 * half);
-                    acc[half] = _mm256_fmadd_ps(_mm256_mul_ps(s, _mm256_set1_ps(dw)), dx, acc[half]);
-                }
+    const int64_t groups = (rows + 15) / 16, padded = groups * 16;
+    int32_t quads[4][64] __attribute__((aligned(64)));  /* the outputs' signed codes of a block, four to an int32 */
+    int32_t scales[4][16] __attribute__((aligned(64)));  /* their sub-block scales */
+    for (int64_t i = 0; i < NO * groups; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+        int32_t correction[4];
+        for (int i = 0; i < NO; ++i) {
+            const int64_t block = (o0 + i) * blocks + b;
+            __m512i codes[4], scale[2];
+            q6_k_unpack_512(w + block * 192, codes);
+            for (int step = 0; step < 4; ++step) {
+                codes[step] = _mm512_sub_epi8(codes[step], bias);
+                _mm512_store_si512(quads[i] + 16 * step, codes[step]);
             }
-            float values[16];
-            _mm256_storeu_ps(values, acc[0]);
-            _mm256_storeu_ps(values + 8, acc[1]);
-            for (int i = 0; i < count; ++i) put(y, r0 + i, o, values[i]);
+            _mm512_store_si512(scales[i], _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sub + block * 16))));
+            __m512i sub16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + block * 16))));
+            scale[0] = _mm512_permutexvar_epi16(pick[0], sub16);
+            scale[1] = _mm512_permutexvar_epi16(pick[1], sub16);
+            __m512i offset = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[0]),
+                                                                          _mm512_dpbusd_epi32(zero, ones, codes[1])), scale[0]);
+            offset = _mm512_dpwssd_epi32(offset, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[2]),
+                                                                    _mm512_dpbusd_epi32(zero, ones, codes[3])), scale[1]);
+            correction[i] = 128 * _mm512_reduce_add_epi32(offset);
+        }
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t *xb = xq + (g * blocks + b) * 4096;
+            __m512i total[4];
+            for (int i = 0; i < NO; ++i) total[i] = _mm512_set1_epi32(-correction[i]);
+            for (int j = 0; j < 16; ++j) {
+                __m512i part[4];
+                for (int i = 0; i < NO; ++i) part[i] = zero;
+                for (int t = 0; t < 4; ++t) {
+                    const __m512i rows_quad = _mm512_load_si512(xb + (4 * j + t) * 64);
+                    for (int i = 0; i < NO; ++i) part[i] = _mm512_dpbusd_epi32(part[i], rows_quad, _mm512_set1_epi32(quads[i][4 * j + t]));
+                }
+                for (int i = 0; i < NO; ++i) total[i] = _mm512_add_epi32(total[i], _mm512_mullo_epi32(part[i], _mm512_set1_epi32(scales[i][j])));
+            }
+            const __m512 dx = _mm512_load_ps(x_scale_t + b * padded + g * 16);
+            for (int i = 0; i < NO; ++i) {
+                const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(total[i]), _mm512_set1_ps(w_scale[(o0 + i) * blocks + b]));
+                acc[i * groups + g] = _mm512_fmadd_ps(s, dx, acc[i * groups + g]);
+            }
         }
     }
+    for (int64_t g = 0; g < groups; ++g) {
+        if (NO < 4) {
+            float values[16];
+            _mm512_storeu_ps(values, acc[g]);
+            for (int l = 0; l < 16 && g * 16 + l < rows; ++l) put(y, g * 16 + l, o0, values[l]);
+            continue;
+        }
+        /* four outputs' sixteen rows as sixteen rows of four: 128-bit chunk c of by_row[k] is row 4c + k */
+        __m512 low = _mm512_unpacklo_ps(acc[g], acc[groups + g]), high = _mm512_unpackhi_ps(acc[g], acc[groups + g]);
+        __m512 low2 = _mm512_unpacklo_ps(acc[2 * groups + g], acc[3 * groups + g]);
+        __m512 high2 = _mm512_unpackhi_ps(acc[2 * groups + g], acc[3 * groups + g]);
+        __m512 by_row[4] = {
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(low), _mm512_castps_pd(low2))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(low), _mm512_castps_pd(low2))),
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(high), _mm512_castps_pd(high2))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(high), _mm512_castps_pd(high2))),
+        };
+        float values[4][16];
+        for (int k = 0; k < 4; ++k) _mm512_storeu_ps(values[k], by_row[k]);
+        for (int l = 0; l < 16 && g * 16 + l < rows; ++l) {
+            __m128 v = _mm_loadu_ps(values[l % 4] + 4 * (l / 4));
+            float *target = y->y + (g * 16 + l) * y->stride + o0;
+            if (y->accumulate) v = _mm_add_ps(_mm_loadu_ps(target), _mm_mul_ps(v, _mm_set1_ps(y->alpha)));
+            _mm_storeu_ps(target, v);
+        }
+    }
+}
+
+/* q6_k_outputs_16 over outputs [first, last), four at a time (each x quad loaded once for four outputs). */
+AVX512_TARGET static void q6_k_tiled_512(const uint8_t *w, const int8_t *sub, const float *w_scale, const uint8_t *xq,
+                                         const float *x_scale_t, const paw_out *y, int64_t blocks, int64_t rows,
+                                         int64_t first, int64_t last) {
+    __m512 *acc = aligned_alloc(64, (size_t)(4 * ((rows + 15) / 16)) * sizeof(__m512));
+    if (acc == NULL) return;
+    int64_t o = first;
+    for (; o + 4 <= last; o += 4) q6_k_outputs_16(w, sub, w_scale, xq, x_scale_t, y, blocks, rows, o, 4, acc);
+    for (; o < last; ++o) q6_k_outputs_16(w, sub, w_scale, xq, x_scale_t, y, blocks, rows, o, 1, acc);
+    free(acc);
 }
 
 #endif
@@ -1460,24 +1490,40 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     int8_t *codes = malloc((size_t)(rows * in));
     float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
     int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
-    /* the AVX-512 tiled kernel reads eight rows' scales of a block at once: [blocks][rows], zero-padded */
-    float *x_scale_t = kernel == KERNEL_Q6_K_TILED && avx512_on() ? calloc((size_t)(blocks * rows + 16), sizeof(float)) : NULL;
+    /* the AVX-512 tiled kernel's inputs: sixteen rows' scales of a block at once ([blocks][padded rows]) and their
+       codes made unsigned, by quads of sixteen rows ([group][block][quad][row][4]); padded rows are zeros */
+    int tiled_512 = kernel == KERNEL_Q6_K_TILED && avx512_on();
+    int64_t padded = (rows + 15) / 16 * 16;
+    float *x_scale_t = tiled_512 ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
+    uint8_t *xq = tiled_512 ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
     int status = -1;
-    if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant)) {
+    if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant) && (!tiled_512 || (x_scale_t != NULL && xq != NULL))) {
         if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
         else paw_quantize_q8_0(x, rows, in, codes, x_scale);
-        if (x_scale_t != NULL) {  /* the AVX-512 tiled kernel's inputs: scales by block, codes made unsigned */
+        if (tiled_512) {
+            memset(x_scale_t, 0, (size_t)(blocks * padded) * sizeof(float));
+            memset(xq, 0, (size_t)(padded * in));
             for (int64_t r = 0; r < rows; ++r)
-                for (int64_t b = 0; b < blocks; ++b) x_scale_t[b * rows + r] = x_scale[r * blocks + b];
-            for (int64_t i = 0; i < rows * in; ++i) codes[i] = (int8_t)((uint8_t)codes[i] ^ 0x80);
+                for (int64_t b = 0; b < blocks; ++b) {
+                    x_scale_t[b * padded + r] = x_scale[r * blocks + b];
+                    uint8_t *target_quads = xq + ((r / 16 * blocks + b) * 64 * 16 + r % 16) * 4;
+                    const int8_t *source = codes + r * in + b * 256;
+                    for (int quad = 0; quad < 64; ++quad) {  /* + 128 on each of four bytes: their top bits flipped */
+                        uint32_t four;
+                        memcpy(&four, source + 4 * quad, 4);
+                        four ^= 0x80808080u;
+                        memcpy(target_quads + quad * 64, &four, 4);
+                    }
+                }
         }
-        paw_args args = {{w, sub, w_scale, codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
+        paw_args args = {{w, sub, w_scale, tiled_512 ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
         status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS ? out / 8 : out, threads);
     }
     free(codes);
     free(x_scale);
     free(sums);
     free(x_scale_t);
+    free(xq);
     return status;
 }
 
