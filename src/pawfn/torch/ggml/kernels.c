@@ -852,6 +852,22 @@ __attribute__((target("avx512f"))) static void dot8_tiled_512(const float *a, co
     for (int j = 0; j < 8; ++j) result[j] = sum_halves_512(acc[j]);
 }
 
+/* Sixteen registers each summed by halves (sum_halves_512's additions, in its order), out[i] from v[i]: the
+   registers paired and folded together at each step, three instructions per pair, 45 in all. */
+__attribute__((target("avx512f"))) static inline void sum_halves_16x512(const __m512 v[16], float out[16]) {
+    __m512 eight[8], four[4], two[2];
+    for (int i = 0; i < 8; ++i)  /* lanes l + (l + 8): chunks 0, 1 of v[2i] then of v[2i + 1] */
+        eight[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44));
+    for (int i = 0; i < 4; ++i)  /* l + (l + 4): chunk k holds register 4i + k's four */
+        four[i] = _mm512_add_ps(_mm512_shuffle_f32x4(eight[2 * i], eight[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(eight[2 * i], eight[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; ++i)  /* (f0 + f2, f1 + f3) in chunk c: registers 8i + c (lanes 0, 1), 8i + 4 + c (2, 3) */
+        two[i] = _mm512_add_ps(_mm512_shuffle_ps(four[2 * i], four[2 * i + 1], 0x44), _mm512_shuffle_ps(four[2 * i], four[2 * i + 1], 0xEE));
+    /* lane 4c + k: register 4k + c's total */
+    __m512 total = _mm512_add_ps(_mm512_shuffle_ps(two[0], two[1], 0x88), _mm512_shuffle_ps(two[0], two[1], 0xDD));
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), total));
+}
+
 /* dot8_tiled_512 for two rows a0, a1 at once (each b chunk loaded once for both, half the cache traffic): the
    same dots, the same order. */
 __attribute__((target("avx512f"))) static void dot8x2_tiled_512(const float *a0, const float *a1, const float *const b[8],
@@ -866,10 +882,15 @@ __attribute__((target("avx512f"))) static void dot8x2_tiled_512(const float *a0,
             acc1[j] = _mm512_fmadd_ps(v1, bj, acc1[j]);
         }
     }
+    float sums[16];
+    __m512 dots[16];
     for (int j = 0; j < 8; ++j) {
-        r0[j] = sum_halves_512(acc0[j]);
-        r1[j] = sum_halves_512(acc1[j]);
+        dots[j] = acc0[j];
+        dots[8 + j] = acc1[j];
     }
+    sum_halves_16x512(dots, sums);
+    memcpy(r0, sums, sizeof(float) * 8);
+    memcpy(r1, sums + 8, sizeof(float) * 8);
 }
 
 /* Up to 8 tinyBLAS dots a . b[j] (`count` of them; the rest of b may repeat one), results in order. */
@@ -889,10 +910,10 @@ static inline void softmax_f16(float *row, int64_t padded, float top, int W) {
     __m256 top8 = _mm256_set1_ps(top);
     for (int64_t c = 0; c < padded; c += 8) _mm256_storeu_ps(row + c, _mm256_sub_ps(_mm256_loadu_ps(row + c), top8));
     for (int64_t c = 0; c < padded; c += 8) expf_ggml8(row + c, row + c, W);
-    for (int64_t c = 0; c < padded; c += W) {
-        float lanes[16];
-        memcpy(lanes, row + c, (size_t)W * sizeof(float));
-        total += (double)halves(lanes, W);
+    for (int64_t c = 0; c < padded; c += W) {  /* each chunk by halves */
+        __m256 lanes = _mm256_loadu_ps(row + c);
+        if (W == 16) lanes = _mm256_add_ps(_mm256_loadu_ps(row + c + 8), lanes);
+        total += (double)sum_halves(lanes);
     }
     __m256 inverse = _mm256_set1_ps((float)(1.0 / total));
     for (int64_t p = 0; p < padded; p += 8)  /* padded is a multiple of 4W */
@@ -936,6 +957,31 @@ static inline void transpose_8(const uint16_t *const rows[8], int64_t d, float *
     }
 }
 
+/* Two rows' scores over keys [from, to) eight at a time (key_f [*, dim] float32, rows past `to` readable): each
+   dot tinyBLAS's (16 lanes in order, then by halves), times `scale`; all eight of a pass are stored (positions
+   past a row's last are masked after). */
+__attribute__((target("avx512f"))) static void scores_pair_512(const float *q0, const float *q1, const float *key_f, int64_t from,
+                                                                 int64_t to, int64_t dim, float scale, float *s0, float *s1) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    for (int64_t p = from; p < to; p += 8) {
+        const float *k = key_f + p * dim;
+        __m512 acc[16];
+        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < dim; s += 16) {
+            const __m512 a0 = _mm512_loadu_ps(q0 + s), a1 = _mm512_loadu_ps(q1 + s);
+            for (int j = 0; j < 8; ++j) {
+                const __m512 b = _mm512_loadu_ps(k + j * dim + s);
+                acc[j] = _mm512_fmadd_ps(a0, b, acc[j]);
+                acc[8 + j] = _mm512_fmadd_ps(a1, b, acc[8 + j]);
+            }
+        }
+        float sums[16];
+        sum_halves_16x512(acc, sums);
+        _mm256_storeu_ps(s0 + p, _mm256_mul_ps(_mm256_loadu_ps(sums), factor));
+        _mm256_storeu_ps(s1 + p, _mm256_mul_ps(_mm256_loadu_ps(sums + 8), factor));
+    }
+}
+
 #define ROW_BLOCK 32  /* query rows whose scores are kept at once */
 #define KEY_CHUNK 64  /* keys (float32, 64 x D) multiplied by every row of a block while they are in L1 */
 
@@ -948,9 +994,11 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
                            int64_t prefix_length, int64_t prefix_stride, const uint16_t *keys, const uint16_t *values,
                            int64_t kv_stride, float *out, int64_t n, int64_t heads, int64_t group, int64_t dim,
                            int64_t length, int64_t padded, float scale, int W, int64_t first, int64_t last) {
-    float *key_f = malloc((size_t)(length * dim + dim * padded + ROW_BLOCK * padded + ROW_BLOCK * dim) * sizeof(float));
+    /* keys with 7 rows of zeros after them: a pass of eight keys may start at any visible position */
+    float *key_f = malloc((size_t)((length + 7) * dim + dim * padded + ROW_BLOCK * padded + ROW_BLOCK * dim) * sizeof(float));
     if (key_f == NULL) return;
-    float *value_t = key_f + length * dim, *scores = value_t + dim * padded, *query = scores + ROW_BLOCK * padded;
+    float *value_t = key_f + (length + 7) * dim, *scores = value_t + dim * padded, *query = scores + ROW_BLOCK * padded;
+    memset(key_f + length * dim, 0, (size_t)(7 * dim) * sizeof(float));
     int step = W == 16 ? 2 : 1;
     for (int64_t h = first; h < last; ++h) {
         int64_t kv = h / group;
@@ -972,13 +1020,19 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
         }
         for (int64_t i0 = 0; i0 < n; i0 += ROW_BLOCK) {
             int64_t block = n - i0 < ROW_BLOCK ? n - i0 : ROW_BLOCK;
-            for (int64_t r = 0; r < block; ++r)
-                for (int64_t d = 0; d < dim; ++d) query[r * dim + d] = f16_round(q[((i0 + r) * heads + h) * dim + d]);
+            for (int64_t r = 0; r < block; ++r)  /* dim is a multiple of 8 (64 or 128 here) */
+                for (int64_t d = 0; d < dim; d += 8)
+                    _mm256_storeu_ps(query + r * dim + d, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(q + ((i0 + r) * heads + h) * dim + d), 0)));
             int64_t first_visible = length - n + i0 + 1;  /* row i sees first_visible + (i - i0) positions */
             for (int64_t p0 = 0; p0 < first_visible + block - 1; p0 += KEY_CHUNK) {
                 for (int64_t r = 0; r < block; r += step) {
                     int pair = r + 1 < block && step == 2;
                     int64_t seen = first_visible + r + pair, end = p0 + KEY_CHUNK < seen ? p0 + KEY_CHUNK : seen;
+                    if (pair) {
+                        scores_pair_512(query + r * dim, query + (r + 1) * dim, key_f, p0, end, dim, scale, scores + r * padded,
+                                        scores + (r + 1) * padded);
+                        continue;
+                    }
                     for (int64_t p = p0; p < end; p += 8) {
                         const float *b[8];
                         for (int j = 0; j < 8; ++j) b[j] = key_f + (p + j < seen ? p + j : p) * dim;
