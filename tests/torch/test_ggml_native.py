@@ -219,6 +219,9 @@ def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     assert torch.equal(native_rms_norm(_kernels(), hidden, weight, 1e-6), ggml_rms_norm(hidden, weight, 1e-6))
     cos, sin = ggml_rope_table(torch.arange(300, 321), 128, 1e6)
     assert torch.equal(native_rope(_kernels(), hidden, cos, sin), ggml_rope(hidden, cos, sin))
+    positions = torch.cat([torch.arange(0, 40), torch.arange(4000, 4100, 7), torch.tensor([32767, 131071])])
+    for dim, base in ((128, 1e6), (64, 10000.0), (256, 1e7)):  # the tables in C: the same angles, the same libm
+        assert all(torch.equal(a, b) for a, b in zip(ggml_rope_table(positions, dim, base, _kernels()), ggml_rope_table(positions, dim, base)))
 
 
 def test_joined_matrices_equal_their_parts_side_by_side() -> None:

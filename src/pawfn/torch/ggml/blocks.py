@@ -39,7 +39,7 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
-from .c_kernels import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, group_by_eights, int8_mm, native_kernels
+from .c_kernels import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, group_by_eights, int8_mm, native_kernels, native_rope_table
 
 __all__ = [
     "BlockMatrix",
@@ -317,15 +317,20 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     return centered * scale * weight + bias
 
 
-def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def ggml_rope_table(
+    positions: torch.Tensor, head_dim: int, base: float, kernels: NativeKernels | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
     `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
-    correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded."""
+    correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded. With
+    `kernels`, the products and calls run in C (the same library's functions), ~100x faster than one call at a time."""
     libm = c_math()
     if libm is None:
         step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
     else:
         step = f32(libm.powf(base, -2.0 / head_dim))
+    if libm is not None and kernels is not None:
+        return native_rope_table(kernels, positions, head_dim // 2, float(step))
     theta = positions.to(torch.float32).unsqueeze(1)
     angles = [theta]
     for _ in range(head_dim // 2 - 1):

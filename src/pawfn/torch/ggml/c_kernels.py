@@ -43,6 +43,7 @@ __all__ = [
     "native_kernels",
     "native_rms_norm",
     "native_rope",
+    "native_rope_table",
     "native_swiglu",
 ]
 
@@ -86,6 +87,7 @@ class NativeKernels:
         self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
+        self.rope_table = self._declare(library.paw_rope_table, [_PTR, _I64, _I64, ctypes.c_float, _PTR, _PTR])
         self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
         self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
         self._q6_k_amx_product = library.paw_q6_k_amx_product
@@ -311,6 +313,16 @@ def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin:
     y = torch.empty_like(x)
     kernels.rope_neox(_ptr(x), _ptr(cos), _ptr(sin), _ptr(y), x.shape[0], x.shape[1], x.shape[2])
     return y
+
+
+def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int, step: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ggml.ggml_rope_table` in C: cos and sin [T, 1, half] of the angles `p * step**i` (repeated float32 products),
+    by the C library's `cosf` and `sinf`."""
+    points = positions.to(torch.float32).contiguous()
+    cos = torch.empty((points.shape[0], 1, half), dtype=torch.float32)
+    sin = torch.empty_like(cos)
+    kernels.rope_table(_ptr(points), points.shape[0], half, step, _ptr(cos), _ptr(sin))
+    return cos.to(positions.device), sin.to(positions.device)
 
 
 def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:

@@ -165,11 +165,14 @@ def ggml_gated_delta_net(
     return torch.stack(outputs), columns.transpose(1, 2).contiguous()
 
 
-def ggml_mrope_table(positions: torch.Tensor, rotated: int, base: float, pair_sections: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def ggml_mrope_table(
+    positions: torch.Tensor, rotated: int, base: float, pair_sections: list[int], kernels: NativeKernels | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, rotated/2] of M-RoPE positions [T, 4] as `ggml_mrope_cache_init`: each section's angle
-    advances by its own repeated float32 products from its position, and each pair takes its section's."""
+    advances by its own repeated float32 products from its position, and each pair takes its section's (the tables
+    in C with `kernels`)."""
     used = sorted(set(pair_sections))  # a section no pair turns with needs no table (each costs cosf/sinf calls)
-    tables = [ggml_rope_table(positions[:, section], rotated, base) for section in used]
+    tables = [ggml_rope_table(positions[:, section], rotated, base, kernels) for section in used]
     index = torch.tensor([used.index(section) for section in pair_sections], device=positions.device)
     cos = torch.stack([cos for cos, _ in tables], dim=-1)  # [T, 1, pairs, sections]
     sin = torch.stack([sin for _, sin in tables], dim=-1)

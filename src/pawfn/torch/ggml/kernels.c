@@ -1534,6 +1534,29 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
     return 0;
 }
 
+/* Rows [first, last) of x quantized as the weights' partner (Q8_K with code sums, or Q8_0); for the AVX-512 tiled
+   kernel (`tiled_512`) also laid out as it reads them: scales by block ([blocks][padded rows]) and codes made
+   unsigned, by quads of sixteen rows ([group][block][quad][row][4]). */
+static void prepare_rows(const float *x, int64_t in, int64_t blocks, int k_quant, int tiled_512, int8_t *codes, float *x_scale,
+                         int16_t *sums, uint8_t *xq, float *x_scale_t, int64_t padded, int64_t first, int64_t last) {
+    if (first >= last) return;
+    if (k_quant) paw_quantize_q8_k(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks, sums + first * blocks * 16);
+    else paw_quantize_q8_0(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks);
+    if (!tiled_512) return;
+    for (int64_t r = first; r < last; ++r)
+        for (int64_t b = 0; b < blocks; ++b) {
+            x_scale_t[b * padded + r] = x_scale[r * blocks + b];
+            uint8_t *target_quads = xq + ((r / 16 * blocks + b) * 64 * 16 + r % 16) * 4;
+            const int8_t *source = codes + r * in + b * 256;
+            for (int quad = 0; quad < 64; ++quad) {  /* + 128 on each of four bytes: their top bits flipped */
+                uint32_t four;
+                memcpy(&four, source + 4 * quad, 4);
+                four ^= 0x80808080u;
+                memcpy(target_quads + quad * 64, &four, 4);
+            }
+        }
+}
+
 /* x [rows, in] (float32, rows contiguous) times a block matrix with `out` outputs, as llama.cpp does: x quantized
    as the weights' partner (Q8_K for Q6_K, Q8_0 for Q4_0/Q8_0), then `kernel` (a product one) over the outputs in
    `threads` parts. Returns 0, or -1 where scratch memory could not be had. */
@@ -1552,23 +1575,23 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     uint8_t *xq = tiled_512 ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
     int status = -1;
     if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant) && (!tiled_512 || (x_scale_t != NULL && xq != NULL))) {
-        if (k_quant) paw_quantize_q8_k(x, rows, in, codes, x_scale, sums);
-        else paw_quantize_q8_0(x, rows, in, codes, x_scale);
         if (tiled_512) {
             memset(x_scale_t, 0, (size_t)(blocks * padded) * sizeof(float));
-            memset(xq, 0, (size_t)(padded * in));
-            for (int64_t r = 0; r < rows; ++r)
-                for (int64_t b = 0; b < blocks; ++b) {
-                    x_scale_t[b * padded + r] = x_scale[r * blocks + b];
-                    uint8_t *target_quads = xq + ((r / 16 * blocks + b) * 64 * 16 + r % 16) * 4;
-                    const int8_t *source = codes + r * in + b * 256;
-                    for (int quad = 0; quad < 64; ++quad) {  /* + 128 on each of four bytes: their top bits flipped */
-                        uint32_t four;
-                        memcpy(&four, source + 4 * quad, 4);
-                        four ^= 0x80808080u;
-                        memcpy(target_quads + quad * 64, &four, 4);
-                    }
-                }
+            if (padded > rows) memset(xq + (padded - 16) * in, 0, (size_t)(16 * in));  /* the last group's padded rows */
+        }
+        /* the rows quantized (and laid out) in parts, one per thread, where there are enough of them */
+        int64_t parts = rows * in >= (1 << 16) && threads > 1 ? (threads < rows ? threads : rows) : 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(parts) if (parts > 1)
+#endif
+        {
+#ifdef _OPENMP
+            int64_t part = omp_get_thread_num(), count = omp_get_num_threads();
+#else
+            int64_t part = 0, count = 1;
+#endif
+            prepare_rows(x, in, blocks, k_quant, tiled_512, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
+                         rows * (part + 1) / count);
         }
         paw_args args = {{w, sub, w_scale, tiled_512 ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
         status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS ? out / 8 : out, threads);
@@ -1639,13 +1662,27 @@ int paw_q6_k_amx_product(const float *x, int64_t rows, int64_t in, const uint8_t
 /* `ggml_rms_norm` then `ggml_mul`, on `rows` vectors of n: squares (float32) summed in order in double,
    mean = sum / n rounded to float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w. */
 void paw_rms_norm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *v = x + r * n;
-        double sum = 0.0;
-        for (int64_t i = 0; i < n; ++i) sum += (double)(v[i] * v[i]);
-        float mean = (float)(sum / (double)n);
-        float scale = 1.0f / sqrtf(mean + eps);
-        for (int64_t i = 0; i < n; ++i) y[r * n + i] = (v[i] * scale) * w[i];
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {  /* four rows' sums in flight: each its own chain, in order */
+        const int count = rows - r0 < 4 ? (int)(rows - r0) : 4;
+        double sums[4] = {0.0, 0.0, 0.0, 0.0};
+        if (count == 4) {
+            const float *v0 = x + r0 * n, *v1 = v0 + n, *v2 = v1 + n, *v3 = v2 + n;
+            for (int64_t i = 0; i < n; ++i) {
+                sums[0] += (double)(v0[i] * v0[i]);
+                sums[1] += (double)(v1[i] * v1[i]);
+                sums[2] += (double)(v2[i] * v2[i]);
+                sums[3] += (double)(v3[i] * v3[i]);
+            }
+        } else {
+            for (int k = 0; k < count; ++k)
+                for (int64_t i = 0; i < n; ++i) sums[k] += (double)(x[(r0 + k) * n + i] * x[(r0 + k) * n + i]);
+        }
+        for (int k = 0; k < count; ++k) {
+            const float *v = x + (r0 + k) * n;
+            float mean = (float)(sums[k] / (double)n);
+            float scale = 1.0f / sqrtf(mean + eps);
+            for (int64_t i = 0; i < n; ++i) y[(r0 + k) * n + i] = (v[i] * scale) * w[i];
+        }
     }
 }
 
@@ -1668,15 +1705,31 @@ void paw_rope_neox(const float *x, const float *cos_table, const float *sin_tabl
     }
 }
 
+/* `ggml_rope_cache_init`'s angles and their cosines and sines: for each of `count` positions (float32) the angles
+   p, p * step, (p * step) * step, ... (`half` of them, each product rounded to float32), then the C library's cosf
+   and sinf of each; cos and sin [count, half]. */
+void paw_rope_table(const float *positions, int64_t count, int64_t half, float step, float *cos_out, float *sin_out) {
+    for (int64_t t = 0; t < count; ++t) {
+        float angle = positions[t];
+        for (int64_t i = 0; i < half; ++i) {
+            if (i) angle = angle * step;
+            cos_out[t * half + i] = cosf(angle);
+            sin_out[t * half + i] = sinf(angle);
+        }
+    }
+}
+
 /* `ggml_swiglu`: gate / (1 + expf(-gate)) * up with ggml_v_expf (W lanes), over count values. */
 void paw_swiglu(const float *gate, const float *up, float *y, int64_t count, int64_t width) {
     float e[8];
     int64_t i = 0;
-    for (; i + 8 <= count; i += 8) {
+    for (; i + 8 <= count; i += 8) {  /* each lane as the scalar steps below (IEEE division, rounded once) */
+        __m256 g = _mm256_loadu_ps(gate + i);
         float minus[8];
-        for (int l = 0; l < 8; ++l) minus[l] = -gate[i + l];
+        _mm256_storeu_ps(minus, _mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
         expf_ggml8(minus, e, (int)width);
-        for (int l = 0; l < 8; ++l) y[i + l] = (gate[i + l] / (1.0f + e[l])) * up[i + l];
+        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e)));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }
     for (; i < count; ++i) y[i] = (gate[i] / (1.0f + expf_ggml(-gate[i], (int)width))) * up[i];
 }

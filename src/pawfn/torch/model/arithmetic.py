@@ -246,8 +246,8 @@ class LlamaCppArithmetic(Arithmetic):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rotated = arch.rope_dims or arch.head_dim
         if positions.dim() == 2:
-            return ggml_mrope_table(positions, rotated, arch.rope_theta, arch.pair_sections(rotated // 2))
-        return ggml_rope_table(positions, rotated, arch.rope_theta)
+            return ggml_mrope_table(positions, rotated, arch.rope_theta, arch.pair_sections(rotated // 2), self.kernels)
+        return ggml_rope_table(positions, rotated, arch.rope_theta, self.kernels)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None and x.dim() == 3 and cos.shape[0] == x.shape[0]:
