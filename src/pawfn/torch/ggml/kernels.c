@@ -535,6 +535,73 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const uint16_t *sc
     free(quads);
 }
 
+
+/* q0_eights on AVX-512 VNNI with the rows in lanes (sixteen rows a register; prompts): per block, output and lane l
+   (products 4l..4l+3), one vpdpbusd of the rows' unsigned codes (xq, laid out by `prepare_rows`) against the
+   output's broadcast signed quad, started at -128 times the quad's sum (so the exact integer of the signed codes),
+   then `acc = fma(d_x * d_w, lane, acc)` on sixteen rows at once, and the eight lanes summed by halves: each row's
+   numbers exactly those of q0_rows. x_scale_t: the rows' block scales as [blocks][padded rows]. */
+AVX512_TARGET static void q0_eights_lanes_512(const int8_t *eights, const uint16_t *scales, const uint8_t *xq, const float *x_scale_t,
+                                              const paw_out *y, int64_t blocks, int64_t rows, int64_t first, int64_t last, int nibbles) {
+    const int64_t groups = (rows + 15) / 16, padded = groups * 16;
+    int32_t *quads = aligned_alloc(64, (size_t)(blocks * 64 * 2) * sizeof(int32_t));  /* [block][lane][output], then starts */
+    float *w_scale = malloc((size_t)(blocks * 8) * sizeof(float));
+    if (quads == NULL || w_scale == NULL) goto done;
+    int32_t *starts = quads + blocks * 64;
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t g = first; g < last; ++g) {
+        for (int64_t b = 0; b < blocks; ++b) {  /* the eight outputs' signed quads [lane][output] and their starts */
+            int8_t *codes = (int8_t *)(quads + b * 64);
+            if (nibbles) {  /* lanes 2p and 2p + 1: the low and high nibbles of 32 bytes p, each code + 8 */
+                const uint8_t *w = (const uint8_t *)eights + (g * blocks + b) * 128;
+                const __m256i low4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+                for (int p = 0; p < 4; ++p) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * p));
+                    _mm256_storeu_si256((__m256i *)(codes + 64 * p), _mm256_sub_epi8(_mm256_and_si256(v, low4), eight));
+                    _mm256_storeu_si256((__m256i *)(codes + 64 * p + 32), _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), eight));
+                }
+            } else {  /* already [lane][output][4] */
+                memcpy(codes, eights + (g * blocks + b) * 256, 256);
+            }
+            for (int k = 0; k < 4; ++k) {
+                __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(quads + b * 64 + 16 * k));
+                _mm512_storeu_si512(starts + b * 64 + 16 * k, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-128)));
+            }
+            for (int j = 0; j < 8; ++j) w_scale[b * 8 + j] = _cvtsh_ss(scales[(g * blocks + b) * 8 + j]);
+        }
+        for (int64_t r0 = 0; r0 < groups; ++r0) {
+            float results[8][16];
+            for (int j = 0; j < 8; ++j) {
+                __m512 acc[8];
+                for (int l = 0; l < 8; ++l) acc[l] = _mm512_setzero_ps();
+                for (int64_t b = 0; b < blocks; ++b) {
+                    const __m512 d = _mm512_mul_ps(_mm512_load_ps(x_scale_t + b * padded + r0 * 16), _mm512_set1_ps(w_scale[b * 8 + j]));
+                    const uint8_t *xb = xq + (r0 * blocks + b) * 512;
+                    for (int l = 0; l < 8; ++l) {
+                        __m512i lane = _mm512_dpbusd_epi32(_mm512_set1_epi32(starts[b * 64 + 8 * l + j]), _mm512_load_si512(xb + 64 * l),
+                                                           _mm512_set1_epi32(quads[b * 64 + 8 * l + j]));
+                        acc[l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[l]);
+                    }
+                }
+                /* by halves: (l0 + l4) + (l2 + l6), then (l1 + l5) + (l3 + l7), then their sum */
+                __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+                __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+                _mm512_storeu_ps(results[j], _mm512_add_ps(even, odd));
+            }
+            for (int l = 0; l < 16 && r0 * 16 + l < rows; ++l) {
+                float *target = y->y + (r0 * 16 + l) * y->stride + 8 * g;
+                __m256 value = _mm256_setr_ps(results[0][l], results[1][l], results[2][l], results[3][l], results[4][l], results[5][l],
+                                              results[6][l], results[7][l]);
+                if (y->accumulate) value = _mm256_add_ps(_mm256_loadu_ps(target), _mm256_mul_ps(value, _mm256_set1_ps(y->alpha)));
+                _mm256_storeu_ps(target, value);
+            }
+        }
+    }
+done:
+    free(quads);
+    free(w_scale);
+}
+
 #else  /* never chosen (has_avx512_vnni is 0): the names only */
 #define q6_k_rows_512 q6_k_rows
 #define q0_eights_512 q0_eights
@@ -1489,6 +1556,12 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_Q0_EIGHTS:
     case KERNEL_Q4_0_EIGHTS:
+#ifndef PAW_BASELINE
+        if (a->i[2]) {  /* the rows laid out in lanes by sixteens: AVX-512 */
+            q0_eights_lanes_512(a->p[0], a->p[1], a->p[3], a->p[7], a->p[6], a->i[0], a->i[1], first, last, kernel == KERNEL_Q4_0_EIGHTS);
+            break;
+        }
+#endif
         (avx512_on() ? q0_eights_512 : q0_eights)(a->p[0], a->p[1], a->p[3], a->p[4], a->p[6], a->i[0], a->i[1], first, last,
                                                   kernel == KERNEL_Q4_0_EIGHTS);
         break;
@@ -1534,21 +1607,22 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
     return 0;
 }
 
-/* Rows [first, last) of x quantized as the weights' partner (Q8_K with code sums, or Q8_0); for the AVX-512 tiled
-   kernel (`tiled_512`) also laid out as it reads them: scales by block ([blocks][padded rows]) and codes made
-   unsigned, by quads of sixteen rows ([group][block][quad][row][4]). */
-static void prepare_rows(const float *x, int64_t in, int64_t blocks, int k_quant, int tiled_512, int8_t *codes, float *x_scale,
+/* Rows [first, last) of x quantized as the weights' partner (Q8_K with code sums, or Q8_0); for the AVX-512 kernels
+   with the rows in lanes (`in_lanes`) also laid out as they read them: scales by block ([blocks][padded rows]) and
+   codes made unsigned, by quads of sixteen rows ([group][block][quad][row][4]). */
+static void prepare_rows(const float *x, int64_t in, int64_t blocks, int k_quant, int in_lanes, int8_t *codes, float *x_scale,
                          int16_t *sums, uint8_t *xq, float *x_scale_t, int64_t padded, int64_t first, int64_t last) {
     if (first >= last) return;
     if (k_quant) paw_quantize_q8_k(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks, sums + first * blocks * 16);
     else paw_quantize_q8_0(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks);
-    if (!tiled_512) return;
+    if (!in_lanes) return;
+    const int64_t quads = in / blocks / 4;  /* a block's quads: 64 (Q8_K) or 8 (Q8_0) */
     for (int64_t r = first; r < last; ++r)
         for (int64_t b = 0; b < blocks; ++b) {
             x_scale_t[b * padded + r] = x_scale[r * blocks + b];
-            uint8_t *target_quads = xq + ((r / 16 * blocks + b) * 64 * 16 + r % 16) * 4;
-            const int8_t *source = codes + r * in + b * 256;
-            for (int quad = 0; quad < 64; ++quad) {  /* + 128 on each of four bytes: their top bits flipped */
+            uint8_t *target_quads = xq + ((r / 16 * blocks + b) * quads * 16 + r % 16) * 4;
+            const int8_t *source = codes + r * in + b * quads * 4;
+            for (int64_t quad = 0; quad < quads; ++quad) {  /* + 128 on each of four bytes: their top bits flipped */
                 uint32_t four;
                 memcpy(&four, source + 4 * quad, 4);
                 four ^= 0x80808080u;
@@ -1569,7 +1643,8 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
     /* the AVX-512 tiled kernel's inputs: sixteen rows' scales of a block at once ([blocks][padded rows]) and their
        codes made unsigned, by quads of sixteen rows ([group][block][quad][row][4]); padded rows are zeros */
-    int tiled_512 = kernel == KERNEL_Q6_K_TILED && avx512_on();
+    int eights = kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS;
+    int tiled_512 = (kernel == KERNEL_Q6_K_TILED || (eights && rows >= 16)) && avx512_on();  /* the rows in lanes */
     int64_t padded = (rows + 15) / 16 * 16;
     float *x_scale_t = tiled_512 ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
     uint8_t *xq = tiled_512 ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
@@ -1593,8 +1668,8 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             prepare_rows(x, in, blocks, k_quant, tiled_512, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
                          rows * (part + 1) / count);
         }
-        paw_args args = {{w, sub, w_scale, tiled_512 ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows}, 0.0f};
-        status = paw_run(kernel, &args, kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS ? out / 8 : out, threads);
+        paw_args args = {{w, sub, w_scale, tiled_512 ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows, tiled_512}, 0.0f};
+        status = paw_run(kernel, &args, eights ? out / 8 : out, threads);
     }
     free(codes);
     free(x_scale);
