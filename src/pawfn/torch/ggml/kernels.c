@@ -935,31 +935,6 @@ __attribute__((target("avx512f"))) static inline void sum_halves_16x512(const __
     _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), total));
 }
 
-/* dot8_tiled_512 for two rows a0, a1 at once (each b chunk loaded once for both, half the cache traffic): the
-   same dots, the same order. */
-__attribute__((target("avx512f"))) static void dot8x2_tiled_512(const float *a0, const float *a1, const float *const b[8],
-                                                                  int64_t k, float r0[8], float r1[8]) {
-    __m512 acc0[8], acc1[8];
-    for (int j = 0; j < 8; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < k; s += 16) {
-        __m512 v0 = _mm512_loadu_ps(a0 + s), v1 = _mm512_loadu_ps(a1 + s);
-        for (int j = 0; j < 8; ++j) {
-            __m512 bj = _mm512_loadu_ps(b[j] + s);
-            acc0[j] = _mm512_fmadd_ps(v0, bj, acc0[j]);
-            acc1[j] = _mm512_fmadd_ps(v1, bj, acc1[j]);
-        }
-    }
-    float sums[16];
-    __m512 dots[16];
-    for (int j = 0; j < 8; ++j) {
-        dots[j] = acc0[j];
-        dots[8 + j] = acc1[j];
-    }
-    sum_halves_16x512(dots, sums);
-    memcpy(r0, sums, sizeof(float) * 8);
-    memcpy(r1, sums + 8, sizeof(float) * 8);
-}
-
 /* Up to 8 tinyBLAS dots a . b[j] (`count` of them; the rest of b may repeat one), results in order. */
 static inline void dots_tiled(const float *a, const float *const b[8], int count, int64_t k, int W, float result[8]) {
     if (W == 16) {
@@ -1049,6 +1024,26 @@ __attribute__((target("avx512f"))) static void scores_pair_512(const float *q0, 
     }
 }
 
+/* Two rows a0, a1 dotted with eight rows of b (`stride` floats apart) over k values (a multiple of 16): each dot
+   tinyBLAS's (16 lanes in order, then by halves); r0, r1 get the eight dots of a0 and of a1. */
+__attribute__((target("avx512f"))) static void rows_pair_512(const float *a0, const float *a1, const float *b, int64_t stride, int64_t k,
+                                                               float *r0, float *r1) {
+    __m512 acc[16];
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < k; s += 16) {
+        const __m512 x0 = _mm512_loadu_ps(a0 + s), x1 = _mm512_loadu_ps(a1 + s);
+        for (int j = 0; j < 8; ++j) {
+            const __m512 y = _mm512_loadu_ps(b + j * stride + s);
+            acc[j] = _mm512_fmadd_ps(x0, y, acc[j]);
+            acc[8 + j] = _mm512_fmadd_ps(x1, y, acc[8 + j]);
+        }
+    }
+    float sums[16];
+    sum_halves_16x512(acc, sums);
+    memcpy(r0, sums, 8 * sizeof(float));
+    memcpy(r1, sums + 8, 8 * sizeof(float));
+}
+
 #define ROW_BLOCK 32  /* query rows whose scores are kept at once */
 #define KEY_CHUNK 64  /* keys (float32, 64 x D) multiplied by every row of a block while they are in L1 */
 
@@ -1103,11 +1098,9 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
                     for (int64_t p = p0; p < end; p += 8) {
                         const float *b[8];
                         for (int j = 0; j < 8; ++j) b[j] = key_f + (p + j < seen ? p + j : p) * dim;
-                        float dots[2][8];
-                        if (pair) dot8x2_tiled_512(query + r * dim, query + (r + 1) * dim, b, dim, dots[0], dots[1]);
-                        else dots_tiled(query + r * dim, b, (int)(seen - p < 8 ? seen - p : 8), dim, W, dots[0]);
-                        for (int x = 0; x <= pair; ++x)
-                            for (int j = 0; j < 8 && p + j < seen; ++j) scores[(r + x) * padded + p + j] = dots[x][j] * scale;
+                        float dots[8];
+                        dots_tiled(query + r * dim, b, (int)(seen - p < 8 ? seen - p : 8), dim, W, dots);
+                        for (int j = 0; j < 8 && p + j < seen; ++j) scores[r * padded + p + j] = dots[j] * scale;
                     }
                 }
             }
@@ -1126,7 +1119,7 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
                     int pair = r + 1 < block && step == 2;
                     int64_t seen = first_visible + r + pair, span = (seen + W - 1) / W * W;
                     float *result = out + (i0 + r) * heads * dim + h * dim + d;
-                    if (pair) dot8x2_tiled_512(scores + r * padded, scores + (r + 1) * padded, b, span, result, result + heads * dim);
+                    if (pair) rows_pair_512(scores + r * padded, scores + (r + 1) * padded, value_t + d * padded, padded, span, result, result + heads * dim);
                     else dots_tiled(scores + r * padded, b, 8, span, W, result);
                 }
             }
