@@ -325,6 +325,35 @@ def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: p
         native_kernels.cache_clear()
 
 
+def test_a_compiler_without_openmp_builds_single_threaded_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A compiler with no OpenMP runtime (clang without libomp): the kernels built without it, every part on one
+    thread, the same results (a prompt's products and attention, which would otherwise split across threads)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-fopenmp*) echo "no omp.h" >&2; exit 1;; esac\nexec {compiler} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
+    native_kernels.cache_clear()
+    try:
+        built = native_kernels()
+        assert built is not None
+        for qtype in (Q6_K, Q4_0):
+            raw = _raw(qtype, 48, 1024, seed=3)
+            emulated, native = block_matrix(raw, qtype, 48, qtype == Q6_K, native=False), block_matrix(raw, qtype, 48, qtype == Q6_K)
+            assert emulated is not None and isinstance(native, NativeBlockMatrix) and native.kernels is built
+            x = _rows(79, 1024, seed=3)
+            assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x[:8]), emulated.rows(x[:8]))
+        generator = torch.Generator().manual_seed(5)
+        q = torch.randn(40, 4, 64, generator=generator)
+        keys, values = (torch.randn(2, 100, 64, generator=generator).half() for _ in range(2))
+        assert torch.equal(native_attention(built, q, None, keys, values, 16), ggml_attention(q, keys, values, 16))
+    finally:
+        native_kernels.cache_clear()
+
+
 def test_the_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_NATIVE_KERNELS", "0")
     native_kernels.cache_clear()

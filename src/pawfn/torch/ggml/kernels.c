@@ -1162,7 +1162,7 @@ static inline __m256 reduce_8_rows(__m256 v[8], int W) {
    order, and the 4W lanes are reduced as one row's. */
 static inline __attribute__((always_inline)) void attention_one_row(
     const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length, int64_t prefix_stride,
-    const uint16_t *keys, const uint16_t *values, int64_t kv_stride, float *out, int64_t heads, int64_t group, int64_t dim,
+    const uint16_t *keys, const uint16_t *values, int64_t kv_stride, float *out, int64_t group, int64_t dim,
     int64_t length, int64_t padded, float scale, const int W, int64_t first, int64_t last) {
     const int64_t A = 4 * W;  /* accumulator lanes of a one-row dot */
     float *scratch = malloc((size_t)(padded + dim + 4 * dim + W * dim) * sizeof(float));
@@ -1262,10 +1262,10 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
     int W = (int)width;
     if (n == 1 && dim % (4 * W) == 0) {
         if (W == 16)  /* each width its own copy, its loops unrolled */
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out, heads,
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out,
                               heads / kv_heads, dim, length, padded, scale, 16, first, last);
         else
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out, heads,
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out,
                               heads / kv_heads, dim, length, padded, scale, 8, first, last);
         return;
     }
@@ -1657,6 +1657,7 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             int64_t part = omp_get_thread_num(), count = omp_get_num_threads();
 #else
             int64_t part = 0, count = 1;
+            (void)parts;  /* one thread without OpenMP */
 #endif
             prepare_rows(x, in, blocks, k_quant, tiled_512, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
                          rows * (part + 1) / count);
