@@ -536,6 +536,26 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const uint16_t *sc
 }
 
 
+/* Eight registers as a matrix of 8 x 8 floats, transposed in place: lane k of r[j] becomes lane j of r[k]. */
+static inline void transpose_8x8(__m256 r[8]) {
+    __m256 t[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {  /* r[k]: lane k of registers 0..3 (low half), lane k + 4 of them (high); r[k + 4]: of 4..7 */
+        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
+        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
+    }
+    for (int k = 0; k < 8; ++k) r[k] = t[k];
+}
+
 /* q0_eights on AVX-512 VNNI with the rows in lanes (sixteen rows a register; prompts): per block, output and lane l
    (products 4l..4l+3), one vpdpbusd of the rows' unsigned codes (xq, laid out by `prepare_rows`) against the
    output's broadcast signed quad, started at -128 times the quad's sum (so the exact integer of the signed codes),
@@ -570,7 +590,7 @@ AVX512_TARGET static void q0_eights_lanes_512(const int8_t *eights, const uint16
             for (int j = 0; j < 8; ++j) w_scale[b * 8 + j] = _cvtsh_ss(scales[(g * blocks + b) * 8 + j]);
         }
         for (int64_t r0 = 0; r0 < groups; ++r0) {
-            float results[8][16];
+            __m256 by_output[2][8];  /* [rows 0..7 or 8..15][output]: each output's eight rows */
             for (int j = 0; j < 8; ++j) {
                 __m512 acc[8];
                 for (int l = 0; l < 8; ++l) acc[l] = _mm512_setzero_ps();
@@ -586,14 +606,18 @@ AVX512_TARGET static void q0_eights_lanes_512(const int8_t *eights, const uint16
                 /* by halves: (l0 + l4) + (l2 + l6), then (l1 + l5) + (l3 + l7), then their sum */
                 __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
                 __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
-                _mm512_storeu_ps(results[j], _mm512_add_ps(even, odd));
+                __m512 total = _mm512_add_ps(even, odd);
+                by_output[0][j] = _mm512_castps512_ps256(total);
+                by_output[1][j] = _mm512_extractf32x8_ps(total, 1);
             }
-            for (int l = 0; l < 16 && r0 * 16 + l < rows; ++l) {
-                float *target = y->y + (r0 * 16 + l) * y->stride + 8 * g;
-                __m256 value = _mm256_setr_ps(results[0][l], results[1][l], results[2][l], results[3][l], results[4][l], results[5][l],
-                                              results[6][l], results[7][l]);
-                if (y->accumulate) value = _mm256_add_ps(_mm256_loadu_ps(target), _mm256_mul_ps(value, _mm256_set1_ps(y->alpha)));
-                _mm256_storeu_ps(target, value);
+            for (int half = 0; half < 2; ++half) {
+                transpose_8x8(by_output[half]);  /* now [row][output] */
+                for (int l = 0; l < 8 && r0 * 16 + 8 * half + l < rows; ++l) {
+                    float *target = y->y + (r0 * 16 + 8 * half + l) * y->stride + 8 * g;
+                    __m256 value = by_output[half][l];
+                    if (y->accumulate) value = _mm256_add_ps(_mm256_loadu_ps(target), _mm256_mul_ps(value, _mm256_set1_ps(y->alpha)));
+                    _mm256_storeu_ps(target, value);
+                }
             }
         }
     }
