@@ -317,9 +317,7 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     return centered * scale * weight + bias
 
 
-def ggml_rope_table(
-    positions: torch.Tensor, head_dim: int, base: float, kernels: NativeKernels | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float, kernels: NativeKernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
     `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
     correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded. With
