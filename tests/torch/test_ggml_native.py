@@ -303,19 +303,26 @@ def test_the_kernels_are_built_once_into_the_cache(
         native_kernels.cache_clear()
 
 
-def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A compiler that fails on the AMX/AVX-512 code (an older one): the kernels built without it, the same results."""
+def _built_by(script: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> NativeKernels | None:
+    """The kernels as a compiler wrapper builds them: the shell `script` (`{compiler}` the system's cc) as the only
+    compiler, into a fresh cache. The caller clears `native_kernels`'s cache after."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler")
-    wrapper = tmp_path / "old-cc"
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-DPAW_BASELINE*) exec {compiler} "$@";; esac\necho "no amx" >&2; exit 1\n')
+    wrapper = tmp_path / "wrapped-cc"
+    wrapper.write_text("#!/bin/sh\n" + script.replace("{compiler}", compiler) + "\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
     native_kernels.cache_clear()
+    return native_kernels()
+
+
+def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A compiler that fails on the AMX/AVX-512 code (an older one): the kernels built without it, the same results."""
+    script = 'case "$*" in *-DPAW_BASELINE*) exec {compiler} "$@";; esac\necho "no amx" >&2; exit 1'
     try:
-        built = native_kernels()
+        built = _built_by(script, monkeypatch, tmp_path)
         assert built is not None and not built.amx and not built.avx512 and built.instructions == "AVX2"
         raw = _raw(Q6_K, 48, 512, seed=2)
         emulated, native = block_matrix(raw, Q6_K, 48, True, native=False), block_matrix(raw, Q6_K, 48, True)
@@ -329,17 +336,9 @@ def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: p
 def test_a_compiler_without_openmp_builds_single_threaded_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A compiler with no OpenMP runtime (clang without libomp): the kernels built without it, every part on one
     thread, the same results (a prompt's products and attention, which would otherwise split across threads)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    wrapper = tmp_path / "cc-without-openmp"
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-fopenmp*) echo "no omp.h" >&2; exit 1;; esac\nexec {compiler} "$@"\n')
-    wrapper.chmod(0o755)
-    monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
-    native_kernels.cache_clear()
+    script = 'case "$*" in *-fopenmp*) echo "no omp.h" >&2; exit 1;; esac\nexec {compiler} "$@"'
     try:
-        built = native_kernels()
+        built = _built_by(script, monkeypatch, tmp_path)
         assert built is not None
         for qtype in (Q6_K, Q4_0):
             raw = _raw(qtype, 48, 1024, seed=3)

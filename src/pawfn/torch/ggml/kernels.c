@@ -1049,7 +1049,8 @@ __attribute__((target("avx512f"))) static void scores_pair_512(const float *q0, 
 }
 
 /* Two rows a0, a1 dotted with eight rows of b (`stride` floats apart) over k values (a multiple of 16): each dot
-   tinyBLAS's (16 lanes in order, then by halves); r0, r1 get the eight dots of a0 and of a1. */
+   tinyBLAS's (16 lanes in order, then by halves); r0, r1 get the eight dots of a0 and of a1. scores_pair_512 keeps
+   its own copy of this loop: calling this one from it made prompt attention ~12% slower (measured). */
 __attribute__((target("avx512f"))) static void rows_pair_512(const float *a0, const float *a1, const float *b, int64_t stride, int64_t k,
                                                                float *r0, float *r1) {
     __m512 acc[16];
