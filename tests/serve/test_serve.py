@@ -410,10 +410,19 @@ def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_serv
     def batch() -> None:
         answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["q"] * 8}, headers=AUTH, timeout=120))
 
+    running = threading.Event()  # the stream has its first event: the batches queue behind it, not before
+
     def stream() -> None:
         body = {"input": "q", "options": {"max_tokens": 2000}}
-        with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
-            streamed.append(response.read().decode())
+        chunks: list[str] = []
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
+                for chunk in response.iter_text():
+                    chunks.append(chunk)
+                    running.set()
+        finally:
+            streamed.append("".join(chunks))
+            running.set()
 
     def stream_behind_the_batches() -> None:
         body = {"input": "q", "options": {"max_tokens": 2000}}
@@ -423,6 +432,7 @@ def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_serv
 
     streaming = threading.Thread(target=stream)
     streaming.start()
+    assert running.wait(30), "the stream never started"
     threads = _three_batches_queued(server, batch)
     waiting = threading.Thread(target=stream_behind_the_batches)
     waiting.start()
