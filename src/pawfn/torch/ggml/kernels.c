@@ -113,6 +113,26 @@ static inline float sum_halves(__m256 lanes) {
     return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
+/* Eight registers as a matrix of 8 x 8 floats, transposed in place: lane k of r[j] becomes lane j of r[k]. */
+static inline void transpose_8x8(__m256 r[8]) {
+    __m256 t[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; ++k) {  /* r[k]: lane k of registers 0..3 (low half), lane k + 4 of them (high); r[k + 4]: of 4..7 */
+        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
+        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
+    }
+    for (int k = 0; k < 8; ++k) r[k] = t[k];
+}
+
 static inline int32_t sum_ints(__m256i lanes) {
     __m128i four = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
     __m128i two = _mm_add_epi32(four, _mm_unpackhi_epi64(four, four));
@@ -301,8 +321,9 @@ AVX512_TARGET static inline __attribute__((always_inline)) void q6_k_outputs_16(
                 codes[step] = _mm512_sub_epi8(codes[step], bias);
                 _mm512_store_si512(quads[i] + 16 * step, codes[step]);
             }
-            _mm512_store_si512(scales[i], _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sub + block * 16))));
-            __m512i sub16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sub + block * 16))));
+            const __m128i sub8 = _mm_loadu_si128((const __m128i *)(sub + block * 16));
+            _mm512_store_si512(scales[i], _mm512_cvtepi8_epi32(sub8));
+            __m512i sub16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sub8));
             scale[0] = _mm512_permutexvar_epi16(pick[0], sub16);
             scale[1] = _mm512_permutexvar_epi16(pick[1], sub16);
             __m512i offset = _mm512_dpwssd_epi32(zero, _mm512_packs_epi32(_mm512_dpbusd_epi32(zero, ones, codes[0]),
@@ -535,26 +556,6 @@ AVX512_TARGET static void q0_eights_512(const int8_t *eights, const uint16_t *sc
     free(quads);
 }
 
-
-/* Eight registers as a matrix of 8 x 8 floats, transposed in place: lane k of r[j] becomes lane j of r[k]. */
-static inline void transpose_8x8(__m256 r[8]) {
-    __m256 t[8];
-    for (int k = 0; k < 8; k += 2) {
-        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-    }
-    for (int k = 0; k < 4; ++k) {  /* r[k]: lane k of registers 0..3 (low half), lane k + 4 of them (high); r[k + 4]: of 4..7 */
-        t[k] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x20);
-        t[k + 4] = _mm256_permute2f128_ps(r[k], r[k + 4], 0x31);
-    }
-    for (int k = 0; k < 8; ++k) r[k] = t[k];
-}
 
 /* q0_eights on AVX-512 VNNI with the rows in lanes (sixteen rows a register; prompts): per block, output and lane l
    (products 4l..4l+3), one vpdpbusd of the rows' unsigned codes (xq, laid out by `prepare_rows`) against the
@@ -1004,55 +1005,17 @@ static inline float highest(const float *scores, int64_t count) {
 /* Values d..d+7 of eight positions' f16 rows, as float32 rows of eight positions: out[j * stride + k] =
    rows[k][d + j]. */
 static inline void transpose_8(const uint16_t *const rows[8], int64_t d, float *out, int64_t stride) {
-    __m256 r[8], t[8];
+    __m256 r[8];
     for (int k = 0; k < 8; ++k) r[k] = load_f16(rows[k] + d);
-    for (int k = 0; k < 8; k += 2) {
-        t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-        t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-        r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-        r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-        r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-        r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-    }
-    /* r[0..3]: columns 0, 1, 2, 3 of rows 0..3 (low) and 4..7 of them (high); r[4..7] the same for rows 4..7 */
-    for (int k = 0; k < 4; ++k) {
-        _mm256_storeu_ps(out + k * stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
-        _mm256_storeu_ps(out + (k + 4) * stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
-    }
+    transpose_8x8(r);
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(out + k * stride, r[k]);
 }
 
-/* Two rows' scores over keys [from, to) eight at a time (key_f [*, dim] float32, rows past `to` readable): each
-   dot tinyBLAS's (16 lanes in order, then by halves), times `scale`; all eight of a pass are stored (positions
-   past a row's last are masked after). */
-__attribute__((target("avx512f"))) static void scores_pair_512(const float *q0, const float *q1, const float *key_f, int64_t from,
-                                                                 int64_t to, int64_t dim, float scale, float *s0, float *s1) {
-    const __m256 factor = _mm256_set1_ps(scale);
-    for (int64_t p = from; p < to; p += 8) {
-        const float *k = key_f + p * dim;
-        __m512 acc[16];
-        for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < dim; s += 16) {
-            const __m512 a0 = _mm512_loadu_ps(q0 + s), a1 = _mm512_loadu_ps(q1 + s);
-            for (int j = 0; j < 8; ++j) {
-                const __m512 b = _mm512_loadu_ps(k + j * dim + s);
-                acc[j] = _mm512_fmadd_ps(a0, b, acc[j]);
-                acc[8 + j] = _mm512_fmadd_ps(a1, b, acc[8 + j]);
-            }
-        }
-        float sums[16];
-        sum_halves_16x512(acc, sums);
-        _mm256_storeu_ps(s0 + p, _mm256_mul_ps(_mm256_loadu_ps(sums), factor));
-        _mm256_storeu_ps(s1 + p, _mm256_mul_ps(_mm256_loadu_ps(sums + 8), factor));
-    }
-}
-
-/* Two rows a0, a1 dotted with eight rows of b (`stride` floats apart) over k values (a multiple of 16): each dot
-   tinyBLAS's (16 lanes in order, then by halves); r0, r1 get the eight dots of a0 and of a1. scores_pair_512 keeps
-   its own copy of this loop: calling this one from it made prompt attention ~12% slower (measured). */
-__attribute__((target("avx512f"))) static void rows_pair_512(const float *a0, const float *a1, const float *b, int64_t stride, int64_t k,
-                                                               float *r0, float *r1) {
+/* Two rows a0, a1 dotted with eight rows of b (`stride` floats apart) over k values (a multiple of 16), into
+   dots[0..7] (a0's) and dots[8..15] (a1's): each dot tinyBLAS's (16 lanes in order, then by halves). Inlined into
+   both its callers (one out-of-line call per eight keys cost prompt attention ~12%). */
+__attribute__((target("avx512f"), always_inline)) static inline void pair_dots_512(const float *a0, const float *a1, const float *b,
+                                                                                     int64_t stride, int64_t k, float dots[16]) {
     __m512 acc[16];
     for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
     for (int64_t s = 0; s < k; s += 16) {
@@ -1063,10 +1026,29 @@ __attribute__((target("avx512f"))) static void rows_pair_512(const float *a0, co
             acc[8 + j] = _mm512_fmadd_ps(x1, y, acc[8 + j]);
         }
     }
-    float sums[16];
-    sum_halves_16x512(acc, sums);
-    memcpy(r0, sums, 8 * sizeof(float));
-    memcpy(r1, sums + 8, 8 * sizeof(float));
+    sum_halves_16x512(acc, dots);
+}
+
+/* Two rows' scores over keys [from, to) eight at a time (key_f [*, dim] float32, rows past `to` readable), times
+   `scale`; all eight of a pass are stored (positions past a row's last are masked after). */
+__attribute__((target("avx512f"))) static void scores_pair_512(const float *q0, const float *q1, const float *key_f, int64_t from,
+                                                                 int64_t to, int64_t dim, float scale, float *s0, float *s1) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    for (int64_t p = from; p < to; p += 8) {
+        float dots[16];
+        pair_dots_512(q0, q1, key_f + p * dim, dim, dim, dots);
+        _mm256_storeu_ps(s0 + p, _mm256_mul_ps(_mm256_loadu_ps(dots), factor));
+        _mm256_storeu_ps(s1 + p, _mm256_mul_ps(_mm256_loadu_ps(dots + 8), factor));
+    }
+}
+
+/* pair_dots_512 with r0, r1 getting a0's and a1's eight dots (the value products: eight outputs of two rows). */
+__attribute__((target("avx512f"))) static void rows_pair_512(const float *a0, const float *a1, const float *b, int64_t stride, int64_t k,
+                                                               float *r0, float *r1) {
+    float dots[16];
+    pair_dots_512(a0, a1, b, stride, k, dots);
+    memcpy(r0, dots, 8 * sizeof(float));
+    memcpy(r1, dots + 8, 8 * sizeof(float));
 }
 
 #define ROW_BLOCK 32  /* query rows whose scores are kept at once */
@@ -1157,23 +1139,9 @@ static void attention_rows(const float *q, const uint16_t *prefix_keys, const ui
    row's: transposed so lane k holds position k, then by halves (AVX-512's W = 16: (l0+l4)+(l2+l6) plus
    (l1+l5)+(l3+l7)) or GGML_F32x8_REDUCE (W = 8: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7))). */
 static inline __m256 reduce_8_rows(__m256 v[8], int W) {
-    __m256 t[8];
-    for (int k = 0; k < 8; k += 2) {
-        t[k] = _mm256_unpacklo_ps(v[k], v[k + 1]);
-        t[k + 1] = _mm256_unpackhi_ps(v[k], v[k + 1]);
-    }
-    for (int k = 0; k < 8; k += 4) {
-        v[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-        v[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-        v[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-        v[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-    }
-    /* v[c] (c < 4): lane c of positions 0..3 (low half) and of 4..7 (high); v[4 + c]: lane 4 + c of the same */
+    transpose_8x8(v);  /* v[c]: lane c of each position */
     __m256 lane[4];
-    for (int c = 0; c < 4; ++c) {
-        __m256 low = _mm256_permute2f128_ps(v[c], v[c + 4], 0x20), high = _mm256_permute2f128_ps(v[c], v[c + 4], 0x31);
-        lane[c] = _mm256_add_ps(low, high);  /* lane c + lane c + 4 of each position, positions in order */
-    }
+    for (int c = 0; c < 4; ++c) lane[c] = _mm256_add_ps(v[c], v[c + 4]);  /* lane c + lane c + 4 of each position */
     if (W == 16) return _mm256_add_ps(_mm256_add_ps(lane[0], lane[2]), _mm256_add_ps(lane[1], lane[3]));
     return _mm256_add_ps(_mm256_add_ps(lane[0], lane[1]), _mm256_add_ps(lane[2], lane[3]));
 }
@@ -1199,7 +1167,6 @@ static inline __attribute__((always_inline)) void attention_one_row(
         const uint16_t *pk = prefix_keys + kv * prefix_stride, *ok = keys + kv * kv_stride - prefix_length * dim;
         const uint16_t *pv = prefix_values + kv * prefix_stride, *ov = values + kv * kv_stride - prefix_length * dim;
         for (int64_t d = 0; d < dim; ++d) query[d] = f16_round(q[h * dim + d]);
-        __m256 top8 = _mm256_set1_ps(-INFINITY);
         for (int64_t p0 = 0; p0 < padded; p0 += 8) {
             __m256 v[8];
             for (int k = 0; k < 8; ++k) {
@@ -1220,12 +1187,8 @@ static inline __attribute__((always_inline)) void attention_one_row(
                                         _mm256_set1_ps((float)length), _CMP_LT_OQ);
             s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, seen);
             _mm256_storeu_ps(row + p0, s);
-            top8 = _mm256_blendv_ps(top8, s, _mm256_cmp_ps(s, top8, _CMP_GT_OQ));
         }
-        float tops[8], top = -INFINITY;
-        _mm256_storeu_ps(tops, top8);
-        for (int l = 0; l < 8; ++l) top = tops[l] > top ? tops[l] : top;
-        softmax_f16(row, padded, top, W);
+        softmax_f16(row, padded, highest(row, length), W);
         /* lane `lam` of output d: the chain over positions lam, lam + 4W, ... of row[p] * v[p][d], VALUE_CHUNK outputs
            at a time; each position's row is read once, in order of position */
         for (int l = 0; l < W; ++l) {
@@ -1659,16 +1622,17 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     int8_t *codes = malloc((size_t)(rows * in));
     float *x_scale = malloc((size_t)(rows * blocks) * sizeof(float));
     int16_t *sums = k_quant ? malloc((size_t)(rows * blocks * 16) * sizeof(int16_t)) : NULL;
-    /* the AVX-512 tiled kernel's inputs: sixteen rows' scales of a block at once ([blocks][padded rows]) and their
-       codes made unsigned, by quads of sixteen rows ([group][block][quad][row][4]); padded rows are zeros */
+    /* the AVX-512 kernels with the rows in lanes (tiled Q6_K, and Q4_0/Q8_0 eights from 16 rows) read sixteen rows'
+       scales of a block at once ([blocks][padded rows]) and their codes made unsigned, by quads of sixteen rows
+       ([group][block][quad][row][4]); padded rows are zeros */
     int eights = kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS;
-    int tiled_512 = (kernel == KERNEL_Q6_K_TILED || (eights && rows >= 16)) && avx512_on();  /* the rows in lanes */
+    int in_lanes = (kernel == KERNEL_Q6_K_TILED || (eights && rows >= 16)) && avx512_on();
     int64_t padded = (rows + 15) / 16 * 16;
-    float *x_scale_t = tiled_512 ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
-    uint8_t *xq = tiled_512 ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
+    float *x_scale_t = in_lanes ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
+    uint8_t *xq = in_lanes ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
     int status = -1;
-    if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant) && (!tiled_512 || (x_scale_t != NULL && xq != NULL))) {
-        if (tiled_512) {
+    if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant) && (!in_lanes || (x_scale_t != NULL && xq != NULL))) {
+        if (in_lanes) {
             memset(x_scale_t, 0, (size_t)(blocks * padded) * sizeof(float));
             if (padded > rows) memset(xq + (padded - 16) * in, 0, (size_t)(16 * in));  /* the last group's padded rows */
         }
@@ -1684,10 +1648,10 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             int64_t part = 0, count = 1;
             (void)parts;  /* one thread without OpenMP */
 #endif
-            prepare_rows(x, in, blocks, k_quant, tiled_512, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
+            prepare_rows(x, in, blocks, k_quant, in_lanes, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
                          rows * (part + 1) / count);
         }
-        paw_args args = {{w, sub, w_scale, tiled_512 ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows, tiled_512}, 0.0f};
+        paw_args args = {{w, sub, w_scale, in_lanes ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows, in_lanes}, 0.0f};
         status = paw_run(kernel, &args, eights ? out / 8 : out, threads);
     }
     free(codes);
