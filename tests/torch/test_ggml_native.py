@@ -36,6 +36,7 @@ from pawfn.torch.ggml.c_kernels import (
     NativeKernels,
     join_blocks,
     native_attention,
+    native_attention_step,
     native_expf,
     native_kernels,
     native_rms_norm,
@@ -200,6 +201,30 @@ def test_one_row_attention_on_wide_heads_equals_the_emulation(width: int, dim: i
     expected = ggml_attention(q, torch.cat([prefix_keys, keys], 1), torch.cat([prefix_values, values], 1), width)
     shared = (prefix_keys, prefix_values) if prefix else None
     assert torch.equal(native_attention(_kernels(), q, shared, keys, values, width), expected)
+
+
+@pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_a_decode_steps_rows_attend_in_one_call_each_as_alone(width: int, dim: int) -> None:
+    """One call for a step's rows: rows of two programs (their prefixes converted once per run of rows that share
+    one, here not all adjacent), a row with no prefix; each row's output that of the row alone, bit for bit."""
+    generator = torch.Generator().manual_seed(dim + width)
+    q = torch.randn(5, 8, dim, generator=generator) * 3
+    near = q[0].reshape(2, 4, dim)[:, 0, None] * 0.5  # scores close together, as in the one-row test above
+
+    def cache(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (near + torch.randn(2, length, dim, generator=generator) * 0.5).half(), torch.randn(2, length, dim, generator=generator).half()
+
+    first, second = cache(303), cache(128)  # one prefix a whole number of 4W lanes long, one not
+    rows = [(first, 85), (first, 1), (second, 70), (None, 9), (first, 3)]
+    views: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]] = []
+    for prefix, own in rows:
+        keys, values = cache(own + 9)
+        views.append((prefix, keys[:, :own], values[:, :own]))
+    out = native_attention_step(_kernels(), q, views, width)
+    for i, (prefix, keys, values) in enumerate(views):
+        whole = (keys, values) if prefix is None else (torch.cat([prefix[0], keys], 1), torch.cat([prefix[1], values], 1))
+        assert torch.equal(out[i : i + 1], ggml_attention(q[i : i + 1], *whole, width)), f"row {i}"
 
 
 @pytest.mark.parametrize("width", [16, 8], ids=["avx512", "avx2"])

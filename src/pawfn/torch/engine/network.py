@@ -331,15 +331,10 @@ class _StepPass(_Pass):
         return torch.cat(outputs)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        """Row by row when invariant (the kernels round by shape), over the row's own positions and its program's
-        prefix, which every row of the program reads in place: rows of one program after one another find it in the
-        CPU's cache. Else one fused kernel over all rows (`attend_batched`)."""
-        arch, arithmetic = self.architecture, self.arithmetic
+        """Each row as alone when invariant (the kernels round by shape), over the row's own positions and its
+        program's prefix, which every row of the program reads in place (llama.cpp's C kernels: all rows in one
+        call, a prefix converted once for its program's rows). Else one fused kernel over all rows (`attend_batched`)."""
+        rows = [(row.cache, row.cache.slot(row.position)) for row in self._rows]
         if not self._by_rows:
-            return arithmetic.attend_rows(arch, [(row.cache, row.cache.slot(row.position)) for row in self._rows], layer, (q, k, v))
-        return torch.cat(
-            [
-                arithmetic.attend_row(arch, row.cache, layer, row.cache.slot(row.position), (q[i : i + 1], k[i : i + 1], v[i : i + 1]))
-                for i, row in enumerate(self._rows)
-            ]
-        )
+            return self.arithmetic.attend_rows(self.architecture, rows, layer, (q, k, v))
+        return self.arithmetic.attend_each_row(self.architecture, rows, layer, (q, k, v))

@@ -34,6 +34,7 @@ __all__ = [
     "int8_mm",
     "join_blocks",
     "native_attention",
+    "native_attention_step",
     "native_expf",
     "native_flash_online",
     "native_flash_tiled",
@@ -61,6 +62,7 @@ class _Args(ctypes.Structure):
 
 
 _Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT, _Q4_0_EIGHTS = range(11)
+_ATTENTION_STEP = 11
 """`paw_run`'s kernels."""
 
 
@@ -210,6 +212,35 @@ def native_attention(
         n * heads * length * dim,
         scale,
     )
+    return out
+
+
+def native_attention_step(
+    kernels: NativeKernels, q: torch.Tensor, rows: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]], width: int
+) -> torch.Tensor:
+    """`native_attention` of every row of a decode step, each alone, in one call: row i's query q[i] [H, D] over its
+    prefix keys/values [KV, P, D] (or None) then its own [KV, L, D] (f16 views whose rows are contiguous); rows that
+    share a prefix tensor convert it once. Needs D a multiple of 4 * `width` (one-row dots). Returns [n, H * D]."""
+    q = q.float().contiguous()
+    n, heads, dim = q.shape
+    if dim % (4 * width) or len(rows) != n:
+        raise ValueError(f"a step's attention needs one cache per row and a head size that is a multiple of {4 * width}")
+    table: list[list[int]] = []
+    work = 0
+    for prefix, keys, values in rows:
+        for view in (keys, values) + (prefix or ()):
+            if view.dtype != torch.float16 or view.stride(2) != 1 or view.stride(1) != dim:
+                raise ValueError("attention needs f16 keys and values with contiguous rows")
+        prefix_keys, prefix_values = prefix if prefix is not None else (keys, values)
+        prefix_length = prefix_keys.shape[1] if prefix is not None else 0
+        table.append(
+            [_ptr(prefix_keys), _ptr(prefix_values), prefix_length, prefix_keys.stride(0), _ptr(keys), _ptr(values), keys.shape[1], keys.stride(0)]
+        )
+        work += heads * (prefix_length + keys.shape[1]) * dim
+    entries = torch.tensor(table, dtype=torch.int64)
+    out = torch.empty((n, heads * dim), dtype=torch.float32)
+    kv_heads = rows[0][1].shape[0]
+    kernels.run(_ATTENTION_STEP, [_ptr(q), _ptr(entries), _ptr(out)], [n, heads, kv_heads, dim, width], kv_heads, work, _attention_scale(dim))
     return out
 
 

@@ -1152,11 +1152,14 @@ static inline __m256 reduce_8_rows(__m256 v[8], int W) {
    score is ggml_vec_dot_f16's (4 accumulators of W lanes, (0+2)+(1+3), its reduction), eight positions reduced at
    once; the value product is ggml_vec_dot_f16 of the probabilities with each output's values, computed for
    VALUE_CHUNK outputs at a time: accumulator lane `lam` (position p % 4W) is one FMA chain over its positions in
-   order, and the 4W lanes are reduced as one row's. */
+   order, and the 4W lanes are reduced as one row's. `prefix_key_f`/`prefix_value_f` (or NULL): the prefix's keys and
+   values of the (single) KV head of heads [first, last) already in float32 (the same numbers as converting them
+   here: f16 -> f32 is exact), read instead of the f16 ones: keys [P, D], values by accumulator lane (position
+   4W k + lam at row lam * ceil(P / 4W) + k, so that a lane's chain reads consecutive rows). */
 static inline __attribute__((always_inline)) void attention_one_row(
     const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length, int64_t prefix_stride,
-    const uint16_t *keys, const uint16_t *values, int64_t kv_stride, float *out, int64_t group, int64_t dim,
-    int64_t length, int64_t padded, float scale, const int W, int64_t first, int64_t last) {
+    const float *prefix_key_f, const float *prefix_value_f, const uint16_t *keys, const uint16_t *values, int64_t kv_stride,
+    float *out, int64_t group, int64_t dim, int64_t length, int64_t padded, float scale, const int W, int64_t first, int64_t last) {
     const int64_t A = 4 * W;  /* accumulator lanes of a one-row dot */
     float *scratch = malloc((size_t)(padded + dim + 4 * dim + W * dim) * sizeof(float));
     if (scratch == NULL) return;
@@ -1172,11 +1175,17 @@ static inline __attribute__((always_inline)) void attention_one_row(
             for (int k = 0; k < 8; ++k) {
                 int64_t p = p0 + k < length ? p0 + k : length - 1;  /* past the cache: any row, masked below */
                 const uint16_t *key = (p < prefix_length ? pk : ok) + p * dim;
+                const float *key_f = p < prefix_length && prefix_key_f != NULL ? prefix_key_f + p * dim : NULL;
                 __m256 acc[8];
                 for (int j = 0; j < registers; ++j) acc[j] = _mm256_setzero_ps();
-                for (int64_t s = 0; s < dim; s += A)
-                    for (int j = 0; j < registers; ++j)
-                        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(query + s + 8 * j), load_f16(key + s + 8 * j), acc[j]);
+                if (key_f != NULL)
+                    for (int64_t s = 0; s < dim; s += A)
+                        for (int j = 0; j < registers; ++j)
+                            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(query + s + 8 * j), _mm256_loadu_ps(key_f + s + 8 * j), acc[j]);
+                else
+                    for (int64_t s = 0; s < dim; s += A)
+                        for (int j = 0; j < registers; ++j)
+                            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(query + s + 8 * j), load_f16(key + s + 8 * j), acc[j]);
                 __m256 lanes[2];
                 for (int j = 0; j < per; ++j)
                     lanes[j] = _mm256_add_ps(_mm256_add_ps(acc[j], acc[2 * per + j]), _mm256_add_ps(acc[per + j], acc[3 * per + j]));
@@ -1197,7 +1206,14 @@ static inline __attribute__((always_inline)) void attention_one_row(
                 for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) {
                     __m256 acc[VALUE_CHUNK / 8];
                     for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_setzero_ps();
-                    for (int64_t p = lam; p < length; p += A) {  /* hidden positions weigh 0: nothing to add */
+                    int64_t p = lam;  /* hidden positions weigh 0: nothing to add */
+                    if (prefix_value_f != NULL)  /* laid out by lane: position A k + lam at row lam * chain + k */
+                        for (; p < prefix_length; p += A) {
+                            const float *value = prefix_value_f + (lam * ((prefix_length + A - 1) / A) + p / A) * dim + d0;
+                            __m256 weight = _mm256_broadcast_ss(row + p);
+                            for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * c), acc[c]);
+                        }
+                    for (; p < length; p += A) {
                         const uint16_t *value = (p < prefix_length ? pv : ov) + p * dim + d0;
                         __m256 weight = _mm256_broadcast_ss(row + p);
                         for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_fmadd_ps(weight, load_f16(value + 8 * c), acc[c]);
@@ -1250,10 +1266,10 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
     int W = (int)width;
     if (n == 1 && dim % (4 * W) == 0) {
         if (W == 16)  /* each width its own copy, its loops unrolled */
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out,
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, NULL, NULL, keys, values, kv_stride, out,
                               heads / kv_heads, dim, length, padded, scale, 16, first, last);
         else
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, keys, values, kv_stride, out,
+            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, NULL, NULL, keys, values, kv_stride, out,
                               heads / kv_heads, dim, length, padded, scale, 8, first, last);
         return;
     }
@@ -1304,6 +1320,147 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
         }
     }
     free(scratch);
+}
+
+/* attention_one_row for W = 16 on AVX-512 (llama.cpp's 16 lanes mean the CPU has it), `D` (64, 128 or 256) a
+   compile-time constant so that the query and the value accumulators stay in registers: a score's four 16-lane
+   accumulators are one register each (ggml's sum[0..3]), folded (0 + 2) + (1 + 3), then the two halves, then
+   reduced eight positions at once as the 8-lane code does; a value lane's chain is D / 16 registers over its
+   positions in order. The same FMAs and additions in the same order as attention_one_row, so the same bits. */
+__attribute__((target("avx512f"), always_inline)) static inline void attention_one_row_512(
+    const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length, int64_t prefix_stride,
+    const float *prefix_key_f, const float *prefix_value_f, const uint16_t *keys, const uint16_t *values, int64_t kv_stride,
+    float *out, int64_t group, const int D, int64_t length, int64_t padded, float scale, int64_t first, int64_t last) {
+    float *scratch = malloc((size_t)(padded + 4 * D + 16 * D) * sizeof(float));
+    if (scratch == NULL) return;
+    float *row = scratch, *lanes = row + padded, *folded = lanes + 4 * D;  /* [4][D], [16][D] */
+    for (int64_t h = first; h < last; ++h) {
+        const int64_t kv = h / group;
+        const uint16_t *pk = prefix_keys + kv * prefix_stride, *ok = keys + kv * kv_stride - prefix_length * D;
+        const uint16_t *pv = prefix_values + kv * prefix_stride, *ov = values + kv * kv_stride - prefix_length * D;
+        __m512 query[D / 16];
+        for (int c = 0; c < D / 16; ++c)
+            query[c] = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(q + h * D + 16 * c), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int64_t p0 = 0; p0 < padded; p0 += 8) {
+            __m256 v[8];
+            for (int k = 0; k < 8; ++k) {
+                int64_t p = p0 + k < length ? p0 + k : length - 1;  /* past the cache: any row, masked below */
+                __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                if (p < prefix_length && prefix_key_f != NULL) {
+                    const float *key = prefix_key_f + p * D;
+                    for (int c = 0; c < D / 16; ++c) acc[c % 4] = _mm512_fmadd_ps(query[c], _mm512_loadu_ps(key + 16 * c), acc[c % 4]);
+                } else {
+                    const uint16_t *key = (p < prefix_length ? pk : ok) + p * D;
+                    for (int c = 0; c < D / 16; ++c)
+                        acc[c % 4] = _mm512_fmadd_ps(query[c], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(key + 16 * c))), acc[c % 4]);
+                }
+                __m512 t = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+                v[k] = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)), _mm512_castps512_ps256(t));
+            }
+            __m256 sc = _mm256_mul_ps(reduce_8_rows(v, 16), _mm256_set1_ps(scale));
+            __m256 seen = _mm256_cmp_ps(_mm256_add_ps(_mm256_set1_ps((float)p0), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7)),
+                                        _mm256_set1_ps((float)length), _CMP_LT_OQ);
+            _mm256_storeu_ps(row + p0, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sc, seen));
+        }
+        softmax_f16(row, padded, highest(row, length), 16);
+        for (int l = 0; l < 16; ++l) {
+            for (int j = 0; j < 4; ++j) {
+                __m512 acc[D / 16];
+                for (int c = 0; c < D / 16; ++c) acc[c] = _mm512_setzero_ps();
+                int64_t p = 16 * j + l;  /* hidden positions weigh 0: nothing to add */
+                if (prefix_value_f != NULL) {  /* laid out by lane: position 64k + lam at row lam * chain + k */
+                    const float *value = prefix_value_f + p * ((prefix_length + 63) / 64) * D;  /* lam = p here */
+                    for (; p < prefix_length; p += 64, value += D) {
+                        const __m512 weight = _mm512_set1_ps(row[p]);
+                        for (int c = 0; c < D / 16; ++c) acc[c] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(value + 16 * c), acc[c]);
+                    }
+                }
+                for (; p < length; p += 64) {
+                    const uint16_t *value = (p < prefix_length ? pv : ov) + p * D;
+                    const __m512 weight = _mm512_set1_ps(row[p]);
+                    for (int c = 0; c < D / 16; ++c)
+                        acc[c] = _mm512_fmadd_ps(weight, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(value + 16 * c))), acc[c]);
+                }
+                for (int c = 0; c < D / 16; ++c) _mm512_storeu_ps(lanes + j * D + 16 * c, acc[c]);
+            }
+            for (int c = 0; c < D / 16; ++c) {  /* (0 + 2) + (1 + 3) */
+                __m512 a0 = _mm512_loadu_ps(lanes + 16 * c), a1 = _mm512_loadu_ps(lanes + D + 16 * c);
+                __m512 a2 = _mm512_loadu_ps(lanes + 2 * D + 16 * c), a3 = _mm512_loadu_ps(lanes + 3 * D + 16 * c);
+                _mm512_storeu_ps(folded + l * D + 16 * c, _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
+            }
+        }
+        for (int c = 0; c < D / 16; ++c) {  /* the 16 lanes by halves */
+            __m512 f[16];
+            for (int l = 0; l < 16; ++l) f[l] = _mm512_loadu_ps(folded + l * D + 16 * c);
+            for (int half = 8; half >= 1; half /= 2)
+                for (int l = 0; l < half; ++l) f[l] = _mm512_add_ps(f[half + l], f[l]);
+            _mm512_storeu_ps(out + h * D + 16 * c, f[0]);
+        }
+    }
+    free(scratch);
+}
+
+/* attention_one_row_512 for head size `dim` (64, 128 or 256), each its own copy. */
+__attribute__((target("avx512f"))) static void attention_one_row_16(
+    const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length, int64_t prefix_stride,
+    const float *prefix_key_f, const float *prefix_value_f, const uint16_t *keys, const uint16_t *values, int64_t kv_stride,
+    float *out, int64_t group, int64_t dim, int64_t length, int64_t padded, float scale, int64_t first, int64_t last) {
+    if (dim == 64)
+        attention_one_row_512(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                              kv_stride, out, group, 64, length, padded, scale, first, last);
+    else if (dim == 128)
+        attention_one_row_512(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                              kv_stride, out, group, 128, length, padded, scale, first, last);
+    else
+        attention_one_row_512(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                              kv_stride, out, group, 256, length, padded, scale, first, last);
+}
+
+/* One decode step's rows each attended alone (`attention_one_row`, every row's numbers those of the row by itself),
+   for KV heads [first, last): q [n, H, D] float32, out [n, H * D]; rows[i] = {prefix keys, prefix values, prefix
+   length, prefix head stride, keys, values, own length, head stride} (pointers as integers; a row without a prefix
+   has length 0). Rows that share a prefix (a program's, adjacent in a step) share its float32 conversion: each KV
+   head's prefix keys and values are converted once for all of them, the conversions being about half of a one-row
+   kernel's instructions. `dim` is a whole number of 4W-value steps. */
+static void attention_step(const float *q, const int64_t *rows, float *out, int64_t n, int64_t heads, int64_t kv_heads,
+                           int64_t dim, float scale, int W, int64_t first, int64_t last) {
+    const int64_t group = heads / kv_heads;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < n; ++i) longest = rows[8 * i + 2] > longest ? rows[8 * i + 2] : longest;
+    /* keys [longest, D], then values by lane: up to 4W - 1 rows past `longest` (a lane's chain is rounded up) */
+    float *converted = longest ? malloc((size_t)((2 * longest + 4 * W) * dim) * sizeof(float)) : NULL;
+    if (longest && converted == NULL) return;
+    for (int64_t kv = first; kv < last; ++kv) {
+        const uint16_t *held = NULL;  /* the prefix keys whose head kv is in `converted` */
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t *row = rows + 8 * i;
+            const uint16_t *prefix_keys = (const uint16_t *)(intptr_t)row[0], *prefix_values = (const uint16_t *)(intptr_t)row[1];
+            const int64_t prefix_length = row[2], prefix_stride = row[3], length = prefix_length + row[6];
+            const int64_t padded = (length + 4 * W - 1) / (4 * W) * (4 * W);
+            if (prefix_length && held != prefix_keys) {
+                const uint16_t *pk = prefix_keys + kv * prefix_stride, *pv = prefix_values + kv * prefix_stride;
+                const int64_t A = 4 * W, chain = (prefix_length + A - 1) / A;
+                for (int64_t p = 0; p < prefix_length; ++p)
+                    for (int64_t d = 0; d < dim; d += 8) {
+                        _mm256_storeu_ps(converted + p * dim + d, load_f16(pk + p * dim + d));
+                        _mm256_storeu_ps(converted + (longest + (p % A) * chain + p / A) * dim + d, load_f16(pv + p * dim + d));
+                    }
+                held = prefix_keys;
+            }
+            const float *key_f = prefix_length ? converted : NULL, *value_f = prefix_length ? converted + longest * dim : NULL;
+            const uint16_t *keys = (const uint16_t *)(intptr_t)row[4], *values = (const uint16_t *)(intptr_t)row[5];
+            if (W == 16 && (dim == 64 || dim == 128 || dim == 256)) {
+                attention_one_row_16(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
+                                     values, row[7], out + i * heads * dim, group, dim, length, padded, scale, kv * group, (kv + 1) * group);
+            } else if (W == 16)
+                attention_one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
+                                  values, row[7], out + i * heads * dim, group, dim, length, padded, scale, 16, kv * group, (kv + 1) * group);
+            else
+                attention_one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
+                                  values, row[7], out + i * heads * dim, group, dim, length, padded, scale, 8, kv * group, (kv + 1) * group);
+        }
+    }
+    free(converted);
 }
 
 /* ---- Qwen3.5's own ops (ggml_hybrid.py documents each rule): the fused delta rule and flash attention ---- */
@@ -1514,7 +1671,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
-    KERNEL_Q4_0_EIGHTS
+    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1560,6 +1717,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_FLOAT:
         float_product(a->p[0], (int)a->i[0], a->p[1], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], a->p[2], first, last);
+        break;
+    case KERNEL_ATTENTION_STEP:
+        attention_step(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->f, (int)a->i[4], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

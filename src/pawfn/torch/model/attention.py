@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from .families import Architecture
 from ..ggml.blocks import ggml_attention
 from ..ggml.hybrid import ggml_flash_attention
-from ..ggml.c_kernels import NativeKernels, native_attention
+from ..ggml.c_kernels import NativeKernels, native_attention, native_attention_step
 from .kvcache import KVCache
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "attend",
     "attend_batched",
     "attend_llamacpp",
+    "attend_llamacpp_step",
     "attend_llamacpp_flash",
     "llamacpp_batches",
     "attention_by_matmul",
@@ -79,6 +80,20 @@ def attend_llamacpp(
     if shared is not None:
         keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
     return ggml_attention(q, keys, values, width)
+
+
+def attend_llamacpp_step(
+    rows: list[tuple[KVCache, int]], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels
+) -> torch.Tensor:
+    """`attend_llamacpp` of each row of a decode step alone (row i's k/v stored at its (cache, slot)), in one C call:
+    [n, heads * D], row i's numbers those of the row by itself."""
+    views: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]] = []
+    for i, (cache, slot) in enumerate(rows):
+        end = cache.store(layer, slot, k[i : i + 1], v[i : i + 1])
+        prefix = cache.prefix
+        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+        views.append((shared, cache.keys[layer][:, :end], cache.values[layer][:, :end]))
+    return native_attention_step(kernels, q, views, width)
 
 
 LLAMACPP_THREADS = 2
