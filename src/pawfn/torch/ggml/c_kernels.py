@@ -61,8 +61,20 @@ class _Args(ctypes.Structure):
     _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
 
 
-_Q6_K_ROWS, _Q6_K_TILED, _Q0_ROWS, _Q4_0_REPACKED, _ATTENTION, _Q0_EIGHTS, _DELTA_NET, _FLASH_ONLINE, _FLASH_TILED, _FLOAT, _Q4_0_EIGHTS = range(11)
-_ATTENTION_STEP = 11
+(
+    _Q6_K_ROWS,
+    _Q6_K_TILED,
+    _Q0_ROWS,
+    _Q4_0_REPACKED,
+    _ATTENTION,
+    _Q0_EIGHTS,
+    _DELTA_NET,
+    _FLASH_ONLINE,
+    _FLASH_TILED,
+    _FLOAT,
+    _Q4_0_EIGHTS,
+    _ATTENTION_STEP,
+) = range(12)
 """`paw_run`'s kernels."""
 
 
