@@ -1246,6 +1246,11 @@ static inline __attribute__((always_inline)) void attention_one_row(
     free(scratch);
 }
 
+static void one_row(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length,
+                    int64_t prefix_stride, const float *prefix_key_f, const float *prefix_value_f, const uint16_t *keys,
+                    const uint16_t *values, int64_t kv_stride, float *out, int64_t group, int64_t dim, int64_t length, int64_t padded,
+                    float scale, int W, int64_t first, int64_t last);
+
 /* llama.cpp's attention for query heads [first, last): q [n, H, D] float32 (the last n of the cached positions,
    causal) over a program's prefix (f16 [KV, *, D], `prefix_stride` values between heads) then the sequence's own
    positions (`kv_stride`), as one cache; out [n, H * D]. Scores: f16(q) . k (tinyBLAS for n > 1, one-row for
@@ -1265,12 +1270,8 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
     }
     int W = (int)width;
     if (n == 1 && dim % (4 * W) == 0) {
-        if (W == 16)  /* each width its own copy, its loops unrolled */
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, NULL, NULL, keys, values, kv_stride, out,
-                              heads / kv_heads, dim, length, padded, scale, 16, first, last);
-        else
-            attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, NULL, NULL, keys, values, kv_stride, out,
-                              heads / kv_heads, dim, length, padded, scale, 8, first, last);
+        one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, NULL, NULL, keys, values, kv_stride, out, heads / kv_heads,
+                dim, length, padded, scale, W, first, last);
         return;
     }
     float *scratch = malloc((size_t)(padded + dim + 64 * dim) * sizeof(float));
@@ -1416,6 +1417,23 @@ __attribute__((target("avx512f"))) static void attention_one_row_16(
                               kv_stride, out, group, 256, length, padded, scale, first, last);
 }
 
+/* One decode row (`attention_one_row`'s arguments) on the copy made for its width and head size: AVX-512 registers
+   for W = 16 and D 64, 128 or 256, else the 8-lane code with its loops unrolled for W. */
+static void one_row(const float *q, const uint16_t *prefix_keys, const uint16_t *prefix_values, int64_t prefix_length,
+                    int64_t prefix_stride, const float *prefix_key_f, const float *prefix_value_f, const uint16_t *keys,
+                    const uint16_t *values, int64_t kv_stride, float *out, int64_t group, int64_t dim, int64_t length, int64_t padded,
+                    float scale, int W, int64_t first, int64_t last) {
+    if (W == 16 && (dim == 64 || dim == 128 || dim == 256))
+        attention_one_row_16(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                             kv_stride, out, group, dim, length, padded, scale, first, last);
+    else if (W == 16)
+        attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                          kv_stride, out, group, dim, length, padded, scale, 16, first, last);
+    else
+        attention_one_row(q, prefix_keys, prefix_values, prefix_length, prefix_stride, prefix_key_f, prefix_value_f, keys, values,
+                          kv_stride, out, group, dim, length, padded, scale, 8, first, last);
+}
+
 /* One decode step's rows each attended alone (`attention_one_row`, every row's numbers those of the row by itself),
    for KV heads [first, last): q [n, H, D] float32, out [n, H * D]; rows[i] = {prefix keys, prefix values, prefix
    length, prefix head stride, keys, values, own length, head stride} (pointers as integers; a row without a prefix
@@ -1449,15 +1467,8 @@ static void attention_step(const float *q, const int64_t *rows, float *out, int6
             }
             const float *key_f = prefix_length ? converted : NULL, *value_f = prefix_length ? converted + longest * dim : NULL;
             const uint16_t *keys = (const uint16_t *)(intptr_t)row[4], *values = (const uint16_t *)(intptr_t)row[5];
-            if (W == 16 && (dim == 64 || dim == 128 || dim == 256)) {
-                attention_one_row_16(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
-                                     values, row[7], out + i * heads * dim, group, dim, length, padded, scale, kv * group, (kv + 1) * group);
-            } else if (W == 16)
-                attention_one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
-                                  values, row[7], out + i * heads * dim, group, dim, length, padded, scale, 16, kv * group, (kv + 1) * group);
-            else
-                attention_one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys,
-                                  values, row[7], out + i * heads * dim, group, dim, length, padded, scale, 8, kv * group, (kv + 1) * group);
+            one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys, values, row[7],
+                    out + i * heads * dim, group, dim, length, padded, scale, W, kv * group, (kv + 1) * group);
         }
     }
     free(converted);

@@ -71,10 +71,7 @@ def attend_llamacpp(
 ) -> torch.Tensor:
     """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes, on the C `kernels` where
     given); the prefix's KV joins the cache's."""
-    end = cache.store(layer, slot, k, v)
-    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
-    prefix = cache.prefix
-    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+    shared, keys, values = _stored(cache, layer, slot, k, v)
     if kernels is not None:
         return native_attention(kernels, q, shared, keys, values, width)
     if shared is not None:
@@ -87,13 +84,19 @@ def attend_llamacpp_step(
 ) -> torch.Tensor:
     """`attend_llamacpp` of each row of a decode step alone (row i's k/v stored at its (cache, slot)), in one C call:
     [n, heads * D], row i's numbers those of the row by itself."""
-    views: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]] = []
-    for i, (cache, slot) in enumerate(rows):
-        end = cache.store(layer, slot, k[i : i + 1], v[i : i + 1])
-        prefix = cache.prefix
-        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
-        views.append((shared, cache.keys[layer][:, :end], cache.values[layer][:, :end]))
+    views = [_stored(cache, layer, slot, k[i : i + 1], v[i : i + 1]) for i, (cache, slot) in enumerate(rows)]
     return native_attention_step(kernels, q, views, width)
+
+
+def _stored(
+    cache: KVCache, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]:
+    """Store k/v at `slot...`; then the program's prefix keys and values (None without one) and the cache's own, as
+    the attention kernels read them in place."""
+    end = cache.store(layer, slot, k, v)
+    prefix = cache.prefix
+    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
+    return shared, cache.keys[layer][:, :end], cache.values[layer][:, :end]
 
 
 LLAMACPP_THREADS = 2
