@@ -259,6 +259,15 @@ def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     assert torch.equal(native_swiglu(_kernels(), gate, up, width), ggml_silu_mul(gate, up, width))
     hidden, weight = torch.randn(21, 8, 128, generator=generator) * 3, torch.randn(128, generator=generator)
     assert torch.equal(native_rms_norm(_kernels(), hidden, weight, 1e-6), ggml_rms_norm(hidden, weight, 1e-6))
+    # read in place: heads of a product's columns, rows of a column slice (n not a multiple of 8), 37 rows in two
+    # threads' parts (groups of eight and a rest); and swiglu's halves of one product
+    product = torch.randn(37, 8 * 128 + 1007, generator=generator) * 3
+    heads, columns, wide_weight = product[:, 3 : 3 + 8 * 128].view(37, 8, 128), product[:, 1030:2029], torch.randn(999, generator=generator)
+    assert torch.equal(native_rms_norm(_kernels(), heads, weight, 1e-6), ggml_rms_norm(heads.contiguous(), weight, 1e-6))
+    assert torch.equal(native_rms_norm(_kernels(), columns, wide_weight, 1e-6), ggml_rms_norm(columns.contiguous(), wide_weight, 1e-6))
+    gate_up = torch.randn(37, 2 * 2999 + 2, generator=generator) * 6
+    gate, up = gate_up[:, :2999], gate_up[:, 2999:5998]
+    assert torch.equal(native_swiglu(_kernels(), gate, up, width), ggml_silu_mul(gate.contiguous(), up.contiguous(), width))
     cos, sin = ggml_rope_table(torch.arange(300, 321), 128, 1e6)
     assert torch.equal(native_rope(_kernels(), hidden, cos, sin), ggml_rope(hidden, cos, sin))
     positions = torch.cat([torch.arange(0, 40), torch.arange(4000, 4100, 7), torch.tensor([32767, 131071])])

@@ -51,6 +51,7 @@ __all__ = [
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
 _SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
+_ELEMENTWISE_WORK = 2  # an rms_norm or swiglu value weighs two int8 products here: a decode step's 8 rows of 1024 stay on one thread
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 
@@ -74,7 +75,9 @@ class _Args(ctypes.Structure):
     _FLOAT,
     _Q4_0_EIGHTS,
     _ATTENTION_STEP,
-) = range(12)
+    _RMS_NORM,
+    _SWIGLU,
+) = range(14)
 """`paw_run`'s kernels."""
 
 
@@ -99,10 +102,8 @@ class NativeKernels:
         self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
         self.libm = self._declare(library.paw_libm, [_I64, _PTR, _PTR, _I64])
         self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64])
-        self.rms_norm = self._declare(library.paw_rms_norm, [_PTR, _PTR, _PTR, _I64, _I64, ctypes.c_float])
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.rope_table = self._declare(library.paw_rope_table, [_PTR, _I64, _I64, ctypes.c_float, _PTR, _PTR])
-        self.swiglu = self._declare(library.paw_swiglu, [_PTR, _PTR, _PTR, _I64, _I64])
         self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
         self._q6_k_amx_product = library.paw_q6_k_amx_product
         self._q6_k_amx_product.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
@@ -340,12 +341,21 @@ def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tens
 
 
 def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis."""
-    x = x.float().contiguous()
-    weight = weight.float().contiguous()
-    y = torch.empty_like(x)
+    """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis. A float32
+    view [T, n] or [T, H, n] whose rows of n are contiguous (e.g. the heads of a product split by columns) is read in
+    place; rows split across threads where there are enough of them."""
     n = x.shape[-1]
-    kernels.rms_norm(_ptr(x), _ptr(weight), _ptr(y), x.numel() // n, n, eps)
+    y = torch.empty(x.shape, dtype=torch.float32)
+    if y.numel() == 0:
+        return y
+    if x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == n:
+        per, stride = x.shape[1], x.stride(0)
+    elif x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1:
+        per, stride = 1, x.stride(0)
+    else:
+        x, per, stride = x.float().contiguous(), 1, n
+    weight = weight.float().contiguous()
+    kernels.run(_RMS_NORM, [_ptr(x), _ptr(weight), _ptr(y)], [stride, per, n], y.numel() // n, y.numel() * _ELEMENTWISE_WORK, eps)
     return y
 
 
@@ -369,10 +379,17 @@ def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int
 
 
 def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml.ggml_silu_mul` in C."""
-    gate, up = gate.float().contiguous(), up.float().contiguous()
-    y = torch.empty_like(gate)
-    kernels.swiglu(_ptr(gate), _ptr(up), _ptr(y), gate.numel(), width)
+    """`ggml.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
+    read in place; rows split across threads where there are enough of them."""
+    n = gate.shape[-1]
+    y = torch.empty(gate.shape, dtype=torch.float32)
+    if y.numel() == 0:
+        return y
+    if gate.dtype == up.dtype == torch.float32 and gate.dim() == up.dim() == 2 and gate.stride() == up.stride() and gate.stride(1) == 1:
+        stride = gate.stride(0)
+    else:
+        gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
+    kernels.run(_SWIGLU, [_ptr(gate), _ptr(up), _ptr(y)], [stride, n, width], y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 

@@ -1685,6 +1685,101 @@ static void float_product(const void *w, int f16, const float *x, int64_t rows, 
     }
 }
 
+/* ---- elementwise steps of a layer (one call each instead of a dozen torch operations) ---- */
+
+/* `ggml_rms_norm` then `ggml_mul` on rows [first, last) of a view whose rows of n are contiguous, row r at
+   x + (r / per) * stride + (r % per) * n (a [T, per, n] view, e.g. heads of a wider product's columns), into y
+   [rows, n]: squares (float32) summed in order in double, mean = sum / n rounded to float32, scale =
+   1 / sqrtf(mean + eps), y = (x * scale) * w. Eight rows at once, each in its own lane (element i of the eight
+   rows transposed into one register), so eight in-order chains run side by side. */
+static void rms_norm_rows(const float *x, int64_t stride, int64_t per, const float *w, float *y, int64_t n, float eps,
+                          int64_t first, int64_t last) {
+    for (int64_t r0 = first; r0 < last; r0 += 8) {
+        const int count = last - r0 < 8 ? (int)(last - r0) : 8;
+        const float *v[8];
+        for (int k = 0; k < 8; ++k) {  /* a short group repeats its first row in the unused lanes */
+            const int64_t r = r0 + (k < count ? k : 0);
+            v[k] = x + (r / per) * stride + (r % per) * n;
+        }
+        __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();  /* rows 0..3 and 4..7 */
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 e[8];
+            for (int k = 0; k < 8; ++k) e[k] = _mm256_loadu_ps(v[k] + i);
+            transpose_8x8(e);  /* e[j]: element i + j of the eight rows */
+            for (int j = 0; j < 8; ++j) {
+                const __m256 square = _mm256_mul_ps(e[j], e[j]);
+                low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(square)));
+                high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(square, 1)));
+            }
+        }
+        double sums[8];
+        _mm256_storeu_pd(sums, low);
+        _mm256_storeu_pd(sums + 4, high);
+        for (; i < n; ++i)
+            for (int k = 0; k < 8; ++k) sums[k] += (double)(v[k][i] * v[k][i]);
+        for (int k = 0; k < count; ++k) {
+            const float mean = (float)(sums[k] / (double)n);
+            const float scale = 1.0f / sqrtf(mean + eps);
+            float *out = y + (r0 + k) * n;
+            for (int64_t j = 0; j < n; ++j) out[j] = (v[k][j] * scale) * w[j];
+        }
+    }
+}
+
+/* `rotate_pairs` (NeoX halves) of x [tokens, heads, dim] with cos/sin [tokens, dim/2]: x0*cos - x1*sin and
+   x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). */
+void paw_rope_neox(const float *x, const float *cos_table, const float *sin_table, float *y, int64_t tokens,
+                   int64_t heads, int64_t dim) {
+    int64_t half = dim / 2;
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *c = cos_table + t * half, *s = sin_table + t * half;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *v = x + (t * heads + h) * dim;
+            float *out = y + (t * heads + h) * dim;
+            for (int64_t i = 0; i < half; ++i) {
+                float x0 = v[i], x1 = v[i + half];
+                out[i] = fmaf(x0, c[i], -(x1 * s[i]));
+                out[i + half] = fmaf(x0, s[i], x1 * c[i]);
+            }
+        }
+    }
+}
+
+/* `ggml_rope_cache_init`'s angles and their cosines and sines: for each of `count` positions (float32) the angles
+   p, p * step, (p * step) * step, ... (`half` of them, each product rounded to float32), then the C library's cosf
+   and sinf of each; cos and sin [count, half]. */
+void paw_rope_table(const float *positions, int64_t count, int64_t half, float step, float *cos_out, float *sin_out) {
+    for (int64_t t = 0; t < count; ++t) {
+        float angle = positions[t];
+        for (int64_t i = 0; i < half; ++i) {
+            if (i) angle = angle * step;
+            cos_out[t * half + i] = cosf(angle);
+            sin_out[t * half + i] = sinf(angle);
+        }
+    }
+}
+
+/* `ggml_swiglu`: gate / (1 + expf(-gate)) * up with ggml_v_expf (W lanes), for rows [first, last) of n values
+   (gate and up rows `stride` floats apart, e.g. the halves of one product's columns), into y [rows, n]. */
+static void swiglu_rows(const float *gate, const float *up, int64_t stride, float *y, int64_t n, int width, int64_t first, int64_t last) {
+    float e[8];
+    for (int64_t r = first; r < last; ++r) {
+        const float *g_row = gate + r * stride, *u_row = up + r * stride;
+        float *out = y + r * n;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {  /* each lane as the scalar steps below (IEEE division, rounded once) */
+            __m256 g = _mm256_loadu_ps(g_row + i);
+            float minus[8];
+            _mm256_storeu_ps(minus, _mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+            expf_ggml8(minus, e, width);
+            __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e)));
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u_row + i)));
+        }
+        for (; i < n; ++i) out[i] = (g_row[i] / (1.0f + expf_ggml(-g_row[i], width))) * u_row[i];
+    }
+}
+
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
 typedef struct {
@@ -1695,7 +1790,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
-    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP
+    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1744,6 +1839,12 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_ATTENTION_STEP:
         attention_step(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->f, (int)a->i[4], first, last);
+        break;
+    case KERNEL_RMS_NORM:
+        rms_norm_rows(a->p[0], a->i[0], a->i[1], a->p[1], (float *)a->p[2], a->i[2], a->f, first, last);
+        break;
+    case KERNEL_SWIGLU:
+        swiglu_rows(a->p[0], a->p[1], a->i[0], (float *)a->p[2], a->i[1], (int)a->i[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],
@@ -1897,83 +1998,6 @@ int paw_q6_k_amx_product(const float *x, int64_t rows, int64_t in, const uint8_t
     free(xv);
     free(x_scale_t);
     return status;
-}
-
-/* ---- elementwise steps of a layer (one call each instead of a dozen torch operations) ---- */
-
-/* `ggml_rms_norm` then `ggml_mul`, on `rows` vectors of n: squares (float32) summed in order in double,
-   mean = sum / n rounded to float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w. */
-void paw_rms_norm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 4) {  /* four rows' sums in flight: each its own chain, in order */
-        const int count = rows - r0 < 4 ? (int)(rows - r0) : 4;
-        double sums[4] = {0.0, 0.0, 0.0, 0.0};
-        if (count == 4) {
-            const float *v0 = x + r0 * n, *v1 = v0 + n, *v2 = v1 + n, *v3 = v2 + n;
-            for (int64_t i = 0; i < n; ++i) {
-                sums[0] += (double)(v0[i] * v0[i]);
-                sums[1] += (double)(v1[i] * v1[i]);
-                sums[2] += (double)(v2[i] * v2[i]);
-                sums[3] += (double)(v3[i] * v3[i]);
-            }
-        } else {
-            for (int k = 0; k < count; ++k)
-                for (int64_t i = 0; i < n; ++i) sums[k] += (double)(x[(r0 + k) * n + i] * x[(r0 + k) * n + i]);
-        }
-        for (int k = 0; k < count; ++k) {
-            const float *v = x + (r0 + k) * n;
-            float mean = (float)(sums[k] / (double)n);
-            float scale = 1.0f / sqrtf(mean + eps);
-            for (int64_t i = 0; i < n; ++i) y[(r0 + k) * n + i] = (v[i] * scale) * w[i];
-        }
-    }
-}
-
-/* `rotate_pairs` (NeoX halves) of x [tokens, heads, dim] with cos/sin [tokens, dim/2]: x0*cos - x1*sin and
-   x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). */
-void paw_rope_neox(const float *x, const float *cos_table, const float *sin_table, float *y, int64_t tokens,
-                   int64_t heads, int64_t dim) {
-    int64_t half = dim / 2;
-    for (int64_t t = 0; t < tokens; ++t) {
-        const float *c = cos_table + t * half, *s = sin_table + t * half;
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *v = x + (t * heads + h) * dim;
-            float *out = y + (t * heads + h) * dim;
-            for (int64_t i = 0; i < half; ++i) {
-                float x0 = v[i], x1 = v[i + half];
-                out[i] = fmaf(x0, c[i], -(x1 * s[i]));
-                out[i + half] = fmaf(x0, s[i], x1 * c[i]);
-            }
-        }
-    }
-}
-
-/* `ggml_rope_cache_init`'s angles and their cosines and sines: for each of `count` positions (float32) the angles
-   p, p * step, (p * step) * step, ... (`half` of them, each product rounded to float32), then the C library's cosf
-   and sinf of each; cos and sin [count, half]. */
-void paw_rope_table(const float *positions, int64_t count, int64_t half, float step, float *cos_out, float *sin_out) {
-    for (int64_t t = 0; t < count; ++t) {
-        float angle = positions[t];
-        for (int64_t i = 0; i < half; ++i) {
-            if (i) angle = angle * step;
-            cos_out[t * half + i] = cosf(angle);
-            sin_out[t * half + i] = sinf(angle);
-        }
-    }
-}
-
-/* `ggml_swiglu`: gate / (1 + expf(-gate)) * up with ggml_v_expf (W lanes), over count values. */
-void paw_swiglu(const float *gate, const float *up, float *y, int64_t count, int64_t width) {
-    float e[8];
-    int64_t i = 0;
-    for (; i + 8 <= count; i += 8) {  /* each lane as the scalar steps below (IEEE division, rounded once) */
-        __m256 g = _mm256_loadu_ps(gate + i);
-        float minus[8];
-        _mm256_storeu_ps(minus, _mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-        expf_ggml8(minus, e, (int)width);
-        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e)));
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-    }
-    for (; i < count; ++i) y[i] = (gate[i] / (1.0f + expf_ggml(-gate[i], (int)width))) * up[i];
 }
 
 /* ---- loading ---- */
