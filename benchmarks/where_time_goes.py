@@ -35,6 +35,8 @@ KERNELS = [
     "float",
     "q4_0 eights",
     "step attention",
+    "rms_norm",
+    "swiglu",
 ]
 
 P = ParamSpec("P")
@@ -92,7 +94,7 @@ def main() -> None:
         raise SystemExit("the C kernels did not build here: nothing to profile")
     kernels._block_product = timed(lambda kernel, x, rows, *rest: f"{KERNELS[kernel]}, {'prompt' if rows >= 16 else 'rows'}", kernels._block_product)  # type: ignore[method-assign]  # timed in place to profile
     kernels._run = timed(lambda kernel, *rest: KERNELS[kernel], kernels._run)  # type: ignore[method-assign]  # timed in place to profile
-    for name in ("rms_norm", "rope_neox", "rope_table", "swiglu"):
+    for name in ("rope_neox", "rope_table"):
         setattr(kernels, name, timed(lambda *rest, name=name: name, getattr(kernels, name)))
     network.TorchInterpreter.forward = timed_phase("prompt", network.TorchInterpreter.forward)  # type: ignore[method-assign]  # timed in place
     network.TorchInterpreter.step = timed_phase("step", network.TorchInterpreter.step)  # type: ignore[method-assign]  # timed in place
