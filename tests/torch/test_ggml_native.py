@@ -234,13 +234,25 @@ def test_a_decode_steps_rows_attend_in_one_call_each_as_alone(width: int, dim: i
 
     first, second = cache(303), cache(128)  # one prefix a whole number of 4W lanes long, one not
     rows = [(first, 85), (first, 1), (second, 70), (None, 9), (first, 3)]
-    views: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]] = []
-    for prefix, own in rows:
-        keys, values = cache(own + 9)
-        views.append((prefix, keys[:, :own], values[:, :own]))
-    out = native_attention_step(_kernels(), q, views, width)
-    for i, (prefix, keys, values) in enumerate(views):
-        whole = (keys, values) if prefix is None else (torch.cat([prefix[0], keys], 1), torch.cat([prefix[1], values], 1))
+    # each row's new key and value (column views of products, rows 4 * dim and 3 * dim apart), stored by the kernel
+    # at the row's last position
+    k = torch.randn(5, 4 * dim, generator=generator)[:, : 2 * dim].view(5, 2, dim)
+    v = torch.randn(5, 3 * dim, generator=generator)[:, dim:].view(5, 2, dim)
+    buffers = [cache(own + 9) for _, own in rows]  # room past each row's positions, as a reserved cache has
+    table = torch.tensor(
+        [
+            [*(p.data_ptr() for p in (prefix or buffer)), 0 if prefix is None else prefix[0].shape[1], (prefix or buffer)[0].stride(0)]
+            + [buffer[0].data_ptr(), buffer[1].data_ptr(), own, buffer[0].stride(0)]
+            for (prefix, own), buffer in zip(rows, buffers, strict=True)
+        ],
+        dtype=torch.int64,
+    )
+    positions = sum((0 if prefix is None else prefix[0].shape[1]) + own for prefix, own in rows)
+    out = native_attention_step(_kernels(), q, k, v, table, positions, width)
+    for i, ((prefix, own), (keys, values)) in enumerate(zip(rows, buffers, strict=True)):
+        assert torch.equal(keys[:, own - 1], k[i].half()) and torch.equal(values[:, own - 1], v[i].half()), f"row {i} stored"
+        own_keys, own_values = keys[:, :own], values[:, :own]
+        whole = (own_keys, own_values) if prefix is None else (torch.cat([prefix[0], own_keys], 1), torch.cat([prefix[1], own_values], 1))
         assert torch.equal(out[i : i + 1], ggml_attention(q[i : i + 1], *whole, width)), f"row {i}"
 
 

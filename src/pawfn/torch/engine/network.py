@@ -19,7 +19,7 @@ from ...formats.adapter import LoraAdapter
 from ...core.errors import BaseModelError
 from ...core.options import Numerics, WeightDType
 from ..model.arithmetic import Arithmetic
-from ..model.attention import llamacpp_batches
+from ..model.attention import StepSlots, llamacpp_batches
 from ..model.families.base import RecurrentUpdate
 from ..model.kvcache import KVCache, PrefixState
 from ..model.packed import Matrix
@@ -307,6 +307,7 @@ class _StepPass(_Pass):
                 segments.append((index, index + 1, row.adapter))
         super().__init__(weights, segments)
         self._rows = rows
+        self._slots = StepSlots([(row.cache, row.cache.slot(row.position)) for row in rows])
         self._by_rows = invariant
 
     def multiply(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
@@ -334,7 +335,6 @@ class _StepPass(_Pass):
         """Each row as alone when invariant (the kernels round by shape), over the row's own positions and its
         program's prefix, which every row of the program reads in place (llama.cpp's C kernels: all rows in one
         call, a prefix converted once for its program's rows). Else one fused kernel over all rows (`attend_batched`)."""
-        rows = [(row.cache, row.cache.slot(row.position)) for row in self._rows]
         if not self._by_rows:
-            return self.arithmetic.attend_rows(self.architecture, rows, layer, (q, k, v))
-        return self.arithmetic.attend_each_row(self.architecture, rows, layer, (q, k, v))
+            return self.arithmetic.attend_rows(self.architecture, self._slots.rows, layer, (q, k, v))
+        return self.arithmetic.attend_each_row(self.architecture, self._slots, layer, (q, k, v))

@@ -27,6 +27,7 @@ from ...core.files import mark_used
 from .build import build_key, build_kernels
 
 __all__ = [
+    "STEP_TABLE_COLUMNS",
     "TILED_MIN_ROWS",
     "NativeBlockMatrix",
     "NativeKernels",
@@ -228,32 +229,35 @@ def native_attention(
     return out
 
 
+STEP_TABLE_COLUMNS = 8
+"""A decode step attention table's row: prefix keys, prefix values (addresses; a row without a prefix repeats its own),
+prefix length, their head stride, own keys, own values (f16 [KV, capacity, D] buffers with contiguous rows), own
+length counting the new token, their head stride."""
+
+
 def native_attention_step(
-    kernels: NativeKernels, q: torch.Tensor, rows: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]], width: int
+    kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, positions: int, width: int
 ) -> torch.Tensor:
-    """`native_attention` of every row of a decode step, each alone, in one call: row i's query q[i] [H, D] over its
-    prefix keys/values [KV, P, D] (or None) then its own [KV, L, D] (f16 views whose rows are contiguous); rows that
-    share a prefix tensor convert it once. Needs D a multiple of 4 * `width` (one-row dots). Returns [n, H * D]."""
+    """`native_attention` of every row of a decode step, each alone, in one call: row i's new key and value k[i], v[i]
+    [KV, D] stored as f16 at its last own position, then its query q[i] [H, D] over its prefix and own positions, as
+    `table` (int64 [n, STEP_TABLE_COLUMNS], its columns documented there) lays them out; rows that share a prefix
+    convert it once. `positions`: the positions all rows attend over (the split across threads follows it). Needs D a
+    multiple of 4 * `width` (one-row dots). Returns [n, H * D]."""
     q = q.float().contiguous()
     n, heads, dim = q.shape
-    if dim % (4 * width) or len(rows) != n:
-        raise ValueError(f"a step's attention needs one cache per row and a head size that is a multiple of {4 * width}")
-    table: list[list[int]] = []
-    work = 0
-    for prefix, keys, values in rows:
-        for view in (keys, values) + (prefix or ()):
-            if view.dtype != torch.float16 or view.stride(2) != 1 or view.stride(1) != dim:
-                raise ValueError("attention needs f16 keys and values with contiguous rows")
-        prefix_keys, prefix_values = prefix if prefix is not None else (keys, values)
-        prefix_length = prefix_keys.shape[1] if prefix is not None else 0
-        table.append(
-            [_ptr(prefix_keys), _ptr(prefix_values), prefix_length, prefix_keys.stride(0), _ptr(keys), _ptr(values), keys.shape[1], keys.stride(0)]
-        )
-        work += heads * (prefix_length + keys.shape[1]) * dim
-    entries = torch.tensor(table, dtype=torch.int64)
+    if dim % (4 * width) or table.shape != (n, STEP_TABLE_COLUMNS) or table.dtype != torch.int64 or not table.is_contiguous():
+        raise ValueError(f"a step's attention needs a table row per query row and a head size that is a multiple of {4 * width}")
+    k, v = (t if t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == dim else t.float().contiguous() for t in (k, v))
     out = torch.empty((n, heads * dim), dtype=torch.float32)
-    kv_heads = rows[0][1].shape[0]
-    kernels.run(_ATTENTION_STEP, [_ptr(q), _ptr(entries), _ptr(out)], [n, heads, kv_heads, dim, width], kv_heads, work, _attention_scale(dim))
+    kv_heads = k.shape[1]
+    kernels.run(
+        _ATTENTION_STEP,
+        [_ptr(q), _ptr(table), _ptr(out), _ptr(k), _ptr(v)],
+        [n, heads, kv_heads, dim, width, k.stride(0), v.stride(0)],
+        kv_heads,
+        heads * positions * dim,
+        _attention_scale(dim),
+    )
     return out
 
 

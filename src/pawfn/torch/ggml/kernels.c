@@ -1452,9 +1452,11 @@ static void one_row(const float *q, const uint16_t *prefix_keys, const uint16_t 
    length, prefix head stride, keys, values, own length, head stride} (pointers as integers; a row without a prefix
    has length 0). Rows that share a prefix (a program's, adjacent in a step) share its float32 conversion: each KV
    head's prefix keys and values are converted once for all of them, the conversions being about half of a one-row
-   kernel's instructions. `dim` is a whole number of 4W-value steps. */
-static void attention_step(const float *q, const int64_t *rows, float *out, int64_t n, int64_t heads, int64_t kv_heads,
-                           int64_t dim, float scale, int W, int64_t first, int64_t last) {
+   kernel's instructions. `dim` is a whole number of 4W-value steps. Each row's new key and value (k_new, v_new
+   [n, KV, D] float32, rows k_stride and v_stride apart) are first stored as f16 at its last own position, as
+   llama.cpp copies them into its cache before attending. */
+static void attention_step(const float *q, const float *k_new, int64_t k_stride, const float *v_new, int64_t v_stride, const int64_t *rows, float *out,
+                           int64_t n, int64_t heads, int64_t kv_heads, int64_t dim, float scale, int W, int64_t first, int64_t last) {
     const int64_t group = heads / kv_heads;
     int64_t longest = 0;
     for (int64_t i = 0; i < n; ++i) longest = rows[8 * i + 2] > longest ? rows[8 * i + 2] : longest;
@@ -1480,6 +1482,11 @@ static void attention_step(const float *q, const int64_t *rows, float *out, int6
             }
             const float *key_f = prefix_length ? converted : NULL, *value_f = prefix_length ? converted + longest * dim : NULL;
             const uint16_t *keys = (const uint16_t *)(intptr_t)row[4], *values = (const uint16_t *)(intptr_t)row[5];
+            uint16_t *last_key = (uint16_t *)keys + kv * row[7] + (row[6] - 1) * dim, *last_value = (uint16_t *)values + kv * row[7] + (row[6] - 1) * dim;
+            for (int64_t d = 0; d < dim; d += 8) {  /* dim is a multiple of 8 */
+                _mm_storeu_si128((__m128i *)(last_key + d), _mm256_cvtps_ph(_mm256_loadu_ps(k_new + i * k_stride + kv * dim + d), 0));
+                _mm_storeu_si128((__m128i *)(last_value + d), _mm256_cvtps_ph(_mm256_loadu_ps(v_new + i * v_stride + kv * dim + d), 0));
+            }
             one_row(q + i * heads * dim, prefix_keys, prefix_values, prefix_length, prefix_stride, key_f, value_f, keys, values, row[7],
                     out + i * heads * dim, group, dim, length, padded, scale, W, kv * group, (kv + 1) * group);
         }
@@ -1838,7 +1845,8 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         float_product(a->p[0], (int)a->i[0], a->p[1], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], a->p[2], first, last);
         break;
     case KERNEL_ATTENTION_STEP:
-        attention_step(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->f, (int)a->i[4], first, last);
+        attention_step(a->p[0], a->p[3], a->i[5], a->p[4], a->i[6], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], a->i[3], a->f,
+                       (int)a->i[4], first, last);
         break;
     case KERNEL_RMS_NORM:
         rms_norm_rows(a->p[0], a->i[0], a->i[1], a->p[1], (float *)a->p[2], a->i[2], a->f, first, last);

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ...core.errors import ConfigError
 from ...core.options import Numerics, ResolvedNumerics, WeightDType
-from .attention import LLAMACPP_BATCH, attend, attend_batched, attend_llamacpp, attend_llamacpp_flash, attend_llamacpp_step
+from .attention import LLAMACPP_BATCH, StepSlots, attend, attend_batched, attend_llamacpp, attend_llamacpp_flash, attend_llamacpp_step
 from .delta_rule import delta_rule, l2_normalized
 from .families import Architecture
 from .families.base import Family
@@ -170,11 +170,11 @@ class Arithmetic:
         """Decode rows together in one fused kernel (not row-exact)."""
         return attend_batched(arch, rows, layer, *qkv)
 
-    def attend_each_row(self, arch: Architecture, rows: list[tuple[KVCache, int]], layer: int, qkv: QKV) -> torch.Tensor:
-        """Decode rows (row i's (cache, slot) in `rows`), each attended exactly as `attend_row` attends it alone."""
+    def attend_each_row(self, arch: Architecture, slots: StepSlots, layer: int, qkv: QKV) -> torch.Tensor:
+        """Decode rows (row i's (cache, slot) in `slots`), each attended exactly as `attend_row` attends it alone."""
         q, k, v = qkv
         return torch.cat(
-            [self.attend_row(arch, cache, layer, slot, (q[i : i + 1], k[i : i + 1], v[i : i + 1])) for i, (cache, slot) in enumerate(rows)]
+            [self.attend_row(arch, cache, layer, slot, (q[i : i + 1], k[i : i + 1], v[i : i + 1])) for i, (cache, slot) in enumerate(slots.rows)]
         )
 
     # -- side paths -------------------------------------------------------------------------------------------------
@@ -273,10 +273,10 @@ class LlamaCppArithmetic(Arithmetic):
             return attend_llamacpp_flash(cache, layer, slot, *qkv, self.width, self.kernels, [1])
         return attend_llamacpp(cache, layer, slot, *qkv, self.width, self.kernels)
 
-    def attend_each_row(self, arch: Architecture, rows: list[tuple[KVCache, int]], layer: int, qkv: QKV) -> torch.Tensor:
+    def attend_each_row(self, arch: Architecture, slots: StepSlots, layer: int, qkv: QKV) -> torch.Tensor:
         if self.kernels is None or self.flash or arch.head_dim % (4 * self.width):
-            return super().attend_each_row(arch, rows, layer, qkv)
-        return attend_llamacpp_step(rows, layer, *qkv, self.width, self.kernels)  # one C call; a shared prefix converted once
+            return super().attend_each_row(arch, slots, layer, qkv)
+        return attend_llamacpp_step(slots, arch, layer, *qkv, self.width, self.kernels)  # one C call; a shared prefix converted once
 
     def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Product, scale: float, by_rows: bool) -> None:
         if isinstance(b, Matrix):  # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` fuses)

@@ -9,11 +9,12 @@ import torch.nn.functional as F
 from .families import Architecture
 from ..ggml.blocks import ggml_attention
 from ..ggml.hybrid import ggml_flash_attention
-from ..ggml.c_kernels import NativeKernels, native_attention, native_attention_step
+from ..ggml.c_kernels import STEP_TABLE_COLUMNS, NativeKernels, native_attention, native_attention_step
 from .kvcache import KVCache
 
 __all__ = [
     "LLAMACPP_BATCH",
+    "StepSlots",
     "attend",
     "attend_batched",
     "attend_llamacpp",
@@ -79,13 +80,53 @@ def attend_llamacpp(
     return ggml_attention(q, keys, values, width)
 
 
+class StepSlots:
+    """A decode step's rows as (cache, slot): where each row's new token's keys and values go. The C kernels' table
+    of every layer's cache buffers is made on first use and kept for the step's other layers (the buffers were
+    reserved before the step: they stay where they are until it ends)."""
+
+    def __init__(self, rows: list[tuple[KVCache, int]]) -> None:
+        self.rows = rows
+        self._tables: torch.Tensor | None = None
+        self.positions = sum((cache.prefix.length if cache.prefix is not None else 0) + slot + 1 for cache, slot in rows)
+        """The positions all rows attend over, the new ones included."""
+
+    def native_table(self, arch: Architecture, layer: int) -> torch.Tensor:
+        """Layer `layer`'s table for `native_attention_step` ([rows, STEP_TABLE_COLUMNS] int64)."""
+        if self._tables is None:
+            self._tables = torch.tensor([_table_rows(arch, cache, slot) for cache, slot in self.rows], dtype=torch.int64).transpose(0, 1).contiguous()
+        return self._tables[layer]
+
+
+def _table_rows(arch: Architecture, cache: KVCache, slot: int) -> list[list[int]]:
+    """One decode row's entries in every layer's step table (see `STEP_TABLE_COLUMNS`); zeros for a layer without
+    attention. Checks that the buffers are what the kernel reads: f16, rows of D contiguous, one head stride."""
+    prefix = cache.prefix if cache.prefix is not None and cache.prefix.length else None
+    entries: list[list[int]] = []
+    for layer in range(arch.n_layers):
+        if not arch.attends(layer):
+            entries.append([0] * STEP_TABLE_COLUMNS)
+            continue
+        keys, values = cache.keys[layer], cache.values[layer]
+        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None else (keys, values)
+        for held, other in ((keys, values), shared):
+            if held.dtype != torch.float16 or held.stride(2) != 1 or held.stride(1) != arch.head_dim or other.stride() != held.stride():
+                raise ValueError("a decode step's attention needs f16 keys and values with contiguous rows and one head stride")
+        if slot >= keys.shape[1]:
+            raise ValueError(f"slot {slot} lies past the cache's {keys.shape[1]} reserved positions")
+        length = prefix.length if prefix is not None else 0
+        entries.append(
+            [shared[0].data_ptr(), shared[1].data_ptr(), length, shared[0].stride(0), keys.data_ptr(), values.data_ptr(), slot + 1, keys.stride(0)]
+        )
+    return entries
+
+
 def attend_llamacpp_step(
-    rows: list[tuple[KVCache, int]], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels
+    slots: StepSlots, arch: Architecture, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels
 ) -> torch.Tensor:
-    """`attend_llamacpp` of each row of a decode step alone (row i's k/v stored at its (cache, slot)), in one C call:
-    [n, heads * D], row i's numbers those of the row by itself."""
-    views = [_stored(cache, layer, slot, k[i : i + 1], v[i : i + 1]) for i, (cache, slot) in enumerate(rows)]
-    return native_attention_step(kernels, q, views, width)
+    """`attend_llamacpp` of each row of a decode step alone (row i's k/v stored at its (cache, slot) by the kernel), in
+    one C call: [n, heads * D], row i's numbers those of the row by itself."""
+    return native_attention_step(kernels, q, k, v, slots.native_table(arch, layer), slots.positions, width)
 
 
 def _stored(
