@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import gguf
@@ -381,12 +382,18 @@ def _built_by(script: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     return native_kernels()
 
 
-def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A compiler that fails on the AMX/AVX-512 code (an older one): the kernels built without it, the same results."""
+def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compiler that fails on the AMX/AVX-512 code (an older one): the kernels built without it, the same results,
+    and a warning that says so and why."""
     script = 'case "$*" in *-DPAW_BASELINE*) exec {compiler} "$@";; esac\necho "no amx" >&2; exit 1'
     try:
-        built = _built_by(script, monkeypatch, tmp_path)
+        with caplog.at_level("WARNING", logger="pawfn"):
+            built = _built_by(script, monkeypatch, tmp_path)
         assert built is not None and not built.amx and not built.avx512 and built.instructions == "AVX2"
+        [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert "without the AVX-512 VNNI and AMX kernels" in warning and "OpenMP" not in warning and "no amx" in warning
         raw = _raw(Q6_K, 48, 512, seed=2)
         emulated, native = block_matrix(raw, Q6_K, 48, True, native=False), block_matrix(raw, Q6_K, 48, True)
         assert emulated is not None and isinstance(native, NativeBlockMatrix) and native.kernels is built
@@ -396,13 +403,18 @@ def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(monkeypatch: p
         native_kernels.cache_clear()
 
 
-def test_a_compiler_without_openmp_builds_single_threaded_kernels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_compiler_without_openmp_builds_single_threaded_kernels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A compiler with no OpenMP runtime (clang without libomp): the kernels built without it, every part on one
     thread, the same results (a prompt's products and attention, which would otherwise split across threads)."""
     script = 'case "$*" in *-fopenmp*) echo "no omp.h" >&2; exit 1;; esac\nexec {compiler} "$@"'
     try:
-        built = _built_by(script, monkeypatch, tmp_path)
+        with caplog.at_level("WARNING", logger="pawfn"):
+            built = _built_by(script, monkeypatch, tmp_path)
         assert built is not None
+        [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert "without OpenMP" in warning and "AVX-512" not in warning and "no omp.h" in warning
         for qtype in (Q6_K, Q4_0):
             raw = _raw(qtype, 48, 1024, seed=3)
             emulated, native = block_matrix(raw, qtype, 48, qtype == Q6_K, native=False), block_matrix(raw, qtype, 48, qtype == Q6_K)
@@ -415,6 +427,18 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(monkeypatch: p
         assert torch.equal(native_attention(built, q, None, keys, values, 16), ggml_attention(q, keys, values, 16))
     finally:
         native_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("variant", [["-fopenmp"], ["-fopenmp", "-DPAW_BASELINE"]], ids=["whole", "baseline"])
+def test_the_kernels_compile_without_a_warning(variant: list[str], tmp_path: Path) -> None:
+    """The source compiles with -Wall -Werror, whole and without the AVX-512/AMX code (a user's build leaves those
+    flags out, so a newer compiler's new warning never costs the fast kernels)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    command = ggml_build.compile_command(compiler, [*ggml_build.STRICT_FLAGS, *variant], tmp_path / "k.so")
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

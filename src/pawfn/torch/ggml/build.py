@@ -15,10 +15,13 @@ from pathlib import Path
 from ...core.files import write_atomically
 from ...core.progress import progress_enabled
 
-__all__ = ["build_key", "build_kernels"]
+__all__ = ["STRICT_FLAGS", "build_key", "build_kernels", "compile_command"]
 
 _SOURCE = Path(__file__).with_name("kernels.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-Werror", "-Wall", "-fPIC", "-shared"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
+STRICT_FLAGS = ["-Wall", "-Werror"]
+"""What the project's tests compile the source with (it has no warnings); a user's build leaves them out, so a newer
+compiler's new warning costs nothing (with -Werror it failed the fast builds and left the AVX2 ones)."""
 _THREADED = ["-fopenmp"]
 """Tried first; a compiler without an OpenMP runtime (clang without libomp) builds the kernels single-threaded."""
 _BASELINE = "-DPAW_BASELINE"
@@ -29,6 +32,11 @@ _LOG = logging.getLogger("pawfn")
 def build_key() -> str:
     """What names a build: the source and the flags (a new pawfn version with other kernels builds again)."""
     return hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS + _THREADED).encode()).hexdigest()[:16]
+
+
+def compile_command(compiler: str, extra: list[str], output: Path) -> list[str]:
+    """The command line that compiles the kernels with `compiler` into `output`, with flags `extra` beside the build's own."""
+    return [compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(output), "-lm"]
 
 
 def _compilers() -> list[str]:
@@ -68,12 +76,10 @@ def _build(target: Path) -> str | None:
     # knows no such instructions (older compilers): the AVX2 ones give the same results
     attempts = [_THREADED, [], [*_THREADED, _BASELINE], [_BASELINE]]
     for compiler in _compilers():
-        for extra in attempts:
+        for attempt, extra in enumerate(attempts):
 
             def compile_to(path: Path, compiler: str = compiler, extra: list[str] = extra) -> None:
-                result = subprocess.run(
-                    [compiler, *_FLAGS, *extra, str(_SOURCE), "-o", str(path), "-lm"], capture_output=True, text=True, check=False, timeout=300
-                )
+                result = subprocess.run(compile_command(compiler, extra, path), capture_output=True, text=True, check=False, timeout=300)
                 if result.returncode != 0:
                     raise _BuildError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
 
@@ -82,5 +88,13 @@ def _build(target: Path) -> str | None:
             except _BuildError as error:
                 failure = str(error)
                 continue
+            if attempt:  # a slower build than the first one: say what it lacks, and why (the failed build's words)
+                left_out = [] if _THREADED[0] in extra else ["OpenMP (every kernel on one thread)"]
+                left_out += ["the AVX-512 VNNI and AMX kernels (the AVX2 ones: the same results, slower)"] if _BASELINE in extra else []
+                _LOG.warning(
+                    "pawfn: the C kernels were built without %s, as %s. Another compiler (CC=...) may build them whole.",
+                    " and ".join(left_out),
+                    failure,
+                )
             return None
     return failure
