@@ -100,24 +100,29 @@ class StepSlots:
 
 def _table_rows(arch: Architecture, cache: KVCache, slot: int) -> list[list[int]]:
     """One decode row's entries in every layer's step table (see `STEP_TABLE_COLUMNS`); zeros for a layer without
-    attention. Checks that the buffers are what the kernel reads: f16, rows of D contiguous, one head stride."""
+    attention. Checks that the buffers are what the kernel reads (f16, rows of D contiguous, one head stride), on the
+    first attending layer: a cache and a prefix make every layer's alike."""
     prefix = cache.prefix if cache.prefix is not None and cache.prefix.length else None
+    length = prefix.length if prefix is not None else 0
+    own_stride = shared_stride = 0
+    for layer in (layer for layer in range(arch.n_layers) if arch.attends(layer)):  # the first attending layer
+        keys = cache.keys[layer]
+        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None else (keys, cache.values[layer])
+        for held, other in ((keys, cache.values[layer]), shared):
+            if held.dtype != torch.float16 or held.stride(2) != 1 or held.stride(1) != arch.head_dim or other.stride() != held.stride():
+                raise ValueError("a decode step's attention needs f16 keys and values with contiguous rows and one head stride")
+        if slot >= keys.shape[1]:
+            raise ValueError(f"slot {slot} lies past the cache's {keys.shape[1]} reserved positions")
+        own_stride, shared_stride = keys.stride(0), shared[0].stride(0)
+        break
     entries: list[list[int]] = []
     for layer in range(arch.n_layers):
         if not arch.attends(layer):
             entries.append([0] * STEP_TABLE_COLUMNS)
             continue
-        keys, values = cache.keys[layer], cache.values[layer]
-        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None else (keys, values)
-        for held, other in ((keys, values), shared):
-            if held.dtype != torch.float16 or held.stride(2) != 1 or held.stride(1) != arch.head_dim or other.stride() != held.stride():
-                raise ValueError("a decode step's attention needs f16 keys and values with contiguous rows and one head stride")
-        if slot >= keys.shape[1]:
-            raise ValueError(f"slot {slot} lies past the cache's {keys.shape[1]} reserved positions")
-        length = prefix.length if prefix is not None else 0
-        entries.append(
-            [shared[0].data_ptr(), shared[1].data_ptr(), length, shared[0].stride(0), keys.data_ptr(), values.data_ptr(), slot + 1, keys.stride(0)]
-        )
+        own = (cache.keys[layer].data_ptr(), cache.values[layer].data_ptr())
+        read = (prefix.keys[layer].data_ptr(), prefix.values[layer].data_ptr()) if prefix is not None else own
+        entries.append([*read, length, shared_stride, *own, slot + 1, own_stride])
     return entries
 
 
