@@ -72,7 +72,10 @@ def attend_llamacpp(
 ) -> torch.Tensor:
     """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes, on the C `kernels` where
     given); the prefix's KV joins the cache's."""
-    shared, keys, values = _stored(cache, layer, slot, k, v)
+    end = cache.store(layer, slot, k, v)
+    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
+    prefix = cache.prefix
+    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
     if kernels is not None:
         return native_attention(kernels, q, shared, keys, values, width)
     if shared is not None:
@@ -88,7 +91,7 @@ class StepSlots:
     def __init__(self, rows: list[tuple[KVCache, int]]) -> None:
         self.rows = rows
         self._tables: torch.Tensor | None = None
-        self.positions = sum((cache.prefix.length if cache.prefix is not None else 0) + slot + 1 for cache, slot in rows)
+        self.positions = sum(cache.offset + slot + 1 for cache, slot in rows)
         """The positions all rows attend over, the new ones included."""
 
     def native_table(self, arch: Architecture, layer: int) -> torch.Tensor:
@@ -105,16 +108,16 @@ def _table_rows(arch: Architecture, cache: KVCache, slot: int) -> list[list[int]
     prefix = cache.prefix if cache.prefix is not None and cache.prefix.length else None
     length = prefix.length if prefix is not None else 0
     own_stride = shared_stride = 0
-    for layer in (layer for layer in range(arch.n_layers) if arch.attends(layer)):  # the first attending layer
-        keys = cache.keys[layer]
-        shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None else (keys, cache.values[layer])
-        for held, other in ((keys, cache.values[layer]), shared):
+    first = next((layer for layer in range(arch.n_layers) if arch.attends(layer)), None)
+    if first is not None:
+        keys = cache.keys[first]
+        shared = (prefix.keys[first], prefix.values[first]) if prefix is not None else (keys, cache.values[first])
+        for held, other in ((keys, cache.values[first]), shared):
             if held.dtype != torch.float16 or held.stride(2) != 1 or held.stride(1) != arch.head_dim or other.stride() != held.stride():
                 raise ValueError("a decode step's attention needs f16 keys and values with contiguous rows and one head stride")
         if slot >= keys.shape[1]:
             raise ValueError(f"slot {slot} lies past the cache's {keys.shape[1]} reserved positions")
         own_stride, shared_stride = keys.stride(0), shared[0].stride(0)
-        break
     entries: list[list[int]] = []
     for layer in range(arch.n_layers):
         if not arch.attends(layer):
@@ -132,17 +135,6 @@ def attend_llamacpp_step(
     """`attend_llamacpp` of each row of a decode step alone (row i's k/v stored at its (cache, slot) by the kernel), in
     one C call: [n, heads * D], row i's numbers those of the row by itself."""
     return native_attention_step(kernels, q, k, v, slots.native_table(arch, layer), slots.positions, width)
-
-
-def _stored(
-    cache: KVCache, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor
-) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, torch.Tensor, torch.Tensor]:
-    """Store k/v at `slot...`; then the program's prefix keys and values (None without one) and the cache's own, as
-    the attention kernels read them in place."""
-    end = cache.store(layer, slot, k, v)
-    prefix = cache.prefix
-    shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
-    return shared, cache.keys[layer][:, :end], cache.values[layer][:, :end]
 
 
 LLAMACPP_THREADS = 2
