@@ -29,9 +29,11 @@ def bundles(qwen3_program: TinyProgram, tmp_path: Path) -> list[str]:
     return folders
 
 
-def pool_of(qwen3_program: TinyProgram, tmp_path: Path, **budget: int) -> ProgramPool[Qwen3_0_6B, Torch]:
+def pool_of(
+    qwen3_program: TinyProgram, tmp_path: Path, max_programs: int | None = None, max_bytes: int | None = None
+) -> ProgramPool[Qwen3_0_6B, Torch]:
     config = PawConfig.model_validate({"cache_dir": tmp_path / "cache", "progress": False})
-    return ProgramPool.of(Program, base=qwen3_program.interpreter.gguf_path, config=config, **budget)
+    return ProgramPool.of(Program, base=qwen3_program.interpreter.gguf_path, config=config, max_programs=max_programs, max_bytes=max_bytes)
 
 
 def names(pool: ProgramPool[Qwen3_0_6B, Torch]) -> list[str]:

@@ -27,6 +27,7 @@ from pawfn import (
     GPT2,
     AsyncPawClient,
     CompileError,
+    ConfigError,
     IntegrityError,
     InterpreterMismatchError,
     LlamaCpp,
@@ -38,8 +39,10 @@ from pawfn import (
     PawFn,
     PawFnBuilder,
     Qwen3_0_6B,
+    Remote,
     RuntimeOptions,
     Torch,
+    prepare_program,
 )
 from pawfn.cli import main
 from tests.helpers.bounded import CliRun, run_cli
@@ -140,6 +143,24 @@ def test_second_load_is_served_from_the_cache(hub: Hub) -> None:
     before = len(hub.server.state.snapshot())
     PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     assert len(hub.server.state.snapshot()) == before  # an id needs no request once cached
+
+
+def test_a_prepared_program_loads_without_a_request(hub: Hub) -> None:
+    """`prepare_program` resolves and downloads; `load_sync` of its result opens those files and asks nothing."""
+    prepared = prepare_program(SLUG, hub.config())
+    before = len(hub.server.state.snapshot())
+    with PawFn[Qwen3_0_6B, Torch].load_sync(prepared, config=hub.config()) as function:
+        assert function.program_id == PROGRAM_ID
+        assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
+    with PawFn.load_any_sync(prepared, Torch, config=hub.config()) as function:
+        assert type(function) is PawFn[Qwen3_0_6B, Torch]
+    assert len(hub.server.state.snapshot()) == before
+    with pytest.raises(InterpreterMismatchError):
+        PawFn[GPT2, Torch].load_sync(prepared, config=hub.config())
+    with pytest.raises(ConfigError, match="give base= to prepare_program"):
+        PawFn[Qwen3_0_6B, Torch].load_sync(prepared, base=hub.base, config=hub.config())
+    with pytest.raises(ConfigError, match="Remote loads by reference"):
+        PawFn[Qwen3_0_6B, Remote].load_sync(prepared, config=hub.config())
 
 
 def test_retries_429_and_500(hub: Hub) -> None:
@@ -364,7 +385,6 @@ def test_config_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         2,
     )
     monkeypatch.setenv("PAW_N_CTX", "lots")
-    from pawfn import ConfigError
 
     with pytest.raises(ConfigError, match="invalid PAW_N_CTX='lots': expected an integer > 0"):
         PawConfig.from_env()

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
-from pawfn.core.errors import NotFoundError
+from pawfn import GPT2, PawConfig, PawFn, ProgramPool, RuntimeOptions, Torch
+from pawfn.core.errors import InterpreterMismatchError, NotFoundError
 from pawfn.core.protocol import RunResponse
 from pawfn.serve.app import create_app
 from pawfn.serve.service import LocalPrograms, ProgramBudgetError
@@ -189,5 +189,41 @@ def test_a_reference_is_identified_before_anything_is_evicted(hub: tuple[HubServ
         assert (counters.program_loads, counters.program_evictions) == (1, 0)
         assert [program.references for program in await service.programs()] == [sorted([IDS[0], "someone/first"])]
         await service.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_cold_program_is_resolved_and_downloaded_once(hub: tuple[HubServer, PawConfig]) -> None:
+    """The pool identifies a reference before it evicts anything; the load then opens what that found, asking the
+    hub nothing more (it resolved the slug and fetched the runtime manifest twice before)."""
+    server, config = hub
+    server.state.slugs["someone/first"] = IDS[0]
+
+    async def scenario() -> None:
+        async with ProgramPool.any(Torch, config=config, max_programs=1) as pool:
+            first = await pool.generate("someone/first", "hello", OPTIONS)
+            assert server.state.count(r"/programs/resolve/someone%2Ffirst$") == 1
+            assert server.state.count(rf"/programs/{IDS[0]}/download$") == 1
+            assert server.state.count(rf"/models/runtimes/{RUNTIME_ID}$") == 1
+            await pool.run(IDS[1], "hello", OPTIONS)  # evicts the first
+            again = await pool.generate("someone/first", "hello", OPTIONS)  # from the cache: one resolve more, no download
+            assert again.token_ids == first.token_ids
+            assert server.state.count(r"/programs/resolve/someone%2Ffirst$") == 2
+            assert server.state.count(rf"/programs/{IDS[0]}/download$") == 1
+            assert pool.stats.loads == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_pool_refuses_another_interpreters_program_before_its_base_downloads(hub: tuple[HubServer, PawConfig]) -> None:
+    """A GPT-2 pool asked for a Qwen3 program: refused once the program's meta is read, its base never fetched."""
+    server, config = hub
+
+    async def scenario() -> None:
+        async with ProgramPool.of(PawFn[GPT2, Torch], config=config) as pool:
+            with pytest.raises(InterpreterMismatchError, match="Qwen/Qwen3-0.6B"):
+                await pool.run(IDS[0], "hello", OPTIONS)
+            assert len(pool) == 0 and pool.stats.loads == 0
+        assert server.state.count(rf"/files/{BASE_FILE}") == 0
 
     asyncio.run(scenario())

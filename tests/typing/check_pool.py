@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, InterpreterModel, PawFn, PoolStats, ProgramPool, Qwen3_0_6B, ResidentProgram, Torch
+from pawfn import GPT2, InterpreterModel, PawFn, PoolStats, PreparedProgram, ProgramPool, Qwen3_0_6B, ResidentProgram, Torch
 
 
 async def pools(other: PawFn[GPT2, Torch]) -> None:
@@ -19,3 +19,10 @@ async def pools(other: PawFn[GPT2, Torch]) -> None:
     assert_type(ProgramPool.any(Torch), ProgramPool[InterpreterModel, Torch])
     pool.add("gpt2", other)  # expect-error: arg-type; reportArgumentType
     ProgramPool.of(PawFn[Qwen3_0_6B, Torch], max_programs="8")  # expect-error: arg-type; reportArgumentType
+    assert_type(ProgramPool.of(PawFn[Qwen3_0_6B, Torch], references={"triage": "user/email-triage@v3"}), ProgramPool[Qwen3_0_6B, Torch])
+    ProgramPool.any(Torch, references=["user/email-triage"])  # expect-error: arg-type; reportArgumentType
+
+
+def prepared_loads(prepared: PreparedProgram) -> None:
+    assert_type(PawFn[Qwen3_0_6B, Torch].load_sync(prepared), PawFn[Qwen3_0_6B, Torch])
+    assert_type(PawFn.load_any_sync(prepared, Torch), PawFn[InterpreterModel, Torch])

@@ -15,7 +15,7 @@ from ..core.backends import Backend
 from ..formats.bundle import ProgramMeta
 from ..core.config import PawConfig
 from ..hub.cache import PawCache
-from ..hub.prepare import compile_program
+from ..hub.prepare import PreparedProgram, compile_program
 from ..hub.refs import checked_program_id, checked_slug
 from ..hub.types import CompileSettings, compile_request
 from ..core.models import InterpreterModel
@@ -119,21 +119,27 @@ class PawFn(Generic[M, B]):
         return cls._opened(open_bare(cls.backend_type(), cls.model_type(), None if base is None else Path(base), template, config), config)
 
     @classmethod
-    def load_sync(cls, reference: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
+    def load_sync(
+        cls, reference: str | os.PathLike[str] | PreparedProgram, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+    ) -> Self:
         """Load a program by id, slug or path (a `.paw` or bundle folder): download what is missing, or use the cache
         (offline too); `base` brings your own base weights (a GGUF file or HF folder; then none are downloaded, and a
-        local bundle makes no request). On `Remote`, the server's program."""
+        local bundle makes no request). On `Remote`, the server's program. A `PreparedProgram` (`prepare_program`)
+        opens from its files without a request."""
         config = config or PawConfig.from_env()
-        return cls._opened(open_reference(os.fspath(reference), cls.backend_type(), expect_model(cls.model_type()), config, base), config)
+        named = reference if isinstance(reference, PreparedProgram) else os.fspath(reference)
+        return cls._opened(open_reference(named, cls.backend_type(), expect_model(cls.model_type()), config, base), config)
 
     @classmethod
-    async def load(cls, reference: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
+    async def load(
+        cls, reference: str | os.PathLike[str] | PreparedProgram, *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+    ) -> Self:
         """`load_sync` in a worker thread: downloads, hashing and weight loading never block the event loop."""
         return await asyncio.to_thread(lambda: cls.load_sync(reference, base=base, config=config))
 
     @staticmethod
     def load_any_sync(
-        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+        reference: str | PreparedProgram, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
     ) -> PawFn[InterpreterModel, OtherB]:
         """Load a program with the interpreter model its bundle names (`Qwen3_0_6B`, `GPT2`); narrow the result
         with `PawFn[Model, Backend].narrow(...)` for the precise type."""
@@ -143,7 +149,7 @@ class PawFn(Generic[M, B]):
 
     @staticmethod
     async def load_any(
-        reference: str, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
+        reference: str | PreparedProgram, backend: type[OtherB], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None
     ) -> PawFn[InterpreterModel, OtherB]:
         """`load_any_sync` in a worker thread."""
         return await asyncio.to_thread(lambda: PawFn.load_any_sync(reference, backend, base=base, config=config))

@@ -17,14 +17,24 @@ from ..core.config import PawConfig
 from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
 from ..hub.cache import PawCache
 from ..hub.usage import prune_derived
-from ..hub.prepare import find_cached_base, find_cached_projector, prepare_program
+from ..hub.prepare import PreparedProgram, find_cached_base, find_cached_projector, prepare_program
 from ..llamacpp import LlamaCppProgram
 from ..core.models import InterpreterModel, model_for_interpreter
 from ..remote import RemoteProgram
 from ..calls.runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
 from ..core.templates import INPUT_PLACEHOLDER, NumberedTemplate
 
-__all__ = ["ModelChoice", "Opened", "bound_derived", "expect_model", "known_interpreter", "open_files", "open_reference", "runtime_opener"]
+__all__ = [
+    "ModelChoice",
+    "Opened",
+    "bound_derived",
+    "expect_model",
+    "known_interpreter",
+    "open_files",
+    "open_reference",
+    "prepare_reference",
+    "runtime_opener",
+]
 
 _LOG = logging.getLogger("pawfn")
 
@@ -171,11 +181,22 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
 
 
-def open_reference(reference: str, backend: type[Backend], choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None) -> Opened:
+def open_reference(
+    reference: str | PreparedProgram, backend: type[Backend], choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None
+) -> Opened:
     """Open a program by id, slug or path on `backend`: on a server for `Remote`, else downloading what is missing
-    (`base`: your own base weights, then none are downloaded)."""
+    (`base`: your own base weights, then none are downloaded); a `PreparedProgram` opens from its files, asking the
+    hub nothing."""
     started = time.perf_counter()
-    if issubclass(backend, Remote):
+    if isinstance(reference, PreparedProgram):
+        if issubclass(backend, Remote):
+            raise ConfigError(
+                f"{reference.reference}: a prepared program runs from its files; load it on Torch or LlamaCpp (Remote loads by reference)"
+            )
+        if base is not None:
+            raise ConfigError(f"{reference.reference}: a prepared program carries its base weights; give base= to prepare_program instead")
+        prepared = reference
+    elif issubclass(backend, Remote):
         if base is not None:
             raise ConfigError("base weights are the server's business on Remote: load without base=")
         runtime = RemoteProgram.open(reference, config)
@@ -187,7 +208,14 @@ def open_reference(reference: str, backend: type[Backend], choose: ModelChoice, 
             runtime.close()
             raise
         return Opened(model, runtime, meta, Path(reference), (time.perf_counter() - started) * 1e3)
-    prepared = prepare_program(
+    else:
+        prepared = prepare_reference(reference, choose, config, base)
+    return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)
+
+
+def prepare_reference(reference: str, choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None) -> PreparedProgram:
+    """Resolve `reference` and download what is missing, refusing a program `choose` cannot run before its base
+    weights are fetched (`base`: your own, then none are)."""
+    return prepare_program(
         reference, config, check=lambda meta: choose(meta, meta.program_id or reference), base=None if base is None else Path(base)
     )
-    return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)

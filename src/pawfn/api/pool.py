@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -25,8 +24,9 @@ from ..core.errors import NotFoundError, ProgramBudgetError, ProgramBusyError
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
-from ..hub.prepare import prepare_program
+from ..hub.prepare import PreparedProgram
 from .function import PawFn
+from .opening import ModelChoice, expect_model, known_interpreter, prepare_reference
 
 __all__ = ["PoolStats", "ProgramPool", "ResidentProgram"]
 
@@ -78,19 +78,43 @@ class _Entry(Generic[M, B]):
         self.last_used_s = time.monotonic()
 
 
-def _identifier(
-    backend: type[Backend], config: PawConfig | None, base: str | os.PathLike[str] | None
-) -> Callable[[str], Awaitable[str | None]] | None:
-    """The program id a reference names, resolved and its files downloaded as a load would (the load then finds
-    them in the cache); None on `Remote`, whose programs the server resolves and loads."""
-    if issubclass(backend, Remote):
-        return None
+@dataclass(frozen=True)
+class _Found(Generic[M, B]):
+    """What a pool learnt of a reference before making room: its program id, and how to open it."""
 
-    async def identify(reference: str) -> str | None:
-        prepared = await asyncio.to_thread(lambda: prepare_program(reference, config, base=None if base is None else Path(base)))
-        return prepared.program_id
+    program_id: str | None
+    load: Callable[[], Awaitable[PawFn[M, B]]]
 
-    return identify
+
+_Finder = Callable[[str], Awaitable[_Found[M, B]]]
+"""How a pool learns what a reference names before it evicts anything."""
+
+
+def _given(load: Callable[[str], Awaitable[PawFn[M, B]]], identify: Callable[[str], Awaitable[str | None]] | None) -> _Finder[M, B]:
+    """A pool's `load` and `identify` as one finder."""
+
+    async def find(reference: str) -> _Found[M, B]:
+        return _Found(None if identify is None else await identify(reference), lambda: load(reference))
+
+    return find
+
+
+def _prepared_first(
+    open_prepared: Callable[[PreparedProgram], Awaitable[PawFn[M, B]]],
+    choose: ModelChoice,
+    config: PawConfig | None,
+    base: str | os.PathLike[str] | None,
+    references: Mapping[str, str],
+) -> _Finder[M, B]:
+    """Resolve and download a reference once (a program its interpreter cannot run is refused before its base
+    weights are fetched), then open those files: the load asks the hub nothing more."""
+
+    async def find(reference: str) -> _Found[M, B]:
+        named = references.get(reference, reference)
+        prepared = await asyncio.to_thread(lambda: prepare_reference(named, choose, config or PawConfig.from_env(), base))
+        return _Found(prepared.program_id, lambda: open_prepared(prepared))
+
+    return find
 
 
 class ProgramPool(Generic[M, B]):
@@ -118,9 +142,8 @@ class ProgramPool(Generic[M, B]):
     ) -> None:
         """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `identify(reference)`: its
         program id, found before anything is evicted (a reference to a held program by another name then loads
-        nothing, and one that names no program fails without evicting: `of` and `any` resolve and download it);
-        `max_programs`,
-        `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound);
+        nothing, and one that names no program fails without evicting; `of` and `any` resolve and download it once,
+        and load those files); `max_programs`, `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound);
         `wait_s`: how long a load past the budget waits for a held program to go idle before `ProgramBudgetError`."""
         if max_programs is not None and max_programs < 1:
             raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
@@ -128,8 +151,7 @@ class ProgramPool(Generic[M, B]):
             raise ValueError(f"max_bytes={max_bytes}: give a positive number of bytes (None: no bound)")
         if wait_s < 0:
             raise ValueError(f"wait_s={wait_s}: give the seconds a load may wait for room, 0 or more")
-        self._load = load
-        self._identify = identify
+        self._find: _Finder[M, B] = _given(load, identify)
         self.max_programs = max_programs
         self.max_bytes = max_bytes
         self.wait_s = wait_s
@@ -148,18 +170,26 @@ class ProgramPool(Generic[M, B]):
         *,
         base: str | os.PathLike[str] | None = None,
         config: PawConfig | None = None,
+        references: Mapping[str, str] | None = None,
         max_programs: int | None = None,
         max_bytes: int | None = None,
         wait_s: float = 0.0,
     ) -> ProgramPool[OtherM, OtherB]:
-        """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded by `kind.load(reference, ...)`."""
+        """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded as `kind.load(reference, ...)` would;
+        `references`: names that load another reference (`{"triage": "user/email-triage@v3"}`)."""
+        renamed = dict(references or {})
 
         def load(reference: str) -> Awaitable[PawFn[OtherM, OtherB]]:
-            return kind.load(reference, base=base, config=config)
+            return kind.load(renamed.get(reference, reference), base=base, config=config)
 
-        return ProgramPool(
-            load, identify=_identifier(kind.backend_type(), config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s
-        )
+        pool = ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        if not issubclass(kind.backend_type(), Remote):  # Remote: the server resolves and loads its programs
+
+            def open_prepared(prepared: PreparedProgram) -> Awaitable[PawFn[OtherM, OtherB]]:
+                return kind.load(prepared, config=config)
+
+            pool._find = _prepared_first(open_prepared, expect_model(kind.model_type()), config, base, renamed)
+        return pool
 
     @staticmethod
     def any(
@@ -167,16 +197,26 @@ class ProgramPool(Generic[M, B]):
         *,
         base: str | os.PathLike[str] | None = None,
         config: PawConfig | None = None,
+        references: Mapping[str, str] | None = None,
         max_programs: int | None = None,
         max_bytes: int | None = None,
         wait_s: float = 0.0,
     ) -> ProgramPool[InterpreterModel, OtherB]:
-        """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`)."""
+        """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`); `references` as
+        in `of`."""
+        renamed = dict(references or {})
 
         def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
-            return PawFn.load_any(reference, backend, base=base, config=config)
+            return PawFn.load_any(renamed.get(reference, reference), backend, base=base, config=config)
 
-        return ProgramPool(load, identify=_identifier(backend, config, base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        pool = ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        if not issubclass(backend, Remote):
+
+            def open_prepared(prepared: PreparedProgram) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
+                return PawFn.load_any(prepared, backend, config=config)
+
+            pool._find = _prepared_first(open_prepared, known_interpreter, config, base, renamed)
+        return pool
 
     # --- what is held ---
 
@@ -275,15 +315,15 @@ class ProgramPool(Generic[M, B]):
                 self._went_idle.set()
 
     async def _bring_in(self, reference: str) -> _Entry[M, B]:
-        program_id = None if self._identify is None else await self._identify(reference)  # raises for no program
+        found = await self._find(reference)  # raises for no program, or one this pool cannot run
         async with self._loading:
-            entry = self._entries.get(reference) or self._entries.get(program_id or "")  # loaded meanwhile, or by its id
+            entry = self._entries.get(reference) or self._entries.get(found.program_id or "")  # loaded meanwhile, or by its id
             if entry is not None:
                 self._entries[reference] = entry
                 return entry
             await self._make_room()
             started = time.perf_counter()
-            program = await self._load(reference)
+            program = await found.load()
             self._loads += 1
             self._cold_start_s += time.perf_counter() - started
             entry = self._join(reference, program, pin=False)

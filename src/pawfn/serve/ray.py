@@ -31,7 +31,6 @@ from ..core.config import PawConfig
 from ..core.errors import ConfigError, PawError, describe_validation_error
 from ..api.function import PawFn
 from ..api.pool import PoolStats, ProgramPool
-from ..hub.prepare import prepare_program
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
@@ -132,9 +131,11 @@ class _ProgramReplica:
         self._started = dict(_named(given) for given in args.programs)
         """Every name a program given at start answers to -> the reference it loads from."""
         self._base = None if args.base is None else Path(args.base)
-        self._pool = ProgramPool[InterpreterModel, Backend](
-            self._load,
-            identify=self._identify,
+        self._pool = ProgramPool.any(
+            self._backend,
+            base=self._base,
+            config=args.config,
+            references=self._started,
             max_programs=args.max_programs_per_replica,
             max_bytes=args.max_program_bytes_per_replica,
             wait_s=args.settings.program_wait_s,
@@ -145,11 +146,6 @@ class _ProgramReplica:
 
     def _load(self, name: str) -> Awaitable[PawFn[InterpreterModel, Backend]]:
         return PawFn.load_any(self._started.get(name, name), self._backend, base=self._base, config=self._args.config)
-
-    async def _identify(self, name: str) -> str | None:
-        """The program id `name` stands for (resolved and downloaded before the pool evicts anything for it)."""
-        reference = self._started.get(name, name)
-        return (await asyncio.to_thread(lambda: prepare_program(reference, self._args.config, base=self._base))).program_id
 
     async def program(self, name: str) -> _Routed:
         """The program `name`, loaded into the pool if need be (`ray_app` wraps this in Ray's multiplexing)."""
