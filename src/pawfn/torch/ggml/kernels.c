@@ -1287,11 +1287,11 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                 dim, length, padded, scale, W, first, last);
         return;
     }
+    /* one row (n == 1) whose head size is not a whole number of 4W-value steps */
     float *scratch = malloc((size_t)(padded + dim + 64 * dim) * sizeof(float));
     if (scratch == NULL) return;
-    int one_row = n == 1;
     int64_t group = heads / kv_heads;
-    int accumulators = one_row ? 4 * W : W;
+    int accumulators = 4 * W;
     float *row = scratch;             /* [padded] scores, then probabilities */
     float *query = row + padded;      /* [D] */
     float *acc = query + dim;         /* [accumulators, D]: the value product's lanes for every output */
@@ -1306,7 +1306,7 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
                 if (p < visible) {
                     const uint16_t *k = p < prefix_length ? prefix_keys + kv * prefix_stride + p * dim
                                                           : keys + kv * kv_stride + (p - prefix_length) * dim;
-                    s = dot_f16(query, k, dim, W, one_row) * scale;
+                    s = dot_f16(query, k, dim, W, 1) * scale;
                 }
                 row[p] = s;
                 top = s > top ? s : top;
@@ -1325,10 +1325,6 @@ void paw_attention(const float *q, const uint16_t *prefix_keys, const uint16_t *
             for (int64_t d = 0; d < dim; ++d) {
                 float lanes[64];
                 for (int l = 0; l < accumulators; ++l) lanes[l] = acc[l * dim + d];
-                if (!one_row) {
-                    result[d] = halves(lanes, W);
-                    continue;
-                }
                 result[d] = sum_accumulators(lanes, W);
             }
         }
@@ -1481,8 +1477,8 @@ static void attention_step(const float *q, const float *k_new, int64_t k_stride,
                 held = prefix_keys;
             }
             const float *key_f = prefix_length ? converted : NULL, *value_f = prefix_length ? converted + longest * dim : NULL;
-            const uint16_t *keys = (const uint16_t *)(intptr_t)row[4], *values = (const uint16_t *)(intptr_t)row[5];
-            uint16_t *last_key = (uint16_t *)keys + kv * row[7] + (row[6] - 1) * dim, *last_value = (uint16_t *)values + kv * row[7] + (row[6] - 1) * dim;
+            uint16_t *keys = (uint16_t *)(intptr_t)row[4], *values = (uint16_t *)(intptr_t)row[5];  /* this step writes them */
+            uint16_t *last_key = keys + kv * row[7] + (row[6] - 1) * dim, *last_value = values + kv * row[7] + (row[6] - 1) * dim;
             for (int64_t d = 0; d < dim; d += 8) {  /* dim is a multiple of 8 */
                 _mm_storeu_si128((__m128i *)(last_key + d), _mm256_cvtps_ph(_mm256_loadu_ps(k_new + i * k_stride + kv * dim + d), 0));
                 _mm_storeu_si128((__m128i *)(last_value + d), _mm256_cvtps_ph(_mm256_loadu_ps(v_new + i * v_stride + kv * dim + d), 0));
