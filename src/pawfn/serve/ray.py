@@ -187,8 +187,8 @@ class _ProgramReplica:
 
     async def _answer(self, work: Callable[[PawFn[InterpreterModel, Backend], str], Awaitable[_T]]) -> _T | _Refused:
         try:
-            await self._program()
             async with self._using(serve.get_multiplexed_model_id()) as (program, name):
+                await self._program()  # held first: Ray's multiplexing records it without a window to evict it in
                 return await work(program, name)
         except PawError as exc:
             refused = api_error(exc)
@@ -219,8 +219,8 @@ class _ProgramReplica:
 
     async def stream(self, text: CallInput, options: RuntimeOptions) -> AsyncGenerator[StreamPiece | RunResponse | _Refused, None]:
         try:
-            await self._program()
             async with self._using(serve.get_multiplexed_model_id()) as (program, name), aclosing(stream_call(program, name, text, options)) as items:
+                await self._program()
                 async for item in items:
                     yield item
         except PawError as exc:
