@@ -127,8 +127,7 @@ class PawFn(Generic[M, B]):
         local bundle makes no request). On `Remote`, the server's program. A `PreparedProgram` (`prepare_program`)
         opens from its files without a request."""
         config = config or PawConfig.from_env()
-        named = reference if isinstance(reference, PreparedProgram) else os.fspath(reference)
-        return cls._opened(open_reference(named, cls.backend_type(), expect_model(cls.model_type()), config, base), config)
+        return cls._opened(open_reference(reference, cls.backend_type(), expect_model(cls.model_type()), config, base), config)
 
     @classmethod
     async def load(

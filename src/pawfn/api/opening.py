@@ -182,7 +182,11 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
 
 
 def open_reference(
-    reference: str | PreparedProgram, backend: type[Backend], choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None
+    reference: str | os.PathLike[str] | PreparedProgram,
+    backend: type[Backend],
+    choose: ModelChoice,
+    config: PawConfig,
+    base: str | os.PathLike[str] | None,
 ) -> Opened:
     """Open a program by id, slug or path on `backend`: on a server for `Remote`, else downloading what is missing
     (`base`: your own base weights, then none are downloaded); a `PreparedProgram` opens from its files, asking the
@@ -199,17 +203,18 @@ def open_reference(
     elif issubclass(backend, Remote):
         if base is not None:
             raise ConfigError("base weights are the server's business on Remote: load without base=")
-        runtime = RemoteProgram.open(reference, config)
+        named = os.fspath(reference)
+        runtime = RemoteProgram.open(named, config)
         served = runtime.served
         meta = ProgramMeta(interpreter=served.interpreter, program_id=served.program_id, spec=served.spec)
         try:
-            model = choose(meta, reference)
+            model = choose(meta, named)
         except BaseException:
             runtime.close()
             raise
-        return Opened(model, runtime, meta, Path(reference), (time.perf_counter() - started) * 1e3)
+        return Opened(model, runtime, meta, Path(named), (time.perf_counter() - started) * 1e3)
     else:
-        prepared = prepare_reference(reference, choose, config, base)
+        prepared = prepare_reference(os.fspath(reference), choose, config, base)
     return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)
 
 
