@@ -6,7 +6,7 @@ calls); prints calls/s and the ratio to llama.cpp's. Last, pawfn's calls/s when 
 prompt (max_tokens=1, one caller): prompts are evaluated one by one, so no number of callers exceeds it.
 
     python benchmarks/batching.py [--workdir /tmp/pawfn-qwen3-shape] [--weight-dtype int8] [--numerics auto] [--calls 16]
-        [--batch-invariant on|off|both] [--programs one|four|both]
+        [--batch-invariant on|off|both] [--programs one|four|both] [--runs 3]
 """
 
 from __future__ import annotations
@@ -63,6 +63,41 @@ def measure(
     return run_script(f"{backend} x{concurrency}", _MEASURE, arguments)
 
 
+Row = tuple[str, int, float, dict[str, float]]
+"""A configuration's label, callers, ratio to llama.cpp's calls/s and figures."""
+
+
+def one_run(args: argparse.Namespace, base: Path, bundle: Path, four: list[Path]) -> list[Row]:
+    """llama.cpp, then every pawfn configuration, then llama.cpp again; prints the table and returns its rows."""
+    before = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
+    print(f"llama.cpp, one call after another: {before['calls_per_s']:.2f} calls/s (median call {before['median_ms']:.0f} ms)")
+    measured: list[tuple[str, int, dict[str, float]]] = []
+    settings = ("on", "off") if args.batch_invariant == "both" else (args.batch_invariant,)
+    groups = [group for group in (("one program", [bundle]), ("four programs", four)) if args.programs in ("both", group[0].split()[0])]
+    for name, bundles in groups:
+        for concurrency in args.concurrency:
+            for invariant in settings:
+                calls = max(args.calls, 2 * concurrency)
+                label = name if len(settings) == 1 else f"{name}, {'row-exact' if invariant == 'on' else 'batched'}"
+                figures = measure("torch", base, bundles, concurrency, calls, args.weight_dtype, invariant=invariant, numerics=args.numerics)
+                measured.append((label, concurrency, figures))
+                print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
+    prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1, numerics=args.numerics)
+    after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
+    print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
+    reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
+    rows = [(label, concurrency, figures["calls_per_s"] / reference, figures) for label, concurrency, figures in measured]
+    rows.append(("prompts only (1 token)", 1, prompt_only["calls_per_s"] / reference, prompt_only))
+    print(
+        f"{'pawfn ' + (args.weight_dtype or 'numerics ' + args.numerics):34} {'callers':>7} {'calls/s':>8} {'median call':>12} "
+        f"{'vs llama.cpp':>12} {'same tokens as alone':>21}"
+    )
+    for label, concurrency, ratio, figures in rows:
+        exact = "  (no number of callers exceeds this)" if label.startswith("prompts only") else f"{bool(figures['exact'])!s:>21}"
+        print(f"{label:34} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms {ratio:11.2f}x {exact}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
@@ -74,6 +109,7 @@ def main() -> None:
         "--batch-invariant", choices=("on", "off", "both"), default="on", help="row-exact decode steps (the CPU's default), batched ones, or both"
     )
     parser.add_argument("--programs", choices=("one", "four", "both"), default="both", help="one program, four on the base, or both")
+    parser.add_argument("--runs", type=int, default=1, help="whole runs one after another (llama.cpp measured in each); then each ratio per run")
     args = parser.parse_args()
     base, bundle = prepare(args.workdir)
     four = [bundle]
@@ -83,36 +119,18 @@ def main() -> None:
             shutil.copytree(bundle, copy, ignore=shutil.ignore_patterns(".pawfn*"))
         four.append(copy)
     print(llama_cpp_build())
-    before = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
-    print(f"llama.cpp, one call after another: {before['calls_per_s']:.2f} calls/s (median call {before['median_ms']:.0f} ms)")
-    rows: list[tuple[str, int, dict[str, float]]] = []
-    settings = ("on", "off") if args.batch_invariant == "both" else (args.batch_invariant,)
-    groups = [group for group in (("one program", [bundle]), ("four programs", four)) if args.programs in ("both", group[0].split()[0])]
-    for name, bundles in groups:
-        for concurrency in args.concurrency:
-            for invariant in settings:
-                calls = max(args.calls, 2 * concurrency)
-                label = name if len(settings) == 1 else f"{name}, {'row-exact' if invariant == 'on' else 'batched'}"
-                figures = measure("torch", base, bundles, concurrency, calls, args.weight_dtype, invariant=invariant, numerics=args.numerics)
-                rows.append((label, concurrency, figures))
-                print(f"  measured pawfn, {label}, {concurrency} callers", flush=True)
-    prompt_only = measure("torch", base, [bundle], 1, args.calls, args.weight_dtype, max_tokens=1, numerics=args.numerics)
-    after = measure("llamacpp", base, [bundle], 1, min(args.calls, 8), "")
-    print(f"llama.cpp again: {after['calls_per_s']:.2f} calls/s (median call {after['median_ms']:.0f} ms)")
-    reference = (before["calls_per_s"] + after["calls_per_s"]) / 2
-    print(
-        f"{'pawfn ' + (args.weight_dtype or 'numerics ' + args.numerics):34} {'callers':>7} {'calls/s':>8} {'median call':>12} "
-        f"{'vs llama.cpp':>12} {'same tokens as alone':>21}"
-    )
-    for label, concurrency, figures in rows:
-        print(
-            f"{label:34} {concurrency:7} {figures['calls_per_s']:8.2f} {figures['median_ms']:9.0f} ms "
-            f"{figures['calls_per_s'] / reference:11.2f}x {str(bool(figures['exact'])):>21}"
-        )
-    print(
-        f"{'prompts only (1 token)':34} {1:7} {prompt_only['calls_per_s']:8.2f} {prompt_only['median_ms']:9.0f} ms "
-        f"{prompt_only['calls_per_s'] / reference:11.2f}x   (no number of callers exceeds this)"
-    )
+    runs: list[list[Row]] = []
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"run {run + 1} of {args.runs}")
+        runs.append(one_run(args, base, bundle, four))
+    if args.runs > 1:
+        print("vs llama.cpp, run by run:")
+        for index, (label, concurrency, _, _) in enumerate(runs[0]):
+            ratios = [rows[index][2] for rows in runs]
+            exact = all(bool(rows[index][3].get("exact", True)) for rows in runs)
+            shown = ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+            print(f"  {label:34} {concurrency:3} callers: {shown}; lowest {min(ratios):.2f}x; every output as alone: {exact}")
 
 
 if __name__ == "__main__":
