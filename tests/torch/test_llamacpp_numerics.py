@@ -27,6 +27,7 @@ from pawfn.torch.ggml.blocks import (
     ggml_rope_table,
     ggml_silu_mul,
 )
+from pawfn.torch.ggml.blocks import _gelu_table  # pyright: ignore[reportPrivateUsage]  # the table the spec reads
 from pawfn.torch.ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
 from pawfn.torch.model.packed import cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
@@ -278,8 +279,38 @@ def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(
         _bit_exact(adapter[name + ".lora_a"](x), trace.at(norm + 4))
         _bit_exact(adapter[name + ".lora_b"](trace.at(norm + 4)), trace.at(norm + 5))
         gelu = trace.find(evaluation, f"ffn_gelu-{layer}")
-        _bit_exact(ggml_gelu(trace.at(gelu - 1)), trace.at(gelu))
+        _bit_exact(ggml_gelu(trace.at(gelu - 1), None if implementation == "torch" else _kernels()), trace.at(gelu))
         _bit_exact(base[f"blk.{layer}.ffn_down.weight"](trace.at(gelu)), trace.at(gelu + 1))
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_gelu_follows_ggml_vec_gelu_f32_on_every_f16_value_and_its_thresholds(implementation: str) -> None:
+    """Element by element as ggml's loop: 0 at or below -10, x at or above 10, else the table at x's f16 bits (every
+    f16 value, values that round to one, the thresholds and what lies just beside them, NaN and the infinities)."""
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    beside = [-10.0, 10.0, -9.999999, 9.999999, -10.000001, 10.000001, 1e-8, -1e-8, 3.0001, float("inf"), -float("inf"), 3.0015, -10.0]
+    beside = torch.tensor(beside + [-10.000001])  # the last 6 past whole vectors of 8: the C kernel's scalar tail sees these
+    x = torch.cat((every, every * 1.0001, beside))
+    table = _gelu_table()
+    expected: list[float] = []
+    for value in x.tolist():
+        if value <= -10.0:
+            expected.append(0.0)
+        elif value >= 10.0:
+            expected.append(value)
+        else:
+            expected.append(float(table[int(torch.tensor(value).half().view(torch.int16).item()) & 0xFFFF]))
+    kernels = None if implementation == "torch" else _kernels()
+    _same_bits(ggml_gelu(x, kernels), torch.tensor(expected))
+    rows = x[: 2 * 3 * 9001].view(2, 3, 9001)[:, :, ::3]  # a strided view keeps its shape and values (a ragged tail of 8)
+    _same_bits(ggml_gelu(rows, kernels), torch.tensor(expected[: 2 * 3 * 9001]).view(2, 3, 9001)[:, :, ::3])
+
+
+def _same_bits(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to the bit (a zero's sign too), NaN where NaN is expected."""
+    assert got.shape == expected.shape and torch.equal(got.isnan(), expected.isnan())
+    numbers = ~expected.isnan()
+    assert torch.equal(got[numbers].view(torch.int32), expected[numbers].view(torch.int32))
 
 
 @requires_llama_cpp

@@ -167,8 +167,10 @@ class TorchProgram(PromptRuntime):
         for Qwen3.5's) and shared by the programs on its base; None without a projector."""
         if self._projector is None:
             return None
-        (path, tokens), device = self._projector, self.base.interpreter.device
-        return self.base.vision_tower(path, lambda: on_compute_thread(VisionTower.read, path, device, tokens))
+        (path, tokens), interpreter = self._projector, self.base.interpreter
+        return self.base.vision_tower(
+            path, lambda: on_compute_thread(VisionTower.read, path, interpreter.device, tokens, interpreter.arithmetic.kernels)
+        )
 
     @property
     def device_adapter(self) -> DeviceAdapter:

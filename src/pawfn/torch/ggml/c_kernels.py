@@ -40,6 +40,7 @@ __all__ = [
     "native_flash_online",
     "native_flash_tiled",
     "native_gated_delta_net",
+    "native_gelu",
     "native_libm",
     "native_ssm_conv",
     "native_kernels",
@@ -78,7 +79,8 @@ class _Args(ctypes.Structure):
     _ATTENTION_STEP,
     _RMS_NORM,
     _SWIGLU,
-) = range(14)
+    _GELU,
+) = range(15)
 """`paw_run`'s kernels."""
 
 
@@ -394,6 +396,16 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
     else:
         gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
     kernels.run(_SWIGLU, [_ptr(gate), _ptr(up), _ptr(y)], [stride, n, width], y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    return y
+
+
+def native_gelu(kernels: NativeKernels, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """`blocks.ggml_gelu` in C: every value of x through `table` (float32 [65536], by f16 bits), split across
+    threads when large."""
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    if y.numel():
+        kernels.run(_GELU, [_ptr(x), _ptr(table), _ptr(y)], [], y.numel(), y.numel() * _ELEMENTWISE_WORK)
     return y
 
 

@@ -1783,6 +1783,20 @@ static void swiglu_rows(const float *gate, const float *up, int64_t stride, floa
     }
 }
 
+/* `ggml_vec_gelu_f32` as built (GGML_GELU_FP16), values [first, last): 0 at or below -10, x at or above 10, else
+   `table` (ggml_table_gelu_f16 as float32, by f16 bits) at x rounded to f16 to nearest even (GGML_FP32_TO_FP16). */
+static void gelu_values(const float *x, const float *table, float *y, int64_t first, int64_t last) {
+    const __m256 high = _mm256_set1_ps(10.0f), low = _mm256_set1_ps(-10.0f);
+    int64_t i = first;
+    for (; i + 8 <= last; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 looked = _mm256_i32gather_ps(table, _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v, 0)), 4);
+        __m256 kept = _mm256_blendv_ps(looked, v, _mm256_cmp_ps(v, high, _CMP_GE_OQ));
+        _mm256_storeu_ps(y + i, _mm256_andnot_ps(_mm256_cmp_ps(v, low, _CMP_LE_OQ), kept));  /* +0 at or below -10 */
+    }
+    for (; i < last; ++i) y[i] = x[i] <= -10.0f ? 0.0f : x[i] >= 10.0f ? x[i] : table[_cvtss_sh(x[i], 0)];
+}
+
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
 typedef struct {
@@ -1793,7 +1807,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
-    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU
+    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU, KERNEL_GELU
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -1849,6 +1863,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_SWIGLU:
         swiglu_rows(a->p[0], a->p[1], a->i[0], (float *)a->p[2], a->i[1], (int)a->i[2], first, last);
+        break;
+    case KERNEL_GELU:
+        gelu_values(a->p[0], a->p[1], (float *)a->p[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

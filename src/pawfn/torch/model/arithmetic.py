@@ -218,7 +218,7 @@ class LlamaCppArithmetic(Arithmetic):
         return native_swiglu(self.kernels, gate, up, self.width)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
-        return ggml_gelu(x)
+        return ggml_gelu(x, self.kernels)
 
     def sigmoid(self, x: torch.Tensor) -> torch.Tensor:
         return ggml_sigmoid(x, self.kernels)
