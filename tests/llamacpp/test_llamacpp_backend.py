@@ -280,3 +280,22 @@ def test_a_sampled_call_draws_what_llamas_sampler_draws(qwen3_program: TinyProgr
     finally:
         theirs.close()
     assert len(set(found)) > 1 and found == expected
+
+
+def test_a_recurrent_models_calls_log_nothing_python_would_print(qwen35_program: TinyProgram, caplog: pytest.LogCaptureFixture) -> None:
+    """Qwen3.5 on llama.cpp: every evaluation drops the cache past its start with seq_id -1, as `Llama.eval` does, and
+    llama.cpp's recurrent memory answers with an error it then ignores; pawfn logs that one at DEBUG (Python prints an
+    unhandled ERROR record on stderr, once per call), every other error as an error."""
+    from pawfn import Qwen3_5_0_8B
+
+    caplog.set_level(logging.DEBUG, logger="pawfn.llamacpp")
+    with PawFn[Qwen3_5_0_8B, LlamaCpp].load_sync(qwen35_program.folder, base=qwen35_program.interpreter.gguf_path) as function:
+        function.generate("hello", OPTIONS)
+        function.generate("hello again", OPTIONS)
+    native = [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "pawfn.llamacpp"]
+    assert (logging.DEBUG, "seq_rm: invalid seq_id (-1) - larger than n_seq_max (1)") in native
+    assert [message for level, message in native if level >= logging.WARNING] == []
+    assert llamacpp_program.native_log_level(4, b"seq_rm: invalid seq_id (3) - larger than n_seq_max (1)\n", logging.DEBUG) == logging.ERROR
+    assert llamacpp_program.native_log_level(4, b"llama_decode: failed to decode\n", logging.DEBUG) == logging.ERROR
+    assert llamacpp_program.native_log_level(3, b"a warning\n", logging.DEBUG) == logging.INFO
+    assert llamacpp_program.native_log_level(5, b" continued\n", logging.ERROR) == logging.ERROR  # a continuation keeps the level

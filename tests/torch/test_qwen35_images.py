@@ -403,3 +403,4 @@ def test_an_image_call_on_llamacpp_prints_nothing(
         assert capfd.readouterr().err == ""
     logged = {(record.levelno, record.getMessage().split(":")[0]) for record in caplog.records if record.name == "pawfn.llamacpp"}
     assert (logging.INFO, "find_slot") in logged and (logging.DEBUG, "add_text") in logged
+    assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]  # Python would print these

@@ -40,7 +40,7 @@ from .context import LlamaSettings, NativeContext
 if TYPE_CHECKING:
     from llama_cpp import mtmd_cpp as mtmd
 
-__all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "official_llama_settings", "uses_repack"]
+__all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "native_log_level", "official_llama_settings", "uses_repack"]
 
 _KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16
 _KV_NAMES = {0: "f32", 1: "f16", 30: "bf16"}
@@ -78,6 +78,21 @@ _NATIVE_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: loggin
 warnings are routine here (a recurrent model's position jump at every image), so they log at INFO."""
 
 
+_ROUTINE_ERRORS = (b"seq_rm: invalid seq_id (-1) ",)
+"""Errors llama.cpp logs where nothing is wrong: every evaluation drops the cache past its start with seq_id -1
+(every sequence), as `Llama.eval` does; the attention cache takes it, and the recurrent memory of a model like
+Qwen3.5's refuses -1 with this error and keeps its state, which cannot be cut anyway. Python would print each one."""
+
+
+def native_log_level(level: int, text: bytes, last: int) -> int:
+    """The `logging` level of one llama.cpp message (`last`: the previous message's, which a continuation keeps)."""
+    if level == 5:
+        return last
+    if text.startswith(_ROUTINE_ERRORS):
+        return logging.DEBUG
+    return _NATIVE_LEVELS.get(level, logging.DEBUG)
+
+
 @functools.cache
 def _route_native_logs() -> Callable[[int, bytes, ctypes.c_void_p | None], None]:
     """Send llama.cpp's and mtmd's messages to the logger `pawfn.llamacpp`, process-wide, once (llama-cpp-python's own
@@ -90,7 +105,7 @@ def _route_native_logs() -> Callable[[int, bytes, ctypes.c_void_p | None], None]
 
     @llama_cpp.llama_log_callback
     def forward(level: int, text: bytes, user_data: ctypes.c_void_p | None) -> None:
-        last[0] = last[0] if level == 5 else _NATIVE_LEVELS.get(level, logging.DEBUG)
+        last[0] = native_log_level(level, text, last[0])
         if _NATIVE_LOG.isEnabledFor(last[0]):
             _NATIVE_LOG.log(last[0], "%s", text.decode("utf-8", "replace").rstrip("\n"))
 
