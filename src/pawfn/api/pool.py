@@ -143,8 +143,9 @@ class ProgramPool(Generic[M, B]):
         """`load(reference)`: how a program comes in (`of` and `any` give the usual ones); `identify(reference)`: its
         program id, found before anything is evicted (a reference to a held program by another name then loads
         nothing, and one that names no program fails without evicting; `of` and `any` resolve and download it once,
-        and load those files); `max_programs`, `max_bytes`: the budget, by count and by the bytes programs hold beside their bases (None: no bound);
-        `wait_s`: how long a load past the budget waits for a held program to go idle before `ProgramBudgetError`."""
+        and load those files); `max_programs`, `max_bytes`: the budget, by count and by the bytes programs hold
+        beside their bases (None: no bound); `wait_s`: how long a load past the budget waits for a held program to go
+        idle before `ProgramBudgetError`."""
         if max_programs is not None and max_programs < 1:
             raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
         if max_bytes is not None and max_bytes < 1:
