@@ -288,12 +288,12 @@ def test_gelu_follows_ggml_vec_gelu_f32_on_every_f16_value_and_its_thresholds(im
     """Element by element as ggml's loop: 0 at or below -10, x at or above 10, else the table at x's f16 bits (every
     f16 value, values that round to one, the thresholds and what lies just beside them, NaN and the infinities)."""
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
-    beside = [-10.0, 10.0, -9.999999, 9.999999, -10.000001, 10.000001, 1e-8, -1e-8, 3.0001, float("inf"), -float("inf"), 3.0015, -10.0]
-    beside = torch.tensor(beside + [-10.000001])  # the last 6 past whole vectors of 8: the C kernel's scalar tail sees these
+    edges = [-10.0, 10.0, -9.999999, 9.999999, -10.000001, 10.000001, 1e-8, -1e-8, 3.0001, float("inf"), -float("inf"), 3.0015, -10.0]
+    beside = torch.tensor([*edges, -10.000001])  # the last 6 past whole vectors of 8: the C kernel's scalar tail sees these
     x = torch.cat((every, every * 1.0001, beside))
     table = _gelu_table()
     expected: list[float] = []
-    for value in x.tolist():
+    for value in (float(v) for v in x.numpy()):
         if value <= -10.0:
             expected.append(0.0)
         elif value >= 10.0:
