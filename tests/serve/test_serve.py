@@ -151,32 +151,52 @@ def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:
     assert _post(server, path, {"input": "still fine"}).status_code == 200  # the server took all that in its stride
 
 
-def test_the_queue_limit_counts_calls_across_requests(server: ServeProcess) -> None:
-    """16 calls at most: a batch of 8 fits beside another of 8, a ninth call does not while they run."""
+def test_the_queue_limit_counts_calls_across_requests(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path: Path
+) -> None:
+    """16 calls at most: a batch of 8 fits beside another of 8, a ninth call does not while they run. One model copy
+    and 64-token calls keep both batches in flight long enough to see (the shared server's 24-token calls on two
+    copies could end before the second batch arrived)."""
+    server = start_server(
+        "--program",
+        str(served_programs[0].archive),
+        "--base",
+        str(qwen3.hf_dir),
+        "--max-model-copies",
+        "1",
+        "--max-tokens-limit",
+        "64",
+        "--max-queue",
+        "16",
+        environment={"PAW_CACHE_DIR": str(tmp_path)},
+    )
     answers: list[int] = []
     barrier = threading.Barrier(3)
 
     def batch() -> None:
         barrier.wait()
-        answers.append(_post(server, f"/v1/programs/{FIRST_ID}/run_batch", {"inputs": ["q"] * 8, "options": {"max_tokens": 24}}).status_code)
+        body = {"inputs": [f"q {n}" for n in range(8)], "options": {"max_tokens": 64}}
+        answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json=body, timeout=120).status_code)
 
-    threads = [threading.Thread(target=batch) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    seen_full = False
-    deadline = time.monotonic() + 30
-    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        health = httpx.get(f"{server.url}/healthz").json()
-        if health["queued"] == 16:
-            refused = _post(server, f"/v1/programs/{SECOND_ID}/run", {"input": "x"})
-            if refused.status_code == 429:
-                assert refused.json()["error"] == "queue_full" and refused.headers["retry-after"] == "1"
-                seen_full = True
-                break
-    for thread in threads:
-        thread.join()
-    assert answers == [200, 200]
+    try:
+        threads = [threading.Thread(target=batch) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        seen_full = False
+        deadline = time.monotonic() + 30
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            if httpx.get(f"{server.url}/healthz").json()["queued"] == 16:
+                refused = httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run", json={"input": "x"}, timeout=60)
+                if refused.status_code == 429:
+                    assert refused.json()["error"] == "queue_full" and refused.headers["retry-after"] == "1"
+                    seen_full = True
+                    break
+        for thread in threads:
+            thread.join()
+        assert answers == [200, 200]
+    finally:
+        server.stop()
     if not seen_full:
         pytest.skip("the two batches never overlapped on this machine (too fast to observe the full queue)")
 
