@@ -178,19 +178,17 @@ class ProgramPool(Generic[M, B]):
     ) -> ProgramPool[OtherM, OtherB]:
         """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded as `kind.load(reference, ...)` would;
         `references`: names that load another reference (`{"triage": "user/email-triage@v3"}`)."""
-        renamed = dict(references or {})
-
-        def load(reference: str) -> Awaitable[PawFn[OtherM, OtherB]]:
-            return kind.load(renamed.get(reference, reference), base=base, config=config)
-
-        pool = ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
-        if not issubclass(kind.backend_type(), Remote):  # Remote: the server resolves and loads its programs
-
-            def open_prepared(prepared: PreparedProgram) -> Awaitable[PawFn[OtherM, OtherB]]:
-                return kind.load(prepared, config=config)
-
-            pool._find = _prepared_first(open_prepared, expect_model(kind.model_type()), config, base, renamed)
-        return pool
+        return ProgramPool._opening(
+            lambda named, given_base: kind.load(named, base=given_base, config=config),
+            kind.backend_type(),
+            expect_model(kind.model_type()),
+            config,
+            base,
+            references,
+            max_programs=max_programs,
+            max_bytes=max_bytes,
+            wait_s=wait_s,
+        )
 
     @staticmethod
     def any(
@@ -205,18 +203,39 @@ class ProgramPool(Generic[M, B]):
     ) -> ProgramPool[InterpreterModel, OtherB]:
         """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`); `references` as
         in `of`."""
+        return ProgramPool._opening(
+            lambda named, given_base: PawFn.load_any(named, backend, base=given_base, config=config),
+            backend,
+            known_interpreter,
+            config,
+            base,
+            references,
+            max_programs=max_programs,
+            max_bytes=max_bytes,
+            wait_s=wait_s,
+        )
+
+    @staticmethod
+    def _opening(
+        open_program: Callable[[str | PreparedProgram, str | os.PathLike[str] | None], Awaitable[PawFn[OtherM, OtherB]]],
+        backend: type[Backend],
+        choose: ModelChoice,
+        config: PawConfig | None,
+        base: str | os.PathLike[str] | None,
+        references: Mapping[str, str] | None,
+        *,
+        max_programs: int | None,
+        max_bytes: int | None,
+        wait_s: float,
+    ) -> ProgramPool[OtherM, OtherB]:
+        """`of` and `any`: on `Remote` by reference (the server resolves and loads its programs); elsewhere each
+        reference resolved and downloaded once by the finder, which opens those files (`open_program(prepared, None)`)."""
         renamed = dict(references or {})
-
-        def load(reference: str) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
-            return PawFn.load_any(renamed.get(reference, reference), backend, base=base, config=config)
-
-        pool = ProgramPool(load, max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s)
+        pool = ProgramPool(
+            lambda reference: open_program(renamed.get(reference, reference), base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s
+        )
         if not issubclass(backend, Remote):
-
-            def open_prepared(prepared: PreparedProgram) -> Awaitable[PawFn[InterpreterModel, OtherB]]:
-                return PawFn.load_any(prepared, backend, config=config)
-
-            pool._find = _prepared_first(open_prepared, known_interpreter, config, base, renamed)
+            pool._find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed)
         return pool
 
     # --- what is held ---
