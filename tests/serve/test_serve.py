@@ -151,25 +151,19 @@ def test_limits_answer_413_422_and_429_with_json(server: ServeProcess) -> None:
     assert _post(server, path, {"input": "still fine"}).status_code == 200  # the server took all that in its stride
 
 
+def _one_copy_server(program: TinyProgram, qwen3: TinyInterpreter, cache: Path, *settings: str) -> ServeProcess:
+    """`pawfn serve` of `program` on one model copy with calls of up to 64 tokens: accepted calls take a while."""
+    arguments = ["--program", str(program.archive), "--base", str(qwen3.hf_dir), "--max-model-copies", "1", "--max-tokens-limit", "64"]
+    return start_server(*arguments, *settings, environment={"PAW_CACHE_DIR": str(cache)})
+
+
 def test_the_queue_limit_counts_calls_across_requests(
     served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path: Path
 ) -> None:
     """16 calls at most: a batch of 8 fits beside another of 8, a ninth call does not while they run. One model copy
     and 64-token calls keep both batches in flight long enough to see (the shared server's 24-token calls on two
     copies could end before the second batch arrived)."""
-    server = start_server(
-        "--program",
-        str(served_programs[0].archive),
-        "--base",
-        str(qwen3.hf_dir),
-        "--max-model-copies",
-        "1",
-        "--max-tokens-limit",
-        "64",
-        "--max-queue",
-        "16",
-        environment={"PAW_CACHE_DIR": str(tmp_path)},
-    )
+    server = _one_copy_server(served_programs[0], qwen3, tmp_path, "--max-queue", "16")
     answers: list[int] = []
     barrier = threading.Barrier(3)
 
@@ -227,17 +221,7 @@ def test_sigterm_finishes_every_accepted_request(
     served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, local_runs: LocalRuns, tmp_path: Path
 ) -> None:
     """One model copy, so 24 accepted calls take a while; SIGTERM while they run loses none of them."""
-    server = start_server(
-        "--program",
-        str(served_programs[0].archive),
-        "--base",
-        str(qwen3.hf_dir),
-        "--max-model-copies",
-        "1",
-        "--max-tokens-limit",
-        "64",
-        environment={"PAW_CACHE_DIR": str(tmp_path)},
-    )
+    server = _one_copy_server(served_programs[0], qwen3, tmp_path)
     inputs = [f"input number {n}" for n in range(8)]
     answers: list[httpx.Response] = []
 
