@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -238,13 +239,18 @@ MODES = {
 """Label -> (backend, weight dtype, numerics); the llama.cpp row names no setting, so it runs as the official SDK."""
 
 
-def run_script(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
-    """Run `script` in a fresh Python process with `arguments`; the JSON object on its last line of output."""
+def run_json(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> Any:  # noqa: ANN401 - whatever JSON the script printed
+    """Run `script` in a fresh Python process with `arguments`; the JSON on its last line of output, parsed."""
     command = [sys.executable, "-c", script, *arguments]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env=environment)
     if result.returncode != 0:
         raise SystemExit(f"{label} failed:\n{result.stderr}")
-    figures: dict[str, float] = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_script(label: str, script: str, arguments: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
+    """`run_json` for a script that prints an object of numbers."""
+    figures: dict[str, float] = run_json(label, script, arguments, environment)
     return figures
 
 

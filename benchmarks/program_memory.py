@@ -19,7 +19,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from load_cost import INPUT, llama_cpp_build, prepare, run_script
+from load_cost import INPUT, llama_cpp_build, prepare, run_json
 
 _MEASURE = """
 import json, sys, time
@@ -42,8 +42,7 @@ print(json.dumps({"figures": figures}))
 
 def measure(backend: str, base: Path, bundles: list[Path]) -> list[dict[str, float]]:
     """One fresh process loading `bundles` one after another on `backend`; its memory (MiB) after each."""
-    output = run_script(backend, _MEASURE, [backend, str(base), INPUT, *map(str, bundles)])
-    figures: list[dict[str, float]] = output["figures"]  # type: ignore[assignment]  # run_script types its JSON as floats; this one holds a list
+    figures: list[dict[str, float]] = run_json(backend, _MEASURE, [backend, str(base), INPUT, *map(str, bundles)])["figures"]
     return figures
 
 

@@ -10,16 +10,14 @@ means and their ratio. An A/B of pawfn's own changes (`batching.py` compares wit
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
-from load_cost import INPUT, prepare
+from load_cost import INPUT, prepare, run_json
 
 _MEASURE = """
 import json, sys, time
@@ -53,11 +51,7 @@ class Measured(NamedTuple):
 
 def measure(label: str, source: Path, arguments: list[str]) -> Measured:
     """One fresh process importing pawfn from `source`; its figures."""
-    command = [sys.executable, "-c", _MEASURE, *arguments]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=1800, env={**os.environ, "PYTHONPATH": str(source)})
-    if result.returncode != 0:
-        raise SystemExit(f"{label} failed:\n{result.stderr}")
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    figures = run_json(label, _MEASURE, arguments, {**os.environ, "PYTHONPATH": str(source)})
     return Measured([float(rate) for rate in figures["rates"]], float(figures["prompt_ms"]), bool(figures["exact"]))
 
 
