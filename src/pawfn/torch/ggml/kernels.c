@@ -1161,6 +1161,28 @@ static inline __m256 reduce_8_rows(__m256 v[8], int W) {
 
 #define VALUE_CHUNK 64  /* outputs of the value product whose accumulators are in registers at once */
 
+/* Accumulator lane `lam` of the value product for outputs [d0, d0 + 8 chunks) (chunks <= VALUE_CHUNK / 8): one FMA
+   chain of row[p] * v[p][d] over positions lam, lam + A, ... in order, stored at `target`. */
+static inline __attribute__((always_inline)) void value_chain(const float *row, const float *prefix_value_f, const uint16_t *pv,
+                                                              const uint16_t *ov, int64_t lam, int64_t A, int64_t prefix_length,
+                                                              int64_t length, int64_t dim, int64_t d0, float *target, const int chunks) {
+    __m256 acc[VALUE_CHUNK / 8];
+    for (int c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
+    int64_t p = lam;  /* hidden positions weigh 0: nothing to add */
+    if (prefix_value_f != NULL)  /* laid out by lane: position A k + lam at row lam * chain + k */
+        for (; p < prefix_length; p += A) {
+            const float *value = prefix_value_f + (lam * ((prefix_length + A - 1) / A) + p / A) * dim + d0;
+            __m256 weight = _mm256_broadcast_ss(row + p);
+            for (int c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * c), acc[c]);
+        }
+    for (; p < length; p += A) {
+        const uint16_t *value = (p < prefix_length ? pv : ov) + p * dim + d0;
+        __m256 weight = _mm256_broadcast_ss(row + p);
+        for (int c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(weight, load_f16(value + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(target + 8 * c, acc[c]);
+}
+
 /* One decode row (n == 1) for heads [first, last), where `dim` is a whole number of ggml's 4W-value steps: each
    score is ggml_vec_dot_f16's (4 accumulators of W lanes, (0+2)+(1+3), its reduction), eight positions reduced at
    once; the value product is ggml_vec_dot_f16 of the probabilities with each output's values, computed for
@@ -1217,21 +1239,11 @@ static inline __attribute__((always_inline)) void attention_one_row(
             for (int j = 0; j < 4; ++j) {
                 const int64_t lam = j * W + l;
                 for (int64_t d0 = 0; d0 < dim; d0 += VALUE_CHUNK) {
-                    __m256 acc[VALUE_CHUNK / 8];
-                    for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_setzero_ps();
-                    int64_t p = lam;  /* hidden positions weigh 0: nothing to add */
-                    if (prefix_value_f != NULL)  /* laid out by lane: position A k + lam at row lam * chain + k */
-                        for (; p < prefix_length; p += A) {
-                            const float *value = prefix_value_f + (lam * ((prefix_length + A - 1) / A) + p / A) * dim + d0;
-                            __m256 weight = _mm256_broadcast_ss(row + p);
-                            for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * c), acc[c]);
-                        }
-                    for (; p < length; p += A) {
-                        const uint16_t *value = (p < prefix_length ? pv : ov) + p * dim + d0;
-                        __m256 weight = _mm256_broadcast_ss(row + p);
-                        for (int c = 0; c < VALUE_CHUNK / 8; ++c) acc[c] = _mm256_fmadd_ps(weight, load_f16(value + 8 * c), acc[c]);
-                    }
-                    for (int c = 0; c < VALUE_CHUNK / 8; ++c) _mm256_storeu_ps(lanes + j * dim + d0 + 8 * c, acc[c]);
+                    float *target = lanes + j * dim + d0;
+                    if (dim - d0 >= VALUE_CHUNK)
+                        value_chain(row, prefix_value_f, pv, ov, lam, A, prefix_length, length, dim, d0, target, VALUE_CHUNK / 8);
+                    else  /* the last outputs of a head size that is no multiple of VALUE_CHUNK (AVX2's 4W is 32) */
+                        value_chain(row, prefix_value_f, pv, ov, lam, A, prefix_length, length, dim, d0, target, (int)((dim - d0) / 8));
                 }
             }
             for (int64_t d = 0; d < dim; d += 8) {  /* (0 + 2) + (1 + 3) */
