@@ -6,6 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Mapping
 from pathlib import Path
 
 import gguf
@@ -16,7 +17,7 @@ from ..core.errors import AdapterError
 from .ggufio import SUPPORTED_TENSOR_TYPES, GGUFFile, GGUFFormatError, dequantize_bytes
 from ..core.models import InterpreterModel
 
-__all__ = ["LoraAdapter", "LoraHalf", "LoraPair", "read_lora_adapter"]
+__all__ = ["LoraAdapter", "LoraHalf", "LoraPair", "check_adapter_fits", "read_lora_adapter"]
 
 _FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16})
 _LORA_TENSOR = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])$")
@@ -185,3 +186,19 @@ def _half(file: GGUFFile, name: str) -> LoraHalf:
     if len(shape) != 2:
         raise GGUFFormatError(f"{name} has shape {shape}; a LoRA tensor is a matrix")
     return LoraHalf(np.array(raw), qtype, (shape[0], shape[1]))
+
+
+def check_adapter_fits(adapter: LoraAdapter, base_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """`AdapterError` unless every weight `adapter` adapts is a matrix of the base (`base_shapes`: its tensors'
+    numpy shapes, `[out, in]`) with the adapter's `a` `[rank, in]` and `b` `[out, rank]`."""
+    for name, pair in adapter.pairs.items():
+        shape = base_shapes.get(name)
+        if shape is None or len(shape) != 2:
+            raise AdapterError(adapter.path, f"adapts {name}, which the base model does not have")
+        out_features, in_features = shape
+        if pair.a_half.shape[1] != in_features or pair.b_half.shape[0] != out_features:
+            raise AdapterError(
+                adapter.path,
+                f"{name}: lora_a {pair.a_half.shape} / lora_b {pair.b_half.shape} do not fit the base weight "
+                f"[{out_features}, {in_features}]; the adapter was made for another model size",
+            )

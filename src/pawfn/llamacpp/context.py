@@ -119,7 +119,16 @@ class NativeContext:
         self.n_batch = int(self.context_params.n_batch)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, n_ctx)
         resources.callback(llama_cpp.llama_batch_free, self._batch)
-        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
+        batch = self._batch
+        if not (batch.token and batch.pos and batch.n_seq_id and batch.seq_id and batch.logits):  # malloc's NULLs, unchecked in C
+            raise PawError(f"llama.cpp could not allocate a batch of {self.n_batch} tokens (out of memory)")
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        if not vocab:
+            raise BaseModelError(path, "llama.cpp found no vocabulary in this GGUF")
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(vocab))
+        self._memory = llama_cpp.llama_get_memory(context)
+        if not self._memory:
+            raise PawError("llama.cpp gave the context no memory (KV cache)")
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
         """Whether the model keeps recurrent states, which cannot go back to an earlier position."""
         self.n_tokens = 0
@@ -137,7 +146,7 @@ class NativeContext:
         of `n_batch` tokens, each asking for its last token's logits."""
         import llama_cpp
 
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.ctx), -1, self.n_tokens, -1)
+        llama_cpp.llama_memory_seq_rm(self._memory, -1, self.n_tokens, -1)
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -169,13 +178,16 @@ class NativeContext:
         import llama_cpp
 
         self.rewind(0)
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.ctx), True)
+        llama_cpp.llama_memory_clear(self._memory, True)
 
     def logits(self) -> NDArray[np.single]:
         """The last evaluated token's logits, in place (writing them changes what the next sample sees)."""
         import llama_cpp
 
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+        logits = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        if not logits:  # NULL: llama.cpp logged why (no evaluated token asked for its logits)
+            raise PawError("llama.cpp returned no logits for the last evaluated token")
+        return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
 
     def sample(self, temperature: float, top_p: float, seed: int | None) -> int:
         """The next token from the logits as `Llama.sample(temp=temperature, top_p=top_p, top_k=0, min_p=0.0)` draws it:
@@ -185,8 +197,10 @@ class NativeContext:
         if temperature == 0.0:
             return int(np.argmax(self.logits()))  # llama.cpp's greedy sampler: the first highest logit
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if not chain:
+            raise PawError("llama.cpp could not make a sampler chain")
         try:
-            for stage in (
+            stages = [
                 llama_cpp.llama_sampler_init_penalties(self.n_vocab, 64, 1.0, 0.0, 0.0),  # Llama's, all neutral
                 llama_cpp.llama_sampler_init_top_k(0),
                 llama_cpp.llama_sampler_init_typical(1.0, 1),
@@ -194,7 +208,12 @@ class NativeContext:
                 llama_cpp.llama_sampler_init_min_p(0.0, 1),
                 llama_cpp.llama_sampler_init_temp(temperature),
                 llama_cpp.llama_sampler_init_dist(llama_cpp.LLAMA_DEFAULT_SEED if seed is None else seed),
-            ):
+            ]
+            if not all(stages):  # a NULL stage would crash the chain: free the others (not in it yet) and stop
+                for stage in filter(None, stages):
+                    llama_cpp.llama_sampler_free(stage)
+                raise PawError("llama.cpp could not make a sampler stage")
+            for stage in stages:
                 llama_cpp.llama_sampler_chain_add(chain, stage)
             return int(llama_cpp.llama_sampler_sample(chain, self.ctx, -1))
         finally:

@@ -25,6 +25,7 @@ import numpy as np
 from ..core.config import EngineSettings
 from ..formats.constraint import Constraint
 from ..core.errors import AdapterError, BaseModelError, ConfigError, ContextOverflowError, NonFiniteError, PawError
+from ..formats.adapter import check_adapter_fits, read_lora_adapter
 from ..formats.ggufio import GGUFFile, GGUFFormatError
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
@@ -165,11 +166,19 @@ class LlamaCppSession:
         self._context.eval([token])
 
 
+def _check_adapter(adapter_path: Path, model: type[InterpreterModel], base: GGUFFile) -> None:
+    """Refuse an adapter llama.cpp must never see, with the Torch backend's errors: its names, types, ranks and values
+    read as the Torch backend reads them, its shapes against the base's (llama.cpp's own checks end in a NULL adapter
+    at best; a file can hold what they miss)."""
+    adapter = read_lora_adapter(adapter_path, model)
+    check_adapter_fits(adapter, {name: base.tensor_shape(name) for name in base.tensor_names()})
+
+
 def _apply_adapter(llama_cpp: types.ModuleType, context: NativeContext, adapter_path: Path, resources: contextlib.ExitStack) -> None:
     """Load the program's LoRA and apply it at scale 1, undone (then freed) when `resources` close."""
     with _quiet_native_stderr():
         adapter = llama_cpp.llama_adapter_lora_init(context.model, str(adapter_path).encode())
-    if adapter is None:
+    if not adapter:  # a NULL pointer object, never None: llama.cpp refused the file
         raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
     resources.callback(llama_cpp.llama_adapter_lora_free, adapter)
     adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
@@ -356,12 +365,16 @@ class LlamaCppProgram(PromptRuntime):
                 raise PawError("llama.cpp's mtmd could not tokenize the prompt with its image")
             for index in range(mtmd.mtmd_input_chunks_size(chunks)):
                 chunk = mtmd.mtmd_input_chunks_get(chunks, index)
+                if not chunk:
+                    raise PawError(f"llama.cpp's mtmd returned no chunk {index} of the prompt with its image")
                 size = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 if context.n_tokens + size >= context.n_ctx:
                     raise ContextOverflowError(context.n_tokens, size, context.n_ctx)
                 if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                     count = ctypes.c_size_t()
                     tokens = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                    if count.value and not tokens:
+                        raise PawError("llama.cpp's mtmd returned no tokens for a text chunk of the prompt")
                     if count.value:
                         context.eval([tokens[i] for i in range(count.value)])
                     continue
@@ -420,6 +433,7 @@ class LlamaCppProgram(PromptRuntime):
                 n_gpu_layers = 0 if config.device == "cpu" else -1
                 context = NativeContext(base, prompt.n_ctx, n_gpu_layers, llama_settings(model, config), repack, resources)
             if adapter_path is not None:
+                _check_adapter(adapter_path, model, file)
                 _apply_adapter(llama_cpp, context, adapter_path, resources)
             if prompt.prefix_ids and not context.recurrent:
                 context.eval(prompt.prefix_ids)

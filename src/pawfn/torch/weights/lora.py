@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...formats.adapter import LoraAdapter, LoraHalf
-from ...core.errors import AdapterError
+from ...formats.adapter import LoraAdapter, LoraHalf, check_adapter_fits
 from ..ggml.blocks import block_matrix
 from ..ggml.floats import float_matrix
 from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
@@ -68,17 +67,7 @@ class DeviceAdapter:
 
 def attach(base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
     """Check `adapter` against `base`'s weights and move it to their device, kept as `base`'s arithmetic multiplies."""
-    for name, pair in adapter.pairs.items():
-        shape = base.shapes.get(name)
-        if shape is None or len(shape) != 2:
-            raise AdapterError(adapter.path, f"adapts {name}, which the base model does not have")
-        out_features, in_features = shape
-        if pair.a_half.shape[1] != in_features or pair.b_half.shape[0] != out_features:
-            raise AdapterError(
-                adapter.path,
-                f"{name}: lora_a {pair.a_half.shape} / lora_b {pair.b_half.shape} do not fit the base weight "
-                f"[{out_features}, {in_features}]; the adapter was made for another model size",
-            )
+    check_adapter_fits(adapter, base.shapes)
     return _side_paths(base.arithmetic, base, adapter)
 
 
