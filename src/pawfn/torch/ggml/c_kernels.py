@@ -2,7 +2,9 @@
 `ggml.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
-`<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes; where no compiler works, the
+`<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes only while it is
+what the build wrote (its sha256, recorded beside it, in a folder only this user can change; else it is built again,
+in a private temporary folder where the cache's is not private); where no compiler works, the
 mode falls back to the torch emulation (the same tokens on quantized matrices, several times slower; F32 and F16
 matrices then add in torch's order, not ggml's) with one warning. Large products
 and attention split their outputs across `torch.get_num_threads()` threads with OpenMP, on torch's own OpenMP
@@ -14,17 +16,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
 
 from ...core.config import default_cache_dir
 from ...core.files import mark_used
-from .build import build_key, build_kernels
+from .build import build_key, build_kernels, kernels_folder, trusted_library
 
 __all__ = [
     "STEP_TABLE_COLUMNS",
@@ -49,6 +53,8 @@ __all__ = [
     "native_rope_table",
     "native_swiglu",
 ]
+
+_LOG = logging.getLogger("pawfn")
 
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
@@ -93,7 +99,9 @@ class _Out(ctypes.Structure):
 class NativeKernels:
     """The compiled library's functions, their argument types declared."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        """The shared library loaded."""
         self.quantize_q8_k = self._declare(library.paw_quantize_q8_k, [_PTR, _I64, _I64, _PTR, _PTR, _PTR])
         self.quantize_q8_0 = self._declare(library.paw_quantize_q8_0, [_PTR, _I64, _I64, _PTR, _PTR])
         self._run = library.paw_run
@@ -172,14 +180,17 @@ def native_kernels() -> NativeKernels | None:
     """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
-    target = default_cache_dir() / ".pawfn-derived" / "kernels" / f"ggml-{build_key()}.so"  # `pawfn cache clear` removes it
+    folder = kernels_folder(default_cache_dir() / ".pawfn-derived" / "kernels")  # `pawfn cache clear` removes it
+    target = folder / f"ggml-{build_key()}.so"
     failure = None
-    if not target.exists():
+    if not trusted_library(target):  # missing, or not what our build wrote: never loaded as it is
+        if target.exists():
+            _LOG.warning("pawfn: %s does not match the sha256 its build recorded (or is not this user's alone): building it again", target)
         failure = build_kernels(target)
     if failure is None:
         mark_used(target)
         try:
-            return NativeKernels(ctypes.CDLL(str(target)))
+            return NativeKernels(ctypes.CDLL(str(target)), target)
         except (OSError, AttributeError) as error:
             failure = str(error)
     warnings.warn(
