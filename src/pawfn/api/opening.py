@@ -218,9 +218,15 @@ def open_reference(
     return open_files(backend, choose, prepared.bundle, prepared.base, prepared.derived_dir, config, started)
 
 
-def prepare_reference(reference: str, choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None) -> PreparedProgram:
+def prepare_reference(
+    reference: str, choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None, *, local_paths: bool = True
+) -> PreparedProgram:
     """Resolve `reference` and download what is missing, refusing a program `choose` cannot run before its base
-    weights are fetched (`base`: your own, then none are)."""
+    weights are fetched (`base`: your own, then none are; `local_paths=False`: ids and slugs only, never a file)."""
     return prepare_program(
-        reference, config, check=lambda meta: choose(meta, meta.program_id or reference), base=None if base is None else Path(base)
+        reference,
+        config,
+        check=lambda meta: choose(meta, meta.program_id or reference),
+        base=None if base is None else Path(base),
+        local_paths=local_paths,
     )

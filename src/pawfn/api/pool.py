@@ -105,13 +105,18 @@ def _prepared_first(
     config: PawConfig | None,
     base: str | os.PathLike[str] | None,
     references: Mapping[str, str],
+    local_paths: bool,
 ) -> _Finder[M, B]:
     """Resolve and download a reference once (a program its interpreter cannot run is refused before its base
-    weights are fetched), then open those files: the load asks the hub nothing more."""
+    weights are fetched), then open those files: the load asks the hub nothing more. `local_paths=False`: a
+    reference is a program id or slug, never a file (`references`' targets, which the pool's owner named, may be)."""
 
     async def find(reference: str) -> _Found[M, B]:
-        named = references.get(reference, reference)
-        prepared = await asyncio.to_thread(lambda: prepare_reference(named, choose, config or PawConfig.from_env(), base))
+        named = references.get(reference)
+        paths = local_paths or named is not None
+        prepared = await asyncio.to_thread(
+            lambda: prepare_reference(named or reference, choose, config or PawConfig.from_env(), base, local_paths=paths)
+        )
         return _Found(prepared.program_id, lambda: open_prepared(prepared))
 
     return find
@@ -172,12 +177,14 @@ class ProgramPool(Generic[M, B]):
         base: str | os.PathLike[str] | None = None,
         config: PawConfig | None = None,
         references: Mapping[str, str] | None = None,
+        local_paths: bool = True,
         max_programs: int | None = None,
         max_bytes: int | None = None,
         wait_s: float = 0.0,
     ) -> ProgramPool[OtherM, OtherB]:
         """A pool of `kind` programs (`PawFn[Qwen3_0_6B, Torch]`), each loaded as `kind.load(reference, ...)` would;
-        `references`: names that load another reference (`{"triage": "user/email-triage@v3"}`)."""
+        `references`: names that load another reference (`{"triage": "user/email-triage@v3"}`); `local_paths=False`:
+        every other reference is a program id or slug, never a file (references from a server's clients)."""
         return ProgramPool._opening(
             lambda named, given_base: kind.load(named, base=given_base, config=config),
             kind.backend_type(),
@@ -185,6 +192,7 @@ class ProgramPool(Generic[M, B]):
             config,
             base,
             references,
+            local_paths=local_paths,
             max_programs=max_programs,
             max_bytes=max_bytes,
             wait_s=wait_s,
@@ -197,12 +205,13 @@ class ProgramPool(Generic[M, B]):
         base: str | os.PathLike[str] | None = None,
         config: PawConfig | None = None,
         references: Mapping[str, str] | None = None,
+        local_paths: bool = True,
         max_programs: int | None = None,
         max_bytes: int | None = None,
         wait_s: float = 0.0,
     ) -> ProgramPool[InterpreterModel, OtherB]:
-        """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`); `references` as
-        in `of`."""
+        """A pool of programs on any interpreter their bundles name, on `backend` (`PawFn.load_any`); `references` and
+        `local_paths` as in `of`."""
         return ProgramPool._opening(
             lambda named, given_base: PawFn.load_any(named, backend, base=given_base, config=config),
             backend,
@@ -210,6 +219,7 @@ class ProgramPool(Generic[M, B]):
             config,
             base,
             references,
+            local_paths=local_paths,
             max_programs=max_programs,
             max_bytes=max_bytes,
             wait_s=wait_s,
@@ -224,6 +234,7 @@ class ProgramPool(Generic[M, B]):
         base: str | os.PathLike[str] | None,
         references: Mapping[str, str] | None,
         *,
+        local_paths: bool,
         max_programs: int | None,
         max_bytes: int | None,
         wait_s: float,
@@ -235,7 +246,7 @@ class ProgramPool(Generic[M, B]):
             lambda reference: open_program(renamed.get(reference, reference), base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s
         )
         if not issubclass(backend, Remote):
-            pool._find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed)
+            pool._find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed, local_paths)
         return pool
 
     # --- what is held ---

@@ -261,6 +261,8 @@ class PawClient(_HubEndpoints, SyncClient):
                         for chunk in response.iter_bytes():
                             handle.write(chunk)
                             done += len(chunk)
+                            if size_bytes is not None and done > size_bytes:  # a server sending past the pinned size: stop here
+                                break
                             if progress:
                                 progress(done, total)
                 except httpx.TransportError as exc:

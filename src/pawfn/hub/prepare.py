@@ -17,7 +17,7 @@ from ..core.models import InterpreterModel
 from ..core.progress import download_progress
 from .cache import PawCache
 from .client import PawClient
-from .refs import ProgramReference, parse_reference
+from .refs import ProgramReference, parse_hub_reference, parse_reference
 from .runtimes import resolve_runtime
 from .types import BaseModelSource, CompileRequest, CompileResult, RuntimeManifest
 
@@ -112,6 +112,12 @@ def _ensure_file(
     sha256 for version 2) under the lock the official SDK takes for it."""
     by_content = runtime.manifest_version == 2
     lock = ("vision_assets", str(source.sha256)) if by_content else ("base_models", source.file)
+    if source.sha256 is None:  # checked before the cache too: an unpinned file found there was never verified
+        raise BaseModelError(
+            None,
+            f"runtime {runtime.runtime_id} names {what} {source.file} without a sha256, and pawfn uses only files it can verify; "
+            "ask the runtime's publisher to pin it, or pass a base you trust with --base PATH (base=PATH in Python)",
+        )
 
     verified = cache.verified_asset if by_content else cache.verified_base_model
     found = cache.cached_asset(source) if by_content else verified(source)
@@ -198,14 +204,17 @@ def prepare_program(
     check: Callable[[ProgramMeta], object] | None = None,
     base: Path | None = None,
     fetch_base: bool = True,
+    local_paths: bool = True,
 ) -> PreparedProgram:
     """Resolve `reference`, download what is missing (program, runtime manifest, base weights) and return paths.
 
     `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter);
-    with `base` given, or `fetch_base=False`, no base weights are looked up or fetched.
+    with `base` given, or `fetch_base=False`, no base weights are looked up or fetched. `local_paths=False` takes
+    only program ids and slugs (a server's clients), never a file; a local bundle's embedded runtime manifest is
+    honoured, a hub program's never (its runtime comes from the hub).
     """
     config = config or PawConfig.from_env()
-    parsed = parse_reference(reference)
+    parsed = parse_reference(reference) if local_paths else parse_hub_reference(reference)
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     opened: list[PawClient] = []
 
@@ -230,7 +239,7 @@ def prepare_program(
             check(meta)
         runtime: RuntimeManifest | None = None
         if base is None and fetch_base:
-            runtime = resolve_runtime(meta, cache, None if config.offline else hub())
+            runtime = resolve_runtime(meta, cache, None if config.offline else hub(), embedded=parsed.kind == "path")
             base = _ensure_base(runtime, reference, cache, hub(), config)
     finally:
         for made in opened:

@@ -90,17 +90,19 @@ def canonical(manifest: RuntimeManifest) -> RuntimeManifest:
     return pinned
 
 
-def resolve_runtime(meta: ProgramMeta, cache: PawCache, client: PawClient | None) -> RuntimeManifest:
-    """The program's manifest: embedded in meta.json, then cached, then fetched (online), then built in.
+def resolve_runtime(meta: ProgramMeta, cache: PawCache, client: PawClient | None, *, embedded: bool = False) -> RuntimeManifest:
+    """The program's manifest: embedded in meta.json (only with `embedded`: a bundle the user named as a local file;
+    a hub program's meta names the hub's runtime, whose manifest comes from the hub), then cached, then fetched
+    (online), then built in. An official runtime id always gets its pinned manifest.
 
     Online, a failed fetch is reported as it is, except a 404 (the server does not know the runtime), which
     falls back to the built-in manifest of an official runtime.
     """
     runtime_id = meta.runtime_id
-    embedded = (meta.model_extra or {}).get("runtime")
-    if isinstance(embedded, dict) and embedded:
+    inside = (meta.model_extra or {}).get("runtime") if embedded else None
+    if isinstance(inside, dict) and inside:
         with contextlib.suppress(ValueError):
-            manifest = canonical(RuntimeManifest.model_validate(embedded))
+            manifest = canonical(RuntimeManifest.model_validate(inside))
             if manifest.interpreter == meta.interpreter and runtime_id in (None, manifest.runtime_id):
                 return manifest
     if runtime_id is not None:
