@@ -41,8 +41,8 @@ TORCH_LAYERS: tuple[frozenset[str], ...] = (
 )
 """The Torch backend's own layers, each a folder: llama.cpp's arithmetic pieces, the model (families, arithmetic,
 attention, KV), the weights on the device, the engine that runs calls."""
-OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.ray", "pawfn.torch"})
-"""Modules imported inside the function that uses them: those that need an optional extra (fastapi, ray), so
+OPTIONAL = frozenset({"pawfn.serve.app", "pawfn.serve.connections", "pawfn.serve.ray", "pawfn.torch"})
+"""Modules imported inside the function that uses them: those that need an optional extra (fastapi, uvicorn, ray), so
 `import pawfn` and the CLI work without the extra, and the Torch backend (torch takes 1-2 s to import), so `import
 pawfn`, `pawfn --help` and a Remote client do without it."""
 

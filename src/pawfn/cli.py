@@ -77,8 +77,17 @@ _SERVE_LIMITS = (
     ("--max-input-chars", "max_input_chars", "longest input, more get 413"),
     ("--max-tokens-limit", "max_tokens", "most tokens a call may generate, more get 422"),
     ("--max-batch-inputs", "max_batch_inputs", "most inputs per run_batch request"),
+    ("--max-queue-per-client", "max_queue_per_client", "calls one client (address) holds at once, more get 429; a batch runs this many at a time"),
+    ("--max-connections", "max_connections", "connections open at once, more are answered 503 and closed"),
+    ("--keep-alive-timeout", "keep_alive_timeout_s", "seconds an idle keep-alive connection stays open"),
 )
 """`pawfn serve`'s limits: (flag, `ServeSettings` field, what it bounds)."""
+_SERVE_TIMEOUTS = (
+    ("--header-timeout", "header_timeout_s", "seconds a connection may take to send a request's headers, then it is closed"),
+    ("--body-timeout", "body_timeout_s", "seconds a request's body may take to arrive, then 408 and closed"),
+    ("--failed-load-retry", "failed_load_retry_s", "seconds a program that failed to load on a request is refused (502) before it is tried again"),
+)
+"""`pawfn serve`'s time limits, in seconds: (flag, `ServeSettings` field, what it bounds)."""
 _BENCH_INPUT = "Urgent: the server is down! Customers cannot log in."
 _BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
@@ -272,18 +281,34 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--api-key-env", metavar="NAME", help="require the key held in environment variable NAME (Bearer or X-API-Key)")
+    serve.add_argument(
+        "--admin-key-env",
+        metavar="NAME",
+        help="enable the operator routes (POST /v1/programs/REF/load and /unload) for the key held in environment variable NAME (default: off)",
+    )
+    serve.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        dest="trusted_proxies",
+        help="a proxy whose X-Forwarded-For names the client, for the per-client queue share (repeatable; default: none, the header is ignored)",
+    )
     serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
     serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
     limits = ServeSettings()
     for flag, field, what in _SERVE_LIMITS:
         default = getattr(limits, field)
         serve.add_argument(flag, type=int, default=default, metavar="N", dest=field, help=f"{what} (default: {default})")
+    for flag, field, what in _SERVE_TIMEOUTS:
+        default = getattr(limits, field)
+        serve.add_argument(flag, type=float, default=default, metavar="S", dest=field, help=f"{what} (default: {default:g})")
     serve.add_argument(
         "--max-programs",
         type=int,
         metavar="N",
         help="most programs resident at once (Ray: per replica); with --allow-load a new one replaces the least recently used idle one "
-        "(default: no bound; Ray: 8)",
+        "(default: with --allow-load, those named at start and 8 more, else no bound; Ray: 8)",
     )
     serve.add_argument(
         "--max-program-bytes",
@@ -724,17 +749,22 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.program and not args.allow_load:
         raise _CliError("nothing to serve: give --program REF (repeatable) or --allow-load")
     config = _config(args)
-    key: str | None = None
-    if args.api_key_env is not None:
-        key = os.environ.get(args.api_key_env)
-        if not key:
-            raise _CliError(f"--api-key-env {args.api_key_env}: that environment variable is empty or unset; export the key in it")
+    key, admin_key = _key_from(args.api_key_env, "--api-key-env"), _key_from(args.admin_key_env, "--admin-key-env")
+    if key is not None and key == admin_key:
+        raise _CliError("--admin-key-env names the same key as --api-key-env; give the operator a key of its own")
     try:
-        limits = {field: getattr(args, field) for _, field, _ in _SERVE_LIMITS}
+        limits = {field: getattr(args, field) for _, field, _ in _SERVE_LIMITS + _SERVE_TIMEOUTS}
         budget = {"max_programs": args.max_programs, "max_program_bytes": args.max_program_bytes, "program_wait_s": args.program_wait_s}
-        settings = ServeSettings(api_key=None if key is None else SecretStr(key), **budget, **limits)
+        settings = ServeSettings(
+            api_key=None if key is None else SecretStr(key),
+            admin_key=None if admin_key is None else SecretStr(admin_key),
+            trusted_proxies=tuple(args.trusted_proxies),
+            **budget,
+            **limits,
+        )
     except OptionError as exc:
-        labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields} | {field: flag for flag, field, _ in _SERVE_LIMITS}
+        labels = {name: "--" + name.replace("_", "-") for name in ServeSettings.model_fields}
+        labels |= {field: flag for flag, field, _ in _SERVE_LIMITS + _SERVE_TIMEOUTS} | {"trusted_proxies": "--trusted-proxy"}
         raise _CliError(str(exc.labeled(labels))) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     base = None if args.base is None else Path(args.base)
@@ -744,6 +774,16 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         serve_programs(target, graceful_timeout_s=args.graceful_timeout)
     return 0
+
+
+def _key_from(variable: str | None, flag: str) -> str | None:
+    """The key held in environment variable `variable` (None where no variable is named)."""
+    if variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise _CliError(f"{flag} {variable}: that environment variable is empty or unset; export the key in it")
+    return key
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,14 +86,15 @@ def test_programs_named_at_start_are_never_unloaded(hub: tuple[HubServer, PawCon
 
 def test_an_operator_loads_and_unloads_programs_over_http(hub: tuple[HubServer, PawConfig]) -> None:
     """`POST /v1/programs/{ref}/load` loads a hub program and keeps it (the budget never replaces it); `/unload`
-    frees it (409 while it runs calls, 404 for one not loaded); both need the server's key."""
+    frees it (409 while it runs calls, 404 for one not loaded); both need the admin key, not the clients'."""
     _, config = hub
     service = LocalPrograms(Torch, config, allow_load=True, max_programs=2)
-    app = create_app(service, ServeSettings(api_key=SecretStr("key")))
+    app = create_app(service, ServeSettings(api_key=SecretStr("key"), admin_key=SecretStr("admin")))
 
     async def scenario() -> None:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pawfn", headers={"x-api-key": "key"}) as client:
-            assert (await client.post(f"/v1/programs/{IDS[0]}/load", headers={"x-api-key": "wrong"})).status_code == 401
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pawfn", headers={"x-api-key": "admin"}) as client:
+            for wrong in ("wrong", "key"):
+                assert (await client.post(f"/v1/programs/{IDS[0]}/load", headers={"x-api-key": wrong})).status_code == 401
             loaded = await client.post(f"/v1/programs/{IDS[0]}/load")
             assert loaded.status_code == 200 and loaded.json()["name"] == IDS[0]
             for program_id in IDS[1:]:  # each replaces the other: IDS[0] stays

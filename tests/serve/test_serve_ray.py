@@ -39,7 +39,7 @@ def ray_url(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpr
         replicas=2,
         max_programs_per_replica=3,
         config=PawConfig.from_env(cache_dir=tmp_path_factory.mktemp("ray-cache")),
-        settings=ServeSettings(api_key=SecretStr(KEY), max_tokens=24, max_queue=64),
+        settings=ServeSettings(api_key=SecretStr(KEY), max_tokens=24, max_queue=64, max_queue_per_client=64),  # its callers share one address
     )
     serve.run(ray_app(args), name="pawfn", route_prefix="/")
     url = f"http://127.0.0.1:{port}"

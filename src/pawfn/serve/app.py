@@ -9,37 +9,22 @@ events), `/tokenize`; `GET /healthz`, `GET /metrics`; the OpenAPI schema at `/op
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Sequence
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager, contextmanager
 from importlib import metadata
 from typing import TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.errors import (
-    ConfigError,
-    ContextOverflowError,
-    GrammarError,
-    HubError,
-    InterpreterMismatchError,
-    NotFoundError,
-    OfflineError,
-    OutputTypeError,
-    PawError,
-    ProgramClosedError,
-)
+from ..core.errors import PawError
 from ..core.options import RuntimeOptions
 from ..calls.runtime import CallInput
-from ..core.images import ImageError
-from ..core.templates import ArityError
 from ..core.protocol import (
     ErrorBody,
     Health,
@@ -56,57 +41,15 @@ from ..core.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from .errors import ApiError, api_error, internal_error, shutting_down
+from .gate import Admission, Gate, client_of
 from .metrics import ServerMetrics
-from .service import ProgramBudgetError, ProgramBusyError, ProgramService
+from .service import ProgramService
 from .settings import ServeSettings
 
 logger = logging.getLogger("pawfn.serve")
 
-__all__ = ["ApiError", "create_app", "drain_after"]
-
-
-class ApiError(Exception):
-    """An error response: HTTP status, stable code, message (names the problem and the fix), extra headers."""
-
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-
-
-def api_error(exc: PawError) -> ApiError:
-    """The response a pawfn error becomes."""
-    if isinstance(exc, NotFoundError):
-        return ApiError(404, "program_not_found", str(exc))
-    if isinstance(exc, ContextOverflowError):
-        return ApiError(422, "context_overflow", str(exc))
-    if isinstance(exc, InterpreterMismatchError):
-        return ApiError(422, "interpreter_mismatch", str(exc))
-    if isinstance(exc, GrammarError):
-        return ApiError(422, "invalid_response_format", str(exc))
-    if isinstance(exc, OutputTypeError):
-        return ApiError(422, "output_not_of_type", str(exc))
-    if isinstance(exc, ArityError):
-        return ApiError(422, "wrong_argument_count", str(exc))
-    if isinstance(exc, ImageError):
-        return ApiError(422, "invalid_image", str(exc))
-    if isinstance(exc, ConfigError):
-        return ApiError(422, "invalid_request", str(exc))
-    if isinstance(exc, ProgramClosedError):
-        return _shutting_down()
-    if isinstance(exc, ProgramBudgetError):
-        return ApiError(503, "programs_busy", str(exc), {"Retry-After": "1"})
-    if isinstance(exc, ProgramBusyError):
-        return ApiError(409, "program_busy", str(exc))
-    if isinstance(exc, (HubError, OfflineError)):
-        return ApiError(502, "load_failed", f"the server could not load the program: {exc}")
-    return ApiError(500, "run_failed", f"{type(exc).__name__}: {exc}")
-
-
-def _shutting_down() -> ApiError:
-    return ApiError(503, "shutting_down", "the server is shutting down; retry on another replica", {"Retry-After": "1"})
+__all__ = ["ApiError", "api_error", "create_app", "drain_after"]
 
 
 class _Drain:
@@ -147,56 +90,6 @@ async def _close_in_time(service: ProgramService, drain: _Drain) -> None:
         logger.info("exiting while cancelled calls end their last step (the graceful timeout is up)")
 
 
-class _BodyLimit:
-    """Pure ASGI: refuse a body over `max_bytes` with 413, from Content-Length or while reading a chunked one."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self._app = app
-        self._max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self._app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self._max_bytes):
-            await self._refuse(scope, send)
-            return
-        if declared is not None:
-            await self._app(scope, receive, send)
-            return
-        messages: list[Message] = []  # no length given: read it all here, up to the limit, then replay it
-        size = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            size += len(message.get("body", b""))
-            if size > self._max_bytes:
-                await self._refuse(scope, send)
-                return
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self._app(scope, replay, send)
-
-    async def _refuse(self, scope: Scope, send: Send) -> None:
-        body = ErrorBody(
-            error="body_too_large",
-            message=f"the request body is over this server's limit of {self._max_bytes} bytes; send less (split a batch) or raise --max-body-bytes",
-            request_id=scope.get("state", {}).get("request_id"),  # set by the app's outer middleware, which counts this answer
-        )
-        response = JSONResponse(body.model_dump(), status_code=413)
-
-        async def no_body() -> Message:
-            return {"type": "http.disconnect"}
-
-        await response(scope, no_body, send)
-
-
 T = TypeVar("T")
 
 
@@ -221,7 +114,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[T], drain: _Dra
     if task.done() and not task.cancelled():
         return task.result()
     if drain.passed.is_set():
-        raise _shutting_down()
+        raise shutting_down()
     raise ApiError(499, "client_closed", "the client closed the connection; its calls were cancelled")
 
 
@@ -239,7 +132,7 @@ async def _next_unless_drained(items: AsyncIterator[StreamPiece | RunResponse], 
             await asyncio.wait({following})  # the generator's own cancellation ends before it is closed
     if following.done() and not following.cancelled():
         return following.result()
-    raise _shutting_down()
+    raise shutting_down()
 
 
 @contextmanager
@@ -251,33 +144,17 @@ def _answered() -> Generator[None, None, None]:
         raise api_error(exc) from exc
 
 
-class _Admission:
-    """The queue limit: calls accepted and not yet ended, across requests (event-loop only, so no lock)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.queued = 0
-
-    @contextmanager
-    def hold(self, calls: int) -> Generator[None, None, None]:
-        if self.queued + calls > self.limit:
-            raise ApiError(
-                429, "queue_full", f"the server holds {self.queued} calls and takes at most {self.limit}; retry after a moment", {"Retry-After": "1"}
-            )
-        self.queued += calls
-        try:
-            yield
-        finally:
-            self.queued -= calls
+def _windows(texts: Sequence[str], size: int) -> list[Sequence[str]]:
+    """`texts` in consecutive parts of at most `size`."""
+    return [texts[start : start + size] for start in range(0, len(texts), size)]
 
 
 def create_app(service: ProgramService, settings: ServeSettings | None = None) -> FastAPI:
     """The API over `service`, with `settings`' limits and key; the service is closed when the app shuts down."""
     settings = settings or ServeSettings()
-    admission = _Admission(settings.max_queue)
+    admission = Admission(settings.max_queue, settings.max_queue_per_client)
     drain = _Drain()
     metrics = ServerMetrics(lambda: admission.queued, service.counters)
-    key = None if settings.api_key is None else settings.api_key.get_secret_value().encode()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncGenerator[None, None]:
@@ -292,17 +169,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     )
     app.state.drain = drain
 
-    def authorize(request: Request) -> None:
-        if key is None:
-            return
-        given = request.headers.get("x-api-key")
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and token:
-            given = token
-        if given is None or not hmac.compare_digest(given.encode(), key):  # constant time
-            raise ApiError(
-                401, "unauthorized", "missing or wrong API key: send Authorization: Bearer KEY (or X-API-Key: KEY)", {"WWW-Authenticate": "Bearer"}
+    def error_body(request: Request, error: ApiError) -> ErrorBody:
+        """What the client reads of `error`; its detail, if any, goes to the log under the request id."""
+        request_id = getattr(request.state, "request_id", None)
+        if error.detail is not None:
+            logger.error(
+                "request %s (%s %s) answered %d %s: %s", request_id, request.method, request.url.path[:200], error.status, error.code, error.detail
             )
+        return ErrorBody(error=error.code, message=error.message, request_id=request_id)
 
     def check_input(text: CallInput) -> None:
         length = len(text) if isinstance(text, str) else sum(len(argument) for argument in text if isinstance(argument, str))
@@ -335,14 +209,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         metrics.prompt_tokens.labels(result.program).inc(result.generation.prompt_tokens)
         return result
 
-    api = APIRouter(dependencies=[Depends(authorize)])
+    api = APIRouter()  # every route here needs the key: `_Gate` checks it
 
     @api.post("/api/v1/infer", response_model=InferResponse, tags=["official"])
     async def infer(body: InferRequest, request: Request) -> InferResponse:
         """The official hosted inference: `program_id` is a program id or slug."""
         started = time.perf_counter()
         options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
-        with admission.hold(1), _answered():
+        with admission.hold(1, client_of(request)), _answered():
             result = await _unless_disconnected(request, service.run(body.program_id, body.input, options), drain)
         counted(result)
         latency_ms = (time.perf_counter() - started) * 1e3
@@ -362,13 +236,15 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
 
     @api.post("/v1/programs/{reference:path}/load", response_model=ServedProgram, tags=["programs"])
     async def load(reference: str, request: Request) -> ServedProgram:
-        """Load a hub program now (the server's `--allow-load`), kept until unloaded: the budget never replaces it."""
+        """Load a hub program now (the server's `--allow-load`), kept until unloaded: the budget never replaces it.
+        Needs the admin key."""
         with _answered():
             return await _unless_disconnected(request, service.load_program(reference), drain)
 
     @api.post("/v1/programs/{reference:path}/unload", response_model=ServedProgram, tags=["programs"])
     async def unload(reference: str) -> ServedProgram:
-        """Unload a program (409 while it runs calls); its next request loads it again where the server allows."""
+        """Unload a program loaded on a request or by `load` (409 while it runs calls, or for one named at start); its
+        next request loads it again where the server allows. Needs the admin key."""
         with _answered():
             return await service.unload_program(reference)
 
@@ -377,14 +253,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
         disconnects cancels its call."""
         call, options = decoded(body)
-        with admission.hold(1), _answered():
+        with admission.hold(1, client_of(request)), _answered():
             result = await _unless_disconnected(request, service.run(reference, call, options), drain)
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
     async def run_batch(reference: str, body: RunBatchRequest, request: Request) -> RunBatchResponse:
-        """Inputs decoded together (each with the tokens it gets alone), results in input order. A client that
-        disconnects cancels its calls."""
+        """Inputs decoded together (each with the tokens it gets alone), at most the per-client share at a time;
+        results in input order. A client that disconnects cancels its calls."""
         if len(body.inputs) > settings.max_batch_inputs:
             raise ApiError(
                 413, "batch_too_large", f"the batch has {len(body.inputs)} inputs; this server takes at most {settings.max_batch_inputs} a request"
@@ -393,8 +269,15 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             check_input(text)
         options = capped(body.options)
         metrics.batch_inputs.observe(len(body.inputs))
-        with admission.hold(len(body.inputs)), _answered():
-            result = await _unless_disconnected(request, service.run_batch(reference, body.inputs, options), drain)
+        window = max(1, min(len(body.inputs), settings.max_queue_per_client))
+
+        async def in_windows() -> RunBatchResponse:
+            """The inputs `window` at a time (an empty batch still names its program: one empty part)."""
+            parts = [await service.run_batch(reference, part, options) for part in _windows(body.inputs, window) or [[]]]
+            return RunBatchResponse(program=parts[0].program, generations=[generation for part in parts for generation in part.generations])
+
+        with admission.hold(window, client_of(request)), _answered():
+            result = await _unless_disconnected(request, in_windows(), drain)
         for generation in result.generations:
             counted(RunResponse(program=result.program, generation=generation))
         return result
@@ -405,7 +288,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
         call, options = decoded(body)
         held = AsyncExitStack()  # the queue slot and the call, until the last event is sent (or the client leaves)
-        held.enter_context(admission.hold(1))
+        held.enter_context(admission.hold(1, client_of(request)))
         items = await held.enter_async_context(aclosing(service.stream(reference, call, options)))
         try:
             with _answered():  # errors before the first piece (unknown program, overflow) keep their status
@@ -426,8 +309,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                         yield f"event: token\ndata: {item.model_dump_json()}\n\n"
                         item = await _next_unless_drained(items, drain)
                 except (PawError, ApiError) as exc:
-                    error = exc if isinstance(exc, ApiError) else api_error(exc)
-                    body = ErrorBody(error=error.code, message=error.message, request_id=getattr(request.state, "request_id", None))
+                    body = error_body(request, exc if isinstance(exc, ApiError) else api_error(exc))
                     yield f"event: error\ndata: {body.model_dump_json()}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -460,13 +342,18 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     app.include_router(api)
 
     def error_response(request: Request, error: ApiError) -> JSONResponse:
-        request_id = getattr(request.state, "request_id", None)
-        body = ErrorBody(error=error.code, message=error.message, request_id=request_id)
-        return JSONResponse(body.model_dump(), status_code=error.status, headers=error.headers)
+        body = error_body(request, error)
+        headers = error.headers if body.request_id is None else {**error.headers, "x-request-id": body.request_id}  # `observe` misses a crash
+        return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         return error_response(request, exc)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        """Any other exception: a generic 500 with the request id; the traceback goes to the log (Starlette logs it
+        after this answer)."""
+        return error_response(request, internal_error(exc))
 
     async def on_invalid(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -501,7 +388,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid)
     app.add_exception_handler(HTTPException, on_http)
-    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)  # inside `observe`: its 413s are counted and named
+    app.add_exception_handler(Exception, on_unexpected)
+    app.add_middleware(Gate, settings=settings)  # inside `observe`: its refusals are counted and carry the request id
 
     @app.middleware("http")
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -18,9 +18,9 @@ from ..core.backends import Backend
 from ..core.config import PawConfig
 from ..core.errors import PawError
 from .service import LocalPrograms, split_alias
-from .settings import ServeSettings
+from .settings import ON_REQUEST_PROGRAMS, ServeSettings
 
-__all__ = ["ServeTarget", "serve_on_ray", "serve_programs"]
+__all__ = ["ServeTarget", "resident_budget", "serve_on_ray", "serve_programs"]
 
 logger = logging.getLogger("pawfn.serve")
 
@@ -74,6 +74,7 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         import uvicorn
 
         from .app import create_app, drain_after
+        from .connections import guarded_protocol
     except ImportError as exc:
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
     _warn_if_open(target.host, target.settings)
@@ -82,9 +83,10 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         target.backend,
         target.config,
         allow_load=target.allow_load,
-        max_programs=settings.max_programs,
+        max_programs=resident_budget(target),
         max_program_bytes=settings.max_program_bytes,
         program_wait_s=settings.program_wait_s,
+        failed_load_retry_s=settings.failed_load_retry_s,
     )
     for given in target.references:
         alias, reference = split_alias(given)
@@ -109,7 +111,28 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
             await super().shutdown(sockets)
 
     last_resort = None if graceful_timeout_s is None else math.ceil(graceful_timeout_s) + _ANSWER_S
-    DrainingServer(uvicorn.Config(app, host=target.host, port=target.port, log_level="info", timeout_graceful_shutdown=last_resort)).run()
+    config = uvicorn.Config(
+        app,
+        host=target.host,
+        port=target.port,
+        log_level="info",
+        timeout_graceful_shutdown=last_resort,
+        http=guarded_protocol(settings.max_connections, settings.header_timeout_s),
+        ws="none",  # no WebSocket routes: an upgrade request is plain HTTP here
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        proxy_headers=bool(settings.trusted_proxies),  # uvicorn's default trusts X-Forwarded-For from 127.0.0.1
+        forwarded_allow_ips=list(settings.trusted_proxies) or None,
+        server_header=False,
+    )
+    DrainingServer(config).run()
+
+
+def resident_budget(target: ServeTarget) -> int | None:
+    """The most programs resident at once: the settings' `max_programs`, else, where programs load on request, those
+    named at start and `ON_REQUEST_PROGRAMS` more; None (no bound) when only programs named at start are served."""
+    if target.settings.max_programs is not None or not target.allow_load:
+        return target.settings.max_programs
+    return len(target.references) + ON_REQUEST_PROGRAMS
 
 
 def _warn_if_open(host: str, settings: ServeSettings) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -35,8 +35,20 @@ from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 from ..calls.runtime import CallInput
-from .app import ApiError, api_error, create_app
-from .service import ServiceCounters, check_loadable, program_info, run_call, run_calls, split_alias, stream_call, tokenize_call
+from .app import create_app
+from .errors import ApiError, api_error
+from .service import (
+    LoadFailures,
+    ServiceCounters,
+    check_loadable,
+    loading,
+    program_info,
+    run_call,
+    run_calls,
+    split_alias,
+    stream_call,
+    tokenize_call,
+)
 from .settings import ServeSettings
 
 __all__ = ["RayAppArgs", "RayPrograms", "app_builder", "ray_app", "replica_scaling"]
@@ -136,11 +148,13 @@ class _ProgramReplica:
             base=self._base,
             config=args.config,
             references=self._started,
+            local_paths=False,
             max_programs=args.max_programs_per_replica,
             max_bytes=args.max_program_bytes_per_replica,
             wait_s=args.settings.program_wait_s,
         )
         self._starting = asyncio.Lock()
+        self._failures = LoadFailures(args.settings.failed_load_retry_s)
         self._reported = PoolStats(loads=0, evictions=0, cold_start_s=0.0)
         self._metrics = _PoolMetrics()
 
@@ -156,12 +170,16 @@ class _ProgramReplica:
     async def _using(self, name: str) -> AsyncGenerator[tuple[PawFn[InterpreterModel, Backend], str], None]:
         """The program `name` and its served name, held while the block runs its calls."""
         try:
-            if name not in self._pool:
-                if name in self._started:
+            async with AsyncExitStack() as held:
+                if name in self._pool:
+                    program = await held.enter_async_context(self._pool.use(name))
+                elif name in self._started:
                     await self._start(name)
+                    program = await held.enter_async_context(self._pool.use(name))
                 else:
                     check_loadable(name, self._args.allow_load, self._started)
-            async with self._pool.use(name) as program:
+                    async with loading(name, self._failures):
+                        program = await held.enter_async_context(self._pool.use(name))
                 yield program, self._pool.describe(name).name
         finally:
             self._report()
@@ -191,8 +209,7 @@ class _ProgramReplica:
                 await self._program()  # held first: Ray's multiplexing records it without a window to evict it in
                 return await work(program, name)
         except PawError as exc:
-            refused = api_error(exc)
-            return _Refused(status=refused.status, code=refused.code, message=refused.message)
+            return _refused(exc)
 
     async def _program(self) -> _Routed:
         """Ray's view: the request's program is in this replica's multiplexed LRU (loaded there if it was not)."""
@@ -224,8 +241,15 @@ class _ProgramReplica:
                 async for item in items:
                     yield item
         except PawError as exc:
-            refused = api_error(exc)
-            yield _Refused(status=refused.status, code=refused.code, message=refused.message)
+            yield _refused(exc)
+
+
+def _refused(exc: PawError) -> _Refused:
+    """The answer an error becomes, its detail logged here on the replica (the ingress sends only the message)."""
+    refused = api_error(exc)
+    if refused.detail is not None:
+        logger.error("a call on this replica answered %d %s: %s", refused.status, refused.code, refused.detail)
+    return _Refused(status=refused.status, code=refused.code, message=refused.message)
 
 
 def _named(given: str) -> tuple[str, str]:

@@ -7,7 +7,10 @@ The Ray Serve deployment implements the same protocol over deployment handles (`
 from __future__ import annotations
 
 import asyncio
-from contextlib import aclosing, asynccontextmanager
+import re
+import time
+from collections import OrderedDict
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +20,21 @@ from typing_extensions import Unpack
 
 from ..core.backends import Backend
 from ..core.config import PawConfig
-from ..core.errors import ConfigError, NotFoundError, ProgramBudgetError, ProgramBusyError
+from ..core.errors import (
+    CacheLockError,
+    ConfigError,
+    HubConnectionError,
+    NotFoundError,
+    PawError,
+    ProgramBudgetError,
+    ProgramBusyError,
+    ProgramClosedError,
+    RateLimitError,
+    ServerError,
+)
 from ..api.function import PawFn
 from ..api.pool import ProgramPool, ResidentProgram
-from ..hub.refs import is_hub_reference
+from ..hub.refs import is_hub_reference, parse_reference, shown_reference
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.images import Image
@@ -29,12 +43,16 @@ from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, Stream
 from ..calls.runtime import CallInput
 
 __all__ = [
+    "LoadFailures",
     "LocalPrograms",
     "ProgramBudgetError",
     "ProgramBusyError",
+    "ProgramKeptError",
+    "ProgramLoadError",
     "ProgramService",
     "ServiceCounters",
     "check_loadable",
+    "loading",
     "program_info",
     "run_call",
     "run_calls",
@@ -44,6 +62,74 @@ __all__ = [
 
 AnyPawFn = PawFn[InterpreterModel, Backend]
 """A served program: any interpreter, any backend (how `load_any` types what it loads)."""
+
+_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""A name a program from a local file is served under when neither an alias nor a program id names it."""
+_TRANSIENT = (HubConnectionError, ServerError, RateLimitError, CacheLockError, ProgramBudgetError, ProgramClosedError)
+"""Load failures that say nothing of the program (the hub unreachable or busy, the budget full, a shutdown): the next
+request tries again."""
+_REMEMBERED_FAILURES = 1024
+"""Failed references a server remembers at most (the oldest forgotten first)."""
+
+
+class ProgramKeptError(PawError, RuntimeError):
+    """A program named when the server started cannot be unloaded by a request."""
+
+
+class ProgramLoadError(PawError):
+    """A program a request named could not be loaded (its files from the hub are unusable); the message is the
+    client's, the cause the server's log's."""
+
+
+class LoadFailures:
+    """References whose program failed to load on a request, each refused at once for `retry_s` seconds (a damaged
+    or hostile program is not fetched, checked and refused again for every request)."""
+
+    def __init__(self, retry_s: float) -> None:
+        self.retry_s = retry_s
+        self._failed: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    def check(self, reference: str) -> None:
+        """`ProgramLoadError` if `reference` failed to load within the last `retry_s` seconds."""
+        failed = self._failed.get(reference)
+        if failed is None:
+            return
+        at, kind = failed
+        left = at + self.retry_s - time.monotonic()
+        if left <= 0:
+            del self._failed[reference]
+            return
+        raise ProgramLoadError(
+            f"program {shown_reference(reference)} failed to load {time.monotonic() - at:.0f} s ago ({kind}); the server tries again in {left:.0f} s"
+        )
+
+    def failed(self, reference: str, exc: PawError) -> ProgramLoadError:
+        """Remember that `reference` failed to load with `exc` (unless that says nothing of the program); the error
+        to answer with."""
+        kind = type(exc).__name__
+        if not isinstance(exc, _TRANSIENT) and self.retry_s > 0:
+            self._failed[reference] = (time.monotonic(), kind)
+            self._failed.move_to_end(reference)
+            while len(self._failed) > _REMEMBERED_FAILURES:
+                self._failed.popitem(last=False)
+        retry = "retry later" if isinstance(exc, _TRANSIENT) else f"the server tries again after {self.retry_s:g} s"
+        return ProgramLoadError(f"program {shown_reference(reference)} could not be loaded ({kind}); {retry}")
+
+
+@asynccontextmanager
+async def loading(reference: str, failures: LoadFailures) -> AsyncGenerator[None, None]:
+    """Around bringing a program in for a request: a reference that failed lately is refused at once, and a failure is
+    remembered and answered as a `ProgramLoadError` (the cause kept for the log); a program the hub does not know is a
+    404 in the server's words."""
+    failures.check(reference)
+    try:
+        yield
+    except NotFoundError as exc:
+        raise NotFoundError(f"program {shown_reference(reference)} is not served here, and the hub knows no such program", status=404) from exc
+    except (ProgramBudgetError, ProgramClosedError):
+        raise
+    except PawError as exc:
+        raise failures.failed(reference, exc) from exc
 
 
 class ProgramService(Protocol):
@@ -124,17 +210,18 @@ def check_loadable(reference: str, allow_load: bool, served: Iterable[str]) -> N
     """`NotFoundError` unless a program not yet served may load on request: `allow_load`, and a hub id or slug."""
     if allow_load and is_hub_reference(reference):
         return
-    names = ", ".join(sorted(served)) or "none"
+    names = sorted(served)
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") if names else "none"
     hint = (
         "only program ids and slugs load on request"
         if allow_load
         else ("start the server with --allow-load (Ray: allow_load) to load hub programs on request")
     )
-    raise NotFoundError(f"program {reference!r} is not served here (served: {names}); {hint}", status=404)
+    raise NotFoundError(f"program {shown_reference(reference)} is not served here (served: {shown}); {hint}", status=404)
 
 
 def program_info(name: str, references: Sequence[str], program: AnyPawFn) -> ServedProgram:
-    """What a client learns of a served program."""
+    """What a client learns of a served program (`references`: the names clients use, never a server path)."""
     return ServedProgram(
         name=name,
         program_id=program.program_id,
@@ -199,25 +286,42 @@ class LocalPrograms:
         max_programs: int | None = None,
         max_program_bytes: int | None = None,
         program_wait_s: float = 0.0,
+        failed_load_retry_s: float = 60.0,
     ) -> None:
         """`max_programs`, `max_program_bytes`: the resident-program budget, by count and by the bytes programs hold
         beside their bases (`ProgramRuntime.resident_bytes`; None: no bound); a program loaded on a request past it
         replaces the least recently used idle ones that were not loaded at start or by `load_program`, waiting up to
-        `program_wait_s` for one to go idle."""
+        `program_wait_s` for one to go idle. A program that failed to load on a request is refused for
+        `failed_load_retry_s` seconds."""
         self._backend = backend
         self._config = config
         self._allow_load = allow_load
         self._pool: ProgramPool[InterpreterModel, Backend] = ProgramPool.any(
-            backend, config=config, max_programs=max_programs, max_bytes=max_program_bytes, wait_s=program_wait_s
+            backend, config=config, local_paths=False, max_programs=max_programs, max_bytes=max_program_bytes, wait_s=program_wait_s
         )
+        self._started: set[str] = set()
+        """The names of the programs loaded at start (never unloaded by a request)."""
+        self._failures = LoadFailures(failed_load_retry_s)
 
     def load(self, reference: str, base: Path | None = None, alias: str | None = None) -> ServedProgram:
         """Load `reference` now (at start, before serving), on `base` weights if given, also served as `alias`; a
-        program already served under another reference (same id) is not loaded twice. It stays (pinned)."""
+        program already served under another reference (same id) is not loaded twice. It stays (pinned). A local
+        file is served under `alias`, else its program id, else its file name; never under its path."""
         if alias is not None and not is_hub_reference(alias):
             raise ConfigError(f"alias {alias!r} for {reference}: use a slug-like name (lowercase letters, digits, -)")
+        local = parse_reference(reference).kind == "path"
         program = PawFn.load_any_sync(reference, self._backend, base=base, config=self._config)
-        return self._info(self._pool.add(reference, program, aliases=[] if alias is None else [alias]))
+        if local:
+            served_as = alias or program.program_id or _file_name(reference)
+            held = self._pool.get(served_as)
+            if held is not None and (program.program_id is None or held.program_id != program.program_id):
+                program.close()
+                raise ConfigError(f"{reference}: another program is served as {served_as!r} already; name this one: --program NAME={reference}")
+            resident = self._pool.add(served_as, program, aliases=[])
+        else:
+            resident = self._pool.add(reference, program, aliases=[] if alias is None else [alias])
+        self._started.update(resident.references)
+        return self._info(resident)
 
     @staticmethod
     def _info(resident: ResidentProgram[InterpreterModel, Backend]) -> ServedProgram:
@@ -225,10 +329,15 @@ class LocalPrograms:
 
     @asynccontextmanager
     async def _using(self, reference: str) -> AsyncGenerator[tuple[AnyPawFn, str], None]:
-        """The program `reference` names and its served name, held (never unloaded) while the block runs its calls."""
-        if reference not in self._pool:
-            check_loadable(reference, self._allow_load, [resident.name for resident in self._pool.resident()])
-        async with self._pool.use(reference) as program:
+        """The program `reference` names and its served name, held (never unloaded) while the block runs its calls; a
+        failure to bring it in is a `loading` failure, an error of its calls is their own."""
+        async with AsyncExitStack() as held:
+            if reference in self._pool:
+                program = await held.enter_async_context(self._pool.use(reference))
+            else:
+                check_loadable(reference, self._allow_load, [resident.name for resident in self._pool.resident()])
+                async with loading(reference, self._failures):
+                    program = await held.enter_async_context(self._pool.use(reference))
             yield program, self._pool.describe(reference).name
 
     def served_count(self) -> int:
@@ -265,9 +374,13 @@ class LocalPrograms:
             return self._info(self._pool.describe(reference))
 
     async def unload_program(self, reference: str) -> ServedProgram:
-        """Unload the program `reference` names, whoever loaded it; refused while it runs calls."""
+        """Unload the program `reference` names if a request or `load_program` loaded it; refused while it runs calls,
+        and for a program named at start (its names then never fall through to the hub)."""
         if reference not in self._pool:
-            raise NotFoundError(f"{reference!r} is not loaded on this server", status=404)
+            raise NotFoundError(f"{shown_reference(reference)} is not loaded on this server", status=404)
+        resident = self._pool.describe(reference)
+        if self._started.intersection(resident.references):
+            raise ProgramKeptError(f"{resident.name} was named when the server started and stays until it stops; restart the server without it")
         return self._info(await self._pool.unload(reference))
 
     def counters(self) -> ServiceCounters:
@@ -287,3 +400,11 @@ class LocalPrograms:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+
+def _file_name(path: str) -> str:
+    """The name a local bundle is served under when nothing else names it: its file or folder name, less `.paw`."""
+    name = Path(path).name.removesuffix(".paw")
+    if not _SERVED_NAME.match(name):
+        raise ConfigError(f"{path}: give the program a name to be served under: --program NAME={path}")
+    return name
