@@ -247,6 +247,14 @@ def test_serve_command_errors_are_one_line(served_programs: tuple[TinyProgram, T
     run_cli("serve", "--program", str(served_programs[0].archive), "--api-key-env", "PAWFN_UNSET_KEY").assert_one_line_error(
         2, "PAWFN_UNSET_KEY", "empty or unset"
     )
+    archive = str(served_programs[0].archive)
+    run_cli("serve", "--program", archive, "--admin-key-env", "PAWFN_UNSET_KEY").assert_one_line_error(
+        2, "--admin-key-env PAWFN_UNSET_KEY", "empty or unset"
+    )
+    run_cli(
+        "serve", "--program", archive, "--api-key-env", "PAWFN_SAME", "--admin-key-env", "PAWFN_SAME", environment={"PAWFN_SAME": "one-key"}
+    ).assert_one_line_error(2, "a key of its own")
+    run_cli("serve", "--program", archive, "--header-timeout", "0").assert_one_line_error(2, "--header-timeout")
     run_cli("serve", "--program", "missing.paw").assert_one_line_error(1, "missing.paw")
     run_cli("serve", "--program", str(served_programs[0].archive), "--base", str(qwen3.hf_dir), "--max-queue", "0").assert_one_line_error(
         2, "--max-queue"
