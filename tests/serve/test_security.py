@@ -54,16 +54,17 @@ def _client(app: FastAPI, key: str | None = KEY, address: str = "127.0.0.1") -> 
 # --- keys ---
 
 
-def test_the_key_is_checked_before_a_byte_of_the_body_is_read() -> None:
-    """A request without the key announcing a body it never sends is answered 401 at once, and the connection is
-    closed: the body is never waited for (a malformed body without a key gets 401, not 422)."""
-    app = create_app(ScriptedService(), ServeSettings(api_key=SecretStr(KEY)))
+def _answers_to_a_stalling_client(app: FastAPI, headers: list[tuple[bytes, bytes]], first: list[Message]) -> tuple[list[Message], bool]:
+    """What `app` sends for a `POST /v1/programs/p/run` with `headers` whose client sends the messages
+    `first` and then nothing, ever; and whether the app asked for more than those."""
     sent: list[Message] = []
-    asked_for_body = False
+    waited = False
 
     async def receive() -> Message:
-        nonlocal asked_for_body
-        asked_for_body = True
+        nonlocal waited
+        if first:
+            return first.pop(0)
+        waited = True
         await asyncio.Event().wait()  # a client that stalls
         raise AssertionError("unreachable")
 
@@ -80,15 +81,22 @@ def test_the_key_is_checked_before_a_byte_of_the_body_is_read() -> None:
         "raw_path": b"/v1/programs/p/run",
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+        "headers": [(b"content-type", b"application/json"), *headers],
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
         "state": {},
     }
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
-    assert not asked_for_body
-    start = sent[0]
-    assert start["status"] == 401 and (b"connection", b"close") in start["headers"]
+    return sent, waited
+
+
+def test_the_key_is_checked_before_a_byte_of_the_body_is_read() -> None:
+    """A request without the key announcing a body it never sends is answered 401 at once, and the connection is
+    closed: the body is never waited for (a malformed body without a key gets 401, not 422)."""
+    app = create_app(ScriptedService(), ServeSettings(api_key=SecretStr(KEY)))
+    sent, waited = _answers_to_a_stalling_client(app, [(b"content-length", b"1000")], [])
+    assert not waited
+    assert sent[0]["status"] == 401 and (b"connection", b"close") in sent[0]["headers"]
 
     async def malformed() -> None:
         async with _client(app, key=None) as client:
@@ -121,34 +129,9 @@ def test_operator_routes_need_the_admin_key_and_are_off_without_one() -> None:
 
 def test_a_body_that_trickles_in_answers_408_and_closes() -> None:
     app = create_app(ScriptedService(), ServeSettings(body_timeout_s=0.2))
-    pieces: list[Message] = [{"type": "http.request", "body": b'{"input": ', "more_body": True}]
-    sent: list[Message] = []
-
-    async def receive() -> Message:
-        if pieces:
-            return pieces.pop(0)
-        await asyncio.Event().wait()  # the rest never comes
-        raise AssertionError("unreachable")
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/programs/p/run",
-        "raw_path": b"/v1/programs/p/run",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-        "state": {},
-    }
-    asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
+    piece: Message = {"type": "http.request", "body": b'{"input": ', "more_body": True}
+    sent, waited = _answers_to_a_stalling_client(app, [(b"transfer-encoding", b"chunked")], [piece])
+    assert waited
     assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]
     assert b"body_timeout" in sent[1]["body"]
 
