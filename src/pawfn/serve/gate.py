@@ -99,19 +99,19 @@ class Gate:
         timeout_s = self._settings.body_timeout_s
         try:
             async with asyncio.timeout(timeout_s):  # the whole body, however it is cut into pieces
-                while True:
+                while size <= limit:
                     message = await receive()
                     messages.append(message)
                     size += len(message.get("body", b""))
-                    if size > limit:
-                        await _refuse(scope, send, too_large)
-                        return
                     if message["type"] != "http.request" or not message.get("more_body", False):
                         break
         except TimeoutError:
             await _refuse(
                 scope, send, ApiError(408, "body_timeout", f"the request body did not arrive within {timeout_s:g} s; send it whole, at once")
             )
+            return
+        if size > limit:  # answered outside the body's deadline: the answer is never cut by it
+            await _refuse(scope, send, too_large)
             return
 
         async def replay() -> Message:
