@@ -277,12 +277,15 @@ def test_long_and_odd_references_answer_4xx_json(hub: tuple[HubServer, PawConfig
         assert answer.json()["error"] and len(answer.text) < 2000
 
 
-def test_a_program_that_fails_to_load_is_refused_for_a_while_then_tried_again(hub: tuple[HubServer, PawConfig]) -> None:
+def test_a_program_that_fails_to_load_is_refused_for_a_while_then_tried_again(
+    hub: tuple[HubServer, PawConfig], caplog: pytest.LogCaptureFixture
+) -> None:
     """A hub program whose adapter does not fit its interpreter: 502 `load_failed` naming neither a path nor the
-    file's details; the next requests answer at once, asking the hub nothing; after the retry period it is tried
-    again (from the cache)."""
+    file's details (the log has them, once); the next requests answer at once, asking the hub nothing; after the
+    retry period it is tried again (from the cache)."""
     server, config = hub
     app = create_app(LocalPrograms(Torch, config, allow_load=True, failed_load_retry_s=1.0), ServeSettings())
+    caplog.set_level(logging.ERROR, logger="pawfn.serve")
 
     async def scenario() -> None:
         async with _client(app, key=None) as client:
@@ -293,6 +296,8 @@ def test_a_program_that_fails_to_load_is_refused_for_a_while_then_tried_again(hu
             again = await client.post(f"/v1/programs/{BROKEN}/run", json={"input": "x"})
             assert again.status_code == 502 and "tries again in" in again.json()["message"]
             assert len(server.state.snapshot()) == asked  # refused from memory: the hub not asked, the cache not read
+            [logged] = [record.getMessage() for record in caplog.records]  # the cause, under the first request's id only
+            assert first.json()["request_id"] in logged and "do not fit the base weight" in logged
             good = await client.post(f"/v1/programs/{GOOD}/run", json={"input": "x", "options": {"max_tokens": 2}})
             assert good.status_code == 200, good.text
             await asyncio.sleep(1.1)

@@ -63,8 +63,8 @@ def api_error(exc: PawError) -> ApiError:
         return ApiError(409, "program_busy", str(exc))
     if isinstance(exc, ProgramKeptError):
         return ApiError(409, "program_kept", str(exc))
-    if isinstance(exc, ProgramLoadError):  # its message is written for clients; the cause is logged
-        return ApiError(502, "load_failed", str(exc), detail=_described(exc.__cause__ or exc))
+    if isinstance(exc, ProgramLoadError):  # its message is written for clients; the cause is logged (a repeat has none)
+        return ApiError(502, "load_failed", str(exc), detail=None if exc.__cause__ is None else _described(exc.__cause__))
     if isinstance(exc, (HubError, OfflineError)):
         return ApiError(502, "load_failed", "the server could not load the program from its hub; retry later", detail=_described(exc))
     if isinstance(exc, NonFiniteError):  # the program's own numbers: its message names no file
