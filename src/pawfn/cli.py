@@ -1,4 +1,4 @@
-"""The `pawfn` command line: run, bench, compile, info, cache, login and serve."""
+"""The `pawfn` command line: run, bench, eval, compile, info, cache, login and serve."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from . import evals
 from .core.backends import Backend, LlamaCpp, Remote, Torch
 from .api.bench import run_bench
 from .formats.bundle import open_bundle
@@ -232,6 +233,24 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-model-copies", type=int, metavar="N", help="model copies, so concurrent runs (default: 8)")
     bench.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass of a decode step (default: 8)")
     bench.add_argument("--json", action="store_true", help="print one JSON object with the figures and the configuration")
+
+    evaluation = commands.add_parser(
+        "eval", parents=[common, _engine_options()], help="evaluate a program on cases: accuracy, per label and tag, JUnit XML, --compare"
+    )
+    evaluation.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
+    evaluation.add_argument("--cases", type=Path, metavar="FILE", help="cases: .jsonl, .json or .csv, each with input and expected (and id, tags)")
+    evaluation.add_argument("--from-spec", action="store_true", help="also the Input:/Output: examples of the program's spec")
+    scoring = evaluation.add_mutually_exclusive_group()
+    scoring.add_argument("--normalize", action="store_true", help="an output is right up to case and runs of white space (default: exact)")
+    scoring.add_argument("--scorer", metavar="MODULE:FUNCTION", help="your scorer: function(case, output) -> bool")
+    evaluation.add_argument("--compare", metavar="REF", help="another program (or version: user/slug@v2) on the same cases: paired counts, McNemar")
+    evaluation.add_argument("--min-accuracy", type=float, metavar="X", help="exit 1 when the accuracy (0 to 1) is below X")
+    evaluation.add_argument("--max-tokens", type=int, metavar="N", help="most tokens a call generates (default: to EOS)")
+    evaluation.add_argument("--no-progress", action="store_true", help="no progress bar (default: one on a terminal)")
+    report = evaluation.add_mutually_exclusive_group()
+    report.add_argument("--json", action="store_true", help="print the report as JSON (every case, every figure)")
+    report.add_argument("--markdown", action="store_true", help="print the report as Markdown (a CI summary, a pull request comment)")
+    evaluation.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML there, one test case per case")
 
     compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
     compile_.add_argument("--spec", required=True, metavar="TEXT", help="what the function does, in plain English")
@@ -600,6 +619,47 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    if args.cases is None and not args.from_spec:
+        raise _CliError("no cases: give --cases FILE (.jsonl, .json or .csv) or --from-spec (the program's Input:/Output: examples)")
+    if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
+        raise _CliError(f"--min-accuracy {args.min_accuracy}: give a share between 0 and 1 (0.9 for 90%)")
+    config = _config(args)
+    scorer = evals.load_scorer(args.scorer) if args.scorer else evals.normalized if args.normalize else evals.exact
+    try:
+        options = RuntimeOptions(max_tokens=args.max_tokens)
+    except OptionError as exc:
+        raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
+    base = None if args.base is None else Path(args.base)
+    cases = [] if args.cases is None else evals.read_cases(args.cases)
+    reports: list[evals.EvalReport] = []
+    for reference in [args.program] + ([args.compare] if args.compare else []):
+        with PawFn.load_any_sync(reference, _BACKENDS[args.backend], base=base, config=config) as program:
+            if args.from_spec and not reports:  # the first program's examples: both runs take the same cases
+                given = {case.id for case in cases}
+                cases += [case for case in evals.spec_cases(program.spec or "", f"{reference}'s spec") if case.id not in given]
+            progress = False if args.no_progress else config.progress
+            reports.append(evals.evaluate(program, cases, scorer=scorer, options=options, name=reference, progress=progress))
+    report = reports[0]
+    comparison = evals.compare(report, reports[1]) if len(reports) > 1 else None
+    if args.junit_xml is not None:
+        args.junit_xml.write_text(evals.render_junit(report), encoding="utf-8")
+    if args.json:
+        data: dict[str, object] = {"report": report.model_dump(mode="json")}
+        if comparison is not None:
+            data["second"] = comparison.second.model_dump(mode="json")
+            data["comparison"] = comparison.model_dump(mode="json", exclude={"first", "second"})
+        _print_json(data)
+    elif args.markdown:
+        print(evals.render_markdown(report))
+    else:
+        print(evals.render_text(report) + ("" if comparison is None else "\n\n" + evals.render_comparison(comparison)))
+    if args.min_accuracy is not None and report.accuracy < args.min_accuracy:
+        print(f"pawfn: accuracy {report.accuracy:.4f} is below --min-accuracy {args.min_accuracy}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _dump(model: BaseModel) -> dict[str, object]:
     return model.model_dump(mode="json")
 
@@ -790,7 +850,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _run, "bench": _bench, "compile": _compile, "info": _info, "cache": _cache, "login": _login, "serve": _serve}
+    handlers = {"run": _run, "bench": _bench, "eval": _eval, "compile": _compile, "info": _info, "cache": _cache, "login": _login, "serve": _serve}
     try:
         return handlers[args.command](args)
     except _CliError as exc:
