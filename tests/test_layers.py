@@ -3,7 +3,7 @@ and no pawfn import hidden inside a function.
 
 Layers, lowest first, each a folder (docs/contributing.md draws the same picture):
 core/ <- formats/ <- calls/ <- the backends (torch/, llamacpp/) and hub/ <- remote/ <- api/ (PawFn, the builder) <-
-evals/ <- serve/ <- cli <- the package's own `__init__`; inside torch/: ggml/ <- model/ <- weights/ <- engine/.
+evals/ and testing/ <- serve/ <- cli <- the package's own `__init__`; inside torch/: ggml/ <- model/ <- weights/ <- engine/.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
     frozenset({"api"}),
-    frozenset({"evals"}),
+    frozenset({"evals", "testing"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),

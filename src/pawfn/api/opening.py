@@ -15,6 +15,7 @@ from ..core.backends import Backend, LlamaCpp, Remote, Torch
 from ..formats.bundle import ProgramMeta, open_bundle
 from ..core.config import PawConfig
 from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
+from ..core.guard import check_real_program
 from ..hub.cache import PawCache
 from ..hub.usage import prune_derived
 from ..hub.prepare import PreparedProgram, find_cached_base, find_cached_projector, prepare_program
@@ -65,7 +66,9 @@ _OPENERS: Mapping[type[Backend], Callable[[], RuntimeOpener]] = {Torch: _torch_o
 
 
 def runtime_opener(backend: type[Backend]) -> RuntimeOpener:
-    """How programs open on `backend` (a subclass of a built-in backend opens like it)."""
+    """How programs open on `backend` (a subclass of a built-in backend opens like it); refused while real programs
+    are blocked (`pawfn.testing`)."""
+    check_real_program(f"opening a program on {backend.__name__}")
     for kind in backend.__mro__:
         opener = _OPENERS.get(cast("type[Backend]", kind))  # cast: MRO entries are classes
         if opener is not None:

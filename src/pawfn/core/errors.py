@@ -38,6 +38,7 @@ __all__ = [
     "ProgramBudgetError",
     "ProgramBusyError",
     "ProgramClosedError",
+    "RealProgramsBlockedError",
     "TokenizerError",
     "describe_validation_error",
 ]
@@ -154,6 +155,10 @@ class ProgramBudgetError(PawError, RuntimeError):
 
 class ProgramBusyError(PawError, RuntimeError):
     """A program asked to unload is running calls."""
+
+
+class RealProgramsBlockedError(PawError, RuntimeError):
+    """A real program was opened, or a hub or server asked, while `pawfn.testing` blocks real programs (a unit test)."""
 
 
 class ConfigError(PawError, ValueError):

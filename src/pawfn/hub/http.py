@@ -34,6 +34,7 @@ from ..core.errors import (
     ServerError,
     describe_validation_error,
 )
+from ..core.guard import check_real_program
 from ..core.jsonio import parse_json_object
 
 __all__ = [
@@ -253,7 +254,9 @@ class ClientBase:
         return Request(method, self.api_url(*parts), what, json=json, params=params, timeout=timeout, map_error=map_error)
 
     def _build(self, http: httpx.Client | httpx.AsyncClient, request: Request, method: str, url: str) -> httpx.Request:
-        """One hop; the API key goes only to the API's own origin, never to a redirect target elsewhere."""
+        """One hop; the API key goes only to the API's own origin, never to a redirect target elsewhere; refused while
+        real programs are blocked (`pawfn.testing`)."""
+        check_real_program(f"{request.what} ({method} {url})")
         headers = dict(request.headers or {})
         if self._key and _origin(url) == _origin(self._root):
             headers["X-API-Key"] = self._key
