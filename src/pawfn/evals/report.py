@@ -75,34 +75,34 @@ class EvalReport(BaseModel):
     seconds: float
     results: list[CaseResult]
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def total(self) -> int:
         return len(self.results)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def correct(self) -> int:
         return sum(result.correct for result in self.results)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def errors(self) -> int:
         """Cases whose call or scorer raised (counted wrong)."""
         return sum(result.error is not None for result in self.results)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def accuracy(self) -> float:
         return self.correct / self.total if self.total else 0.0
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def interval(self) -> tuple[float, float]:
         """Accuracy's 95% interval (Wilson)."""
         return wilson_interval(self.correct, self.total)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def by_tag(self) -> list[GroupScore]:
         totals: Counter[str] = Counter()
@@ -113,7 +113,7 @@ class EvalReport(BaseModel):
                 rights[tag] += result.correct
         return [GroupScore(tag=tag, correct=rights[tag], total=totals[tag]) for tag in sorted(totals)]
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def labels(self) -> list[str] | None:
         """The expected outputs, when they are labels (at most 20 distinct short single lines); else None."""
@@ -122,7 +122,7 @@ class EvalReport(BaseModel):
             return None
         return found
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def label_scores(self) -> list[LabelScore] | None:
         labels = self.labels
@@ -136,7 +136,7 @@ class EvalReport(BaseModel):
             scores.append(LabelScore(label=label, support=expected.count(label), precision=precision, recall=recall))
         return scores
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def confusion(self) -> dict[str, dict[str, int]] | None:
         """expected label -> output label -> cases (an output that is no label counts as `(other)`), when labels."""
@@ -172,29 +172,29 @@ class Comparison(BaseModel):
         seconds = {result.case.id: result.correct for result in self.second.results}
         return [(result.correct, seconds[result.case.id]) for result in self.first.results]
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def both_right(self) -> int:
         return sum(1 for a, b in self._pairs() if a and b)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def fixed(self) -> int:
         """Wrong in the first, right in the second."""
         return sum(1 for a, b in self._pairs() if not a and b)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def broken(self) -> int:
         """Right in the first, wrong in the second."""
         return sum(1 for a, b in self._pairs() if a and not b)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def both_wrong(self) -> int:
         return sum(1 for a, b in self._pairs() if not a and not b)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # pydantic computed field: mypy does not know decorated properties
     @property
     def p_value(self) -> float:
         """The exact McNemar test's two-sided p-value for the fixed and broken cases."""
