@@ -632,13 +632,13 @@ def _eval(args: argparse.Namespace) -> int:
         raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
     base = None if args.base is None else Path(args.base)
     cases = [] if args.cases is None else evals.read_cases(args.cases)
+    progress = False if args.no_progress else config.progress
     reports: list[evals.EvalReport] = []
     for reference in [args.program] + ([args.compare] if args.compare else []):
         with PawFn.load_any_sync(reference, _BACKENDS[args.backend], base=base, config=config) as program:
             if args.from_spec and not reports:  # the first program's examples: both runs take the same cases
                 given = {case.id for case in cases}
                 cases += [case for case in evals.spec_cases(program.spec or "", f"{reference}'s spec") if case.id not in given]
-            progress = False if args.no_progress else config.progress
             reports.append(evals.evaluate(program, cases, scorer=scorer, options=options, name=reference, progress=progress))
     report = reports[0]
     comparison = evals.compare(report, reports[1]) if len(reports) > 1 else None

@@ -41,7 +41,7 @@ from .service import (
     LoadFailures,
     ServiceCounters,
     check_loadable,
-    loading,
+    held_for_request,
     program_info,
     run_call,
     run_calls,
@@ -170,16 +170,13 @@ class _ProgramReplica:
     async def _using(self, name: str) -> AsyncGenerator[tuple[PawFn[InterpreterModel, Backend], str], None]:
         """The program `name` and its served name, held while the block runs its calls."""
         try:
-            async with AsyncExitStack() as held:
-                if name in self._pool:
-                    program = await held.enter_async_context(self._pool.use(name))
-                elif name in self._started:
+            if name not in self._pool:
+                if name in self._started:
                     await self._start(name)
-                    program = await held.enter_async_context(self._pool.use(name))
                 else:
                     check_loadable(name, self._args.allow_load, self._started)
-                    async with loading(name, self._failures):
-                        program = await held.enter_async_context(self._pool.use(name))
+            async with AsyncExitStack() as held:
+                program = await held_for_request(held, self._pool, name, self._failures)
                 yield program, self._pool.describe(name).name
         finally:
             self._report()

@@ -52,6 +52,7 @@ __all__ = [
     "ProgramService",
     "ServiceCounters",
     "check_loadable",
+    "held_for_request",
     "loading",
     "program_info",
     "run_call",
@@ -114,6 +115,15 @@ class LoadFailures:
                 self._failed.popitem(last=False)
         retry = "retry later" if isinstance(exc, _TRANSIENT) else f"the server tries again after {self.retry_s:g} s"
         return ProgramLoadError(f"program {shown_reference(reference)} could not be loaded ({kind}); {retry}")
+
+
+async def held_for_request(held: AsyncExitStack, pool: ProgramPool[InterpreterModel, Backend], reference: str, failures: LoadFailures) -> AnyPawFn:
+    """The program `reference` names, held by `held` until it closes; one the pool must bring in goes through
+    `loading` (its failures remembered and answered as such), while an error inside the caller's block stays its own."""
+    if reference in pool:
+        return await held.enter_async_context(pool.use(reference))
+    async with loading(reference, failures):
+        return await held.enter_async_context(pool.use(reference))
 
 
 @asynccontextmanager
@@ -331,13 +341,10 @@ class LocalPrograms:
     async def _using(self, reference: str) -> AsyncGenerator[tuple[AnyPawFn, str], None]:
         """The program `reference` names and its served name, held (never unloaded) while the block runs its calls; a
         failure to bring it in is a `loading` failure, an error of its calls is their own."""
+        if reference not in self._pool:
+            check_loadable(reference, self._allow_load, [resident.name for resident in self._pool.resident()])
         async with AsyncExitStack() as held:
-            if reference in self._pool:
-                program = await held.enter_async_context(self._pool.use(reference))
-            else:
-                check_loadable(reference, self._allow_load, [resident.name for resident in self._pool.resident()])
-                async with loading(reference, self._failures):
-                    program = await held.enter_async_context(self._pool.use(reference))
+            program = await held_for_request(held, self._pool, reference, self._failures)
             yield program, self._pool.describe(reference).name
 
     def served_count(self) -> int:
