@@ -100,7 +100,7 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     kernels = _kernels(implementation)
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
-    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1), kernels)
+    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1), WIDTH, kernels)
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
     _bit_exact(ggml_silu(raw, WIDTH, kernels), trace.first(evaluation, f"conv_output_silu-{layer}"))
     q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)

@@ -112,7 +112,7 @@ class NativeKernels:
         self._block_product.restype = ctypes.c_int
         self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
         self.libm = self._declare(library.paw_libm, [_I64, _PTR, _PTR, _I64])
-        self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64])
+        self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64])
         self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
         self.rope_table = self._declare(library.paw_rope_table, [_PTR, _I64, _I64, ctypes.c_float, _PTR, _PTR])
         self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
@@ -300,13 +300,14 @@ def native_libm(kernels: NativeKernels, function: str, x: torch.Tensor) -> torch
     return y
 
 
-def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """`hybrid.ggml_ssm_conv` in C: window [channels, K - 1 + T], kernel [channels, K] -> [T, channels]."""
+def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor, rounded: int) -> torch.Tensor:
+    """`hybrid.ggml_ssm_conv` in C: window [channels, K - 1 + T], kernel [channels, K] -> [T, channels], the first
+    `rounded` products of each output rounded and added, the rest by FMA."""
     window, kernel = window.float().contiguous(), kernel.float().contiguous()
     channels, taps = kernel.shape
     steps = window.shape[1] - taps + 1
     out = torch.empty((steps, channels), dtype=torch.float32)
-    kernels.ssm_conv(_ptr(window), _ptr(kernel), _ptr(out), channels, taps, steps)
+    kernels.ssm_conv(_ptr(window), _ptr(kernel), _ptr(out), channels, taps, steps, rounded)
     return out
 
 

@@ -6,7 +6,9 @@ torch code is the reference and the fallback. The AVX-512 paths were checked aga
 Read from ggml's CPU sources and the compiled library (llama-cpp-python 0.3.36, x86 with AVX2 or AVX-512), for what
 the official vision runtime runs (flash attention, an f16 cache, batches of 128, 2 threads):
 
-- `ssm_conv`: per channel, an FMA chain over the window from 0 (GCC contracts its `sumf += s * c`).
+- `ssm_conv`: per channel, the window's products summed in order from 0. GCC builds `sumf += s * c` differently by
+  CPU: with AVX-512 as an FMA chain; with AVX2 it vectorizes by 4 and 8 taps (`vmulps`, then `vaddss` in order),
+  so the first K - K % 4 products are rounded before they are added and only the tail is fused.
 - `silu`: `ggml_v_silu` (`x / (1 + ggml_v_expf(-x))`) on whole vectors, `x / (1 + expf(-x))` on the rest;
   `sigmoid` `1 / (1 + expf(-x))`, `softplus` `logf(1 + expf(x))` (x itself above 20), the C library's `expf`/`logf`.
 - The Gated DeltaNet key/query norm: `rms_norm` with eps / n, then a scale by `1/sqrtf(n)`.
@@ -94,16 +96,21 @@ def ggml_softplus(x: torch.Tensor, kernels: NativeKernels | None = None) -> torc
     return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0)), None))
 
 
-def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
+def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, width: int, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_ssm_conv`: the causal convolution of `window` [channels, K - 1 + T] with `kernel` [channels, K], [T,
-    channels]: each output an FMA chain over its K products, in order."""
+    channels], as llama.cpp's build for `width` float32 lanes sums each output's K products (module docstring)."""
+    taps_count = kernel.shape[1]
+    rounded = taps_count - taps_count % 4 if width == 8 else 0
     if kernels is not None:
-        return native_ssm_conv(kernels, window, kernel)
-    windows = window.unfold(1, kernel.shape[1], 1)  # [channels, T, K]
+        return native_ssm_conv(kernels, window, kernel, rounded)
+    windows = window.unfold(1, taps_count, 1)  # [channels, T, K]
     taps = kernel.unsqueeze(1).expand_as(windows)
-    total = windows[..., 0] * taps[..., 0]
-    for index in range(1, kernel.shape[1]):
-        total = fma32(windows[..., index], taps[..., index], total)
+    total = torch.zeros_like(windows[..., 0])
+    for index in range(taps_count):
+        if index < rounded:
+            total = total + windows[..., index] * taps[..., index]
+        else:
+            total = fma32(windows[..., index], taps[..., index], total)
     return total.T
 
 

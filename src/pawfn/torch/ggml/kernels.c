@@ -1518,14 +1518,21 @@ void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
     }
 }
 
-/* `ggml_ssm_conv`: out [T, channels] from window [channels, K - 1 + T] and kernel [channels, K], each output an FMA
-   chain over its K products in order. */
-void paw_ssm_conv(const float *window, const float *kernel, float *out, int64_t channels, int64_t K, int64_t T) {
+/* `ggml_ssm_conv`: out [T, channels] from window [channels, K - 1 + T] and kernel [channels, K]. Each output sums
+   its K products in order from 0: the first `rounded` products rounded and added (GCC's AVX2 build vectorizes
+   `sumf += s * c` by 4 and 8 taps that way), the rest by FMA (its AVX-512 build and every loop tail). */
+void paw_ssm_conv(const float *window, const float *kernel, float *out, int64_t channels, int64_t K, int64_t T, int64_t rounded) {
     const int64_t width = K - 1 + T;
     for (int64_t t = 0; t < T; ++t)
         for (int64_t c = 0; c < channels; ++c) {
-            float total = window[c * width + t] * kernel[c * K];
-            for (int64_t i = 1; i < K; ++i) total = fmaf(window[c * width + t + i], kernel[c * K + i], total);
+            const float *w = window + c * width + t, *k = kernel + c * K;
+            float total = 0.0f;
+            int64_t i = 0;
+            for (; i < rounded; ++i) {
+                const float product = w[i] * k[i];
+                total = total + product;
+            }
+            for (; i < K; ++i) total = fmaf(w[i], k[i], total);
             out[t * channels + c] = total;
         }
 }

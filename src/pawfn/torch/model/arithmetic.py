@@ -241,7 +241,7 @@ class LlamaCppArithmetic(Arithmetic):
         return ggml_l2_norm(x, eps)
 
     def convolve(self, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return ggml_silu(ggml_ssm_conv(window, kernel, self.kernels), self.width, self.kernels)
+        return ggml_silu(ggml_ssm_conv(window, kernel, self.width, self.kernels), self.width, self.kernels)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
