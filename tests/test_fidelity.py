@@ -21,12 +21,13 @@ FLOORS: dict[tuple[str, WeightDType | None], int] = {
     ("qwen3", "int8"): 8,
     ("gpt2", None): 8,
     ("gpt2", "float16"): 8,
-    ("gpt2", "int8"): 7,
+    ("gpt2", "int8"): 6,
 }
 """Least sequences (of 16) equal to the official runtime's, per (family, weight dtype): one below the fewest
 measured (`benchmarks/fidelity.py` on an Intel Xeon: qwen3 10, 10, 9 and gpt2 9, 9, 10 with llama.cpp's AVX-512
-build; 10, 10, 9 and 11, 11, 8 with an AVX2-only llama.cpp; 10, 10, 9 and 9, 9, 9 with torch's AVX2 kernels), as
-other CPUs round differently. `numerics="llamacpp"` (tests/torch/test_llamacpp_numerics.py) keeps all 16 of both."""
+build; 10, 10, 9 and 11, 11, 8 with an AVX2-only llama.cpp; 10, 10, 9 and 9, 9, 9 with torch's AVX2 kernels; int8
+9 and 7 on an AVX2-only AMD EPYC without VNNI, whose int8 weights are packed at 7 bits), as other CPUs round
+differently. `numerics="llamacpp"` (tests/torch/test_llamacpp_numerics.py) keeps all 16 of both."""
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
