@@ -49,7 +49,7 @@ from .calls.pending import TextStream
 from .core.models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
 from .core.config import EngineSettings, HubSettings, PawConfig, RemoteSettings
 from .core.options import RuntimeOptions
-from .hub import AsyncPawClient, PawCache, PawClient, PreparedProgram, prepare_program
+from .hub import AsyncPawClient, LockError, PawCache, PawClient, PreparedProgram, locked_program, prepare_program
 
 if TYPE_CHECKING:
     from .torch import ModelRegistry
@@ -79,6 +79,7 @@ __all__ = [
     "Image",
     "ImageError",
     "IntegrityError",
+    "LockError",
     "JsonSchemaFormat",
     "JsonSchemaSpec",
     "InterpreterMismatchError",
@@ -133,6 +134,7 @@ __all__ = [
     "__version__",
     "arun_many",
     "generate_many",
+    "locked_program",
     "prepare_program",
     "run_many",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import getpass
 import json
 import logging
@@ -35,8 +36,9 @@ from .core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, Patte
 from .hub.cache import PawCache
 from .hub.usage import cache_files, clear_derived, prune_derived
 from .hub.client import PawClient
-from .hub.prepare import compile_spec, prepare_program
-from .hub.refs import parse_reference
+from .hub import lockfile
+from .hub.prepare import PreparedProgram, compile_spec, prepare_program
+from .hub.refs import parse_hub_reference, parse_reference
 from .hub.types import compile_request
 from .core.jsonio import parse_json_object
 from .core.models import InterpreterModel, builtin_models, model_for_interpreter
@@ -280,9 +282,29 @@ def _parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "--max-bytes", type=int, metavar="N", help="the size to fit, in bytes (default: derived_cache_max_bytes, PAW_DERIVED_CACHE_MAX_BYTES, 8 GiB)"
     )
-    prepare = cache_commands.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
-    prepare.add_argument("program", metavar="REF", help="program id or slug")
-    prepare.add_argument("--json", action="store_true", help="print JSON")
+    for commands_of in (cache_commands, commands):  # `pawfn prepare` and `pawfn cache prepare`: one command
+        prepare = commands_of.add_parser("prepare", parents=[common], help="download a program and its base for offline use")
+        chosen = prepare.add_mutually_exclusive_group(required=True)
+        chosen.add_argument("program", nargs="?", metavar="REF", help="program id or slug")
+        chosen.add_argument("--locked", action="store_true", help="every program of pawfn.lock, by id, its files checked against the lock")
+        prepare.add_argument("--lock", metavar="PATH", help="the lock file (default: PAWFN_LOCK, else the nearest pawfn.lock upward)")
+        prepare.add_argument("--json", action="store_true", help="print JSON")
+
+    lock = commands.add_parser("lock", help="pin the programs an application runs in pawfn.lock: add, update, check")
+    lock_commands = lock.add_subparsers(dest="lock_command", required=True, metavar="ACTION")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--lock", metavar="PATH", help="the lock file (default: PAWFN_LOCK, else the nearest pawfn.lock upward; add: ./pawfn.lock)")
+    add = lock_commands.add_parser("add", parents=[common, where], help="lock a hub program under a name (downloads it and its base)")
+    add.add_argument("name", metavar="NAME", help="the name the application loads it by (a Python identifier)")
+    add.add_argument("program", metavar="REF", help="program id, user/slug or user/slug@vN")
+    add.add_argument("--cases", metavar="FILE", help="its cases file (relative to the lock): `pawfn lock update` evaluates both versions on it")
+    update = lock_commands.add_parser(
+        "update", parents=[common, where, _engine_options()], help="move names to what their slugs now resolve to, printing each change"
+    )
+    update.add_argument("names", nargs="*", metavar="NAME", help="the names to update (default: all)")
+    update.add_argument("--max-tokens", type=int, metavar="N", help="most tokens a call generates when evaluating (default: to EOS)")
+    check = lock_commands.add_parser("check", parents=[common, where], help="exit 1 on any drift between the lock, the cache and the hub")
+    check.add_argument("names", nargs="*", metavar="NAME", help="the names to check (default: all)")
 
     serve = commands.add_parser(
         "serve",
@@ -721,20 +743,99 @@ def _cache(args: argparse.Namespace) -> int:
         cache.clear()
         print(f"cleared {cache.root}")
         return 0
-    prepared = prepare_program(args.program, config)
-    if args.json:
-        _print_json(
-            {
-                "program": args.program,
-                "program_id": prepared.program_id,
-                "path": str(prepared.bundle),
-                "runtime_id": None if prepared.runtime is None else prepared.runtime.runtime_id,
-                "base": str(prepared.base),
-            }
-        )
+    return _prepare(args)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.locked:
+        path = lockfile.lock_path(args.lock)
+        names = sorted(lockfile.read_lock(path).programs)
+        ready = [(name, lockfile.locked_program(name, lock=path, config=config)) for name in names]
     else:
-        print(f"{args.program}: ready offline ({prepared.bundle}; base {prepared.base})")
+        ready = [(args.program, prepare_program(args.program, config))]
+    for name, prepared in ready:
+        if args.json:
+            runtime_id = None if prepared.runtime is None else prepared.runtime.runtime_id
+            _print_json(
+                {
+                    "program": name,
+                    "program_id": prepared.program_id,
+                    "path": str(prepared.bundle),
+                    "runtime_id": runtime_id,
+                    "base": str(prepared.base),
+                }
+            )
+        else:
+            print(f"{name}: ready offline ({prepared.bundle}; base {prepared.base})")
     return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.lock_command == "add":
+        path = Path(args.lock) if args.lock else lockfile.find_lock() or Path(lockfile.LOCK_FILE_NAME)
+        lock = lockfile.read_lock(path) if path.exists() else lockfile.LockFile()
+        name = lockfile.check_name(args.name)
+        if name in lock.programs:
+            raise _CliError(f"{path} already locks {name} (program {lock.programs[name].program_id}); `pawfn lock update {name}` moves it")
+        prepared = prepare_program(parse_hub_reference(args.program).text, config, local_paths=False)
+        entry = lockfile.lock_entry(args.program, prepared, args.cases)
+        lock.programs[name] = entry
+        lockfile.write_lock(path, lock)
+        print(f"locked {name}: {args.program} -> {entry.program_id} ({entry.interpreter}) in {path}")
+        return 0
+    path = lockfile.lock_path(args.lock)
+    lock = lockfile.read_lock(path)
+    names = args.names or sorted(lock.programs)
+    entries = {name: lock.entry(name, path) for name in names}
+    if args.lock_command == "check":
+        problems: list[str] = []
+        with contextlib.ExitStack() as stack:
+            client = None if config.offline else stack.enter_context(PawClient(config))
+            for name, entry in entries.items():
+                found = lockfile.check_locked(name, entry, config, client)
+                problems += found
+                if not found:
+                    print(f"{name}: {entry.program_id} as locked")
+        for problem in problems:
+            print(problem)
+        return 1 if problems else 0
+    moved = 0
+    for name, entry in entries.items():
+        if entry.pinned:
+            print(f"{name}: {entry.reference} is pinned; nothing to follow")
+            continue
+        prepared = prepare_program(entry.reference, config, local_paths=False)
+        if prepared.program_id == entry.program_id:
+            print(f"{name}: {entry.program_id}, unchanged")
+            continue
+        newer = lockfile.lock_entry(entry.reference, prepared, entry.cases)
+        print(f"{name}: {entry.program_id} -> {newer.program_id}" + _eval_delta(args, path, entry, prepared, config))
+        lock.programs[name] = newer
+        moved += 1
+    if moved:
+        lockfile.write_lock(path, lock)
+    return 0
+
+
+def _eval_delta(args: argparse.Namespace, path: Path, entry: lockfile.LockedProgram, newer: PreparedProgram, config: PawConfig) -> str:
+    """`' (accuracy ...)'`: both versions evaluated on the entry's cases; '' for an entry without cases."""
+    if entry.cases is None:
+        return ""
+    cases = evals.read_cases(path.parent / entry.cases)
+    options = RuntimeOptions(max_tokens=args.max_tokens)
+    base = None if args.base is None else Path(args.base)
+    reports: list[evals.EvalReport] = []
+    versions: tuple[str | PreparedProgram, ...] = (entry.program_id, newer)
+    for version in versions:
+        with PawFn.load_any_sync(version, _BACKENDS[args.backend], base=base, config=config) as program:
+            reports.append(evals.evaluate(program, cases, options=options, name=program.program_id, progress=False))
+    comparison = evals.compare(reports[0], reports[1])
+    return (
+        f" (accuracy {reports[0].accuracy:.4f} -> {reports[1].accuracy:.4f} on {len(cases)} cases of {entry.cases}: "
+        f"fixed {comparison.fixed}, broken {comparison.broken}, McNemar p={comparison.p_value:.3g})"
+    )
 
 
 def _list_cache(cache: PawCache, as_json: bool) -> None:
@@ -850,7 +951,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _run, "bench": _bench, "eval": _eval, "compile": _compile, "info": _info, "cache": _cache, "login": _login, "serve": _serve}
+    handlers = {"run": _run, "bench": _bench, "eval": _eval, "compile": _compile, "info": _info, "cache": _cache, "prepare": _prepare}
+    handlers |= {"lock": _lock, "login": _login, "serve": _serve}
     try:
         return handlers[args.command](args)
     except _CliError as exc:

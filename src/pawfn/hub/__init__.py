@@ -2,6 +2,7 @@
 
 from .cache import CachedProgram, PawCache
 from .client import AsyncPawClient, PawClient
+from .lockfile import LockError, LockFile, LockedProgram, locked_program
 from .prepare import PreparedProgram, aprepare_program, compile_program, find_cached_base, prepare_program
 from .refs import ProgramReference, parse_reference
 from .types import (
@@ -26,6 +27,9 @@ __all__ = [
     "CompileResult",
     "CompileStatus",
     "CompilerInfo",
+    "LockError",
+    "LockFile",
+    "LockedProgram",
     "PawCache",
     "PawClient",
     "PreparedProgram",
@@ -37,6 +41,7 @@ __all__ = [
     "aprepare_program",
     "compile_program",
     "find_cached_base",
+    "locked_program",
     "parse_reference",
     "prepare_program",
 ]
