@@ -37,6 +37,7 @@ from .hub.cache import PawCache
 from .hub.usage import cache_files, clear_derived, prune_derived
 from .hub.client import PawClient
 from .hub import lockfile
+from .hub.lockcode import generate_module
 from .hub.prepare import PreparedProgram, compile_spec, prepare_program
 from .hub.refs import parse_hub_reference, parse_reference
 from .hub.types import compile_request
@@ -298,6 +299,14 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("name", metavar="NAME", help="the name the application loads it by (a Python identifier)")
     add.add_argument("program", metavar="REF", help="program id, user/slug or user/slug@vN")
     add.add_argument("--cases", metavar="FILE", help="its cases file (relative to the lock): `pawfn lock update` evaluates both versions on it")
+    returns = add.add_mutually_exclusive_group()
+    returns.add_argument("--choices", metavar="A,B,C", help="its output is one of these texts (codegen: a TypedFn of a Literal)")
+    returns.add_argument("--pattern", metavar="REGEX", help="its output matches this regular expression (codegen: a TypedFn of a Pattern)")
+    returns.add_argument("--returns", choices=get_args(lockfile.Scalar), help="its output is a value of this type (codegen: TypedFn[int], ...)")
+    returns.add_argument("--json-schema", type=Path, metavar="FILE", help="its output is JSON of the schema in FILE (codegen: pydantic models)")
+    codegen = lock_commands.add_parser("codegen", parents=[common, where], help="write a module of typed handles, one per locked program")
+    codegen.add_argument("--out", type=Path, metavar="PATH", help="the module to write (kept in the lock; later runs, add and update rewrite it)")
+    codegen.add_argument("--backend", choices=sorted(_BACKENDS), help="the handles' backend (default: the lock's, else torch)")
     update = lock_commands.add_parser(
         "update", parents=[common, where, _engine_options()], help="move names to what their slugs now resolve to, printing each change"
     )
@@ -780,13 +789,28 @@ def _lock(args: argparse.Namespace) -> int:
         if name in lock.programs:
             raise _CliError(f"{path} already locks {name} (program {lock.programs[name].program_id}); `pawfn lock update {name}` moves it")
         prepared = prepare_program(parse_hub_reference(args.program).text, config, local_paths=False)
-        entry = lockfile.lock_entry(args.program, prepared, args.cases)
+        entry = lockfile.lock_entry(args.program, prepared, cases=args.cases, returns=_declared_returns(args))
         lock.programs[name] = entry
-        lockfile.write_lock(path, lock)
+        _write_lock(path, lock)
         print(f"locked {name}: {args.program} -> {entry.program_id} ({entry.interpreter}) in {path}")
         return 0
     path = lockfile.lock_path(args.lock)
     lock = lockfile.read_lock(path)
+    if args.lock_command == "codegen":
+        target = lock.codegen
+        if args.out is not None:
+            out = args.out.resolve()
+            if not out.is_relative_to(path.parent.resolve()):
+                raise _CliError(f"--out {args.out}: the module must be inside the lock's folder {path.parent}")
+            target = lockfile.CodegenTarget(path=out.relative_to(path.parent.resolve()).as_posix(), backend=args.backend or "torch")
+        elif target is None:
+            raise _CliError(f"{path} names no module yet: give --out PATH (for example --out programs.py) the first time")
+        elif args.backend is not None:
+            target = target.model_copy(update={"backend": args.backend})
+        lock.codegen = target
+        _write_lock(path, lock)
+        print(f"wrote {path.parent / target.path}: {len(lock.programs)} typed handles on {target.backend}")
+        return 0
     names = args.names or sorted(lock.programs)
     entries = {name: lock.entry(name, path) for name in names}
     if args.lock_command == "check":
@@ -798,6 +822,13 @@ def _lock(args: argparse.Namespace) -> int:
                 problems += found
                 if not found:
                     print(f"{name}: {entry.program_id} as locked")
+        if lock.codegen is not None:
+            module = path.parent / lock.codegen.path
+            current = module.read_text(encoding="utf-8") if module.is_file() else None
+            if current != generate_module(lock, path, module, lock.codegen.backend):
+                problems.append(
+                    f"{module} is {'missing' if current is None else 'stale'}: the lock changed since it was generated; run `pawfn lock codegen`"
+                )
         for problem in problems:
             print(problem)
         return 1 if problems else 0
@@ -810,13 +841,46 @@ def _lock(args: argparse.Namespace) -> int:
         if prepared.program_id == entry.program_id:
             print(f"{name}: {entry.program_id}, unchanged")
             continue
-        newer = lockfile.lock_entry(entry.reference, prepared, entry.cases)
+        newer = lockfile.lock_entry(entry.reference, prepared, cases=entry.cases, returns=entry.returns)
         print(f"{name}: {entry.program_id} -> {newer.program_id}" + _eval_delta(args, path, entry, prepared, config))
         lock.programs[name] = newer
         moved += 1
     if moved:
-        lockfile.write_lock(path, lock)
+        _write_lock(path, lock)
     return 0
+
+
+def _write_lock(path: Path, lock: lockfile.LockFile) -> None:
+    """Write `lock`, and the handles module it names (so the two never disagree)."""
+    if lock.codegen is not None:
+        module = path.parent / lock.codegen.path
+        text = generate_module(lock, path, module, lock.codegen.backend)  # before the lock: a refused lock writes nothing
+        lockfile.write_lock(path, lock)
+        module.parent.mkdir(parents=True, exist_ok=True)
+        module.write_text(text, encoding="utf-8")
+        return
+    lockfile.write_lock(path, lock)
+
+
+def _declared_returns(args: argparse.Namespace) -> lockfile.Returns | None:
+    """The output type `pawfn lock add` was told of (--choices, --pattern, --returns, --json-schema); None for text."""
+    try:
+        if args.choices is not None:
+            choices = [choice.strip() for choice in args.choices.split(",")]
+            if "" in choices or len(set(choices)) != len(choices):
+                raise _CliError(f"--choices {args.choices}: give distinct, non-empty texts separated by commas")
+            return choices
+        if args.pattern is not None:
+            return lockfile.ReturnsPattern(pattern=args.pattern)
+        if args.json_schema is not None:
+            schema = parse_json_object(args.json_schema.read_text(encoding="utf-8"))
+            if schema is None:
+                raise _CliError(f"--json-schema {args.json_schema}: the file must hold a JSON object (a JSON schema)")
+            return lockfile.ReturnsSchema(json_schema=schema)
+    except ValidationError as exc:
+        raise _CliError(f"the declared output: {describe_validation_error(exc)}") from exc
+    returns: lockfile.Returns | None = args.returns
+    return returns
 
 
 def _eval_delta(args: argparse.Namespace, path: Path, entry: lockfile.LockedProgram, newer: PreparedProgram, config: PawConfig) -> str:

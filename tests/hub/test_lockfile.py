@@ -5,6 +5,7 @@ it with the evaluation's delta; a changed cached file is refused naming it."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -214,3 +215,35 @@ def test_the_lock_is_found_as_uv_finds_its_own(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("PAWFN_LOCK", str(other))
     with pytest.raises(LockError, match=r"other\.lock locks no program named 'triage' \(it locks: none\)"):
         locked_program("triage")
+
+
+def test_generated_handles_load_on_first_use_and_a_stale_module_fails_the_check(
+    locked_hub: LockedHub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub = locked_hub
+    choices = ["immediate", "later", "never"]
+    assert main(["lock", "add", "triage", SLUG, "--choices", ",".join(choices), *hub.flags()]) == 0
+    assert main(["lock", "codegen", "--out", str(hub.lock.parent / "app" / "programs.py"), *hub.flags()]) == 0
+    module = hub.lock.parent / "app" / "programs.py"
+    assert read_lock(hub.lock).codegen is not None and module.is_file()
+    assert main(["lock", "add", "plain", FIRST_ID, *hub.flags()]) == 0  # the module follows the lock
+    (module.parent / "__init__.py").write_text("", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(hub.lock.parent))  # pyright: ignore[reportUnknownMemberType]  # pytest leaves `path` unannotated
+    generated = importlib.import_module("app.programs")
+    handles = generated.Programs(hub.config(offline=True))
+    try:
+        assert handles._triage is None  # nothing loaded before first use
+        labels = [handles.triage.run(text) for text in INPUTS]
+        assert set(labels) <= set(choices)
+        assert handles.triage is handles.triage  # loaded once
+        with PawFn[Qwen3_0_6B, Torch].load_sync(hub.first.folder, base=hub.base) as direct:
+            assert [handles.plain.run(text) for text in INPUTS] == [direct.run(text) for text in INPUTS]
+    finally:
+        handles.close()
+    capsys.readouterr()
+    assert main(["lock", "check", "--offline", *hub.flags()]) == 0
+    module.write_text(module.read_text(encoding="utf-8").replace("immediate", "urgent"), encoding="utf-8")
+    assert main(["lock", "check", "--offline", *hub.flags()]) == 1
+    assert f"{module} is stale: the lock changed since it was generated; run `pawfn lock codegen`" in capsys.readouterr().out
+    assert main(["lock", "codegen", *hub.flags()]) == 0
+    assert main(["lock", "check", "--offline", *hub.flags()]) == 0

@@ -8,6 +8,7 @@ weights and projector by sha256, the compiler snapshot and the reference it came
 
 from __future__ import annotations
 
+import keyword
 import os
 import re
 import tomllib
@@ -33,6 +34,9 @@ __all__ = [
     "LockError",
     "LockFile",
     "LockedProgram",
+    "Returns",
+    "ReturnsPattern",
+    "ReturnsSchema",
     "check_locked",
     "find_lock",
     "lock_entry",
@@ -46,8 +50,9 @@ LOCK_FILE_NAME = "pawfn.lock"
 LOCK_VERSION: Final = 1
 MAX_LOCK_BYTES = 1024 * 1024
 """Largest lock file read, in bytes (a program's entry is ~600 bytes)."""
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_NAME_RULE = "a letter, then letters, digits and _ (a Python identifier, not a keyword, up to 64 characters)"
 _HEADER = "# pawfn.lock: the programs this application runs, pinned by `pawfn lock`. Commit it; change it with `pawfn lock`.\n"
 
 
@@ -59,6 +64,37 @@ def _sha256(value: str | None) -> str | None:
     if value is not None and not _SHA256.fullmatch(value):
         raise ValueError("must be 64 lowercase hex digits")
     return value
+
+
+class ReturnsPattern(BaseModel):
+    """A declared output that matches a regular expression as a whole: `returns = { pattern = "[A-Z]{3}-[0-9]{4}" }`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pattern: str = Field(max_length=1000)
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        return value
+
+
+class ReturnsSchema(BaseModel):
+    """A declared JSON output: `returns = { json_schema = { type = "object", properties = { ... } } }`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    json_schema: dict[str, object]
+
+
+Scalar = Literal["str", "int", "float", "bool"]
+Returns = list[str] | Scalar | ReturnsPattern | ReturnsSchema
+"""What a locked program's calls return, for `pawfn lock codegen`: choices (a list of texts), a scalar type's name,
+a pattern, or a JSON schema."""
 
 
 class LockedProgram(BaseModel):
@@ -80,6 +116,15 @@ class LockedProgram(BaseModel):
     compiler_snapshot: str | None = None
     cases: str | None = None
     """A cases file for this program (relative to the lock's folder): `pawfn lock update` evaluates both versions on it."""
+    returns: Returns | None = None
+    """Its declared output type, for `pawfn lock codegen` (`TypedFn` handles); None: text (`PawFn`)."""
+
+    @field_validator("returns")
+    @classmethod
+    def _choices(cls, value: Returns | None) -> Returns | None:
+        if isinstance(value, list) and (not value or len(set(value)) != len(value) or len(value) > 1000):
+            raise ValueError("choices must be 1 to 1000 distinct texts")
+        return value
 
     @field_validator("reference")
     @classmethod
@@ -105,20 +150,41 @@ class LockedProgram(BaseModel):
         return parsed.kind == "id" or parsed.pinned
 
 
+class CodegenTarget(BaseModel):
+    """Where `pawfn lock codegen` writes the typed handles (relative to the lock's folder) and their backend; kept in
+    the lock so that `lock add`, `update` and `check` find the module to rewrite or compare."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    backend: Literal["torch", "llamacpp", "remote"] = "torch"
+
+    @field_validator("path")
+    @classmethod
+    def _python_file_inside(cls, value: str) -> str:
+        parts = Path(value).parts
+        if not value.endswith(".py") or Path(value).is_absolute() or ".." in parts:
+            raise ValueError("must be a .py file inside the lock's folder, as a relative path")
+        return value
+
+
 class LockFile(BaseModel):
     """The whole `pawfn.lock`."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = LOCK_VERSION
+    codegen: CodegenTarget | None = None
     programs: dict[str, LockedProgram] = Field(default_factory=dict[str, LockedProgram])
 
     @field_validator("programs")
     @classmethod
     def _names(cls, value: dict[str, LockedProgram]) -> dict[str, LockedProgram]:
         for name in value:
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a program name: use letters, digits and _ (a Python identifier, up to 64 characters)")
+            if not _NAME.fullmatch(name) or keyword.iskeyword(name):
+                raise ValueError(
+                    f"{name!r} is not a program name: a letter, then letters, digits and _ (a Python identifier, not a keyword, up to 64 characters)"
+                )
         return value
 
     def entry(self, name: str, path: Path) -> LockedProgram:
@@ -132,8 +198,10 @@ class LockFile(BaseModel):
 
 def check_name(name: str) -> str:
     """`name` if it can name a locked program, else a `LockError` saying what can."""
-    if not _NAME.fullmatch(name):
-        raise LockError(f"{name!r} cannot name a locked program: use letters, digits and _ (a Python identifier, up to 64 characters)")
+    if not _NAME.fullmatch(name) or keyword.iskeyword(name):
+        raise LockError(
+            f"{name!r} cannot name a locked program: a letter, then letters, digits and _ (a Python identifier, not a keyword, up to 64 characters)"
+        )
     return name
 
 
@@ -191,8 +259,9 @@ def write_lock(path: Path, lock: LockFile) -> None:
     write_atomically(path, write)
 
 
-def lock_entry(reference: str, prepared: PreparedProgram, cases: str | None = None) -> LockedProgram:
-    """The entry pinning `prepared` (a hub program prepared from `reference`, with its runtime)."""
+def lock_entry(reference: str, prepared: PreparedProgram, *, cases: str | None = None, returns: Returns | None = None) -> LockedProgram:
+    """The entry pinning `prepared` (a hub program prepared from `reference`, with its runtime); `cases` and
+    `returns` are the user's, carried over."""
     if prepared.program_id is None:
         raise LockError(f"{reference}: the program has no id, so it cannot be locked; lock a hub program (an id or a slug)")
     base = _runtime_base(prepared.runtime)
@@ -210,6 +279,7 @@ def lock_entry(reference: str, prepared: PreparedProgram, cases: str | None = No
         projector_sha256=None if projector is None else projector.sha256,
         compiler_snapshot=prepared.meta.compiler_snapshot,
         cases=cases,
+        returns=returns,
     )
 
 
@@ -232,7 +302,7 @@ class Mismatch:
 def verify_locked(entry: LockedProgram, prepared: PreparedProgram) -> list[Mismatch]:
     """What in `prepared` differs from `entry`: the program's files by sha256, its interpreter, its runtime's base and
     projector (the cache verified those files against the runtime's sha256 when it stored them)."""
-    found = lock_entry(entry.reference, prepared, entry.cases)
+    found = lock_entry(entry.reference, prepared)
     fields = ("program_id", "interpreter", "adapter_sha256", "template_sha256", "runtime_id", "base_sha256", "projector_sha256")
     what = {"adapter_sha256": "adapter.gguf's sha256", "template_sha256": "prompt_template.txt's sha256", "base_sha256": "the base's sha256"}
     what["projector_sha256"] = "the projector's sha256"
