@@ -49,6 +49,7 @@ from .calls.pending import TextStream
 from .core.models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
 from .core.config import EngineSettings, HubSettings, PawConfig, RemoteSettings
 from .core.options import RuntimeOptions
+from .calls.log import CallRecord, set_call_log_redactor
 from .hub import AsyncPawClient, LockError, PawCache, PawClient, PreparedProgram, locked_program, prepare_program
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ __all__ = [
     "Returns",
     "RuntimeOptions",
     "ServerError",
+    "CallRecord",
     "CallTimeoutError",
     "SpecCompiler",
     "TemplateError",
@@ -137,6 +139,7 @@ __all__ = [
     "locked_program",
     "prepare_program",
     "run_many",
+    "set_call_log_redactor",
 ]
 
 

@@ -73,6 +73,7 @@ _OPTION_FLAGS = {
         "llamacpp_kv_dtype",
         "batch_invariant",
         "server_url",
+        "call_log",
     )
 } | {"parse_special_in_input": "--parse-special"}
 _SERVE_LIMITS = (
@@ -155,6 +156,7 @@ def _engine_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--llamacpp-kv-dtype", choices=get_args(DType), help="LlamaCpp: the KV cache's type (default: the official runtime's, float16)"
     )
+    options.add_argument("--call-log", metavar="PATH", help="append one JSON line per call to PATH (PAW_CALL_LOG; docs/call-log.md)")
     options.add_argument("--n-ctx", type=int, metavar="N", help="context window in tokens (default: 2048)")
     options.add_argument(
         "--threads",
@@ -243,6 +245,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--program", required=True, metavar="REF", help="program id, user/slug, slug@vN, .paw file or folder")
     evaluation.add_argument("--cases", type=Path, metavar="FILE", help="cases: .jsonl, .json or .csv, each with input and expected (and id, tags)")
     evaluation.add_argument("--from-spec", action="store_true", help="also the Input:/Output: examples of the program's spec")
+    evaluation.add_argument(
+        "--from-log",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="LOG",
+        help="also cases from a call log (--call-log): each call's expected, else its output",
+    )
+    evaluation.add_argument("--log-program", metavar="ID", help="with --from-log: only the calls of this program id")
     scoring = evaluation.add_mutually_exclusive_group()
     scoring.add_argument("--normalize", action="store_true", help="an output is right up to case and runs of white space (default: exact)")
     scoring.add_argument("--scorer", metavar="MODULE:FUNCTION", help="your scorer: function(case, output) -> bool")
@@ -411,11 +422,12 @@ def _config(args: argparse.Namespace) -> PawConfig:
         "max_model_copies",
         "max_batch_rows",
         "server_url",
+        "call_log",
     )
     for name in names:
         value = getattr(args, name, None)
         if value is not None:
-            overrides[name] = Path(value) if name == "cache_dir" else value
+            overrides[name] = Path(value) if name in ("cache_dir", "call_log") else value
     invariant = getattr(args, "batch_invariant", None)
     if invariant in ("on", "off"):
         overrides["batch_invariant"] = invariant == "on"
@@ -651,8 +663,8 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    if args.cases is None and not args.from_spec:
-        raise _CliError("no cases: give --cases FILE (.jsonl, .json or .csv) or --from-spec (the program's Input:/Output: examples)")
+    if args.cases is None and not args.from_spec and not args.from_log:
+        raise _CliError("no cases: give --cases FILE (.jsonl, .json or .csv), --from-spec (the program's Input:/Output: examples) or --from-log LOG")
     if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
         raise _CliError(f"--min-accuracy {args.min_accuracy}: give a share between 0 and 1 (0.9 for 90%)")
     config = _config(args)
@@ -663,6 +675,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
     base = None if args.base is None else Path(args.base)
     cases = [] if args.cases is None else evals.read_cases(args.cases)
+    for log in args.from_log:
+        cases += [case.model_copy(update={"id": f"{log.name}:{case.id}"}) for case in evals.log_cases(log, args.log_program)]
     progress = False if args.no_progress else config.progress
     reports: list[evals.EvalReport] = []
     for reference in [args.program] + ([args.compare] if args.compare else []):

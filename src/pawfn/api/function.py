@@ -23,7 +23,7 @@ from ..core.options import RuntimeOptions
 from ..formats.outputs import OutputType
 from ..core.results import Generation
 from ..calls.runtime import ProgramRuntime
-from ..calls.caller import Caller
+from ..calls.caller import Caller, program_caller
 from ..calls.pending import PendingGeneration, TextStream
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
 from .specialized import Specializations
@@ -66,7 +66,7 @@ class PawFn(Generic[M, B]):
     def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):
         """Internal: use `PawFn[Model, Backend].load_sync(...)` or `.load(...)`."""
         self._runtime = runtime
-        self._calls = Caller(runtime, self.model_type())
+        self._calls = program_caller(runtime, self.model_type(), self.backend_type().name, meta, source, config)
         self._meta = meta
         self._source = source
         self._config = config

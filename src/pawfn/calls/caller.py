@@ -6,36 +6,59 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
 
+from ..core.config import EngineSettings
 from ..core.errors import ConfigError, ProgramClosedError
 from ..core.grammar import OutputFormat
 from ..core.images import Image
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
+from ..formats.bundle import ProgramMeta
 from ..core.templates import ArityError
 from .pending import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
+from .log import CallLog, CallSite, call_log_for, request_id
 from .prompt import Argument, CallInput
 from .runtime import ProgramRuntime
 
-__all__ = ["Caller"]
+__all__ = ["Caller", "program_caller"]
 
 
 class Caller:
     """Calls on `runtime`, a program of interpreter `model` (whether it reads image arguments)."""
 
-    def __init__(self, runtime: ProgramRuntime, model: type[InterpreterModel]) -> None:
+    def __init__(self, runtime: ProgramRuntime, model: type[InterpreterModel], log: CallLog | None = None, site: CallSite | None = None) -> None:
+        """`log`: where each call is recorded, as a call of `site` (both or neither)."""
         self.runtime = runtime
         self._model = model
         self._typed = False
         self._format: OutputFormat | None = None
+        self._log = None if site is None else log
+        self._site = site
 
     def returning(self, response_format: OutputFormat | None) -> Caller:
         """These calls with their output constrained to `response_format` (a typed program's; None: free text),
         replacing any format the options give."""
-        typed = Caller(self.runtime, self._model)
+        typed = Caller(self.runtime, self._model, self._log, self._site)
         typed._typed, typed._format = True, response_format
         return typed
+
+    def _logged(self, pending: PendingGeneration, given: CallInput, options: RuntimeOptions) -> PendingGeneration:
+        """`pending`, recorded in the call log when it ends (a cancelled call is not)."""
+        log, site = self._log, self._site
+        if log is None or site is None:
+            return pending
+        request = request_id()
+
+        def record(done: Future[Generation]) -> None:
+            if not done.cancelled():
+                failure = done.exception()
+                log.record(site, given, options, None if failure is not None else done.result(), failure, request)
+
+        pending.add_done_callback(record)
+        return pending
 
     def arguments(self, given: str | tuple[object, ...]) -> CallInput:
         """One input, or a numbered template's arguments, checked against the program: kinds, count (`ArityError`),
@@ -65,13 +88,23 @@ class Caller:
 
     def submit(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> PendingGeneration:
         """Start a call and return its future at once."""
-        return self.runtime.submit(self.arguments(given), self.options(options))
+        arguments, checked = self.arguments(given), self.options(options)
+        return self._logged(self.runtime.submit(arguments, checked), arguments, checked)
 
     def generate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> Generation:
         """Run a call and wait for its `Generation`."""
-        if isinstance(given, str):
-            return self.runtime.generate(self.arguments(given), self.options(options))
-        return results_in_order([self.submit(given, options)])[0]
+        if not isinstance(given, str):
+            return results_in_order([self.submit(given, options)])[0]
+        arguments, checked = self.arguments(given), self.options(options)
+        if self._log is None or self._site is None:
+            return self.runtime.generate(arguments, checked)
+        try:
+            generation = self.runtime.generate(arguments, checked)
+        except Exception as exc:
+            self._log.record(self._site, arguments, checked, None, exc, request_id())
+            raise
+        self._log.record(self._site, arguments, checked, generation, None, request_id())
+        return generation
 
     async def agenerate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> Generation:
         """`generate` without blocking the event loop; cancelling the task stops the call at its next token."""
@@ -81,7 +114,7 @@ class Caller:
         """Start a call and follow its text (call it on the event loop that reads the stream)."""
         arguments, checked = self.arguments(given), self.options(options)
         stream = TextStream(self.runtime.decode_tokens)
-        stream.follow(self.runtime.submit_streaming(arguments, checked, stream))
+        stream.follow(self._logged(self.runtime.submit_streaming(arguments, checked, stream), arguments, checked))
         return stream
 
     def submit_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[PendingGeneration]:
@@ -91,7 +124,8 @@ class Caller:
             self.arguments(texts[0])  # every input is one str: the count and the program's state hold for all
         elif self.runtime.closed:
             raise ProgramClosedError()
-        return self.runtime.submit_batch(texts, self.options(options))
+        checked = self.options(options)
+        return [self._logged(pending, text, checked) for pending, text in zip(self.runtime.submit_batch(texts, checked), texts, strict=True)]
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[Generation]:
         """Each input's `Generation`, in input order, once every call has ended (the first failure raised)."""
@@ -104,3 +138,13 @@ class Caller:
     def encode(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> list[int]:
         """The token ids a call evaluates after the cached prefix."""
         return self.runtime.encode_prompt(self.arguments(given), self.options(options))
+
+
+def program_caller(
+    runtime: ProgramRuntime, model: type[InterpreterModel], backend: str, meta: ProgramMeta, source: Path, settings: EngineSettings
+) -> Caller:
+    """The caller of a loaded program: its calls recorded in `settings.call_log` (when set) as calls of this program."""
+    log = call_log_for(settings)
+    if log is None:
+        return Caller(runtime, model)
+    return Caller(runtime, model, log, CallSite(program_id=meta.program_id, program=str(source), interpreter=meta.interpreter, backend=backend))

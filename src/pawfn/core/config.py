@@ -40,6 +40,9 @@ _ENV_VARIABLES = {
     "batch_invariant": "PAW_BATCH_INVARIANT",
     "numerics": "PAW_NUMERICS",
     "run_timeout_s": "PAW_RUN_TIMEOUT_S",
+    "call_log": "PAW_CALL_LOG",
+    "call_log_max_bytes": "PAW_CALL_LOG_MAX_BYTES",
+    "call_log_redact": "PAW_CALL_LOG_REDACT",
 }
 
 
@@ -161,6 +164,15 @@ class EngineSettings(OptionsModel):
     weights (llama.cpp issue #20824)."""
     progress: bool | None = None
     """Progress bars on downloads and while base weights load: None shows them only on a terminal."""
+    call_log: Path | None = None
+    """A JSON Lines file that gets one record per call (input, output, options, numerics, token counts, timings,
+    request id); None (the default) logs nothing. Created 0600: it holds your users' inputs. See docs/call-log.md."""
+    call_log_max_bytes: int = Field(default=64 << 20, ge=4096)
+    """The call log's size, in bytes, past which it is moved to `<file>.1` (64 MiB)."""
+    call_log_backups: int = Field(default=3, ge=0, le=100)
+    """Rotated call logs kept (`<file>.1` ... `<file>.N`)."""
+    call_log_redact: str | None = None
+    """`module:function` that sees each `CallRecord` before it is written and returns it (changed) or None to drop it."""
 
 
 class RemoteSettings(OptionsModel):
@@ -217,7 +229,7 @@ class PawConfig(RemoteSettings, EngineSettings, HubSettings):  # this order list
         for name, key in _ENV_VARIABLES.items():
             if env.get(key):
                 values[name], origins[name] = env[key], key
-        for name in ("n_ctx", "max_model_copies", "max_batch_rows", "threads"):
+        for name in ("n_ctx", "max_model_copies", "max_batch_rows", "threads", "call_log_max_bytes"):
             raw = values.get(name)
             if isinstance(raw, str):
                 try:

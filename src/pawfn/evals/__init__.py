@@ -1,7 +1,7 @@
 """Evaluating a program on your own cases: `evaluate(program, cases)` (and `aevaluate`), cases from a file or the
 program's spec, exact, normalized or your own scoring, and reports for people and CI (`pawfn eval`)."""
 
-from .cases import CasesError, EvalCase, read_cases, spec_cases
+from .cases import CasesError, EvalCase, log_cases, read_cases, spec_cases
 from .report import CaseResult, Comparison, EvalReport, GroupScore, LabelScore, render_comparison, render_junit, render_markdown, render_text
 from .runner import aevaluate, compare, evaluate
 from .scoring import Scorer, exact, load_scorer, normalized
@@ -21,6 +21,7 @@ __all__ = [
     "evaluate",
     "exact",
     "load_scorer",
+    "log_cases",
     "mcnemar_exact",
     "normalized",
     "read_cases",

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ..calls.log import CallRecord
 from ..core.errors import ConfigError, describe_validation_error
 
-__all__ = ["CasesError", "EvalCase", "read_cases", "spec_cases"]
+__all__ = ["CasesError", "EvalCase", "log_cases", "read_cases", "spec_cases"]
 
 _OBJECT = TypeAdapter(dict[str, object])
 _ROWS = TypeAdapter(list[object])
@@ -150,4 +151,37 @@ def spec_cases(spec: str, source: str = "the spec") -> list[EvalCase]:
     emit()
     if not cases:
         raise CasesError(f"{source} holds no Input:/Output: examples; give cases in a file (--cases FILE)")
+    return cases
+
+
+def log_cases(path: str | Path, program_id: str | None = None) -> list[EvalCase]:
+    """Cases from a call log (`PawConfig(call_log=...)`): each logged call's input with the `expected` you added to
+    its line (a corrected output; tagged `corrected`), else its logged output (a snapshot to keep; tagged `logged`).
+    Left out: calls that failed with nothing expected, calls with several arguments, and with `program_id` the
+    calls of other programs. A line that is no record is a `CasesError` naming it."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CasesError(f"{source}: cannot be read as UTF-8 text ({exc})") from exc
+    cases: list[EvalCase] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if number > _MAX_CASES:
+            raise CasesError(f"{source}: more than {_MAX_CASES} lines; split the log")
+        if not line.strip():
+            continue
+        try:
+            record = CallRecord.model_validate_json(line)
+        except ValidationError as exc:
+            raise CasesError(f"{source}: line {number}: not a call record ({describe_validation_error(exc)}); fix or delete that line") from None
+        if (program_id is not None and record.program_id != program_id) or not isinstance(record.input, str):
+            continue
+        expected = record.expected if record.expected is not None else record.output
+        if expected is None:
+            continue
+        tags = ("corrected",) if record.expected is not None else ("logged",)
+        cases.append(EvalCase(id=f"log-{number}", input=record.input, expected=expected, tags=tags))
+    if not cases:
+        which = "" if program_id is None else f" of program {program_id}"
+        raise CasesError(f"{source}: no call{which} with an output or an expected text to make a case of")
     return cases

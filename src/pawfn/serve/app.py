@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 
 from ..core.errors import PawError
 from ..core.options import RuntimeOptions
+from ..calls.log import with_request_id
 from ..calls.runtime import CallInput
 from ..core.protocol import (
     ErrorBody,
@@ -395,7 +396,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         started = time.perf_counter()
-        response = await call_next(request)
+        with with_request_id(request.state.request_id):  # each call this request starts is logged with its id
+            response = await call_next(request)
         route = getattr(request.scope.get("route"), "path", "unmatched")
         metrics.requests.labels(route, str(response.status_code)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - started)

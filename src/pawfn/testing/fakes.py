@@ -135,14 +135,22 @@ class FakeRuntime(ProgramRuntime):
 
 
 def fake(
-    kind: type[PawFn[M, B]], answers: Answers, *, spec: str | None = None, n_ctx: int = 2048, program_id: str | None = None, arity: int = 1
+    kind: type[PawFn[M, B]],
+    answers: Answers,
+    *,
+    spec: str | None = None,
+    n_ctx: int = 2048,
+    program_id: str | None = None,
+    arity: int = 1,
+    config: PawConfig | None = None,
 ) -> PawFn[M, B]:
     """A `kind` program (`PawFn[Qwen3_0_6B, Torch]`) that answers each input from `answers` (a mapping, or a function
     of the input), with no model: pass it wherever the real program goes. An input the mapping lacks raises
-    `FakeMissError` naming the nearest one it has; `calls_of(program)` lists the calls it answered."""
+    `FakeMissError` naming the nearest one it has; `calls_of(program)` lists the calls it answered. `config`: what
+    it reads of a real program's (its `call_log`, say); no environment is read."""
     model = kind.model_type()
     meta = ProgramMeta(interpreter=model.interpreter_id, program_id=program_id, spec=spec)
-    return kind(FakeRuntime(answers, n_ctx, arity), meta, Path("<fake program>"), PawConfig(progress=False), 0.0)
+    return kind(FakeRuntime(answers, n_ctx, arity), meta, Path("<fake program>"), config or PawConfig(progress=False), 0.0)
 
 
 def calls_of(program: PawFn[M, B]) -> list[FakeCall]:
