@@ -97,6 +97,14 @@ class FakeRuntime(ProgramRuntime):
             raise FakeMissError(f"this fake program has no answer for {key!r}{hint}; add it to the fake's answers")
         return found
 
+    def reply(self, text: CallInput, options: RuntimeOptions) -> tuple[str, StopReason]:
+        """A call's output and why it stopped: the answer, cut at `max_tokens` characters (a character a token: the
+        budget cuts as a model's would)."""
+        output = self.answer(text)
+        if options.max_tokens is not None and len(output) >= options.max_tokens:
+            return output[: options.max_tokens], "max_tokens"
+        return output, "eos"
+
     def submit(self, text: CallInput, options: RuntimeOptions, on_token: TokenListener | None = None) -> PendingGeneration:
         pending = self.track(PendingGeneration())
         self._enter_run()
@@ -106,14 +114,11 @@ class FakeRuntime(ProgramRuntime):
             if not pending.set_running_or_notify_cancel():
                 return pending
             try:
-                output = self.answer(text)
-                if options.max_tokens is not None:
-                    output = output[: options.max_tokens]  # a character a token: the budget cuts as a model's would
+                output, stop = self.reply(text, options)
                 for char in output:
                     if on_token is not None:
                         on_token(ord(char))
                 timings = Timings(tokenize_ms=0.0, prompt_ms=0.0, generate_ms=0.0, total_ms=0.0)
-                stop: StopReason = "max_tokens" if options.max_tokens is not None and len(output) >= options.max_tokens else "eos"
                 pending.set_result(
                     Generation(
                         text=output.strip(),
