@@ -2,8 +2,8 @@
 and no pawfn import hidden inside a function.
 
 Layers, lowest first, each a folder (docs/contributing.md draws the same picture):
-core/ <- formats/ <- calls/ <- the backends (torch/, llamacpp/) and hub/ <- remote/ <- api/ (PawFn, the builder) <-
-evals/ and testing/ <- serve/ <- cli <- the package's own `__init__`; inside torch/: ggml/ <- model/ <- weights/ <- engine/.
+core/ <- formats/ <- calls/ <- the backends (torch/, llamacpp/) and hub/ <- remote/ <- evals/ <- api/ (PawFn, the
+builder) <- testing/ <- serve/ <- cli <- the package's own `__init__`; inside torch/: ggml/ <- model/ <- weights/ <- engine/.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"calls"}),
     frozenset({"torch", "llamacpp", "hub"}),
     frozenset({"remote"}),
+    frozenset({"evals"}),
     frozenset({"api"}),
-    frozenset({"evals", "testing"}),
+    frozenset({"testing"}),
     frozenset({"serve"}),
     frozenset({"cli", "__main__"}),
     frozenset({"__init__"}),

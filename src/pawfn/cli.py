@@ -259,6 +259,12 @@ def _parser() -> argparse.ArgumentParser:
     scoring.add_argument("--scorer", metavar="MODULE:FUNCTION", help="your scorer: function(case, output) -> bool")
     evaluation.add_argument("--compare", metavar="REF", help="another program (or version: user/slug@v2) on the same cases: paired counts, McNemar")
     evaluation.add_argument("--min-accuracy", type=float, metavar="X", help="exit 1 when the accuracy (0 to 1) is below X")
+    typed_eval = evaluation.add_mutually_exclusive_group()
+    typed_eval.add_argument("--choices", metavar="A,B,C", help="calls constrained to one of these texts, as pawfn run --choices")
+    typed_eval.add_argument("--pattern", metavar="REGEX", help="calls constrained to this regular expression, as pawfn run --pattern")
+    typed_eval.add_argument(
+        "--json-schema", type=Path, metavar="FILE", help="calls constrained to the schema in FILE; outputs compared as JSON values, key by key"
+    )
     evaluation.add_argument("--max-tokens", type=int, metavar="N", help="most tokens a call generates (default: to EOS)")
     evaluation.add_argument("--no-progress", action="store_true", help="no progress bar (default: one on a terminal)")
     report = evaluation.add_mutually_exclusive_group()
@@ -668,9 +674,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.min_accuracy is not None and not 0 <= args.min_accuracy <= 1:
         raise _CliError(f"--min-accuracy {args.min_accuracy}: give a share between 0 and 1 (0.9 for 90%)")
     config = _config(args)
-    scorer = evals.load_scorer(args.scorer) if args.scorer else evals.normalized if args.normalize else evals.exact
+    scorer = evals.load_scorer(args.scorer) if args.scorer else evals.normalized if args.normalize else None
     try:
-        options = RuntimeOptions(max_tokens=args.max_tokens)
+        options = RuntimeOptions(max_tokens=args.max_tokens, response_format=_response_format(args))
     except OptionError as exc:
         raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
     base = None if args.base is None else Path(args.base)

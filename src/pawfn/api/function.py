@@ -25,6 +25,7 @@ from ..core.results import Generation
 from ..calls.runtime import ProgramRuntime
 from ..calls.caller import Caller, program_caller
 from ..calls.pending import PendingGeneration, TextStream
+from .evaluating import Evaluates
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
 from .specialized import Specializations
 from .typed import TypedFn
@@ -40,13 +41,12 @@ T = TypeVar("T")
 _SPECIALIZATIONS = Specializations()
 
 
-class PawFn(Generic[M, B]):
+class PawFn(Evaluates, Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
-    Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin)
-    and call `run` (or `arun`); every call method takes `options`. Every load goes through `opening`, every compile
-    through `compile_program`, every call through one `Caller` (shared with `TypedFn` and `Positional`).
-    """
+    Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin) and
+    call `run` (or `arun`); every call method takes `options`; `evaluate` scores it on cases. Every load goes through
+    `opening`, every compile through `compile_program`, every call through one `Caller` (shared with `TypedFn`)."""
 
     _model_type: ClassVar[type[InterpreterModel] | None] = None
     _backend_type: ClassVar[type[Backend] | None] = None

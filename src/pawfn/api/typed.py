@@ -11,6 +11,7 @@ from ..calls.pending import PendingGeneration
 from ..core.options import RuntimeOptions
 from ..formats.outputs import OutputType
 from ..core.results import Generation
+from .evaluating import Evaluates
 
 __all__ = ["TextProgram", "TypedFn", "TypedGeneration"]
 
@@ -25,6 +26,11 @@ class TextProgram(Protocol):
         """The one implementation of the program's calls."""
         ...
 
+    @property
+    def program_id(self) -> str | None:
+        """The program's hub id, if it has one."""
+        ...
+
 
 @dataclass(frozen=True)
 class TypedGeneration(Generic[T_co]):
@@ -34,7 +40,7 @@ class TypedGeneration(Generic[T_co]):
     generation: Generation
 
 
-class TypedFn(Generic[T_co]):
+class TypedFn(Evaluates, Generic[T_co]):
     """A loaded program with a declared output type: every call's tokens are masked to the type's grammar, and its
     text parsed into a `T_co` (`OutputTypeError` where no value of `T_co` finished within the call's budget). Made by
     `PawFn.returning(T_co)`; it shares the program (closing the program closes it)."""
@@ -48,6 +54,11 @@ class TypedFn(Generic[T_co]):
     def program(self) -> TextProgram:
         """The untyped program underneath (the `PawFn`)."""
         return self._program
+
+    @property
+    def program_id(self) -> str | None:
+        """The program's hub id, if it has one."""
+        return self._program.program_id
 
     @property
     def output_type(self) -> OutputType[T_co]:

@@ -42,6 +42,8 @@ class CaseResult(BaseModel):
     output: str | None
     correct: bool
     error: str | None = None
+    detail: str | None = None
+    """What differs, where a typed program's values are compared (the fields of a pydantic model by name)."""
 
 
 class GroupScore(BaseModel):
@@ -237,7 +239,7 @@ def render_text(report: EvalReport, failures_shown: int = 20) -> str:
         else:
             got = result.output or ""
             lines.append(f"  got:      {_one_line(got)}")
-            lines.append(f"  diff:     {_one_line(marked_difference(result.case.expected, got))}")
+            lines.append(f"  diff:     {_one_line(result.detail or marked_difference(result.case.expected, got))}")
     if len(failures) > failures_shown:
         lines.append(f"... and {len(failures) - failures_shown} more failing cases (--json lists them all)")
     low, high = report.interval
@@ -334,7 +336,7 @@ def render_junit(report: EvalReport) -> str:
             got = result.output or ""
             message = f"expected {_one_line(result.case.expected, 100)!r}, got {_one_line(got, 100)!r}"
             failure = ElementTree.SubElement(case, "failure", message=_xml(message))
-            difference = marked_difference(result.case.expected, got)
+            difference = result.detail or marked_difference(result.case.expected, got)
             failure.text = _xml(f"input: {result.case.input}\nexpected: {result.case.expected}\ngot: {got}\ndiff: {difference}")
     suites = ElementTree.Element("testsuites", tests=str(report.total), failures=suite.get("failures", "0"), errors=str(report.errors))
     suites.append(suite)
