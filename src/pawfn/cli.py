@@ -258,6 +258,9 @@ def _parser() -> argparse.ArgumentParser:
     scoring.add_argument("--normalize", action="store_true", help="an output is right up to case and runs of white space (default: exact)")
     scoring.add_argument("--scorer", metavar="MODULE:FUNCTION", help="your scorer: function(case, output) -> bool")
     evaluation.add_argument("--compare", metavar="REF", help="another program (or version: user/slug@v2) on the same cases: paired counts, McNemar")
+    evaluation.add_argument(
+        "--compare-backend", choices=sorted(_BACKENDS), help="the compared run on this backend (alone: the same program on two backends)"
+    )
     evaluation.add_argument("--min-accuracy", type=float, metavar="X", help="exit 1 when the accuracy (0 to 1) is below X")
     typed_eval = evaluation.add_mutually_exclusive_group()
     typed_eval.add_argument("--choices", metavar="A,B,C", help="calls constrained to one of these texts, as pawfn run --choices")
@@ -272,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", action="store_true", help="print the report as Markdown (a CI summary, a pull request comment)")
     evaluation.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML there, one test case per case")
 
-    compile_ = commands.add_parser("compile", parents=[common], help="compile a spec into a program on the hub")
+    compile_ = commands.add_parser("compile", parents=[common, _engine_options()], help="compile a spec into a program on the hub")
     compile_.add_argument("--spec", required=True, metavar="TEXT", help="what the function does, in plain English")
     compile_.add_argument("--compiler", metavar="NAME", help="compiler (default: the server's)")
     compile_.add_argument("--slug", metavar="SLUG", help="publish under your slug (needs an API key)")
@@ -280,6 +283,11 @@ def _parser() -> argparse.ArgumentParser:
     compile_.add_argument("--private", action="store_true", help="do not list the program publicly")
     compile_.add_argument("--ephemeral", action="store_true", help="ask the server not to keep the program")
     compile_.add_argument("--json", action="store_true", help="print the server's answer as JSON")
+    compile_.add_argument(
+        "--eval", type=Path, metavar="CASES", help="evaluate the compiled program on CASES first; with --slug, publish it only if it passes"
+    )
+    compile_.add_argument("--min-accuracy", type=float, metavar="X", help="with --eval: the accuracy (0 to 1) it must reach (default: 1)")
+    compile_.add_argument("--max-tokens", type=int, metavar="N", help="with --eval: most tokens a call generates (default: to EOS)")
 
     info = commands.add_parser("info", parents=[common], help="show a program's facts")
     info.add_argument("program", metavar="REF", help="program id, slug or local bundle")
@@ -655,8 +663,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     config = _config(args)
+    evaluated = None if args.eval is None else _evaluated_draft(args, config)
+    if evaluated is False:
+        return 1
     request = compile_request(args.spec, args.compiler, slug=args.slug, name=args.name, public=not args.private, ephemeral=args.ephemeral)
     result = compile_spec(request, config)
+    if isinstance(evaluated, str) and result.program_id != evaluated:
+        raise _CliError(
+            f"the hub built {result.program_id} for the publishing compile, not the evaluated {evaluated}; evaluate what "
+            f"{args.slug or 'it'} names now with `pawfn eval --program {result.program_id} --cases {args.eval}`"
+        )
     if args.json:
         _print_json(result.model_dump(mode="json"))
     else:
@@ -666,6 +682,27 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"status: {result.status}")
         print(f"run it: pawfn run --program {result.slug or result.program_id} --input TEXT")
     return 0
+
+
+def _evaluated_draft(args: argparse.Namespace, config: PawConfig) -> str | bool:
+    """`pawfn compile --eval`: compile unpublished, evaluate on the cases, print the report. The draft's id when it
+    reached --min-accuracy (the publishing compile that follows gets the same program: the hub answers a spec and
+    compiler it built with that program, which the caller checks), False when it did not."""
+    minimum = 1.0 if args.min_accuracy is None else args.min_accuracy
+    if not 0 <= minimum <= 1:
+        raise _CliError(f"--min-accuracy {minimum}: give a share between 0 and 1 (0.9 for 90%)")
+    cases = evals.read_cases(args.eval)
+    draft = compile_spec(compile_request(args.spec, args.compiler, name=args.name, public=False), config)
+    assert draft.program_id is not None  # compile_spec raises CompileError without one
+    base = None if args.base is None else Path(args.base)
+    with PawFn.load_any_sync(draft.program_id, _BACKENDS[args.backend], base=base, config=config) as program:
+        report = program.evaluate(cases, options=RuntimeOptions(max_tokens=args.max_tokens), name=draft.program_id, progress=config.progress)
+    print(evals.render_text(report), file=sys.stderr if args.json else sys.stdout)
+    if report.accuracy < minimum:
+        where = f"; not published as {args.slug}" if args.slug else ""
+        print(f"pawfn: program {draft.program_id}: accuracy {report.accuracy:.4f} is below {minimum}{where}", file=sys.stderr)
+        return False
+    return draft.program_id
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -685,12 +722,16 @@ def _eval(args: argparse.Namespace) -> int:
         cases += [case.model_copy(update={"id": f"{log.name}:{case.id}"}) for case in evals.log_cases(log, args.log_program)]
     progress = False if args.no_progress else config.progress
     reports: list[evals.EvalReport] = []
-    for reference in [args.program] + ([args.compare] if args.compare else []):
-        with PawFn.load_any_sync(reference, _BACKENDS[args.backend], base=base, config=config) as program:
+    runs = [(args.program, args.backend)]
+    if args.compare or args.compare_backend:
+        runs.append((args.compare or args.program, args.compare_backend or args.backend))
+    for reference, backend in runs:
+        with PawFn.load_any_sync(reference, _BACKENDS[backend], base=base, config=config) as program:
             if args.from_spec and not reports:  # the first program's examples: both runs take the same cases
                 given = {case.id for case in cases}
                 cases += [case for case in evals.spec_cases(program.spec or "", f"{reference}'s spec") if case.id not in given]
-            reports.append(evals.evaluate(program, cases, scorer=scorer, options=options, name=reference, progress=progress))
+            name = reference if runs[0][1] == runs[-1][1] else f"{reference} on {backend}"
+            reports.append(evals.evaluate(program, cases, scorer=scorer, options=options, name=name, progress=progress))
     report = reports[0]
     comparison = evals.compare(report, reports[1]) if len(reports) > 1 else None
     if args.junit_xml is not None:

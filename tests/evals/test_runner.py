@@ -14,7 +14,7 @@ import pytest
 from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.evals import EvalCase, aevaluate, evaluate, normalized
 from tests.helpers.bounded import run_cli
-from tests.helpers.programs import TinyProgram
+from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
 OPTIONS = RuntimeOptions(max_tokens=6)
 INPUTS = ["Urgent: the server is down!", "hello", "a b c", "numbers 12345", "Lunch?", "Invoice overdue"]
@@ -91,3 +91,19 @@ def test_pawfn_eval_reports_compares_and_sets_the_exit_code(
     assert paired["both_right"] + paired["broken"] == 4 and 0 < paired["p_value"] <= 1
     run_cli("eval", "--program", str(qwen3_program.folder)).assert_one_line_error(2, "no cases", "--cases FILE")
     run_cli(*common[:-3], "--cases", str(tmp_path / "absent.jsonl")).assert_one_line_error(1, "absent.jsonl", "cannot be read")
+
+
+@requires_llama_cpp
+def test_the_same_program_compared_on_two_backends(qwen3_program: TinyProgram, outputs: list[str], tmp_path: Path) -> None:
+    """`--compare-backend llamacpp`: the Torch run against the official runtime's on the same cases; by default they
+    give the same tokens, so the pairs agree case by case."""
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text("\n".join(case.model_dump_json() for case in _cases(outputs, wrong={2})))
+    arguments = ["eval", "--program", str(qwen3_program.folder), "--base", str(qwen3_program.interpreter.gguf_path), "--cases", str(cases)]
+    compared = run_cli(*arguments, "--max-tokens", "6", "--no-progress", "--json", "--compare-backend", "llamacpp")
+    assert compared.status == 0, compared.stderr
+    data = json.loads(compared.stdout)
+    assert data["report"]["program"].endswith(" on torch") and data["second"]["program"].endswith(" on llamacpp")
+    assert [result["output"] for result in data["second"]["results"]] == [result["output"] for result in data["report"]["results"]]
+    paired = data["comparison"]
+    assert (paired["both_right"], paired["fixed"], paired["broken"], paired["both_wrong"]) == (5, 0, 0, 1)

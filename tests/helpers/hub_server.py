@@ -168,6 +168,9 @@ class _Server(ThreadingHTTPServer):
         if method == "POST" and parts == ["compile"]:
             spec = str(handler.body.get("spec", ""))
             if spec in state.compiled:
+                slug = handler.body.get("slug")
+                if isinstance(slug, str):  # published: the slug now resolves to the program, as on the hub
+                    state.slugs[slug] = state.compiled[spec]
                 respond(200, {"program_id": state.compiled[spec], "status": "ready", "compiler_snapshot": "tiny"})
             else:
                 respond(422, {"detail": "spec is too short or unknown to this test server"})

@@ -247,3 +247,30 @@ def test_generated_handles_load_on_first_use_and_a_stale_module_fails_the_check(
     assert f"{module} is stale: the lock changed since it was generated; run `pawfn lock codegen`" in capsys.readouterr().out
     assert main(["lock", "codegen", *hub.flags()]) == 0
     assert main(["lock", "check", "--offline", *hub.flags()]) == 0
+
+
+def test_compile_with_eval_publishes_only_a_program_that_passes(locked_hub: LockedHub, capsys: pytest.CaptureFixture[str]) -> None:
+    hub = locked_hub
+    spec = "Classify the urgency of a message"
+    hub.server.state.compiled[spec] = FIRST_ID
+    with PawFn[Qwen3_0_6B, Torch].load_sync(hub.first.folder, base=hub.base) as direct:
+        outputs = [direct.run(text, RuntimeOptions(max_tokens=6)) for text in INPUTS]
+    cases = hub.lock.parent / "cases.jsonl"
+    cases.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"input": text, "expected": output} for text, output in zip(INPUTS, outputs, strict=True)]
+    cases.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    flags = ["--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir), "--spec", spec, "--slug", "tester/urgency"]
+    flags += ["--eval", str(cases), "--max-tokens", "6"]
+    assert main(["compile", *flags]) == 0
+    printed = capsys.readouterr().out
+    assert f"{FIRST_ID}: 3/3 right" in printed and f"program: {FIRST_ID}" in printed
+    assert hub.server.state.slugs["tester/urgency"] == FIRST_ID
+
+    rows[0]["expected"] = "something the program never says"
+    cases.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    flags[flags.index("tester/urgency")] = "tester/urgency-strict"
+    assert main(["compile", *flags]) == 1  # below the default 1.0
+    assert "accuracy 0.6667 is below 1.0; not published as tester/urgency-strict" in capsys.readouterr().err
+    assert "tester/urgency-strict" not in hub.server.state.slugs
+    assert main(["compile", *flags, "--min-accuracy", "0.6"]) == 0
+    assert hub.server.state.slugs["tester/urgency-strict"] == FIRST_ID
