@@ -353,6 +353,8 @@ def _parser() -> argparse.ArgumentParser:
         help="program to load at start: id, user/slug, slug@vN, .paw file or folder, also served as NAME (repeatable)",
     )
     serve.add_argument("--allow-load", action="store_true", help="also load hub programs (ids, slugs) on their first request")
+    serve.add_argument("--locked", action="store_true", help="serve every program of pawfn.lock under its name, its files checked against the lock")
+    serve.add_argument("--lock", metavar="PATH", help="with --locked: the lock file (default: PAWFN_LOCK, else the nearest pawfn.lock upward)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve.add_argument("--api-key-env", metavar="NAME", help="require the key held in environment variable NAME (Bearer or X-API-Key)")
@@ -1032,9 +1034,14 @@ def _login(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     if args.backend == Remote.name:
         raise _CliError("--backend remote: a server runs its programs itself; use torch or llamacpp")
-    if not args.program and not args.allow_load:
-        raise _CliError("nothing to serve: give --program REF (repeatable) or --allow-load")
+    if not args.program and not args.allow_load and not args.locked:
+        raise _CliError("nothing to serve: give --program REF (repeatable), --locked or --allow-load")
     config = _config(args)
+    references = list(args.program or [])
+    if args.locked:  # each locked program checked now (fetched by id if missing), then served by its id under its name
+        path = lockfile.lock_path(args.lock)
+        for name in sorted(lockfile.read_lock(path).programs):
+            references.append(f"{name}={lockfile.locked_program(name, lock=path, config=config).program_id}")
     key, admin_key = _key_from(args.api_key_env, "--api-key-env"), _key_from(args.admin_key_env, "--admin-key-env")
     if key is not None and key == admin_key:
         raise _CliError("--admin-key-env names the same key as --api-key-env; give the operator a key of its own")
@@ -1054,7 +1061,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise _CliError(str(exc.labeled(labels))) from exc
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     base = None if args.base is None else Path(args.base)
-    target = ServeTarget(args.program, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
+    target = ServeTarget(references, _BACKENDS[args.backend], config, settings, args.host, args.port, args.allow_load, base)
     if args.ray:
         serve_on_ray(target, replicas=args.replicas, max_replicas=args.max_replicas)
     else:

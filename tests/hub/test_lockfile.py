@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pawfn import IntegrityError, LockError, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch, locked_program
@@ -19,6 +20,7 @@ from pawfn.cli import main
 from pawfn.hub.lockfile import LockFile, LockedProgram, find_lock, read_lock, write_lock
 from tests.helpers.hub_server import HubServer
 from tests.helpers.programs import TinyProgram
+from tests.helpers.servers import start_server
 from tests.helpers.tiny_models import write_bundle, zip_bundle
 
 FIRST_ID = "1111aaaa2222bbbb3333"
@@ -274,3 +276,17 @@ def test_compile_with_eval_publishes_only_a_program_that_passes(locked_hub: Lock
     assert "tester/urgency-strict" not in hub.server.state.slugs
     assert main(["compile", *flags, "--min-accuracy", "0.6"]) == 0
     assert hub.server.state.slugs["tester/urgency-strict"] == FIRST_ID
+
+
+def test_a_server_serves_the_locked_programs_by_name(locked_hub: LockedHub) -> None:
+    hub = locked_hub
+    assert main(["lock", "add", "triage", SLUG, *hub.flags()]) == 0
+    hub.server.state.slugs[SLUG] = SECOND_ID  # the slug moves: the server still serves what the lock pins
+    server = start_server("--locked", "--lock", str(hub.lock), "--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir))
+    try:
+        body = {"input": INPUTS[0], "options": {"max_tokens": 8}}
+        response = httpx.post(f"{server.url}/v1/programs/triage/run", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    finally:
+        server.stop()
+    assert response.json()["generation"]["token_ids"] == list(hub.tokens(hub.first)[0])
