@@ -926,20 +926,18 @@ def _write_lock(path: Path, lock: lockfile.LockFile) -> None:
 
 
 def _declared_returns(args: argparse.Namespace) -> lockfile.Returns | None:
-    """The output type `pawfn lock add` was told of (--choices, --pattern, --returns, --json-schema); None for text."""
+    """The output type `pawfn lock add` was told of (--choices, --pattern and --json-schema read as `pawfn run` reads
+    them, or --returns); None for text."""
+    declared = _response_format(args)
     try:
-        if args.choices is not None:
-            choices = [choice.strip() for choice in args.choices.split(",")]
-            if "" in choices or len(set(choices)) != len(choices):
-                raise _CliError(f"--choices {args.choices}: give distinct, non-empty texts separated by commas")
-            return choices
-        if args.pattern is not None:
-            return lockfile.ReturnsPattern(pattern=args.pattern)
-        if args.json_schema is not None:
-            schema = parse_json_object(args.json_schema.read_text(encoding="utf-8"))
-            if schema is None:
-                raise _CliError(f"--json-schema {args.json_schema}: the file must hold a JSON object (a JSON schema)")
-            return lockfile.ReturnsSchema(json_schema=schema)
+        if isinstance(declared, ChoicesFormat):
+            if len(set(declared.choices)) != len(declared.choices):
+                raise _CliError(f"--choices {args.choices}: give each choice once")
+            return list(declared.choices)
+        if isinstance(declared, PatternFormat):
+            return lockfile.ReturnsPattern(pattern=declared.pattern)
+        if isinstance(declared, JsonSchemaFormat):
+            return lockfile.ReturnsSchema(json_schema=dict(declared.json_schema.schema_))
     except ValidationError as exc:
         raise _CliError(f"the declared output: {describe_validation_error(exc)}") from exc
     returns: lockfile.Returns | None = args.returns

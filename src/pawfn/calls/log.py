@@ -26,7 +26,7 @@ from ..core.options import RuntimeOptions
 from ..core.results import Generation, Timings
 from .prompt import CallInput
 
-__all__ = ["CallLog", "CallRecord", "CallSite", "Redactor", "call_log_for", "set_call_log_redactor", "request_id", "with_request_id"]
+__all__ = ["CallLog", "CallRecord", "CallSite", "Redactor", "call_log_for", "logged_input", "set_call_log_redactor", "request_id", "with_request_id"]
 
 _LOG = logging.getLogger("pawfn")
 MAX_REQUEST_ID_CHARS = 128
@@ -100,7 +100,8 @@ class CallSite(BaseModel):
     backend: str
 
 
-def _input_of(given: CallInput) -> str | list[str]:
+def logged_input(given: CallInput) -> str | list[str]:
+    """A call's input as its record holds it: the text, or a numbered template's arguments with each image `[image]`."""
     if isinstance(given, tuple):
         return [argument if isinstance(argument, str) else "[image]" for argument in given]
     return given
@@ -133,7 +134,7 @@ class CallLog:
         """Queue one call's record (returns at once)."""
         fields: dict[str, object] = {
             "time": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "input": _input_of(given),
+            "input": logged_input(given),
             "max_tokens": options.max_tokens,
             "temperature": options.temperature,
             "top_p": options.top_p,

@@ -56,6 +56,11 @@ _NAME_RULE = "a letter, then letters, digits and _ (a Python identifier, not a k
 _HEADER = "# pawfn.lock: the programs this application runs, pinned by `pawfn lock`. Commit it; change it with `pawfn lock`.\n"
 
 
+def _is_name(text: str) -> bool:
+    """Whether `text` can name a locked program: a Python identifier (an attribute of the generated handles)."""
+    return bool(_NAME.fullmatch(text)) and not keyword.iskeyword(text)
+
+
 class LockError(PawError, ValueError):
     """A lock file is missing, malformed, or does not name the program asked for."""
 
@@ -181,7 +186,7 @@ class LockFile(BaseModel):
     @classmethod
     def _names(cls, value: dict[str, LockedProgram]) -> dict[str, LockedProgram]:
         for name in value:
-            if not _NAME.fullmatch(name) or keyword.iskeyword(name):
+            if not _is_name(name):
                 raise ValueError(
                     f"{name!r} is not a program name: a letter, then letters, digits and _ (a Python identifier, not a keyword, up to 64 characters)"
                 )
@@ -198,7 +203,7 @@ class LockFile(BaseModel):
 
 def check_name(name: str) -> str:
     """`name` if it can name a locked program, else a `LockError` saying what can."""
-    if not _NAME.fullmatch(name) or keyword.iskeyword(name):
+    if not _is_name(name):
         raise LockError(
             f"{name!r} cannot name a locked program: a letter, then letters, digits and _ (a Python identifier, not a keyword, up to 64 characters)"
         )

@@ -11,7 +11,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from ..api.function import PawFn
-from ..calls.log import CallRecord
+from ..calls.log import CallRecord, logged_input
 from ..calls.prompt import CallInput
 from ..core.backends import Backend
 from ..core.config import PawConfig
@@ -33,10 +33,9 @@ temperature, top_p, seed and the typed output's format."""
 MAX_CASSETTE_BYTES = 256 * 1024 * 1024
 
 
-def _input_text(given: str | list[str] | CallInput) -> str:
-    if isinstance(given, str):
-        return given
-    return "\n".join(argument if isinstance(argument, str) else "[image]" for argument in given)
+def _input_text(logged: str | list[str]) -> str:
+    """A recorded input as one key: a numbered template's arguments joined by newlines."""
+    return logged if isinstance(logged, str) else "\n".join(logged)
 
 
 def _key(text: str, options: RuntimeOptions) -> CallKey:
@@ -66,7 +65,7 @@ class ReplayRuntime(FakeRuntime):
         return f"pawfn.testing replay of {self._source} (no model)"
 
     def reply(self, text: CallInput, options: RuntimeOptions) -> tuple[str, StopReason]:
-        key = _key(_input_text(text), options)
+        key = _key(_input_text(logged_input(text)), options)
         record = self._recorded.get(key)
         if record is None or record.output is None:
             raise FakeMissError(self._miss(key))
