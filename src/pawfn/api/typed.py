@@ -61,6 +61,11 @@ class TypedFn(Evaluates, Generic[T_co]):
         return self._program.program_id
 
     @property
+    def calls(self) -> Caller:
+        """This program's calls under its type's grammar (the one implementation `PawFn` also runs on; advanced use)."""
+        return self._calls
+
+    @property
     def output_type(self) -> OutputType[T_co]:
         """The declared output type (its name, grammar format and parser)."""
         return self._output

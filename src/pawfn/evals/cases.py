@@ -7,14 +7,15 @@ import csv
 import json
 import re
 from collections.abc import Iterable, Mapping
+from typing import cast
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ..calls.log import CallRecord
 from ..core.errors import ConfigError, describe_validation_error
 
-__all__ = ["CasesError", "EvalCase", "log_cases", "read_cases", "spec_cases"]
+__all__ = ["CaseImage", "CasesError", "EvalCase", "log_cases", "read_cases", "spec_cases"]
 
 _OBJECT = TypeAdapter(dict[str, object])
 _ROWS = TypeAdapter(list[object])
@@ -26,9 +27,24 @@ class CasesError(ConfigError):
     """A cases file (or spec) that cannot be read as cases: names the file, the line and the fix."""
 
 
+class CaseImage(BaseModel):
+    """An image argument of a case: `{"image": "photos/cat.png"}` (a path relative to the cases file)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = Field(min_length=1)
+
+
+def _shown_argument(item: object) -> str:
+    if isinstance(item, dict):
+        return f"[image {cast('dict[str, object]', item).get('image')}]"  # cast: a JSON object
+    return str(item)
+
+
 class EvalCase(BaseModel):
     """One case: the program's input and the output it should give; `id` names it in reports (its line number
-    where the file gives none), `tags` group it."""
+    where the file gives none), `tags` group it. A program of several arguments (a numbered template, images for
+    Qwen3.5) takes `arguments` instead, in slot order; `input` then shows them in reports (given, or made of them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -36,6 +52,31 @@ class EvalCase(BaseModel):
     input: str
     expected: str
     tags: tuple[str, ...] = ()
+    arguments: tuple[str | CaseImage, ...] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _input_from_arguments(cls, data: object) -> object:
+        """`input`, where only `arguments` are given: the arguments shown in one line (`q | [image cat.png]`)."""
+        if not isinstance(data, dict):
+            return data
+        given = cast("dict[str, object]", data)  # cast: a case's fields by name
+        if "input" in given:
+            return given
+        arguments = given.get("arguments")
+        if not isinstance(arguments, list) or not arguments:
+            raise ValueError('a case needs "input", or "arguments" (at least one) for a program of several')
+        shown = [_shown_argument(item) for item in cast("list[object]", arguments)]  # cast: a JSON list
+        return given | {"input": " | ".join(shown)}
+
+    def with_images_from(self, folder: Path) -> EvalCase:
+        """This case with its image paths made absolute from `folder` (its cases file's)."""
+        if self.arguments is None:
+            return self
+        arguments = tuple(
+            argument if isinstance(argument, str) else CaseImage(image=str(folder / Path(argument.image).expanduser())) for argument in self.arguments
+        )
+        return self.model_copy(update={"arguments": arguments})
 
 
 def _case(row: Mapping[str, object], default_id: str, where: str) -> EvalCase:
@@ -48,7 +89,7 @@ def _case(row: Mapping[str, object], default_id: str, where: str) -> EvalCase:
     try:
         return EvalCase.model_validate(values)
     except ValidationError as exc:
-        raise CasesError(f'{where}: {describe_validation_error(exc)}; each case needs "input" and "expected" strings') from exc
+        raise CasesError(f'{where}: {describe_validation_error(exc)}; each case needs "input" (or "arguments") and "expected"') from exc
 
 
 def _unique(cases: list[EvalCase], source: str) -> list[EvalCase]:
@@ -71,6 +112,11 @@ def read_cases(path: str | Path) -> list[EvalCase]:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CasesError(f"{source}: cannot be read as UTF-8 text ({exc})") from exc
+    folder = source.resolve().parent
+    return [case.with_images_from(folder) for case in _parsed_cases(text, source)]
+
+
+def _parsed_cases(text: str, source: Path) -> list[EvalCase]:
     suffix = source.suffix.lower()
     if suffix == ".csv":
         return _unique(list(_csv_cases(text, source)), str(source))

@@ -14,8 +14,9 @@ from typing import Protocol, cast
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
-from ..calls.pending import PendingGeneration
-from ..core.errors import OutputTypeError
+from ..calls.caller import Caller
+from ..core.errors import OutputTypeError, PawError
+from ..core.images import Image
 from ..core.grammar import JsonSchemaFormat
 from ..core.options import RuntimeOptions
 from ..core.progress import progress_enabled
@@ -48,9 +49,24 @@ class Evaluated(Protocol):
         """The type the calls return; None for text."""
         ...
 
-    def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration: ...  # noqa: A002
+    @property
+    def calls(self) -> Caller:
+        """Its calls (a `TypedFn`'s under its type's grammar)."""
+        ...
 
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration: ...  # noqa: A002
+
+def _submitted(program: Evaluated, case: EvalCase, options: RuntimeOptions | None) -> Future[Generation]:
+    """`case`'s call started (its image arguments read now), or a future holding why it could not start: a wrong
+    argument count, an image that cannot be read, is that case's error, never the run's end."""
+    try:
+        given: str | tuple[object, ...] = case.input
+        if case.arguments is not None:
+            given = tuple(argument if isinstance(argument, str) else Image(argument.image) for argument in case.arguments)
+        return program.calls.submit(given, options)
+    except (PawError, OSError, TypeError, ValueError) as exc:
+        failed: Future[Generation] = Future()
+        failed.set_exception(exc)
+        return failed
 
 
 def _value_difference(expected: object, got: object) -> str | None:
@@ -155,7 +171,7 @@ def evaluate(
     field by field); `name` labels the report (default: the program id); `progress`: a bar on stderr (None: when it
     is a terminal)."""
     started = time.perf_counter()
-    pending: list[Future[Generation]] = [program.submit(case.input, options) for case in cases]
+    pending = [_submitted(program, case, options) for case in cases]
     results: list[CaseResult] = []
     bar = tqdm(total=len(cases), desc="evaluating", unit="case", file=sys.stderr, disable=not progress_enabled(progress))
     try:
@@ -183,7 +199,7 @@ async def aevaluate(
 ) -> EvalReport:
     """`evaluate` without blocking the event loop; cancelling the task cancels the calls still running."""
     started = time.perf_counter()
-    pending = [await program.asubmit(case.input, options) for case in cases]
+    pending = [_submitted(program, case, options) for case in cases]
     try:
         outcomes = await asyncio.gather(*(asyncio.wrap_future(future) for future in pending), return_exceptions=True)
     finally:
