@@ -269,6 +269,10 @@ def _parser() -> argparse.ArgumentParser:
         "--json-schema", type=Path, metavar="FILE", help="calls constrained to the schema in FILE; outputs compared as JSON values, key by key"
     )
     evaluation.add_argument("--max-tokens", type=int, metavar="N", help="most tokens a call generates (default: to EOS)")
+    evaluation.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy (default: 0)")
+    evaluation.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus mass in (0, 1] (default: 1)")
+    evaluation.add_argument("--seed", type=int, metavar="S", help="sampling seed")
+    evaluation.add_argument("--parse-special", action="store_true", help="parse special-token text in inputs (the official SDK's behaviour)")
     evaluation.add_argument("--no-progress", action="store_true", help="no progress bar (default: one on a terminal)")
     report = evaluation.add_mutually_exclusive_group()
     report.add_argument("--json", action="store_true", help="print the report as JSON (every case, every figure)")
@@ -714,10 +718,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise _CliError(f"--min-accuracy {args.min_accuracy}: give a share between 0 and 1 (0.9 for 90%)")
     config = _config(args)
     scorer = evals.load_scorer(args.scorer) if args.scorer else evals.normalized if args.normalize else None
-    try:
-        options = RuntimeOptions(max_tokens=args.max_tokens, response_format=_response_format(args))
-    except OptionError as exc:
-        raise _CliError(str(exc.labeled(_OPTION_FLAGS))) from exc
+    options = _options(args)
     base = None if args.base is None else Path(args.base)
     cases = [] if args.cases is None else evals.read_cases(args.cases)
     for log in args.from_log:

@@ -90,6 +90,7 @@ def test_pawfn_eval_reports_compares_and_sets_the_exit_code(
     assert paired["both_right"] + paired["fixed"] + paired["broken"] + paired["both_wrong"] == 6
     assert paired["both_right"] + paired["broken"] == 4 and 0 < paired["p_value"] <= 1
     run_cli("eval", "--program", str(qwen3_program.folder)).assert_one_line_error(2, "no cases", "--cases FILE")
+    run_cli(*common, "--temperature", "-1").assert_one_line_error(2, "--temperature", "-1")  # pawfn run's options, checked as there
     run_cli(*common[:-3], "--cases", str(tmp_path / "absent.jsonl")).assert_one_line_error(1, "absent.jsonl", "cannot be read")
 
 
