@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pawfn import IntegrityError, LockError, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch, locked_program
+from pawfn import IntegrityError, LockError, OfflineError, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch, locked_program
 from pawfn.cli import main
 from pawfn.hub.lockfile import LockFile, LockedProgram, find_lock, read_lock, write_lock
 from tests.helpers.hub_server import HubServer
@@ -290,3 +290,12 @@ def test_a_server_serves_the_locked_programs_by_name(locked_hub: LockedHub) -> N
     finally:
         server.stop()
     assert response.json()["generation"]["token_ids"] == list(hub.tokens(hub.first)[0])
+
+
+def test_a_locked_program_missing_offline_names_the_fix(locked_hub: LockedHub, tmp_path: Path) -> None:
+    hub = locked_hub
+    assert main(["lock", "add", "triage", SLUG, *hub.flags()]) == 0
+    with pytest.raises(
+        OfflineError, match=r"triage \(.*pawfn\.lock\): .*offline mode is on.*`pawfn cache prepare --locked` fetches every locked program"
+    ):
+        locked_program("triage", lock=hub.lock, config=hub.config(tmp_path / "empty", offline=True))
