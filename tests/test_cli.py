@@ -440,3 +440,13 @@ def test_empty_choices_and_patterns_name_the_flag(qwen3_program: TinyProgram, ca
     )
     assert main([*run, "--pattern", ""]) == 2
     assert capsys.readouterr().err.startswith("pawfn: error: --pattern '': give the regular expression")
+
+
+def test_an_unreachable_hub_names_the_ways_around_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first network failure a new user meets says how to go on without the hub: --base, --offline, --api-url."""
+    status = main(["run", "--program", "tester/triage", "--api-url", "http://127.0.0.1:9", "--cache-dir", str(tmp_path), "--input", "hi"])
+    error = capsys.readouterr().err
+    assert status == 1 and error.count("\n") == 1 and error.startswith("pawfn: error: ")
+    assert "cannot reach http://127.0.0.1:9" in error
+    assert "--base PATH (base=PATH in Python) brings your own base weights, --offline (PAW_OFFLINE=1) runs what the cache holds" in error
+    assert "--api-url URL (PAW_API_URL) names another hub" in error

@@ -8,6 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
+from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram
 from pawfn import GPT2, AdapterError, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.formats.adapter import read_lora_adapter
@@ -64,6 +65,17 @@ def test_wrong_architecture(qwen3: TinyInterpreter, tmp_path: Path) -> None:
     write_adapter_gguf(path, "qwen3", random_lora(qwen3))
     with pytest.raises(AdapterError, match="adapter is for architecture 'qwen3', but GPT2 needs 'gpt2'"):
         read_lora_adapter(path, GPT2)
+
+
+def test_a_bundle_that_contradicts_itself_is_named_so_on_the_cli(qwen3: TinyInterpreter, gpt2: TinyInterpreter, tmp_path: Path) -> None:
+    """meta.json says gpt2, adapter.gguf fits Qwen3: the one line says which file says what and the fix, not a model
+    type to choose (a CLI user never chooses one)."""
+    adapter = tmp_path / "adapter-source.gguf"
+    write_adapter_gguf(adapter, "qwen3", random_lora(qwen3))
+    bundle = write_bundle(tmp_path / "bundle", adapter, "gpt2", "Input: {INPUT_PLACEHOLDER}\nOutput:")
+    run = run_cli("run", "--program", str(bundle), "--base", str(gpt2.gguf_path), "--input", "hi", "--max-tokens", "2")
+    run.assert_one_line_error(1, "the program contradicts itself", "meta.json names interpreter 'gpt2'", "adapter.gguf was made for a 'qwen3' model")
+    assert "recompile the program or download it again" in run.stderr
 
 
 def test_not_an_adapter(qwen3: TinyInterpreter, tmp_path: Path) -> None:

@@ -132,8 +132,9 @@ def read_lora_adapter(path: Path, model: type[InterpreterModel]) -> LoraAdapter:
     if architecture != model.gguf_architecture:
         raise AdapterError(
             path,
-            f"adapter is for architecture {architecture!r}, but {model.__name__} needs "
-            f"{model.gguf_architecture!r}; load the program with the matching model type",
+            f"adapter is for architecture {architecture!r}, but {model.__name__} needs {model.gguf_architecture!r}: the "
+            f"program contradicts itself (its meta.json names interpreter {model.interpreter_id!r}, which {model.__name__} "
+            f"runs, while its adapter.gguf was made for a {architecture!r} model); recompile the program or download it again",
         )
     if file_type is not None and file_type != "adapter":
         raise AdapterError(path, f"general.type is {file_type!r}, expected 'adapter'; this is not a LoRA adapter")

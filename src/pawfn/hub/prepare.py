@@ -40,6 +40,12 @@ class PreparedProgram:
     derived_dir: Path | None
 
 
+_WITHOUT_THE_HUB = (
+    "to run without the hub: --base PATH (base=PATH in Python) brings your own base weights, --offline (PAW_OFFLINE=1) "
+    "runs what the cache holds (`pawfn cache prepare REF` fills it while online), --api-url URL (PAW_API_URL) names another hub"
+)
+
+
 def _offline_hint(reference: str) -> str:
     return f"run `pawfn cache prepare {reference}` while online to fetch it"
 
@@ -241,6 +247,8 @@ def prepare_program(
         if base is None and fetch_base:
             runtime = resolve_runtime(meta, cache, None if config.offline else hub(), embedded=parsed.kind == "path")
             base = _ensure_base(runtime, reference, cache, hub(), config)
+    except HubConnectionError as exc:  # the first network failure a new user meets: name the ways around the hub
+        raise HubConnectionError(f"{exc}; {_WITHOUT_THE_HUB}", status=exc.status, url=exc.url) from exc
     finally:
         for made in opened:
             made.close()
