@@ -45,7 +45,7 @@ from .core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, Patte
 from .formats.outputs import OutputType, Pattern
 from .api.typed import TypedFn, TypedGeneration
 from .core.results import Generation, Timings
-from .calls.pending import TextStream
+from .calls.pending import TextIterator, TextStream
 from .core.models import GPT2, InterpreterModel, Qwen3_0_6B, Qwen3_5_0_8B, WeightFile
 from .core.config import EngineSettings, HubSettings, PawConfig, RemoteSettings
 from .core.options import RuntimeOptions
@@ -126,6 +126,7 @@ __all__ = [
     "CallTimeoutError",
     "SpecCompiler",
     "TemplateError",
+    "TextIterator",
     "TextStream",
     "Timings",
     "TokenizerError",

@@ -6,7 +6,21 @@ from typing import TypeVar
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, Backend, Generation, InterpreterModel, LlamaCpp, PawFn, PawFnBuilder, Qwen3_0_6B, Remote, RuntimeOptions, TextStream, Torch
+from pawfn import (
+    GPT2,
+    Backend,
+    Generation,
+    InterpreterModel,
+    LlamaCpp,
+    PawFn,
+    PawFnBuilder,
+    Qwen3_0_6B,
+    Remote,
+    RuntimeOptions,
+    TextIterator,
+    TextStream,
+    Torch,
+)
 from pawfn.api.builder import ProgramLoader, SpecCompiler
 
 B = TypeVar("B", bound=Backend)
@@ -107,6 +121,10 @@ async def on_a_server(local: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert_type(remote.run_batch(["a", "b"]), list[str])
     assert_type(triage(remote, "text"), str)
     assert_type(await local.astream("text"), TextStream)
+    assert_type(remote.stream("text"), TextIterator)
+    assert_type([piece for piece in local.stream("text")], list[str])
+    assert_type(local.returning(int).stream("text").generation(), Generation)
+    local.stream(3)  # expect-error: arg-type; reportArgumentType
     local = remote  # expect-error: assignment; reportAssignmentType
     gpt2_remote: PawFn[GPT2, Remote] = remote  # expect-error: assignment; reportAssignmentType
 

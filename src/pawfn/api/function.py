@@ -25,7 +25,7 @@ from ..core.results import Generation
 from ..calls.runtime import ProgramRuntime
 from ..calls.caller import Caller, program_caller
 from ..calls.pending import PendingGeneration, TextStream
-from .evaluating import Evaluates
+from .handle import ProgramHandle
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
 from .specialized import Specializations
 from .typed import TypedFn
@@ -41,7 +41,7 @@ T = TypeVar("T")
 _SPECIALIZATIONS = Specializations()
 
 
-class PawFn(Evaluates, Generic[M, B]):
+class PawFn(ProgramHandle, Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
     Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin) and

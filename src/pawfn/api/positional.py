@@ -9,7 +9,7 @@ from typing import Any, Generic
 from typing_extensions import TypeVarTuple, Unpack
 
 from ..calls.caller import Caller
-from ..calls.pending import PendingGeneration, TextStream
+from ..calls.pending import PendingGeneration, TextIterator, TextStream
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
 
@@ -59,6 +59,10 @@ class Positional(Generic[Unpack[Args]]):
         """The call's text as it is generated: `async for piece in stream`, then `await stream.generation()`;
         leaving the stream early cancels the call."""
         return self._calls.stream(arguments, options)
+
+    def stream(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> TextIterator:
+        """`astream` in a plain loop: `for piece in stream`, then `stream.generation()`; breaking out stops the call."""
+        return self._calls.iterate(arguments, options)
 
     def prompt_token_ids(self, *arguments: Unpack[Args], options: RuntimeOptions | None = None) -> list[int]:
         """The token ids a call on `arguments` evaluates after the cached prefix."""

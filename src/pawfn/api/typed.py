@@ -11,7 +11,7 @@ from ..calls.pending import PendingGeneration
 from ..core.options import RuntimeOptions
 from ..formats.outputs import OutputType
 from ..core.results import Generation
-from .evaluating import Evaluates
+from .handle import ProgramHandle
 
 __all__ = ["TextProgram", "TypedFn", "TypedGeneration"]
 
@@ -40,7 +40,7 @@ class TypedGeneration(Generic[T_co]):
     generation: Generation
 
 
-class TypedFn(Evaluates, Generic[T_co]):
+class TypedFn(ProgramHandle, Generic[T_co]):
     """A loaded program with a declared output type: every call's tokens are masked to the type's grammar, and its
     text parsed into a `T_co` (`OutputTypeError` where no value of `T_co` finished within the call's budget). Made by
     `PawFn.returning(T_co)`; it shares the program (closing the program closes it)."""

@@ -18,7 +18,7 @@ from ..core.options import RuntimeOptions
 from ..core.results import Generation
 from ..formats.bundle import ProgramMeta
 from ..core.templates import ArityError
-from .pending import PendingGeneration, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
+from .pending import PendingGeneration, TextIterator, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
 from .log import CallLog, CallSite, call_log_for, request_id
 from .prompt import Argument, CallInput
 from .runtime import ProgramRuntime
@@ -114,6 +114,13 @@ class Caller:
         """Start a call and follow its text (call it on the event loop that reads the stream)."""
         arguments, checked = self.arguments(given), self.options(options)
         stream = TextStream(self.runtime.decode_tokens)
+        stream.follow(self._logged(self.runtime.submit_streaming(arguments, checked, stream), arguments, checked))
+        return stream
+
+    def iterate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> TextIterator:
+        """Start a call and follow its text from a plain loop (no event loop)."""
+        arguments, checked = self.arguments(given), self.options(options)
+        stream = TextIterator(self.runtime.decode_tokens)
         stream.follow(self._logged(self.runtime.submit_streaming(arguments, checked, stream), arguments, checked))
         return stream
 

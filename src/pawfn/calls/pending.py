@@ -4,15 +4,19 @@ mid-decode), its text as it is generated (`TextStream`), and waiting for several
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
+from typing import Protocol
 
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
 
 __all__ = [
     "PendingGeneration",
+    "StreamSink",
+    "TextIterator",
     "TextStream",
     "TokenListener",
     "checked_input",
@@ -68,6 +72,108 @@ class PendingGeneration(Future[Generation]):
         callback()
 
 
+class StreamSink(Protocol):
+    """What follows a call's output as it comes: token ids (a local backend) or decoded text (a server's)."""
+
+    def on_token(self, token: int) -> None: ...
+
+    def on_text(self, piece: str) -> None: ...
+
+
+class _Pieces:
+    """A call's output as text pieces: each item (a token id, or text decoded elsewhere) gives the text it adds, a
+    character's first bytes held back until the rest arrive."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._decode = decode
+        self._output: list[int] = []
+        self._sent = 0
+
+    def add(self, item: int | str) -> str:
+        """The text `item` adds ('' while a character is incomplete)."""
+        if isinstance(item, str):
+            return item
+        self._output.append(item)
+        text = self._decode(self._output)
+        if text.endswith("\ufffd") or len(text) <= self._sent:  # maybe a character's first bytes: wait for the rest
+            return ""
+        piece, self._sent = text[self._sent :], len(text)
+        return piece
+
+    def rest(self) -> str:
+        """What held-back bytes became once the call ended."""
+        if not self._output:
+            return ""
+        text = self._decode(self._output)
+        return text[self._sent :] if len(text) > self._sent else ""
+
+
+class TextIterator:
+    """One call's text as it is generated, with no event loop: `for piece in stream` gives pieces (unstripped;
+    together, the decoded output), then raises the call's error if it failed; `stream.generation()` gives its
+    `Generation`. Breaking out of the loop, leaving `with stream`, or `close()` cancels the call."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self._pieces = _Pieces(decode)
+        self._items: queue.SimpleQueue[int | str] = queue.SimpleQueue()
+        self._pending: PendingGeneration | None = None
+
+    def on_token(self, token: int) -> None:
+        """The call's `TokenListener` (any thread)."""
+        self._items.put(token)
+
+    def on_text(self, piece: str) -> None:
+        """Text of the call decoded elsewhere (a server's stream), from any thread."""
+        self._items.put(piece)
+
+    def follow(self, pending: PendingGeneration) -> None:
+        """Read the call `pending` (started with `on_token` or `on_text` as its listener)."""
+        self._pending = pending
+        pending.add_done_callback(lambda _: self._items.put(-1))
+
+    @property
+    def pending(self) -> PendingGeneration:
+        """The call being followed (its future)."""
+        if self._pending is None:
+            raise RuntimeError("TextIterator.follow was not called")
+        return self._pending
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while (item := self._next()) != -1:
+                piece = self._pieces.add(item)
+                if piece:
+                    yield piece
+            if rest := self._pieces.rest():
+                yield rest
+            self.generation()  # the call's error, if it failed
+        finally:  # a loop left early (break, an exception, the iterator dropped) stops the call
+            self.close()
+
+    def _next(self) -> int | str:
+        """The next item, waking on the main thread every 50 ms so that a Ctrl-C is acted on at once."""
+        poll_s = _SIGNAL_POLL_S if threading.current_thread() is threading.main_thread() else None
+        while True:
+            try:
+                return self._items.get(timeout=poll_s)
+            except queue.Empty:
+                continue
+
+    def generation(self) -> Generation:
+        """The call's `Generation`, once it has ended (its error raised if it failed)."""
+        return results_in_order([self.pending])[0]
+
+    def close(self) -> None:
+        """Stop the call at its next token (nothing once it has ended)."""
+        self.pending.cancel()
+
+    def __enter__(self) -> TextIterator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class TextStream:
     """One call's text as it is generated: `async for piece in stream` gives pieces (unstripped; together, the
     decoded output), then raises the call's error if it failed; `await stream.generation()` gives its `Generation`
@@ -112,23 +218,13 @@ class TextStream:
         return self._pending
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        output: list[int] = []
-        sent = 0
+        pieces = _Pieces(self._decode)
         while (item := await self._items.get()) != -1:
-            if isinstance(item, str):
-                yield item
-                continue
-            output.append(item)
-            text = self._decode(output)
-            if text.endswith("\ufffd"):  # maybe a character's first bytes: wait for the rest
-                continue
-            if len(text) > sent:
-                yield text[sent:]
-                sent = len(text)
-        if output:  # what a held-back character's bytes became
-            text = self._decode(output)
-            if len(text) > sent:
-                yield text[sent:]
+            piece = pieces.add(item)
+            if piece:
+                yield piece
+        if rest := pieces.rest():  # what a held-back character's bytes became
+            yield rest
         await self.generation()  # the call's error, if it failed
 
     async def generation(self) -> Generation:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..formats.bundle import ProgramBundle
-from .pending import PendingGeneration, TextStream, TokenListener, results_in_order
+from .pending import PendingGeneration, StreamSink, TokenListener, results_in_order
 from ..core.config import EngineSettings
 from ..formats.constraint import Constraint, check_json_value, compile_output, describe
 from ..core.grammar import JsonSchemaFormat
@@ -245,7 +245,7 @@ class ProgramRuntime(ABC):
         """Start a call and return at once, on every backend: its result or error comes through the future, and
         `cancel()` stops it at its next token. `on_token` sees each generated token."""
 
-    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: StreamSink) -> PendingGeneration:
         """Start a call that `stream` follows: its tokens as they are taken (a remote backend sends text instead)."""
         return self.submit(text, options, stream.on_token)
 

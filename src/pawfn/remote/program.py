@@ -20,7 +20,7 @@ from ..core.options import RuntimeOptions
 from ..core.protocol import RunResponse, ServedProgram
 from ..core.results import Generation
 from ..calls.runtime import CallInput, ProgramRuntime
-from ..calls.pending import PendingGeneration, TextStream, TokenListener
+from ..calls.pending import PendingGeneration, StreamSink, TokenListener
 
 __all__ = ["RemoteProgram"]
 
@@ -76,7 +76,7 @@ class RemoteProgram(ProgramRuntime):
             raise ConfigError("a Remote program cannot report token ids as they come; follow its text with astream")
         return self._streamed(text, options, None)
 
-    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: TextStream) -> PendingGeneration:
+    def submit_streaming(self, text: CallInput, options: RuntimeOptions, stream: StreamSink) -> PendingGeneration:
         """Follow the call through the server's stream: `stream` gets its text as the server sends it."""
         return self._streamed(text, options, stream.on_text)
 

@@ -1,10 +1,12 @@
-"""`evaluate` and `aevaluate` on `PawFn` and `TypedFn`: the program run over cases and scored (`pawfn.evals`)."""
+"""What `PawFn` and `TypedFn` share beyond their calls: `evaluate` and `aevaluate` (the program run over cases and
+scored, `pawfn.evals`) and `stream` (a call's text in a plain loop)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
+from ..calls.pending import TextIterator
 from ..core.options import RuntimeOptions
 from ..evals.cases import EvalCase, read_cases
 from ..evals.report import EvalReport
@@ -12,7 +14,7 @@ from ..evals.runner import Evaluated, aevaluate, evaluate
 from ..evals.scoring import Scorer
 from ..formats.outputs import OutputType
 
-__all__ = ["Evaluates"]
+__all__ = ["ProgramHandle"]
 
 Cases = Sequence[EvalCase] | str | os.PathLike[str]
 """Cases, or a cases file (JSON Lines, JSON or CSV: `read_cases`)."""
@@ -22,13 +24,20 @@ def _cases(cases: Cases) -> Sequence[EvalCase]:
     return read_cases(os.fspath(cases)) if isinstance(cases, str | os.PathLike) else cases
 
 
-class Evaluates:
-    """What `PawFn` and `TypedFn` share: evaluation on cases. A `PawFn`'s output is text (`output_type` None)."""
+class ProgramHandle:
+    """What `PawFn` and `TypedFn` share: evaluation on cases and a call followed in a plain loop. A `PawFn`'s output is
+    text (`output_type` None)."""
 
     @property
     def output_type(self) -> OutputType[object] | None:
         """The type the program's calls return; None for text (a `TypedFn` has one)."""
         return None
+
+    def stream(self: Evaluated, input: str, options: RuntimeOptions | None = None) -> TextIterator:  # noqa: A002
+        """Start a call and iterate over its text as it is generated, with no event loop: `for piece in f.stream(x)`
+        (pieces unstripped; a typed program's under its grammar), then `.generation()` (`value_of` gives a typed
+        value). Breaking out of the loop stops the call at its next token."""
+        return self.calls.iterate(input, options)
 
     def evaluate(
         self: Evaluated,
