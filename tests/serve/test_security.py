@@ -494,3 +494,25 @@ def test_a_flood_of_stalled_sockets_leaves_no_descriptors_behind(guarded_server:
     while time.monotonic() < deadline and len(descriptors()) > len(before):
         time.sleep(0.2)
     assert len(descriptors()) <= len(before), (before, descriptors())
+
+
+def test_the_access_log_carries_each_requests_id(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """An error body's request id finds its access line: one line per request with the id (uvicorn's own is off); a
+    path a client chose never starts a line of its own."""
+    server = start_server(
+        "--program", f"tiny={qwen3_program.archive}", "--base", str(qwen3_program.interpreter.gguf_path), environment={"PAW_CACHE_DIR": str(tmp_path)}
+    )
+    try:
+        ok = httpx.post(
+            f"{server.url}/v1/programs/tiny/run", json={"input": "hi", "options": {"max_tokens": 2}}, headers={"x-request-id": "req-ok"}, timeout=60
+        )
+        missing = httpx.get(f"{server.url}/v1/programs/nothing%0Afake-line", timeout=60)
+        assert ok.status_code == 200 and missing.status_code == 404
+        request_id = missing.json()["request_id"]
+    finally:
+        server.stop()
+    lines = server.output().splitlines()
+    assert any("POST '/v1/programs/tiny/run' 200" in line and line.endswith("request 'req-ok'") for line in lines)
+    assert any(" 404 " in line and line.endswith(f"request {request_id!r}") for line in lines)  # the error body's id
+    assert not any(line.startswith("fake-line") for line in lines)
+    assert not any('HTTP/1.1" 200' in line for line in lines)  # uvicorn's access line, without the id, is gone

@@ -49,6 +49,8 @@ from .service import ProgramService
 from .settings import ServeSettings
 
 logger = logging.getLogger("pawfn.serve")
+access_logger = logging.getLogger("pawfn.serve.access")
+"""One line per request with its request id (`pawfn serve` turns uvicorn's own access line off)."""
 
 __all__ = ["ApiError", "api_error", "create_app", "drain_after"]
 
@@ -399,9 +401,20 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         with with_request_id(request.state.request_id):  # each call this request starts is logged with its id
             response = await call_next(request)
         route = getattr(request.scope.get("route"), "path", "unmatched")
+        elapsed_s = time.perf_counter() - started
         metrics.requests.labels(route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - started)
+        metrics.latency.labels(route).observe(elapsed_s)
         response.headers["x-request-id"] = request.state.request_id
+        # the access line carries the id an error body gives, so the two can be matched (uvicorn's own line cannot)
+        access_logger.info(
+            "%s %s %r %d %.1f ms request %r",  # %r: a path or id a client chose cannot write a line of its own
+            client_of(request),
+            request.method,
+            request.url.path[:200],
+            response.status_code,
+            elapsed_s * 1e3,
+            str(request.state.request_id)[:128],
+        )
         return response
 
     return app

@@ -116,6 +116,7 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         host=target.host,
         port=target.port,
         log_level="info",
+        access_log=False,  # the app logs each request itself, with its request id (pawfn.serve.access)
         timeout_graceful_shutdown=last_resort,
         http=guarded_protocol(settings.max_connections, settings.header_timeout_s),
         ws="none",  # no WebSocket routes: an upgrade request is plain HTTP here
