@@ -282,6 +282,10 @@ def test_mismatch_names_the_model_class(gpt2_program: TinyProgram) -> None:
         PawFn[Qwen3_0_6B, Torch].load_sync(gpt2_program.folder, base=gpt2_program.interpreter.gguf_path)
 
 
+STOPPING = "pawfn: interrupted; stopping (Ctrl-C again quits at once)"
+"""The one line the first Ctrl-C prints, at once."""
+
+
 def _send_sigint_to_a_worker_thread(pid: int) -> None:
     """SIGINT to one of `pid`'s threads other than the main one, as the kernel may choose for a process's signal."""
     tids = sorted(int(task) for task in os.listdir(f"/proc/{pid}/task") if int(task) != pid)
@@ -333,10 +337,34 @@ def test_ctrl_c_stops_the_running_call_at_its_next_token(qwen3_program: TinyProg
     out, err = process.communicate(timeout=300)
     stopped_s = time.monotonic() - sent
     first_call_s = first["timings"]["total_ms"] / 1000
-    assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted", err
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == STOPPING, err
     assert "Traceback" not in err and out == ""
     assert len(first["tokens"]) > 1000  # the call the signal cut short would have been as long
     assert stopped_s < max(0.5, first_call_s / 3), (stopped_s, first_call_s)
+
+
+def test_ctrl_c_stops_a_long_prompt_within_one_pass(qwen3_program: TinyProgram, tmp_path: Path) -> None:
+    """SIGINT a second into a ~24k-token prompt (8 s alone on this tiny model here): one line at once, and exit 130
+    within a second (the process once waited for the whole prompt). A short input first marks the load's end: the
+    long prompt starts as soon as its line is printed."""
+    words = ["alpha", "beta", "gamma", "server", "down", "urgent", "hello", "word"]
+    long_text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(6500))
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text(f"hello\n{long_text}\n")
+    base = str(qwen3_program.interpreter.gguf_path)
+    command = [sys.executable, "-m", "pawfn", "run", "--program", str(qwen3_program.folder), "--base", base, "--input-file", str(inputs)]
+    command += ["--batch-size", "1", "--n-ctx", "32768", "--max-tokens", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert process.stdout is not None
+    process.stdout.readline()
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    out, err = process.communicate(timeout=300)
+    stopped_s = time.monotonic() - sent
+    assert process.returncode == 130 and err.strip().splitlines() == [STOPPING], err
+    assert out == ""
+    assert stopped_s < 1.0, stopped_s
 
 
 def test_option_errors_read_the_same_from_the_api_and_the_cli(qwen3_program: TinyProgram, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,14 +9,17 @@ import getpass
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 import unicodedata
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import NoReturn, get_args
 
 from typing_extensions import Unpack
@@ -318,6 +321,13 @@ def _parser() -> argparse.ArgumentParser:
         chosen.add_argument("program", nargs="?", metavar="REF", help="program id or slug")
         chosen.add_argument("--locked", action="store_true", help="every program of pawfn.lock, by id, its files checked against the lock")
         prepare.add_argument("--lock", metavar="PATH", help="the lock file (default: PAWFN_LOCK, else the nearest pawfn.lock upward)")
+        prepare.add_argument(
+            "--base",
+            type=Path,
+            metavar="FILE",
+            help="a local copy of the base weights the program's runtime pins (checked by sha256), recorded in the cache instead "
+            "of downloaded: later commands need no --base, offline too",
+        )
         prepare.add_argument("--json", action="store_true", help="print JSON")
 
     lock = commands.add_parser("lock", help="pin the programs an application runs in pawfn.lock: add, update, check")
@@ -821,12 +831,16 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     config = _config(args)
+    if args.locked and args.base is not None:
+        raise _CliError("--base records one program's base; give the program (`pawfn cache prepare REF --base FILE`), then --locked")
     if args.locked:
         path = lockfile.lock_path(args.lock)
         names = sorted(lockfile.read_lock(path).programs)
         ready = [(name, lockfile.locked_program(name, lock=path, config=config)) for name in names]
+    elif args.base is not None and not args.base.is_file():
+        raise _CliError(f"--base {args.base}: no such file; give the path of the base's GGUF file")
     else:
-        ready = [(args.program, prepare_program(args.program, config))]
+        ready = [(args.program, prepare_program(args.program, config, base_file=args.base))]
     for name, prepared in ready:
         if args.json:
             runtime_id = None if prepared.runtime is None else prepared.runtime.runtime_id
@@ -1085,7 +1099,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"run": _run, "bench": _bench, "eval": _eval, "compile": _compile, "info": _info, "cache": _cache, "prepare": _prepare}
     handlers |= {"lock": _lock, "login": _login, "serve": _serve}
     try:
-        return handlers[args.command](args)
+        with contextlib.ExitStack() as stack:
+            if args.command != "serve":  # the server stops gracefully on its own signal handlers
+                stack.enter_context(_stopping_on_ctrl_c())
+            return handlers[args.command](args)
     except _CliError as exc:
         if args.debug:
             traceback.print_exc()
@@ -1100,8 +1117,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pawfn: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("pawfn: interrupted", file=sys.stderr)
+        if not _interrupted:  # a KeyboardInterrupt our handler did not raise (before it was set): say it here
+            print("pawfn: interrupted", file=sys.stderr)
         return 130
+
+
+_interrupted = False
+"""The first Ctrl-C came: its line is printed and the calls are stopping."""
+
+
+@contextlib.contextmanager
+def _stopping_on_ctrl_c() -> Generator[None]:
+    """The first Ctrl-C prints one line at once and raises KeyboardInterrupt, which cancels the running calls (they stop
+    within a layer of one prompt pass, or at their next token); a second one quits without waiting for them."""
+    global _interrupted
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        global _interrupted
+        if _interrupted:
+            sys.stderr.flush()
+            os._exit(130)
+        _interrupted = True
+        print("pawfn: interrupted; stopping (Ctrl-C again quits at once)", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    _interrupted = False
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def entry() -> NoReturn:

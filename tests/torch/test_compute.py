@@ -13,7 +13,7 @@ from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.engine.compute import FreeCores, on_compute_thread, set_threads, sharing_cores
 from pawfn.torch.model.kvcache import KVCache
 from pawfn.torch.weights.lora import DeviceAdapter
-from pawfn.torch.engine.network import TorchInterpreter
+from pawfn.torch.engine.network import StopCheck, TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 
@@ -46,9 +46,11 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
     seen: set[int] = set()
     forward = TorchInterpreter.forward
 
-    def recorded(self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
+    def recorded(
+        self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = lambda: False
+    ) -> torch.Tensor:
         seen.add(threading.get_ident())
-        return forward(self, token_ids, start, cache, adapter)
+        return forward(self, token_ids, start, cache, adapter, stop)
 
     monkeypatch.setattr(TorchInterpreter, "forward", recorded)
     with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as program:

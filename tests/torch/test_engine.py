@@ -4,11 +4,12 @@ place, and attention over prefix and own positions, merged by log-sum-exp, is at
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from pawfn import PawConfig, PawFn, RuntimeOptions, Torch
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.model.attention import attention_by_matmul, merge_attention, partial_attention
 from pawfn.torch.model.families import Architecture
 from tests.helpers.programs import TinyProgram, torch_program
@@ -88,3 +89,36 @@ def test_a_call_reads_its_programs_prefix_in_place(family: str, request: pytest.
             assert own.shape[1] == min(generation.prompt_tokens, prefix.length)  # the call's positions were stored
             assert not torch.equal(own, prefix.keys[0][:, : own.shape[1]])  # not a copy of the prefix
         assert all(torch.equal(before, after) for before, after in zip(keys, prefix.keys, strict=True))
+
+
+def test_a_prompt_pass_stops_before_the_next_layer_once_asked(qwen3_program: TinyProgram) -> None:
+    """A 1,300-token prompt is three passes of two layers: `stop` is asked before each layer, and the first true
+    answer ends the pass there (CancelledError), so a cancelled call's prompt ends within a layer of one pass."""
+    from concurrent.futures import CancelledError
+
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=2048)) as function:
+        runtime = torch_program(function)
+        interpreter, adapter = runtime.base.interpreter, runtime.device_adapter
+        prompt = function.prompt_token_ids("word " * 650)
+        assert len(prompt) > 1024
+        asked: list[int] = []
+
+        def stopping_at(k: int) -> Callable[[], bool]:
+            def stop() -> bool:
+                asked.append(len(asked) + 1)
+                return len(asked) == k
+
+            return stop
+
+        for k in (1, 4):  # before the first layer of the first pass; before the second layer of the second pass
+            asked.clear()
+            cache = interpreter.new_cache()
+            cache.begin(None)
+            with pytest.raises(CancelledError):
+                interpreter.forward(prompt, 0, cache, adapter, stopping_at(k))
+            assert len(asked) == k
+        asked.clear()
+        cache = interpreter.new_cache()
+        cache.begin(None)
+        interpreter.forward(prompt, 0, cache, adapter, stopping_at(0))
+        assert len(asked) == 3 * 2  # every layer of every pass, never stopped

@@ -442,3 +442,23 @@ def test_auto_numerics_fall_back_to_torchs_where_llama_cpps_cannot_run(
             assert function.generate(TINY_INPUTS[0], RuntimeOptions(max_tokens=2)).numerics == "native"
     said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("numerics auto")]
     assert len(said) == 2 and "Q8_0 matrices" in said[0] and "dtype='float32'" in said[0]  # batched products: no attempt
+
+
+LONG_INPUTS = ["word " * 700, "Résumé café " * 300 + "end"]
+"""Prompts of more than one pass (512 tokens): pawfn evaluates them pass after pass, to stop a cancelled call early."""
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_prompts_longer_than_one_pass_give_llama_cpps_tokens(qwen3_program: TinyProgram) -> None:
+    """A prompt of several passes, each pass's KV stored before the next attends to it: llama.cpp's tokens (the tiny
+    GPT-2 has 256 positions; Qwen3.5's long prompts: `test_qwen35.py`)."""
+    program, model = qwen3_program, Qwen3_0_6B
+    base = program.interpreter.gguf_path
+    expected = llama_generate_each(base, program.adapter, program.template, LONG_INPUTS, 12, n_ctx=4096, kv="f16")
+    config = PawConfig(numerics="llamacpp", n_ctx=4096)
+    with PawFn.specialize(model, Torch).load_sync(program.folder, base=base, config=config) as function:
+        assert all(len(function.prompt_token_ids(text)) > 1024 for text in LONG_INPUTS)
+        found = [list(function.generate(text, RuntimeOptions(max_tokens=12)).token_ids) for text in LONG_INPUTS]
+    differ = differences(tuple(LONG_INPUTS), expected, found)
+    assert not differ, f"sequences that differ: {differ}"

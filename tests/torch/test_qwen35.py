@@ -323,3 +323,17 @@ def test_llamacpp_numerics_cache_the_whole_batches_of_a_long_head(qwen35: TinyIn
             after_prefix = interpreter.forward(prompt, prefix.length, cache, adapter)
             cache.begin(None)
             assert torch.equal(after_prefix, interpreter.forward(list(prefix.token_ids) + prompt, 0, cache, adapter))
+
+
+@requires_llama_cpp
+@pytest.mark.llamacpp
+def test_llamacpp_numerics_on_prompts_of_several_passes(qwen35_q8_0: Path, qwen35_program_q4: TinyProgram) -> None:
+    """A prompt of more than one pass (512 tokens; a cancelled call stops between passes): the recurrent states and
+    the KV carried from pass to pass give the vision runtime's tokens."""
+    program = qwen35_program_q4
+    texts = ["word " * 700, "Résumé café " * 250 + "end"]
+    prompts = [_rendered(program.template, text) for text in texts]
+    expected = llama_generate_whole(qwen35_q8_0, prompts, MAX_TOKENS, n_ctx=2048, kv="f16", adapter=program.adapter, vision_runtime=True)
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=PawConfig(numerics="llamacpp", n_ctx=2048)) as function:
+        assert all(len(function.prompt_token_ids(text)) > 1024 for text in texts)
+        assert _tokens(function, texts) == expected

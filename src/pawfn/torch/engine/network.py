@@ -8,7 +8,8 @@ what every family shares.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,7 +20,7 @@ from ...formats.adapter import LoraAdapter
 from ...core.errors import BaseModelError
 from ...core.options import Numerics, WeightDType
 from ..model.arithmetic import Arithmetic
-from ..model.attention import StepSlots, llamacpp_batches
+from ..model.attention import LLAMACPP_BATCH, StepSlots, llamacpp_batches
 from ..model.families.base import RecurrentUpdate
 from ..model.kvcache import KVCache, PrefixState
 from ..model.packed import Matrix
@@ -28,7 +29,7 @@ from ..weights.loading import DeviceWeights, Product, load_device_weights
 from ..weights.reader import BaseWeights
 from ..weights.lora import DeviceAdapter, attach
 
-__all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
+__all__ = ["ImageEmbeddings", "StepRow", "StopCheck", "TorchInterpreter"]
 
 
 class ImageEmbeddings(NamedTuple):
@@ -47,6 +48,23 @@ class StepRow:
     position: int
     cache: KVCache
     adapter: DeviceAdapter
+
+
+_PASS_TOKENS = 4 * LLAMACPP_BATCH
+"""Most prompt tokens in one pass (whole llama.cpp batches, so each pass splits as llama.cpp's batches do; llama.cpp's
+text runtime takes 512 a micro-batch): a long prompt is many passes, each short enough to stop between layers."""
+
+StopCheck = Callable[[], bool]
+"""Asked during a long pass: true when its call was cancelled, so the pass stops."""
+
+
+def _never() -> bool:
+    return False
+
+
+def _stop_if(stop: StopCheck) -> None:
+    if stop():
+        raise CancelledError()
 
 
 class TorchInterpreter:
@@ -100,24 +118,38 @@ class TorchInterpreter:
         return PrefixState(token_ids=tuple(token_ids), keys=keys, values=values, last_logits=logits, states=dict(cache.states))
 
     @torch.inference_mode()
-    def forward(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
-        """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]."""
+    def forward(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = _never) -> torch.Tensor:
+        """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]. The
+        tokens go through the network in passes of at most `_PASS_TOKENS` (whole llama.cpp batches, evaluated in
+        order as llama.cpp evaluates them), and `stop` is asked before each layer: a call cancelled during a long
+        prompt ends within one layer of one pass (`CancelledError`) instead of after the whole prompt."""
+        cache.reserve(cache.slot(start) + len(token_ids))  # once: growing pass by pass would copy the cache each time
+        logits: torch.Tensor | None = None
+        for offset in range(0, len(token_ids), _PASS_TOKENS):
+            logits = self._forward_pass(token_ids[offset : offset + _PASS_TOKENS], start + offset, cache, adapter, stop)
+        assert logits is not None, "a forward pass needs at least one token"
+        return logits
+
+    def _forward_pass(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck) -> torch.Tensor:
+        """`token_ids` through every layer in one pass; the last position's logits [vocab]."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(token_ids), device=self.device)
-        cache.reserve(cache.slot(start) + len(token_ids))
         ops = _ForwardPass(self.weights, adapter, cache, cache.slot(start), llamacpp_batches(len(token_ids)))
         hidden = self.family.embed(ops, ids, positions)
         for layer in range(self.architecture.n_layers):
+            _stop_if(stop)
             hidden = self.family.block(ops, layer, hidden, positions)
         last = self.family.final_norm(ops, hidden[-1:])
         return ops.multiply(self.weights.matrices["output.weight"], last)[0].float()
 
     @torch.inference_mode()
-    def forward_with_images(self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter) -> torch.Tensor:
+    def forward_with_images(
+        self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = _never
+    ) -> torch.Tensor:
         """Evaluate a prompt of token runs and images at positions `start...` into `cache` in one pass; returns the last
         position's logits [vocab] (the prompt ends with text). Images sit where llama.cpp places them with M-RoPE:
         every token at time p (where the image starts), row p + r and column p + c; an image takes rows x columns
-        cache slots and advances the text by max(rows, columns) positions."""
+        cache slots and advances the text by max(rows, columns) positions. `stop` is asked before each layer."""
         if not self.architecture.rope_sections:
             raise BaseModelError(None, f"family {self.architecture.family!r} has no multi-section rotary positions for images")
         embedded: list[torch.Tensor | tuple[list[int], torch.Tensor]] = []  # an image's embeddings, or ids and positions
@@ -148,6 +180,7 @@ class TorchInterpreter:
             ]
         )
         for layer in range(self.architecture.n_layers):
+            _stop_if(stop)
             hidden = self.family.block(ops, layer, hidden, positions)
         cache.shift += n_slots - (position - start)
         last = self.family.final_norm(ops, hidden[-1:])

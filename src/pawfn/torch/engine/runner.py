@@ -45,11 +45,12 @@ class Runner:
         call.session = session
         prompt_ids = call.decoding.prompt_ids  # with images: 0 at each image's positions
         logits = call.prefix.last_logits
+        stop = call.pending.abandoned.is_set  # a cancelled call's prompt stops within a layer of one batch
         if call.parts:
             parts = [ImageEmbeddings(p.embeddings(), p.image.rows, p.image.columns) if isinstance(p, PromptImage) else p for p in call.parts]
-            logits = self._interpreter.forward_with_images(parts, session.position, session.cache, session.adapter)
+            logits = self._interpreter.forward_with_images(parts, session.position, session.cache, session.adapter, stop)
         elif prompt_ids:
-            logits = self._interpreter.forward(prompt_ids, session.position, session.cache, session.adapter)
+            logits = self._interpreter.forward(prompt_ids, session.position, session.cache, session.adapter, stop)
         session.position += len(prompt_ids)
         call.decoding.prefilled()
         assert logits is not None  # a `Decoding` refuses an empty prefix with an empty prompt
