@@ -32,6 +32,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.core.backends import Backend
+from pawfn.core.grammar import OutputFormat
 from pawfn.calls.pending import PendingGeneration
 from pawfn.formats.constraint import Constraint
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
@@ -89,6 +90,24 @@ class Summary(BaseModel):
     kind: Literal["question", "statement"]
     urgent: bool
     words: int
+
+
+def test_a_call_ends_when_its_value_is_complete(tiny: PawFn[Any, Any]) -> None:
+    """No token follows a whole value, in every typed form: the call's tokens are its value (after any leading
+    whitespace), nothing after it (a model once spelled a label and then 8 whitespace tokens before EOS)."""
+    outputs: list[OutputFormat] = [
+        ChoicesFormat(choices=("yes", "no", "maybe")),
+        PatternFormat(pattern="[0-9]{3}"),
+        JsonSchemaFormat(
+            json_schema=JsonSchemaSpec(schema={"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"]})
+        ),
+    ]
+    for output in outputs:
+        for text in TEXTS:
+            generation = tiny.generate(text, RuntimeOptions(max_tokens=40, response_format=output))
+            written = tiny.runtime.decode_tokens(generation.token_ids)
+            assert written == written.rstrip() and written.strip() == generation.text, (output, text, written)
+            assert generation.stop_reason == "eos"
 
 
 def test_a_value_that_cannot_finish_is_a_typed_error_with_the_text_so_far(tiny: PawFn[Any, Any]) -> None:
@@ -205,14 +224,18 @@ SCHEMA: dict[str, Any] = {
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
 def test_json_schema_tokens_equal_llama_cpps_own_grammar_on_trained_models(family: Family, backend: type[Backend], tmp_path: Path) -> None:
     """On the F32 files, where pawfn's float32 gives llama.cpp's tokens: the same schema through llama.cpp's converter and
-    grammar sampler (`response_format`) and through pawfn's grammar and masks gives the same tokens on every input."""
+    grammar sampler (`response_format`) and through pawfn's grammar and masks gives the same tokens on every input, up
+    to the value's end (llama.cpp's grammar allows one space after it, which a trained model may write before EOS;
+    pawfn's call ends with the value)."""
     fixture = load_trained(family)
     program, base = fixture.program_with_f32_adapter(tmp_path), fixture.base("f32")
     expected = llama_generate_json(base, fixture.adapter_f32, fixture.template, fixture.inputs, SCHEMA, 48, n_ctx=2048, kv="f32")
     options = RuntimeOptions(max_tokens=48, response_format=JsonSchemaFormat(json_schema=JsonSchemaSpec(schema=SCHEMA)))
     with PawFn.specialize(fixture.model, backend).load_sync(program, base=base, config=PawConfig(n_ctx=2048)) as function:
         found = [_tokens(function, text, options) for text in fixture.inputs]
-    assert found == expected
+        after_value = [function.runtime.decode_tokens(theirs[len(ours) :]) for ours, theirs in zip(found, expected, strict=True)]
+    assert [theirs[: len(ours)] for ours, theirs in zip(found, expected, strict=True)] == found
+    assert all(len(ours) == len(theirs) or rest == " " for ours, theirs, rest in zip(found, expected, after_value, strict=True)), after_value
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])

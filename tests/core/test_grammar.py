@@ -49,18 +49,18 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     return lark_grammar(JsonSchemaFormat(json_schema=JsonSchemaSpec(schema=schema)))
 
 
-def test_choices_are_the_exact_texts_with_whitespace_around() -> None:
+def test_choices_are_the_exact_texts_after_whitespace_and_nothing_after_them() -> None:
     grammar = lark_grammar(ChoicesFormat(choices=("urgent", "normal", 'say "hi"\n')))
-    for text in ("urgent", " normal\n", '\nsay "hi"\n', "urgent  \n\t"):
+    for text in ("urgent", " normal", '\nsay "hi"\n', "  \n\turgent"):
         assert accepts(grammar, text), text
-    for text in ("Urgent", "urgentt", "urg", "normal urgent", ""):
+    for text in ("Urgent", "urgentt", "urg", "normal urgent", "", "urgent ", " normal\n", "\n" * 9 + "urgent"):
         assert not accepts(grammar, text), text
 
 
 def test_a_pattern_must_match_the_whole_output() -> None:
     grammar = lark_grammar(PatternFormat(pattern=r"^[A-Z]{3}-[0-9]{4}$"))
-    assert accepts(grammar, "ABC-1234") and accepts(grammar, " ABC-1234\n")
-    assert not accepts(grammar, "ABC-123") and not accepts(grammar, "xABC-1234")
+    assert accepts(grammar, "ABC-1234") and accepts(grammar, " \nABC-1234")
+    assert not accepts(grammar, "ABC-123") and not accepts(grammar, "xABC-1234") and not accepts(grammar, "ABC-1234\n")
     assert accepts(lark_grammar(PatternFormat(pattern="a/b")), "a/b")  # the terminal's delimiter is escaped
 
 
@@ -88,7 +88,8 @@ def test_objects_take_required_keys_in_order_then_any_ordered_subset_of_the_opti
     grammar = schema_grammar(OBJECT)
     assert accepts(grammar, '{"label": "urgent", "score": 3}')
     assert accepts(grammar, '{"label":"normal","score":-12,"ok":true}')
-    assert accepts(grammar, '{ "label": "urgent", "score": 0, "tags": ["a", "b"], "note": null} ')
+    assert accepts(grammar, '{ "label": "urgent", "score": 0, "tags": ["a", "b"], "note": null}')
+    assert not accepts(grammar, '{"label": "urgent", "score": 0} ')  # nothing after the whole value: the call ends
     assert accepts(grammar, '{"label": "urgent", "score": 1, "ratio": 1.5e-3, "note": "abcde"}')
     assert not accepts(grammar, '{"score": 3, "label": "urgent"}')  # required keys in schema order
     assert not accepts(grammar, '{"label": "urgent", "score": 1, "ok": true, "tags": []}')  # optional ones too
@@ -269,7 +270,8 @@ def test_json_schema_grammars_read_texts_as_llama_cpps_own_grammar_does(index: i
     schema = SCHEMAS[index]
     text = _text(data.draw(VALUES[index]), data.draw)
     reference = gbnf_to_lark(json_schema_to_gbnf(json.dumps(schema)))
-    assert accepts(schema_grammar(schema), text) == accepts(reference, text), text
+    # the same texts, but for llama.cpp's one space after the whole value, which pawfn's calls end before
+    assert accepts(schema_grammar(schema), text) == (accepts(reference, text) and not text.endswith(" ")), text
 
 
 @pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed (its schema converter is the reference)")

@@ -1,11 +1,12 @@
 """Output formats a call can be constrained to, as data (`OutputFormat`: what a server request carries), and the Lark
 grammar each becomes for llguidance, the library that builds the token masks (`docs/types.md` says why that one).
 
-Plain formats (choices, a pattern) are the text a program writes, with up to 8 whitespace characters around it (a
-call's text is stripped). A JSON schema becomes the language llama.cpp's own schema grammar accepts (its `response_format`):
-keys in schema order, required ones first, then any ordered subset of the optional ones; one optional space after
-each value, `{`, `[`, `:` and `,`; integers of at most 16 digits; no newlines. So pawfn's greedy tokens under a
-schema are the official runtime's.
+Plain formats (choices, a pattern) are the text a program writes, after up to 8 whitespace characters (a call's text
+is stripped). A JSON schema becomes the language llama.cpp's own schema grammar accepts (its `response_format`): keys
+in schema order, required ones first, then any ordered subset of the optional ones; one optional space after each
+inner value, `{`, `[`, `:` and `,`; integers of at most 16 digits; no newlines. So pawfn's greedy tokens under a
+schema are the official runtime's up to the value's end. Nothing follows a whole value, in every format: the call ends
+with it (llama.cpp's grammar allows one more space before EOS, a token that changes no value).
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ OutputFormat: TypeAlias = Annotated[ChoicesFormat | PatternFormat | JsonSchemaFo
 """What a call's output must be; `None` where a call is unconstrained."""
 
 _WHITESPACE = "ws: /[ \\t\\r\\n]{1,8}/"
-"""Up to 8 whitespace characters before and after a plain value (a call's text is stripped): what programs write
-around a label, bounded so a model cannot spend its budget on blank lines."""
+"""Up to 8 whitespace characters before a plain value (a call's text is stripped): what programs write before a
+label, bounded so a model cannot spend its budget on blank lines. Nothing follows a value: the call ends with it."""
 
 
 _OPTIONS = '%llguidance {"no_forcing": true}\n'
@@ -106,9 +107,9 @@ def lark_grammar(output: ChoicesFormat | PatternFormat | JsonSchemaFormat, limit
     """The Lark grammar (llguidance's dialect) of `output`; `GrammarError` names what cannot be one."""
     if isinstance(output, ChoicesFormat):
         alternatives = " | ".join(_literal(choice) for choice in dict.fromkeys(output.choices))
-        return f"{_OPTIONS}start: ws? ({alternatives}) ws?\n{_WHITESPACE}\n"
+        return f"{_OPTIONS}start: ws? ({alternatives})\n{_WHITESPACE}\n"
     if isinstance(output, PatternFormat):
-        return f"{_OPTIONS}start: ws? /{_regex_body(output.pattern)}/ ws?\n{_WHITESPACE}\n"
+        return f"{_OPTIONS}start: ws? /{_regex_body(output.pattern)}/\n{_WHITESPACE}\n"
     return _OPTIONS + _SchemaGrammar(limits or SchemaLimits()).build(output.json_schema.schema_)
 
 
@@ -202,7 +203,9 @@ class _SchemaGrammar:
             if isinstance(definitions, dict):
                 for name, definition in definitions.items():
                     self._definitions[f"#/{key}/{name}"] = definition
-        start = self._value(schema, "root", 0)  # bounds the depth before jsonschema recurses through it
+        start = self._value(
+            schema, "root", 0, after=""
+        )  # nothing after the whole value: the call ends there; bounds the depth before jsonschema recurses through it
         schema_validator(schema)  # a schema jsonschema cannot read is refused now, not after a call
         rules = [f"start: {start}", 'space: " "?', *(f"{name}: {body}" for name, body in self._rules.items())]
         return "\n".join(rules) + "\n"
@@ -214,8 +217,9 @@ class _SchemaGrammar:
         self._rules[name] = body
         return name
 
-    def _value(self, schema: JsonValue, hint: str, depth: int) -> str:
-        """A rule (or inline expression) for one value of `schema`, followed by llama.cpp's optional space."""
+    def _value(self, schema: JsonValue, hint: str, depth: int, after: str = " space") -> str:
+        """A rule (or inline expression) for one value of `schema`, followed by `after`: llama.cpp's optional space
+        inside a value, nothing after the whole one (the call ends when its value does)."""
         if depth > self._limits.max_depth:
             raise GrammarError(f"the JSON schema nests deeper than {self._limits.max_depth} levels; send a flatter schema")
         if schema is True or schema == {}:
@@ -224,11 +228,11 @@ class _SchemaGrammar:
             raise GrammarError(f"a JSON schema must be an object, not {json.dumps(schema)[:80]}")
         ref = schema.get("$ref")
         if isinstance(ref, str):
-            return self._reference(ref, depth)
+            return self._reference(ref, depth) if after else self._value(self._definition(ref), ref.rsplit("/", 1)[-1], depth + 1, after)
         for keyword in ("anyOf", "oneOf"):
             options = schema.get(keyword)
             if isinstance(options, list):
-                return "(" + " | ".join(self._value(option, hint, depth + 1) for option in options) + ")"
+                return "(" + " | ".join(self._value(option, hint, depth + 1, after) for option in options) + ")"
         if "allOf" in schema or "not" in schema or "if" in schema:
             raise GrammarError("the JSON schema uses allOf, not or if, which have no grammar here; use anyOf or plain types")
         # a constant or an enum value has no optional space after it, as in llama.cpp's grammar (other values do)
@@ -243,7 +247,7 @@ class _SchemaGrammar:
             return "(" + " | ".join(_literal(json.dumps(value, ensure_ascii=False)) for value in enum) + ")"
         kind = schema.get("type")
         if isinstance(kind, list):
-            return "(" + " | ".join(self._value({**schema, "type": one}, hint, depth + 1) for one in kind) + ")"
+            return "(" + " | ".join(self._value({**schema, "type": one}, hint, depth + 1, after) for one in kind) + ")"
         if not isinstance(kind, str) or kind not in _SUPPORTED:
             raise GrammarError(f"the JSON schema at {hint!r} has no type this grammar knows ({json.dumps(schema)[:80]}); give it a JSON type")
         unsupported = set(schema) - _SUPPORTED[kind] - CHECKED_AFTER.get(kind, frozenset()) - _ANNOTATIONS - {"$defs", "definitions"}
@@ -253,30 +257,34 @@ class _SchemaGrammar:
                 "drop it from the type (check it after the call) or use a Literal or a pattern"
             )
         if kind == "integer" and _BOUNDS & set(schema):
-            return f"/{integer_range(*_integer_bounds(schema, hint))}/ space"
+            return f"/{integer_range(*_integer_bounds(schema, hint))}/{after}"
         if kind == "object":
-            return self._object(schema, hint, depth)
+            return self._object(schema, hint, depth, after)
         if kind == "array":
-            return self._array(schema, hint, depth)
+            return self._array(schema, hint, depth, after)
         if kind == "string" and ("minLength" in schema or "maxLength" in schema):
             low, high = _count(schema, "minLength", 0), schema.get("maxLength")
             repeat = f"{{{low},{high}}}" if isinstance(high, int) else f"{{{low},}}"
-            return f'/"{_CHAR}{repeat}"/ space'
-        return f"{_TERMINALS[kind]} space"
+            return f'/"{_CHAR}{repeat}"/{after}'
+        return f"{_TERMINALS[kind]}{after}"
 
     def _reference(self, ref: str, depth: int) -> str:
         if ref in self._named:
             return self._named[ref]
-        definition = self._definitions.get(ref)
-        if definition is None:
-            raise GrammarError(f"the JSON schema refers to {ref!r}, which it does not define; only local $defs are read")
+        definition = self._definition(ref)
         name = f"r{len(self._rules)}_ref"
         self._named[ref] = name
         self._rules[name] = ""  # reserved first: a recursive definition refers to itself
         self._rules[name] = self._value(definition, ref.rsplit("/", 1)[-1], depth + 1)
         return name
 
-    def _object(self, schema: dict[str, JsonValue], hint: str, depth: int) -> str:
+    def _definition(self, ref: str) -> JsonValue:
+        definition = self._definitions.get(ref)
+        if definition is None:
+            raise GrammarError(f"the JSON schema refers to {ref!r}, which it does not define; only local $defs are read")
+        return definition
+
+    def _object(self, schema: dict[str, JsonValue], hint: str, depth: int, after: str) -> str:
         additional = schema.get("additionalProperties")
         if additional not in (None, False):
             raise GrammarError(f"the JSON schema's object at {hint!r} allows additional properties; list them (or set additionalProperties false)")
@@ -307,24 +315,24 @@ class _SchemaGrammar:
                 tails[index] = self._rule(f"{hint}-rest", f'("," space {optional[index]})? {tails[index + 1]}'.strip())
             firsts = " | ".join(f"{optional[index]} {tails[index + 1]}".strip() for index in range(len(optional)))
             parts.append(f'("," space ({firsts}))?' if required else f"({firsts})?")
-        return self._rule(hint, " ".join(['"{" space', *parts, '"}" space']))
+        return self._rule(hint, " ".join(['"{" space', *parts, '"}"']) + after)
 
-    def _array(self, schema: dict[str, JsonValue], hint: str, depth: int) -> str:
+    def _array(self, schema: dict[str, JsonValue], hint: str, depth: int, after: str) -> str:
         prefix = schema.get("prefixItems")
         if isinstance(prefix, list):
             if "items" in schema and schema["items"] is not False:
                 raise GrammarError(f"the JSON schema's array at {hint!r} has prefixItems and more items; use a fixed tuple")
             items = ' "," space '.join(self._value(item, f"{hint}-{i}", depth + 1) for i, item in enumerate(prefix))
-            return self._rule(hint, f'"[" space {items} "]" space')
+            return self._rule(hint, f'"[" space {items} "]"{after}')
         item = self._value(schema.get("items", {}), f"{hint}-item", depth + 1)
         low, high = _count(schema, "minItems", 0), schema.get("maxItems")
         if isinstance(high, int) and high < low:
             raise GrammarError(f"the JSON schema's array at {hint!r} has maxItems below minItems: no value fits it")
         if high == 0:
-            return self._rule(hint, '"[" space "]" space')
+            return self._rule(hint, f'"[" space "]"{after}')
         more = f"{{{max(low - 1, 0)},{high - 1}}}" if isinstance(high, int) else ("*" if low <= 1 else f"{{{low - 1},}}")
         items = f'{item} ("," space {item}){more}'
-        return self._rule(hint, f'"[" space {items if low else f"({items})?"} "]" space')
+        return self._rule(hint, f'"[" space {items if low else f"({items})?"} "]"{after}')
 
 
 def _check_types(values: list[JsonValue], kind: JsonValue, keyword: str, hint: str) -> None:
