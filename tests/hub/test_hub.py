@@ -758,3 +758,29 @@ def test_the_readmes_python_examples_run_as_written(hub: Hub, gpt2_program: Tiny
     for block in blocks:
         result = subprocess.run([sys.executable, "-c", block], cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False)
         assert result.returncode == 0, (block, result.stderr[-2000:])
+
+
+def test_cache_prepare_records_a_local_base_so_offline_runs_need_no_base(
+    hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pawfn cache prepare REF --base FILE` (the hub serving the program but not its base) puts the file where a
+    download would, checked against the runtime's sha256: later offline commands run with no --base, and the official
+    SDK's layout holds it. A file that is not the pinned base is refused in one line, and nothing is recorded."""
+    del hub.server.state.files[BASE_FILE]
+    common = ["--api-url", hub.server.api_url, "--cache-dir", str(hub.cache_dir)]
+    monkeypatch.setenv("PAW_API_KEY", "secret-key")
+    wrong = tmp_path / "other.gguf"
+    wrong.write_bytes(hub.base.read_bytes()[:-1] + b"\0")
+    assert main(["cache", "prepare", SLUG, "--base", str(wrong), *common]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not the base runtime tiny-qwen3-f32 pins" in err and "--base PATH" in err, err
+    assert not (hub.cache_dir / "base_models" / BASE_FILE).exists()
+    copy = tmp_path / "downloaded-by-hand.gguf"
+    shutil.copyfile(hub.base, copy)
+    assert main(["cache", "prepare", SLUG, "--base", str(copy), *common]) == 0
+    assert "ready offline" in capsys.readouterr().out
+    size, sha = len(hub.base.read_bytes()), hashlib.sha256(hub.base.read_bytes()).hexdigest()
+    assert official_base_ok(hub.cache_dir, BASE_FILE, size, sha)
+    hub.server.close()  # nothing reachable from here on
+    assert main(["run", "--program", SLUG, "--input", "hello", "--max-tokens", "12", "--json", "--offline", "--cache-dir", str(hub.cache_dir)]) == 0
+    assert tuple(json.loads(capsys.readouterr().out)["tokens"]) == hub.expected("hello")

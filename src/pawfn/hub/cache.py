@@ -360,18 +360,29 @@ class PawCache:
         legacy = self._verified(self.base_models_dir / source.file, source)
         if legacy is None:
             return None
+        return self._adopt(legacy, path, source)
+
+    def adopt_base_file(self, original: Path, source: BaseModelSource, *, content_addressed: bool) -> Path | None:
+        """A local file recorded as `source` in the cache (under its sha256 for a version-2 runtime, else its name): a
+        hard link, or a copy, verified; None if the file is not `source`'s content. Callers hold the file's lock."""
+        path = self.asset_path(source) if content_addressed else self.base_model_path(source)
+        return self._verified(path, source) or self._adopt(original, path, source)
+
+    def _adopt(self, original: Path, path: Path, source: BaseModelSource) -> Path | None:
+        """`original` at `path`, staged beside it and moved in once verified (no second hash of a hard link to a
+        file already verified); None if it is not `source`'s content."""
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".adopt-{os.getpid()}-{threading.get_ident()}.tmp")
         staged.unlink(missing_ok=True)
         try:
             try:
-                os.link(legacy, staged)
-                linked = self._verified_sha256(legacy) == source.sha256  # one file: still as verified, no second hash
+                os.link(original, staged)
+                linked = self._verified_sha256(original) == source.sha256  # one file: still as verified, no second hash
             except OSError:  # another file system, or no hard links: a copy
-                shutil.copyfile(legacy, staged)
+                shutil.copyfile(original, staged)
                 linked = False
             if not linked and self._verified(staged, source) is None:
-                return None  # changed while adopted: a download will replace it
+                return None  # not that content, or changed while adopted
             os.replace(staged, path)
         finally:
             staged.unlink(missing_ok=True)

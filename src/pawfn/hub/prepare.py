@@ -21,7 +21,16 @@ from .refs import ProgramReference, parse_hub_reference, parse_reference
 from .runtimes import resolve_runtime
 from .types import BaseModelSource, CompileRequest, CompileResult, RuntimeManifest
 
-__all__ = ["PreparedProgram", "aprepare_program", "compile_program", "compile_spec", "find_cached_base", "find_cached_projector", "prepare_program"]
+__all__ = [
+    "PreparedProgram",
+    "aprepare_program",
+    "compile_program",
+    "compile_spec",
+    "find_cached_base",
+    "find_cached_projector",
+    "prepare_program",
+    "record_base",
+]
 
 
 @dataclass(frozen=True)
@@ -158,6 +167,30 @@ def _ensure_file(
     return found
 
 
+def record_base(runtime: RuntimeManifest, path: Path, cache: PawCache) -> Path:
+    """A local copy of `runtime`'s base weights recorded in the cache where a download would put them (a hard link, or
+    a copy, once its sha256 is the pinned one), so later loads find it offline without `--base`."""
+    source = runtime.local_sdk.base_model
+    if not runtime.local_sdk.supported or source is None:
+        raise OfflineError(f"runtime {runtime.runtime_id} has no base model for local use")
+    if source.sha256 is None:
+        raise BaseModelError(
+            path, f"runtime {runtime.runtime_id} pins no sha256 for {source.file}, so no file can be recorded as it; pass it with --base PATH"
+        )
+    if not path.is_file():
+        raise BaseModelError(path, "no such file; give the path of a GGUF file")
+    by_content = runtime.manifest_version == 2
+    with cache.lock(*(("vision_assets", source.sha256) if by_content else ("base_models", source.file))):
+        found = cache.adopt_base_file(path, source, content_addressed=by_content)
+    if found is None:
+        raise BaseModelError(
+            path,
+            f"is not the base runtime {runtime.runtime_id} pins ({source.file}, sha256 {source.sha256}), and the cache keeps only "
+            f"that file for it; pass this one with --base PATH on each command, or fetch {source.download_url()} and record that",
+        )
+    return found
+
+
 def find_cached_base(model: type[InterpreterModel], meta: ProgramMeta, cache: PawCache) -> Path | None:
     """A verified base GGUF in the cache (no network): the one the program's runtime manifest names, else the
     model type's own `default_gguf` (how a mirror subclass points at its weights)."""
@@ -211,13 +244,15 @@ def prepare_program(
     base: Path | None = None,
     fetch_base: bool = True,
     local_paths: bool = True,
+    base_file: Path | None = None,
 ) -> PreparedProgram:
     """Resolve `reference`, download what is missing (program, runtime manifest, base weights) and return paths.
 
     `check` sees the program's meta before any base weights are fetched (e.g. to refuse a wrong interpreter);
     with `base` given, or `fetch_base=False`, no base weights are looked up or fetched. `local_paths=False` takes
     only program ids and slugs (a server's clients), never a file; a local bundle's embedded runtime manifest is
-    honoured, a hub program's never (its runtime comes from the hub).
+    honoured, a hub program's never (its runtime comes from the hub). `base_file`: a local copy of the runtime's base,
+    recorded in the cache (`record_base`) instead of downloaded.
     """
     config = config or PawConfig.from_env()
     parsed = parse_reference(reference) if local_paths else parse_hub_reference(reference)
@@ -246,7 +281,12 @@ def prepare_program(
         runtime: RuntimeManifest | None = None
         if base is None and fetch_base:
             runtime = resolve_runtime(meta, cache, None if config.offline else hub(), embedded=parsed.kind == "path")
-            base = _ensure_base(runtime, reference, cache, hub(), config)
+            if base_file is not None:
+                base = record_base(runtime, base_file, cache)
+                for asset in runtime.assets[1:] if runtime.manifest_version == 2 else []:  # a projector: still the hub's
+                    _ensure_file(asset, "projector", runtime, reference, cache, hub(), config)
+            else:
+                base = _ensure_base(runtime, reference, cache, hub(), config)
     except HubConnectionError as exc:  # the first network failure a new user meets: name the ways around the hub
         raise HubConnectionError(f"{exc}; {_WITHOUT_THE_HUB}", status=exc.status, url=exc.url) from exc
     finally:
