@@ -406,7 +406,7 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
     _decoding(server, before)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted", err
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted; stopping (Ctrl-C again quits at once)", err
     assert out == "" and "Traceback" not in err
     assert _settled_steps(server) - before < STOPPED
 
