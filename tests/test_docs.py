@@ -57,3 +57,18 @@ def test_the_readme_is_the_short_path() -> None:
     assert len(README.splitlines()) <= 350, "the README keeps the user's path; details go to docs/"
     for target in re.findall(r"\]\((docs/[^)#]+)", README):
         assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"
+
+
+def test_performance_figures_have_one_source() -> None:
+    """Every ratio the README and the front page state (0.61x, 2.19x ...) is one that docs/performance.md's Summary
+    states with its machine, date and command: the pages cite one source, so they cannot disagree (they once said
+    0.6x, ~0.9-1.0x and "about half" of the same thing)."""
+    performance = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    summary = performance.split("\n## Summary\n", 1)[1].split("\n## ", 1)[0]
+    kept = set(re.findall(r"\b\d+\.\d+x\b", summary))
+    assert {"0.61x", "2.19x"} <= kept, sorted(kept)
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        stated = set(re.findall(r"\b\d+\.\d+x\b", page.read_text(encoding="utf-8")))
+        assert stated, f"{page.name} states no figure"
+        assert stated <= kept, f"{page.name} states {sorted(stated - kept)}, which docs/performance.md's Summary does not"
+        assert "performance.md#summary" in page.read_text(encoding="utf-8"), f"{page.name} does not cite the Summary"
