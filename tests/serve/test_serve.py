@@ -411,6 +411,28 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
     assert _settled_steps(server) - before < STOPPED
 
 
+def _stream_seconds(server: ServeProcess) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    prefix = 'pawfn_request_seconds_sum{route="/v1/programs/{reference:path}/stream"}'
+    return sum(float(line.split()[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_the_request_metric_times_a_stream_to_its_last_event(long_calls_server: ServeProcess) -> None:
+    """`pawfn_request_seconds` of a stream covers the stream, not its headers (it once measured 6.6 ms for any stream):
+    at least the time the client saw between the headers and the last event."""
+    server = long_calls_server
+    _settled_steps(server)
+    before = _stream_seconds(server)
+    body = {"input": "q", "options": {"max_tokens": 300}}
+    with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
+        headers_at = time.perf_counter()
+        events = list(sse_events(response.iter_lines()))
+        streamed_s = time.perf_counter() - headers_at
+    assert events[-1][0] == "done" and len(events) > 50, events[-3:]
+    observed_s = _stream_seconds(server) - before
+    assert observed_s >= 0.8 * streamed_s and streamed_s > 0.05, (observed_s, streamed_s)
+
+
 def test_sigterm_answers_503_to_the_calls_that_outlast_the_grace(long_calls_server: ServeProcess) -> None:
     """24 calls to the end of the context, running and queued, a stream that runs and one still waiting for its first
     token: SIGTERM ends the server within its 1 s; the requests still running then answer 503 `shutting_down` JSON
@@ -503,3 +525,21 @@ def test_the_readmes_curl_commands_work_as_written(server: ServeProcess) -> None
             assert "event: done" in result.stdout, result.stdout
         else:
             assert "error" not in json.loads(result.stdout), result.stdout
+
+
+def test_a_taken_port_fails_before_any_program_loads(served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter) -> None:
+    """The port is bound before the programs load: a taken one is a one-line error naming the address and the fix,
+    with no program loaded first (the loads once came first, and a taken port failed only after them)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        command = [sys.executable, "-m", "pawfn", "serve", "--program", str(served_programs[0].archive), "--base", str(qwen3.gguf_path)]
+        result = subprocess.run([*command, "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"pawfn: error: cannot listen on 127.0.0.1:{port} (Address already in use); stop what holds the port or pass another --port"
+    ]
+    assert "serving" not in result.stdout + result.stderr

@@ -400,21 +400,39 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         started = time.perf_counter()
         with with_request_id(request.state.request_id):  # each call this request starts is logged with its id
             response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        elapsed_s = time.perf_counter() - started
-        metrics.requests.labels(route, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(elapsed_s)
         response.headers["x-request-id"] = request.state.request_id
-        # the access line carries the id an error body gives, so the two can be matched (uvicorn's own line cannot)
-        access_logger.info(
-            "%s %s %r %d %.1f ms request %r",  # %r: a path or id a client chose cannot write a line of its own
-            client_of(request),
-            request.method,
-            request.url.path[:200],
-            response.status_code,
-            elapsed_s * 1e3,
-            str(request.state.request_id)[:128],
-        )
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+
+        def finished() -> None:
+            """Count the request once its body has gone out (a stream's last event, or its client gone)."""
+            elapsed_s = time.perf_counter() - started
+            metrics.requests.labels(route, str(response.status_code)).inc()
+            metrics.latency.labels(route).observe(elapsed_s)
+            # the access line carries the id an error body gives, so the two can be matched (uvicorn's own line cannot)
+            access_logger.info(
+                "%s %s %r %d %.1f ms request %r",  # %r: a path or id a client chose cannot write a line of its own
+                client_of(request),
+                request.method,
+                request.url.path[:200],
+                response.status_code,
+                elapsed_s * 1e3,
+                str(request.state.request_id)[:128],
+            )
+
+        body: AsyncIterator[object] | None = getattr(response, "body_iterator", None)
+        if body is None:
+            finished()
+        else:  # call_next's response streams its body: time it to the end, not to the headers
+            setattr(response, "body_iterator", _then(body, finished))  # noqa: B010 - starlette's attribute, not on Response's type
         return response
 
     return app
+
+
+async def _then(body: AsyncIterator[object], finished: Callable[[], None]) -> AsyncIterator[object]:
+    """`body`'s chunks, then `finished()`, however the body ends (to its end, an error, or its client gone)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        finished()

@@ -79,6 +79,7 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         raise PawError(f"pawfn serve needs the serve extra ({exc.name} is missing): pip install 'pawfn[serve]'") from exc
     _warn_if_open(target.host, target.settings)
     settings = target.settings
+    listening = _bind(target.host, target.port)  # before the loads: a taken port fails now, not after minutes of loading
     service = LocalPrograms(
         target.backend,
         target.config,
@@ -103,6 +104,9 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
             if graceful_timeout_s is not None:
                 asyncio.get_running_loop().set_default_executor(_UnjoinedExecutor(thread_name_prefix="pawfn-serve"))
             await super().startup(sockets)
+            if self.started:  # uvicorn says where it runs only for sockets it bound itself
+                host = f"[{target.host}]" if ":" in target.host else target.host
+                logger.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, listening.getsockname()[1])
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             if graceful_timeout_s is not None:
@@ -125,7 +129,23 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         forwarded_allow_ips=list(settings.trusted_proxies) or None,
         server_header=False,
     )
-    DrainingServer(config).run()
+    try:
+        DrainingServer(config).run(sockets=[listening])
+    finally:
+        listening.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` as uvicorn binds one (`PawError` naming the address and the fix if it is taken)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PawError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); stop what holds the port or pass another --port") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def resident_budget(target: ServeTarget) -> int | None:

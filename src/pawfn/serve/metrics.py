@@ -41,7 +41,11 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter("pawfn_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry)
         self.latency = Histogram(
-            "pawfn_request_seconds", "Time to the response's headers, in seconds", ["route"], buckets=_LATENCY_BUCKETS_S, registry=self.registry
+            "pawfn_request_seconds",
+            "Time from the request to the end of its response (a stream: its last event), in seconds",
+            ["route"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
         )
         self.generated_tokens = Counter("pawfn_generated_tokens", "Tokens generated, by program", ["program"], registry=self.registry)
         self.prompt_tokens = Counter("pawfn_prompt_tokens", "Input + suffix tokens evaluated, by program", ["program"], registry=self.registry)
