@@ -46,6 +46,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_CACHE_SNAPSHOT] = _snapshot(_DEFAULT_CACHE)
     if "PAW_CACHE_DIR" not in os.environ:
         os.environ["PAW_CACHE_DIR"] = tempfile.mkdtemp(prefix="pawfn-tests-cache-")
+    # one build of the C kernels for the session, its processes and every test's own cache (each built them again),
+    # made before any test captures stderr (a build is announced there)
+    os.environ.setdefault("PAW_KERNELS_DIR", tempfile.mkdtemp(prefix="pawfn-tests-kernels-"))
+    from pawfn.torch.ggml.c_kernels import native_kernels
+
+    native_kernels()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -120,6 +120,13 @@ def escape_control(text: str) -> str:
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks on errors")
+    common.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print pawfn's INFO log lines (what a load does, and how long it takes)",
+    )
     common.add_argument("--offline", action="store_true", default=None, help="make no network request (PAW_OFFLINE)")
     common.add_argument("--api-url", metavar="URL", help="PAW API root (PAW_API_URL)")
     common.add_argument("--cache-dir", metavar="PATH", help="cache shared with the official SDK (PAW_CACHE_DIR)")
@@ -209,6 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(prog="pawfn", description="Run ProgramAsWeights neural programs locally.")
     parser.add_argument("--debug", action="store_true", help="print tracebacks on errors")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print pawfn's INFO log lines (what a load does, and how long it takes)")
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -1096,6 +1104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `pawfn`; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     handlers = {"run": _run, "bench": _bench, "eval": _eval, "compile": _compile, "info": _info, "cache": _cache, "prepare": _prepare}
     handlers |= {"lock": _lock, "login": _login, "serve": _serve}
     try:

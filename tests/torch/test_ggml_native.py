@@ -342,6 +342,7 @@ def _no_compilers() -> list[str]:
 
 def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))  # none built there yet (the module's fixture built some elsewhere)
+    monkeypatch.delenv("PAW_KERNELS_DIR", raising=False)  # the kernels in that cache, not the session's shared folder
     monkeypatch.setattr(ggml_build, "_compilers", _no_compilers)
     native_kernels.cache_clear()
     try:
@@ -361,6 +362,7 @@ def test_the_kernels_are_built_once_into_the_cache(
 ) -> None:
     """Built once, saying so: one status line on a terminal (with how long), one log record; then reused silently."""
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PAW_KERNELS_DIR", raising=False)  # the kernels in that cache, not the session's shared folder
     monkeypatch.setattr(ggml_build, "progress_enabled", _on_a_terminal)
     native_kernels.cache_clear()
     try:
@@ -389,6 +391,7 @@ def _built_by(script: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     wrapper.write_text("#!/bin/sh\n" + script.replace("{compiler}", compiler) + "\n")
     wrapper.chmod(0o755)
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PAW_KERNELS_DIR", raising=False)  # the kernels in that cache, not the session's shared folder
     monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
     native_kernels.cache_clear()
     return native_kernels()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -55,20 +56,26 @@ def test_a_kernels_folder_others_can_write_is_not_used(tmp_path: Path, caplog: p
 
 
 def test_a_library_changed_after_its_build_is_built_again_never_loaded(
-    built: NativeKernels, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    built: NativeKernels, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A compiler that counts its runs (and writes the session's real library): a fresh cache builds once; a library
-    changed since, or one with no record of its build, is built again, with a warning, and the new one is loaded."""
+    """A compiler that counts its runs (and writes the session's real library): a fresh cache builds once, announced on
+    stderr though it is no terminal; a library changed since, or one with no record of its build, is built again,
+    with a warning, and the new one is loaded."""
     runs = tmp_path / "runs"
     wrapper = tmp_path / "counting-cc"
     wrapper.write_text(f'#!/bin/sh\nfor a; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\necho run >> {runs}\ncp {built.path} "$out"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PAW_KERNELS_DIR", raising=False)  # the session's shared folder: this test is about the cache's
     monkeypatch.setattr(ggml_build, "_compilers", lambda: [str(wrapper)])
     try:
         native_kernels.cache_clear()
+        capfd.readouterr()
         first = native_kernels()
         assert first is not None and first.path.is_relative_to(tmp_path / "cache") and runs.read_text().count("run") == 1
+        announced = capfd.readouterr().err.splitlines()
+        assert len(announced) == 2 and announced[0].startswith("pawfn: compiling llama.cpp's arithmetic (C kernels)"), announced
+        assert re.fullmatch(r"pawfn: C kernels done in \d+\.\d s", announced[1]), announced
         original = first.path.read_bytes()
         planted = first.path.with_name("planted.so")  # put in its place (the loaded one stays mapped: never written over)
         planted.write_bytes(original + b"planted")
@@ -83,5 +90,20 @@ def test_a_library_changed_after_its_build_is_built_again_never_loaded(
         assert native_kernels() is not None and runs.read_text().count("run") == 3
         native_kernels.cache_clear()
         assert native_kernels() is not None and runs.read_text().count("run") == 3  # as built: loaded, not built again
+    finally:
+        native_kernels.cache_clear()
+
+
+def test_paw_kernels_dir_holds_the_kernels_for_every_cache(built: NativeKernels, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """PAW_KERNELS_DIR (as torch's TORCH_EXTENSIONS_DIR): the kernels built there once serve any cache folder."""
+    shared = tmp_path / "kernels"
+    monkeypatch.setenv("PAW_KERNELS_DIR", str(shared))
+    try:
+        for cache in ("one", "two"):
+            monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path / cache))
+            native_kernels.cache_clear()
+            kernels = native_kernels()
+            assert kernels is not None and kernels.path.parent == shared
+            assert not (tmp_path / cache / ".pawfn-derived" / "kernels").exists()
     finally:
         native_kernels.cache_clear()

@@ -21,6 +21,7 @@ from ..hub.usage import prune_derived
 from ..hub.prepare import PreparedProgram, find_cached_base, find_cached_projector, prepare_program
 from ..llamacpp import LlamaCppProgram
 from ..core.models import InterpreterModel, model_for_interpreter
+from ..core.progress import load_step, loading
 from ..remote import RemoteProgram
 from ..calls.runtime import ProgramFiles, ProgramRuntime, RuntimeOpener
 from ..core.templates import INPUT_PLACEHOLDER, NumberedTemplate
@@ -115,13 +116,15 @@ def open_files(
     derived files (stored prefixes) in `derived_dir` (`PawCache.derived_dir`: it hashes a local bundle's files, so
     the caller's one computation is passed on)."""
     started = time.perf_counter() if started is None else started
-    opener = runtime_opener(backend)
-    cache = PawCache(config.cache_dir, config.lock_timeout_s)
-    with open_bundle(bundle, cache.staging_dir()) as opened:
-        model = choose(opened.meta, opened.name)
-        base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
-        projector = _projector(model, base, opened.meta, cache)
-        runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
+    with loading(bundle.name, config.progress):
+        load_step(f"the {backend.__name__} backend")  # Torch's first load imports torch: seconds
+        opener = runtime_opener(backend)
+        cache = PawCache(config.cache_dir, config.lock_timeout_s)
+        with open_bundle(bundle, cache.staging_dir()) as opened:
+            model = choose(opened.meta, opened.name)
+            base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
+            projector = _projector(model, base, opened.meta, cache)
+            runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
     bound_derived(cache, config)
     return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
 

@@ -31,6 +31,7 @@ from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
 from ..core.images import Image, ImageError
+from ..core.progress import load_step
 from ..calls.prompt import Argument, image_prompt
 from ..calls.runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ..calls.pending import PendingGeneration, TokenListener
@@ -428,6 +429,7 @@ class LlamaCppProgram(PromptRuntime):
                 "this llama-cpp-python cannot load without weight repacking (asked for by PAW_LLAMACPP_REPACK, or "
                 f"needed on this AMX CPU: llama.cpp issue {cpu.AMX_ISSUE}); upgrade it: pip install -U llama-cpp-python"
             )
+        load_step(f"reading base {base.name} into llama.cpp, then the adapter and the prefix")
         with contextlib.ExitStack() as resources:
             with _quiet_native_stderr():
                 n_gpu_layers = 0 if config.device == "cpu" else -1

@@ -11,6 +11,7 @@ from ...formats.adapter import LoraAdapter, read_lora_adapter
 from ...core.config import EngineSettings
 from ...core.errors import BaseModelError, ProgramClosedError
 from ...core.models import InterpreterModel
+from ...core.progress import load_step
 from ...core.options import Numerics, ResolvedNumerics, RuntimeOptions
 from ...core.images import Image
 from ...calls.prompt import Argument, image_prompt
@@ -54,6 +55,7 @@ def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: Eng
     key = EngineKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=numerics)
 
     def load() -> TorchInterpreter:
+        load_step(f"reading base {files.base.name} onto {device}")
         weights = read_base_weights(files.base, model)
         store = None
         if weight_dtype is not None and files.base_derived_dir is not None:
@@ -118,7 +120,9 @@ class TorchProgram(PromptRuntime):
             interpreter = base.interpreter
             n_ctx = context_window(model, config.n_ctx, interpreter.architecture.max_positions)
             prompt = files.prompt(interpreter.weights.codec, n_ctx, model.whole_prompt, interpreter.arithmetic.prefix_granule)
+            load_step("attaching the program's adapter")
             device_adapter = on_compute_thread(interpreter.attach, adapter)
+            load_step(f"its {len(prompt.prefix_ids)}-token prefix")
             prefix = _prefix(base, files, config, prompt.prefix_ids, device_adapter)
             projector = None if files.projector is None or model.image_tokens is None else (files.projector, model.image_tokens)
             on_error.pop_all()

@@ -99,22 +99,21 @@ class _BuildError(Exception):
 
 
 def build_kernels(target: Path) -> str | None:
-    """`_build`, with one status line (on stderr when it is a terminal; always in the `pawfn` log): the first call of
-    `numerics="llamacpp"` after an install pauses for the compiler (~10 s), once per pawfn version."""
+    """`_build`, announced on stderr in every case (and in the `pawfn` log): the first call of `numerics="llamacpp"`
+    after an install pauses for the compiler (~10 s), once per pawfn version; on a terminal the line ends when the
+    build does, elsewhere (a CI log, a pipe) a second line says how it ended."""
     started = time.perf_counter()
-    shown = progress_enabled(None)
+    on_terminal = progress_enabled(None)
     what = "pawfn: compiling llama.cpp's arithmetic (C kernels) for numerics='llamacpp', once per pawfn version"
-    if shown:
-        print(f"{what}...", end="", file=sys.stderr, flush=True)
+    print(f"{what}..." if on_terminal else f"{what} ({target.parent})", end="" if on_terminal else "\n", file=sys.stderr, flush=True)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         failure = _build(target)
     except (OSError, subprocess.SubprocessError) as error:
         failure = str(error)
-    outcome = f"done in {time.perf_counter() - started:.1f} s ({target})" if failure is None else "failed"
-    if shown:
-        print(f" {outcome}", file=sys.stderr, flush=True)
-    _LOG.info("%s: %s", what, outcome)
+    outcome = f"done in {time.perf_counter() - started:.1f} s" if failure is None else "failed"
+    print(f" {outcome} ({target})" if on_terminal else f"pawfn: C kernels {outcome}", file=sys.stderr, flush=True)
+    _LOG.info("%s: %s (%s)", what, outcome, target)
     return failure
 
 

@@ -2,7 +2,7 @@
 `ggml.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
-`<cache>/.pawfn-derived/kernels/`, keyed by a hash of the source and flags, and loaded with ctypes only while it is
+`<cache>/.pawfn-derived/kernels/` (or `$PAW_KERNELS_DIR`), keyed by a hash of the source and flags, and loaded with ctypes only while it is
 what the build wrote (its sha256, recorded beside it, in a folder only this user can change; else it is built again,
 in a private temporary folder where the cache's is not private); where no compiler works, the
 mode falls back to the torch emulation (the same tokens on quantized matrices, several times slower; F32 and F16
@@ -180,7 +180,10 @@ def native_kernels() -> NativeKernels | None:
     """The compiled kernels (built on first use, then reused from the cache), or None where they cannot be built."""
     if os.environ.get("PAW_NATIVE_KERNELS", "1").lower() in ("0", "false", "no", "off"):
         return None
-    folder = kernels_folder(default_cache_dir() / ".pawfn-derived" / "kernels")  # `pawfn cache clear` removes it
+    # `pawfn cache clear --derived` removes the cache's; PAW_KERNELS_DIR puts them elsewhere (as TORCH_EXTENSIONS_DIR
+    # does torch's), e.g. one folder for many caches
+    named = os.environ.get("PAW_KERNELS_DIR")
+    folder = kernels_folder(Path(named) if named else default_cache_dir() / ".pawfn-derived" / "kernels")
     target = folder / f"ggml-{build_key()}.so"
     failure = None
     if not trusted_library(target):  # missing, or not what our build wrote: never loaded as it is
