@@ -4,6 +4,7 @@ names, `[out, in]`) and tokenizer. What differs per architecture comes from its 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future
@@ -100,6 +101,52 @@ def _readable(file: Path) -> Generator[None, None, None]:
         yield
     except SafetensorError as exc:
         raise BaseModelError(file, f"cannot read the safetensors file ({exc}); it is truncated or damaged") from exc
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where a safetensors file keeps one tensor: its type, shape and bytes' offset and length."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    length: int
+
+
+_READ_AS: dict[str, np.dtype[np.generic]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+"""The stored types read with a plain file read (bf16 as its 16 bits, widened below)."""
+
+
+def _layout(file: Path) -> dict[str, _Stored]:
+    """The tensors of a safetensors file (its header, which `safe_open` has already checked)."""
+    with file.open("rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+    found: dict[str, _Stored] = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            start, end = entry["data_offsets"]
+            found[name] = _Stored(entry["dtype"], tuple(entry["shape"]), 8 + size + start, end - start)
+    return found
+
+
+def _read_float32(file: Path, stored: _Stored) -> Array:
+    """One tensor as float32, read from the file into memory of its own: safetensors' reads go through a map of the
+    whole file, whose pages stay in the process's memory while it is open (a bf16 0.6B folder: 1.1 GB on top of its
+    2.4 GB of float32)."""
+    kind = _READ_AS[stored.dtype]
+    count = stored.length // kind.itemsize
+    if count != int(np.prod(stored.shape, dtype=np.int64)):
+        raise BaseModelError(file, f"a tensor's bytes ({stored.length}) do not fit its shape {list(stored.shape)}; the file is damaged")
+    try:
+        raw = np.fromfile(file, dtype=kind, count=count, offset=stored.offset)
+    except (OSError, ValueError) as exc:
+        raise BaseModelError(file, f"cannot read the safetensors file ({exc}); it is truncated or damaged") from exc
+    if raw.size != count:
+        raise BaseModelError(file, "the safetensors file ends inside a tensor; it is truncated")
+    # bf16 is a float32's upper 16 bits: widened exactly, as torch's .float() does
+    wide = (raw.astype(np.uint32) << 16).view(np.float32) if stored.dtype == "BF16" else raw.astype(np.float32, copy=False)
+    return wide.reshape(stored.shape)
 
 
 def _finite_tensors(weights: BaseWeights) -> BaseWeights:
@@ -231,9 +278,14 @@ def _read_hf_folder(folder: Path, model: type[InterpreterModel], family: Family)
                     yield handle, hf_name, name, name.split(".", 2)[-1] in conv1d, file
 
     def tensors() -> Iterator[tuple[str, Array]]:
+        layouts: dict[Path, dict[str, _Stored]] = {}
         for handle, hf_name, name, transposed, file in entries():
-            with _readable(file):
-                array = handle.get_tensor(hf_name).float().numpy()
+            stored = (layouts[file] if file in layouts else layouts.setdefault(file, _layout(file))).get(hf_name)
+            if stored is None or stored.dtype not in _READ_AS:  # a type numpy cannot read: through safetensors
+                with _readable(file):
+                    array = handle.get_tensor(hf_name).float().numpy()
+            else:
+                array = _read_float32(file, stored)
             yield name, np.ascontiguousarray(array.T) if transposed else array
 
     def shapes() -> dict[str, tuple[int, ...]]:
