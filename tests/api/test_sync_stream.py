@@ -42,6 +42,9 @@ def test_the_pieces_are_the_calls_own_and_astreams(qwen3_program: TinyProgram) -
                 return [piece async for piece in followed]
 
         assert asyncio.run(asynchronous()) == pieces
+        shorter = program.stream_with("hello", RuntimeOptions(max_tokens=3))  # paw-rs's `_with` form: the options apply
+        assert "".join(shorter) == program.runtime.decode_tokens(expected.token_ids[:3])
+        assert shorter.generation().token_ids == expected.token_ids[:3]
 
 
 def test_breaking_out_of_the_loop_stops_the_call(qwen3_program: TinyProgram) -> None:

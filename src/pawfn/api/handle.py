@@ -39,6 +39,10 @@ class ProgramHandle:
         value). Breaking out of the loop stops the call at its next token."""
         return self.calls.iterate(input, options)
 
+    def stream_with(self: Evaluated, input: str, options: RuntimeOptions) -> TextIterator:  # noqa: A002
+        """`stream` with `options` (paw-rs's `_with` form, as `run_with`)."""
+        return self.calls.iterate(input, options)
+
     def evaluate(
         self: Evaluated,
         cases: Cases,
