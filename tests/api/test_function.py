@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -36,7 +36,7 @@ from pawfn.core.models import WeightFile
 from pawfn.calls.pending import PendingGeneration
 from pawfn.torch.model.kvcache import KVCache, PrefixState
 from pawfn.torch.weights.lora import DeviceAdapter
-from pawfn.torch.engine.network import StepRow, StopCheck, TorchInterpreter
+from pawfn.torch.engine.network import StepRow, TorchInterpreter
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.tiny_models import TinyInterpreter
 
@@ -257,7 +257,7 @@ def test_prefix_is_evaluated_once_and_reused(qwen3_program: TinyProgram, monkeyp
         return original_prefill(self, ids, adapter, cache)
 
     def record_forward(
-        self: TorchInterpreter, ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = lambda: False
+        self: TorchInterpreter, ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: Callable[[], bool] = lambda: False
     ) -> torch.Tensor:
         forwards.append((len(ids), start))
         return original_forward(self, ids, start, cache, adapter, stop)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,7 @@ from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.engine.compute import FreeCores, on_compute_thread, set_threads, sharing_cores
 from pawfn.torch.model.kvcache import KVCache
 from pawfn.torch.weights.lora import DeviceAdapter
-from pawfn.torch.engine.network import StopCheck, TorchInterpreter
+from pawfn.torch.engine.network import TorchInterpreter
 from tests.helpers.programs import TinyProgram
 
 
@@ -47,7 +49,7 @@ def test_forward_passes_run_on_the_compute_thread(qwen3_program: TinyProgram, mo
     forward = TorchInterpreter.forward
 
     def recorded(
-        self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = lambda: False
+        self: TorchInterpreter, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: Callable[[], bool] = lambda: False
     ) -> torch.Tensor:
         seen.add(threading.get_ident())
         return forward(self, token_ids, start, cache, adapter, stop)

@@ -92,8 +92,9 @@ def test_a_call_reads_its_programs_prefix_in_place(family: str, request: pytest.
 
 
 def test_a_prompt_pass_stops_before_the_next_layer_once_asked(qwen3_program: TinyProgram) -> None:
-    """A 1,300-token prompt is three passes of two layers: `stop` is asked before each layer, and the first true
-    answer ends the pass there (CancelledError), so a cancelled call's prompt ends within a layer of one pass."""
+    """A 1,300-token prompt is passes of 128 tokens (llama.cpp's batches) through two layers: `stop` is asked before
+    each layer, and the first true answer ends the pass there (CancelledError), so a cancelled call's prompt ends
+    within a layer of one pass."""
     from concurrent.futures import CancelledError
 
     with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=PawConfig(n_ctx=2048)) as function:
@@ -121,4 +122,4 @@ def test_a_prompt_pass_stops_before_the_next_layer_once_asked(qwen3_program: Tin
         cache = interpreter.new_cache()
         cache.begin(None)
         interpreter.forward(prompt, 0, cache, adapter, stopping_at(0))
-        assert len(asked) == 3 * 2  # every layer of every pass, never stopped
+        assert len(asked) == -(-len(prompt) // 128) * 2  # every layer of every pass, never stopped

@@ -445,7 +445,7 @@ def test_auto_numerics_fall_back_to_torchs_where_llama_cpps_cannot_run(
 
 
 LONG_INPUTS = ["word " * 700, "Résumé café " * 300 + "end"]
-"""Prompts of more than one pass (512 tokens): pawfn evaluates them pass after pass, to stop a cancelled call early."""
+"""Prompts of many passes (128 tokens each): pawfn evaluates them pass after pass, to stop a cancelled call early."""
 
 
 @requires_llama_cpp

@@ -328,7 +328,7 @@ def test_llamacpp_numerics_cache_the_whole_batches_of_a_long_head(qwen35: TinyIn
 @requires_llama_cpp
 @pytest.mark.llamacpp
 def test_llamacpp_numerics_on_prompts_of_several_passes(qwen35_q8_0: Path, qwen35_program_q4: TinyProgram) -> None:
-    """A prompt of more than one pass (512 tokens; a cancelled call stops between passes): the recurrent states and
+    """A prompt of many passes (128 tokens each; a cancelled call stops between passes): the recurrent states and
     the KV carried from pass to pass give the vision runtime's tokens."""
     program = qwen35_program_q4
     texts = ["word " * 700, "Résumé café " * 250 + "end"]

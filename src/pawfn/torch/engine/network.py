@@ -1,10 +1,6 @@
 """The interpreter's network in plain torch: the forward pass over a prompt, the decode step over rows of any
-programs, and the operations every model family's blocks are written in (products with LoRA side paths, norms,
-rotary embeddings, attention).
-
-The per-architecture parts (embedding, block, final norm) come from the model's family module; this module holds
-what every family shares.
-"""
+programs, and the operations every family's blocks (embedding, block, final norm: the family's module) are written in:
+products with LoRA side paths, norms, rotary embeddings, attention."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ from ...core.errors import BaseModelError
 from ...core.options import Numerics, WeightDType
 from ..model.arithmetic import Arithmetic
 from ..model.attention import LLAMACPP_BATCH, StepSlots, llamacpp_batches
-from ..model.families.base import RecurrentUpdate
+from ..model.families.base import Ops, RecurrentUpdate
 from ..model.kvcache import KVCache, PrefixState
 from ..model.packed import Matrix
 from ..weights.converted import ConvertedStore
@@ -29,7 +25,7 @@ from ..weights.loading import DeviceWeights, Product, load_device_weights
 from ..weights.reader import BaseWeights
 from ..weights.lora import DeviceAdapter, attach
 
-__all__ = ["ImageEmbeddings", "StepRow", "StopCheck", "TorchInterpreter"]
+__all__ = ["ImageEmbeddings", "StepRow", "TorchInterpreter"]
 
 
 class ImageEmbeddings(NamedTuple):
@@ -48,23 +44,6 @@ class StepRow:
     position: int
     cache: KVCache
     adapter: DeviceAdapter
-
-
-_PASS_TOKENS = 4 * LLAMACPP_BATCH
-"""Most prompt tokens in one pass (whole llama.cpp batches, so each pass splits as llama.cpp's batches do; llama.cpp's
-text runtime takes 512 a micro-batch): a long prompt is many passes, each short enough to stop between layers."""
-
-StopCheck = Callable[[], bool]
-"""Asked during a long pass: true when its call was cancelled, so the pass stops."""
-
-
-def _never() -> bool:
-    return False
-
-
-def _stop_if(stop: StopCheck) -> None:
-    if stop():
-        raise CancelledError()
 
 
 class TorchInterpreter:
@@ -118,33 +97,27 @@ class TorchInterpreter:
         return PrefixState(token_ids=tuple(token_ids), keys=keys, values=values, last_logits=logits, states=dict(cache.states))
 
     @torch.inference_mode()
-    def forward(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = _never) -> torch.Tensor:
-        """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]. The
-        tokens go through the network in passes of at most `_PASS_TOKENS` (whole llama.cpp batches, evaluated in
-        order as llama.cpp evaluates them), and `stop` is asked before each layer: a call cancelled during a long
-        prompt ends within one layer of one pass (`CancelledError`) instead of after the whole prompt."""
+    def forward(
+        self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: Callable[[], bool] = lambda: False
+    ) -> torch.Tensor:
+        """Evaluate `token_ids` at positions `start...` into `cache`; returns the last position's logits [vocab]. One pass
+        per llama.cpp batch (128 tokens, in its order), `stop` asked before each layer: true once the call is cancelled,
+        it raises CancelledError there (late in a 24k-token prompt, within a fraction of a second on 2 cores)."""
         cache.reserve(cache.slot(start) + len(token_ids))  # once: growing pass by pass would copy the cache each time
-        logits: torch.Tensor | None = None
-        for offset in range(0, len(token_ids), _PASS_TOKENS):
-            logits = self._forward_pass(token_ids[offset : offset + _PASS_TOKENS], start + offset, cache, adapter, stop)
-        assert logits is not None, "a forward pass needs at least one token"
+        logits = torch.empty(0)
+        for at in range(0, len(token_ids), LLAMACPP_BATCH):
+            logits = self._pass(token_ids[at : at + LLAMACPP_BATCH], start + at, cache, adapter, stop)
         return logits
 
-    def _forward_pass(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck) -> torch.Tensor:
-        """`token_ids` through every layer in one pass; the last position's logits [vocab]."""
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+    def _pass(self, token_ids: list[int], start: int, cache: KVCache, adapter: DeviceAdapter, stop: Callable[[], bool]) -> torch.Tensor:
         positions = torch.arange(start, start + len(token_ids), device=self.device)
-        ops = _ForwardPass(self.weights, adapter, cache, cache.slot(start), llamacpp_batches(len(token_ids)))
-        hidden = self.family.embed(ops, ids, positions)
-        for layer in range(self.architecture.n_layers):
-            _stop_if(stop)
-            hidden = self.family.block(ops, layer, hidden, positions)
-        last = self.family.final_norm(ops, hidden[-1:])
-        return ops.multiply(self.weights.matrices["output.weight"], last)[0].float()
+        ops = _ForwardPass(self.weights, adapter, cache, cache.slot(start), [len(token_ids)])
+        hidden = self._layers(ops, self.family.embed(ops, torch.tensor(token_ids, device=self.device), positions), positions, stop)
+        return ops.multiply(self.weights.matrices["output.weight"], self.family.final_norm(ops, hidden[-1:]))[0].float()
 
     @torch.inference_mode()
     def forward_with_images(
-        self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter, stop: StopCheck = _never
+        self, parts: Sequence[list[int] | ImageEmbeddings], start: int, cache: KVCache, adapter: DeviceAdapter, stop: Callable[[], bool]
     ) -> torch.Tensor:
         """Evaluate a prompt of token runs and images at positions `start...` into `cache` in one pass; returns the last
         position's logits [vocab] (the prompt ends with text). Images sit where llama.cpp places them with M-RoPE:
@@ -179,9 +152,7 @@ class TorchInterpreter:
                 for piece in embedded
             ]
         )
-        for layer in range(self.architecture.n_layers):
-            _stop_if(stop)
-            hidden = self.family.block(ops, layer, hidden, positions)
+        hidden = self._layers(ops, hidden, positions, stop)
         cache.shift += n_slots - (position - start)
         last = self.family.final_norm(ops, hidden[-1:])
         return ops.multiply(self.weights.matrices["output.weight"], last)[0].float()
@@ -201,9 +172,15 @@ class TorchInterpreter:
             row.cache.reserve(row.cache.slot(row.position) + 1)
         ops = _StepPass(self.weights, rows, invariant)
         hidden = self.family.embed(ops, ids, positions)
-        for layer in range(self.architecture.n_layers):
-            hidden = self.family.block(ops, layer, hidden, positions)
+        hidden = self._layers(ops, hidden, positions, lambda: False)
         return ops.multiply(self.weights.matrices["output.weight"], self.family.final_norm(ops, hidden)).float()
+
+    def _layers(self, ops: Ops, hidden: torch.Tensor, positions: torch.Tensor, stop: Callable[[], bool]) -> torch.Tensor:
+        for layer in range(self.architecture.n_layers):
+            if stop():
+                raise CancelledError()
+            hidden = self.family.block(ops, layer, hidden, positions)
+        return hidden
 
 
 class _Pass:
