@@ -299,3 +299,31 @@ def test_a_recurrent_models_calls_log_nothing_python_would_print(qwen35_program:
     assert llamacpp_program.native_log_level(4, b"llama_decode: failed to decode\n", logging.DEBUG) == logging.ERROR
     assert llamacpp_program.native_log_level(3, b"a warning\n", logging.DEBUG) == logging.INFO
     assert llamacpp_program.native_log_level(5, b" continued\n", logging.ERROR) == logging.ERROR  # a continuation keeps the level
+
+
+@requires_llama_cpp
+def test_a_cancelled_prompt_stops_between_llama_cpps_batches_and_the_next_call_is_whole(qwen3_program: TinyProgram) -> None:
+    """The LlamaCpp backend evaluates a long prompt in batches of `n_batch` and asks before each one after the first
+    whether its call was cancelled: the first true answer stops it there (CancelledError), the context holding what it
+    evaluated, and the program's next call gives the tokens a fresh program gives."""
+    from concurrent.futures import CancelledError
+
+    options = RuntimeOptions(max_tokens=8)
+    config = PawConfig(n_ctx=4096)
+    with PawFn[Qwen3_0_6B, LlamaCpp].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path, config=config) as function:
+        expected = function.generate("hello", options).token_ids
+        runtime = llamacpp_program_of(function)
+        context, session = runtime.context, llamacpp_program.LlamaCppSession(runtime, options)
+        prompt = function.prompt_token_ids("word " * 700)
+        assert len(prompt) > 2 * context.n_batch
+        asked: list[int] = []
+
+        def cancelled() -> bool:  # the call's cancellation as a prefill asks it: cancelled from the first question on
+            asked.append(context.n_tokens)
+            return True
+
+        with pytest.raises(CancelledError):
+            session.prefill(prompt, cancelled)
+        n_prefix = function.prefix_tokens
+        assert asked == [n_prefix + context.n_batch] and context.n_tokens == n_prefix + context.n_batch  # one batch in
+        assert function.generate("hello", options).token_ids == expected

@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -141,14 +142,17 @@ class NativeContext:
 
         return int(llama_cpp.llama_n_ctx(self.ctx))
 
-    def eval(self, tokens: Sequence[int]) -> None:
+    def eval(self, tokens: Sequence[int], stop: Callable[[], bool] = lambda: False) -> None:
         """Evaluate `tokens` from `n_tokens` on, as `Llama.eval` does: the cache past `n_tokens` dropped, then batches
-        of `n_batch` tokens, each asking for its last token's logits."""
+        of `n_batch` tokens, each asking for its last token's logits. `stop` is asked before each batch after the
+        first: true once the call is cancelled, it raises CancelledError there (the context holds what it evaluated)."""
         import llama_cpp
 
         llama_cpp.llama_memory_seq_rm(self._memory, -1, self.n_tokens, -1)
         batch = self._batch
         for start in range(0, len(tokens), self.n_batch):
+            if start and stop():
+                raise CancelledError()
             chunk = tokens[start : start + self.n_batch]
             batch.n_tokens = len(chunk)
             for index, token in enumerate(chunk):

@@ -139,14 +139,14 @@ class LlamaCppSession:
         self._rewinds = program.rewinds
         self._options = options
 
-    def prefill(self, prompt_ids: list[int]) -> None:
+    def prefill(self, prompt_ids: list[int], stop: Callable[[], bool] = lambda: False) -> None:
         context, n_prefix = self._context, len(self._prefix_ids)
         if not self._rewinds:  # a recurrent state cannot go back: the whole prompt on a cleared context
             context.clear()
-            context.eval(self._prefix_ids + prompt_ids)
+            context.eval(self._prefix_ids + prompt_ids, stop)
         elif prompt_ids:
             context.rewind(n_prefix)  # to the cached prefix; eval trims the KV cache past it
-            context.eval(prompt_ids)
+            context.eval(prompt_ids, stop)
         else:
             context.rewind(n_prefix - 1)  # re-evaluate the prefix's last token for fresh logits
             context.eval(self._prefix_ids[-1:])
@@ -297,7 +297,7 @@ class LlamaCppProgram(PromptRuntime):
         if decoding.budget.limit > 0:
             with self._lock:  # the context is the program's: release() takes it too
                 session = LlamaCppSession(self, options)
-                session.prefill(decoding.prompt_ids)
+                session.prefill(decoding.prompt_ids, pending.abandoned.is_set)  # a cancelled long prompt stops between batches
                 decoding.prefilled()
                 return self._continue(decoding, session, pending)
         return decoding.result()
