@@ -845,8 +845,6 @@ def _prepare(args: argparse.Namespace) -> int:
         path = lockfile.lock_path(args.lock)
         names = sorted(lockfile.read_lock(path).programs)
         ready = [(name, lockfile.locked_program(name, lock=path, config=config)) for name in names]
-    elif args.base is not None and not args.base.is_file():
-        raise _CliError(f"--base {args.base}: no such file; give the path of the base's GGUF file")
     else:
         ready = [(args.program, prepare_program(args.program, config, base_file=args.base))]
     for name, prepared in ready:
@@ -1141,6 +1139,7 @@ def _stopping_on_ctrl_c() -> Generator[None]:
     """The first Ctrl-C prints one line at once and raises KeyboardInterrupt, which cancels the running calls (they stop
     within a layer of one prompt pass, or at their next token); a second one quits without waiting for them."""
     global _interrupted
+    _interrupted = False
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -1154,7 +1153,6 @@ def _stopping_on_ctrl_c() -> Generator[None]:
         print("pawfn: interrupted; stopping (Ctrl-C again quits at once)", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
-    _interrupted = False
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         yield
