@@ -4,6 +4,10 @@ run every configuration in turn (after one process each that stores the prefix a
 the median figures and the median of each round's ratios to llama.cpp.
 
     python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--rounds 3] [--threads N] [--modes ...]
+        [--repeat-input N]
+
+`--repeat-input N` makes the input N copies of the usual one: a long prompt (N=20: ~800 tokens, within the default 2,048-token context), whose time is the
+prompt's (llama.cpp evaluates it in batches; pawfn one 128-token batch per pass).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ MODES: dict[str, list[str]] = {
 }
 
 
-def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | None, timeout_s: float = 1800) -> dict[str, object]:
+def bench(
+    base: Path, bundle: Path, flags: list[str], runs: int, threads: int | None, text: str = INPUT, timeout_s: float = 1800
+) -> dict[str, object]:
     """The figures of one `pawfn bench --json` process (its warnings silenced: stderr is read only on a failure)."""
     command = [
         sys.executable,
@@ -40,7 +46,7 @@ def bench(base: Path, bundle: Path, flags: list[str], runs: int, threads: int | 
         "--base",
         str(base),
         "--input",
-        INPUT,
+        text,
         "--runs",
         str(runs),
         "--json",
@@ -62,14 +68,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every mode once, in turn")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES), help="modes to run (llama.cpp always)")
+    parser.add_argument("--repeat-input", type=int, default=1, metavar="N", help="the input N times over: a long prompt")
     args = parser.parse_args()
+    text = " ".join([INPUT] * args.repeat_input)
     modes = {name: flags for name, flags in MODES.items() if name == "llama.cpp" or name in args.modes}
     base, bundle = prepare(args.workdir)
     for flags in modes.values():  # a first process stores what later ones read (prefix, converted weights)
-        bench(base, bundle, flags, 1, args.threads)
+        bench(base, bundle, flags, 1, args.threads, text)
     rounds: list[dict[str, dict[str, object]]] = []
     for _ in range(args.rounds):  # modes alternate, so the machine's drift reaches every mode alike
-        rounds.append({mode: bench(base, bundle, flags, args.runs, args.threads) for mode, flags in modes.items()})
+        rounds.append({mode: bench(base, bundle, flags, args.runs, args.threads, text) for mode, flags in modes.items()})
 
     def value(figures: dict[str, object], key: str) -> float:
         return float(str(figures[key]))
