@@ -6,8 +6,8 @@ the median figures and the median of each round's ratios to llama.cpp.
     python benchmarks/cpu_modes.py [--workdir /tmp/pawfn-qwen3-shape] [--runs 5] [--rounds 3] [--threads N] [--modes ...]
         [--repeat-input N]
 
-`--repeat-input N` makes the input N copies of the usual one: a long prompt (N=20: ~800 tokens, within the default 2,048-token context), whose time is the
-prompt's (llama.cpp evaluates it in batches; pawfn one 128-token batch per pass).
+`--repeat-input N` makes the input N copies of the usual one: a long prompt (N=20: ~800 tokens, within the default
+2,048-token context), whose time is the prompt's (llama.cpp evaluates it in batches; pawfn one 128-token batch a pass).
 """
 
 from __future__ import annotations
