@@ -24,6 +24,7 @@ from pawfn import (
     InterpreterModel,
     LlamaCpp,
     ModelRegistry,
+    OptionError,
     PawConfig,
     PawFn,
     Positional,
@@ -327,6 +328,31 @@ def test_max_tokens(qwen: PawFn[Qwen3_0_6B, Torch]) -> None:
     assert qwen.run_with("hello", RuntimeOptions(max_tokens=0)) == ""
     five = qwen.generate("hello", RuntimeOptions(max_tokens=5))
     assert len(five.token_ids) == 5 and five.stop_reason == "max_tokens"
+
+
+@pytest.mark.parametrize("backend", [Torch, pytest.param(LlamaCpp, marks=requires_llama_cpp)], ids=["torch", "llamacpp"])
+def test_a_stop_sequence_ends_the_call_and_cuts_the_text_before_it(qwen3_program: TinyProgram, backend: type[Backend]) -> None:
+    with PawFn.specialize(Qwen3_0_6B, backend).load_sync(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path) as program:
+        free = program.generate("hello world", RuntimeOptions(max_tokens=24))
+        whole = program.runtime.decode_tokens(free.token_ids)
+        middle = len(whole) // 2
+        stop = whole[middle : middle + 3].strip() or whole[middle]  # characters a late token spells
+        first = whole.find(stop)
+        stopped = program.generate("hello world", RuntimeOptions(max_tokens=24, stop=["never here", stop]))
+        assert stopped.stop_reason == "stop"
+        assert stopped.text == whole[:first].strip()
+        assert free.token_ids[: len(stopped.token_ids)] == stopped.token_ids  # the same tokens, up to the stop's last
+        spelled = program.runtime.decode_tokens(stopped.token_ids)
+        assert stop in spelled and stop not in program.runtime.decode_tokens(stopped.token_ids[:-1])
+        unmet = program.generate("hello world", RuntimeOptions(max_tokens=24, stop=("never here",)))
+        assert unmet == free.model_copy(update={"timings": unmet.timings})
+
+
+def test_stop_sequences_are_bounded() -> None:
+    with pytest.raises(OptionError, match="stop"):
+        RuntimeOptions(stop=["a", "b", "c", "d", "e"])
+    with pytest.raises(OptionError, match="stop"):
+        RuntimeOptions(stop=[""])
 
 
 def test_context_overflow(qwen3_program: TinyProgram) -> None:

@@ -35,7 +35,9 @@ def test_a_fake_is_the_program_it_stands_for_and_records_its_calls() -> None:
     cut = program.generate("Server down!", options)
     assert (cut.text, cut.stop_reason) == ("imm", "max_tokens")
     assert [(call.input, call.options.max_tokens) for call in calls_of(program)][-1] == ("Server down!", 3)
-    assert len(calls_of(program)) == 6  # run, two in the batch, arun, submit, generate
+    stopped = program.generate("Server down!", RuntimeOptions(stop=("di", "at")))
+    assert (stopped.text, stopped.stop_reason, len(stopped.token_ids)) == ("imme", "stop", 6)  # the stop's tokens were generated
+    assert len(calls_of(program)) == 7  # run, two in the batch, arun, submit, two generates
 
 
 def test_a_fake_streams_its_answer_as_it_comes() -> None:

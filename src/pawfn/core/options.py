@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import OptionError
 from .grammar import OutputFormat
 
-__all__ = ["DType", "Device", "Numerics", "OptionsModel", "ResolvedNumerics", "RuntimeOptions", "WeightDType"]
+MAX_STOPS = 4
+"""Most stop sequences one call may give (OpenAI's limit)."""
+MAX_STOP_CHARS = 256
+"""Longest stop sequence, in characters."""
+
+__all__ = ["MAX_STOPS", "DType", "Device", "Numerics", "OptionsModel", "ResolvedNumerics", "RuntimeOptions", "WeightDType"]
 
 DType = Literal["float32", "bfloat16", "float16"]
 """Compute dtypes of the Torch backend."""
@@ -71,6 +76,9 @@ class RuntimeOptions(OptionsModel):
     """Nucleus-sampling mass in (0, 1]; used only when temperature > 0."""
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     """Seed of the sampler (one generator per call), in [0, 2**64); None draws a fresh one."""
+    stop: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)], ...], Field(max_length=MAX_STOPS, strict=False)] = ()
+    """Stop sequences: the call ends once its output text contains one (`stop_reason="stop"`), its text cut before
+    the first; the tokens that spelled it stay in `token_ids`, as llama.cpp's `stop` does. At most 4."""
     parse_special_in_input: bool = False
     """Parse special-token text (e.g. ``<|im_end|>``) inside the input as control tokens, like the official SDK."""
     response_format: OutputFormat | None = None

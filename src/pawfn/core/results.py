@@ -10,7 +10,9 @@ from .options import ResolvedNumerics
 
 __all__ = ["Generation", "StopReason", "Timings"]
 
-StopReason = Literal["eos", "max_tokens", "context"]
+StopReason = Literal["eos", "max_tokens", "context", "stop"]
+"""Why a call ended: the model's end of text (or a typed value complete), its `max_tokens`, the end of the context
+window, or one of `RuntimeOptions.stop`."""
 
 
 class Timings(BaseModel):

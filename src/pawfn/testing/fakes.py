@@ -115,13 +115,16 @@ class FakeRuntime(ProgramRuntime):
                 return pending
             try:
                 output, stop = self.reply(text, options)
+                shown = output
+                if (cut := _first_stop(output, options.stop)) is not None:  # as a model's call: the stop's tokens were generated
+                    shown, output, stop = output[: cut[0]], output[: cut[1]], "stop"
                 for char in output:
                     if on_token is not None:
                         on_token(ord(char))
                 timings = Timings(tokenize_ms=0.0, prompt_ms=0.0, generate_ms=0.0, total_ms=0.0)
                 pending.set_result(
                     Generation(
-                        text=output.strip(),
+                        text=shown.strip(),
                         token_ids=tuple(ord(char) for char in output),
                         prefix_tokens=0,
                         prompt_tokens=len(_text_of(text)),
@@ -164,3 +167,9 @@ def calls_of(program: PawFn[M, B]) -> list[FakeCall]:
     if not isinstance(runtime, FakeRuntime):
         raise TypeError(f"{program!r} is a real program; calls_of reads the calls of a pawfn.testing.fake(...)")
     return list(runtime.calls)
+
+
+def _first_stop(output: str, stops: tuple[str, ...]) -> tuple[int, int] | None:
+    """Where the first of `stops` in `output` begins and ends (None: none is there)."""
+    found = [(at, at + len(stop)) for stop in stops if (at := output.find(stop)) >= 0]
+    return min(found) if found else None

@@ -69,7 +69,7 @@ class ReplayRuntime(FakeRuntime):
         record = self._recorded.get(key)
         if record is None or record.output is None:
             raise FakeMissError(self._miss(key))
-        stop: StopReason = "max_tokens" if record.stop_reason == "max_tokens" else "eos"
+        stop: StopReason = "max_tokens" if record.stop_reason == "max_tokens" else "stop" if record.stop_reason == "stop" else "eos"
         return record.output, stop
 
     def _miss(self, key: CallKey) -> str:
