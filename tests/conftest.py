@@ -262,3 +262,29 @@ def prefills(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(TorchInterpreter, "prefill_prefix", counting)
     return evaluated
+
+
+@pytest.fixture(scope="module")
+def long_calls_server(
+    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """A server whose calls may run to the end of the context (~2,000 steps each), one at a time, with 1 s of grace."""
+    server = start_server(
+        "--program",
+        str(served_programs[0].archive),
+        "--base",
+        str(qwen3.hf_dir),
+        "--max-model-copies",
+        "1",
+        "--max-tokens-limit",
+        "2048",
+        "--graceful-timeout",
+        "1",
+        "--api-key-env",
+        "PAWFN_TEST_KEY",
+        "--max-queue-per-client",  # its tests' clients share one address
+        "64",
+        environment={"PAW_CACHE_DIR": str(tmp_path_factory.mktemp("long-calls")), "PAWFN_TEST_KEY": KEY},
+    )
+    yield server
+    server.stop()

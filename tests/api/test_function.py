@@ -338,7 +338,7 @@ def test_a_stop_sequence_ends_the_call_and_cuts_the_text_before_it(qwen3_program
         middle = len(whole) // 2
         stop = whole[middle : middle + 3].strip() or whole[middle]  # characters a late token spells
         first = whole.find(stop)
-        stopped = program.generate("hello world", RuntimeOptions(max_tokens=24, stop=["never here", stop]))
+        stopped = program.generate("hello world", RuntimeOptions(max_tokens=24, stop=("never here", stop)))
         assert stopped.stop_reason == "stop"
         assert stopped.text == whole[:first].strip()
         assert free.token_ids[: len(stopped.token_ids)] == stopped.token_ids  # the same tokens, up to the stop's last
@@ -350,9 +350,9 @@ def test_a_stop_sequence_ends_the_call_and_cuts_the_text_before_it(qwen3_program
 
 def test_stop_sequences_are_bounded() -> None:
     with pytest.raises(OptionError, match="stop"):
-        RuntimeOptions(stop=["a", "b", "c", "d", "e"])
+        RuntimeOptions(stop=("a", "b", "c", "d", "e"))
     with pytest.raises(OptionError, match="stop"):
-        RuntimeOptions(stop=[""])
+        RuntimeOptions(stop=("",))
 
 
 def test_context_overflow(qwen3_program: TinyProgram) -> None:

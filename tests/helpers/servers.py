@@ -103,3 +103,38 @@ def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, object]]]:
         elif not line and data:
             yield event, json.loads(data)
             event, data = "message", ""
+
+
+def decode_steps(server: ServeProcess) -> float:
+    """The server's decode steps so far (`pawfn_decode_steps_total`)."""
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_steps_total"))
+
+
+def settled_steps(server: ServeProcess) -> float:
+    """The decode steps once the queue is empty and nothing decodes any more."""
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/healthz").json()["queued"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    settled = decode_steps(server)
+    while True:  # a cancelled row may take its last step just after its request has ended
+        time.sleep(0.3)
+        now = decode_steps(server)
+        if now == settled:
+            return settled
+        assert time.monotonic() < deadline, f"decode steps still growing: {settled} -> {now}"
+        settled = now
+
+
+STOPPED = 1500
+"""Fewer decode steps than this after a cancel proves the server stopped the call: the whole call is ~1,990 steps (to
+the end of a 2,048-token context). How many a stop takes depends on the machine's load: 1,112 once on a busy CI
+machine (0.5-1 s for the closed connection to reach the server), 1,020 and 1,112 on a quiet 2-core AMD EPYC, a few
+hundred elsewhere."""
+
+
+def wait_decoding(server: ServeProcess, before: float) -> None:
+    """Wait until the server decodes a call that started after `before` steps."""
+    deadline = time.monotonic() + 60
+    while decode_steps(server) < before + 20 and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -22,7 +22,21 @@ from pawfn import CallTimeoutError, LlamaCpp, PawConfig, PawFn, Qwen3_0_6B, Remo
 from pawfn.core.protocol import ServedProgram, ServedPrograms, RunBatchResponse, RunResponse
 from tests.helpers.bounded import run_cli
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
-from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, ServeProcess, run_concurrently, sse_events, start_server
+from tests.helpers.servers import (
+    AUTH,
+    FIRST_ID,
+    INPUTS,
+    KEY,
+    SECOND_ID,
+    STOPPED,
+    ServeProcess,
+    decode_steps,
+    run_concurrently,
+    settled_steps,
+    sse_events,
+    start_server,
+    wait_decoding,
+)
 from tests.helpers.tiny_models import TinyInterpreter
 
 pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
@@ -292,52 +306,6 @@ def test_serving_on_the_llamacpp_backend_gives_its_tokens(
         assert server.stop() == -signal.SIGTERM, server.output()
 
 
-def _decode_steps(server: ServeProcess) -> float:
-    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
-    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith("pawfn_decode_steps_total"))
-
-
-@pytest.fixture(scope="module")
-def long_calls_server(
-    served_programs: tuple[TinyProgram, TinyProgram], qwen3: TinyInterpreter, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServeProcess]:
-    """A server whose calls may run to the end of the context (~2,000 steps each), one at a time, with 1 s of grace."""
-    server = start_server(
-        "--program",
-        str(served_programs[0].archive),
-        "--base",
-        str(qwen3.hf_dir),
-        "--max-model-copies",
-        "1",
-        "--max-tokens-limit",
-        "2048",
-        "--graceful-timeout",
-        "1",
-        "--api-key-env",
-        "PAWFN_TEST_KEY",
-        "--max-queue-per-client",  # its tests' clients share one address
-        "64",
-        environment={"PAW_CACHE_DIR": str(tmp_path_factory.mktemp("long-calls")), "PAWFN_TEST_KEY": KEY},
-    )
-    yield server
-    server.stop()
-
-
-def _settled_steps(server: ServeProcess) -> float:
-    """The decode steps once the queue is empty and nothing decodes any more."""
-    deadline = time.monotonic() + 30
-    while httpx.get(f"{server.url}/healthz").json()["queued"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    settled = _decode_steps(server)
-    while True:  # a cancelled row may take its last step just after its request has ended
-        time.sleep(0.3)
-        now = _decode_steps(server)
-        if now == settled:
-            return settled
-        assert time.monotonic() < deadline, f"decode steps still growing: {settled} -> {now}"
-        settled = now
-
-
 def _call_requests(server: ServeProcess) -> float:
     """Requests to the routes a `Remote` call goes over (`run`, and `stream` for one call)."""
     text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
@@ -349,52 +317,38 @@ def test_a_client_that_leaves_cancels_its_calls(long_calls_server: ServeProcess)
     """A run_batch whose client gives up stops decoding; a `Remote` call that times out is not sent again and is
     cancelled on the server too."""
     server = long_calls_server
-    before = _decode_steps(server)
+    before = decode_steps(server)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run_batch", json={"inputs": ["a", "b"]}, headers=AUTH, timeout=httpx.Timeout(60, read=0.5))
-    assert _settled_steps(server) - before < STOPPED  # the batch would have taken ~4,000 steps
+    assert settled_steps(server) - before < STOPPED  # the batch would have taken ~4,000 steps
     config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY), run_timeout_s=0.5, max_retries=3)
     with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config) as program:
-        runs, before = _call_requests(server), _decode_steps(server)
+        runs, before = _call_requests(server), decode_steps(server)
         with pytest.raises(CallTimeoutError, match="not sent again"):
             program.run("hello")
-    assert _settled_steps(server) - before < STOPPED  # stopped, not decoded to its end (~1,990 steps)
+    assert settled_steps(server) - before < STOPPED  # stopped, not decoded to its end (~1,990 steps)
     assert _call_requests(server) == runs + 1  # one request, ended once its client had gone
-
-
-STOPPED = 1500
-"""Fewer decode steps than this after a cancel proves the server stopped the call: the whole call is ~1,990 steps (to
-the end of a 2,048-token context). How many a stop takes depends on the machine's load: 1,112 once on a busy CI
-machine (0.5-1 s for the closed connection to reach the server), 1,020 and 1,112 on a quiet 2-core AMD EPYC, a few
-hundred elsewhere."""
-
-
-def _decoding(server: ServeProcess, before: float) -> None:
-    """Wait until the server decodes a call that started after `before` steps."""
-    deadline = time.monotonic() + 60
-    while _decode_steps(server) < before + 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def test_a_cancelled_remote_call_stops_on_the_server_and_close_does_not_wait(long_calls_server: ServeProcess) -> None:
     """A call to the end of the context (~2,000 steps), cancelled while the server decodes it: closing the program
     returns without its answer, and the server, its connection closed, stops decoding."""
     server = long_calls_server
-    _settled_steps(server)
-    before = _decode_steps(server)
+    settled_steps(server)
+    before = decode_steps(server)
     config = PawConfig(server_url=server.url, server_api_key=SecretStr(KEY))
     program = PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=config)
     pending = program.submit("hello")
-    _decoding(server, before)
+    wait_decoding(server, before)
     pending.cancel()
     program.close()
-    assert _settled_steps(server) - before < STOPPED  # not the ~2,000 the call would have decoded
+    assert settled_steps(server) - before < STOPPED  # not the ~2,000 the call would have decoded
 
 
 def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_server: ServeProcess) -> None:
     server = long_calls_server
-    _settled_steps(server)
-    before = _decode_steps(server)
+    settled_steps(server)
+    before = decode_steps(server)
     env = dict(os.environ, PYTHONWARNINGS="ignore", PAW_SERVER_API_KEY=KEY)
     process = subprocess.Popen(
         [sys.executable, "-m", "pawfn", "run", "--backend", "remote", "--server-url", server.url, "--program", FIRST_ID, "--input", "hello"],
@@ -403,12 +357,12 @@ def test_ctrl_c_on_a_remote_run_exits_at_once_and_the_server_stops(long_calls_se
         text=True,
         env=env,
     )
-    _decoding(server, before)
+    wait_decoding(server, before)
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err.strip().splitlines()[-1] == "pawfn: interrupted; stopping (Ctrl-C again quits at once)", err
     assert out == "" and "Traceback" not in err
-    assert _settled_steps(server) - before < STOPPED
+    assert settled_steps(server) - before < STOPPED
 
 
 def _stream_seconds(server: ServeProcess) -> float:
@@ -421,7 +375,7 @@ def test_the_request_metric_times_a_stream_to_its_last_event(long_calls_server: 
     """`pawfn_request_seconds` of a stream covers the stream, not its headers (it once measured 6.6 ms for any stream):
     at least the time the client saw between the headers and the last event."""
     server = long_calls_server
-    _settled_steps(server)
+    settled_steps(server)
     before = _stream_seconds(server)
     body = {"input": "q", "options": {"max_tokens": 300}}
     with httpx.stream("POST", f"{server.url}/v1/programs/{FIRST_ID}/stream", json=body, headers=AUTH, timeout=120) as response:
@@ -567,10 +521,10 @@ def test_ctrl_c_honours_the_graceful_timeout_as_sigterm_does(
     )
     answers: list[httpx.Response] = []
     body = {"input": "q", "options": {"max_tokens": 8000}}
-    before = _decode_steps(server)
+    before = decode_steps(server)
     calling = threading.Thread(target=lambda: answers.append(httpx.post(f"{server.url}/v1/programs/{FIRST_ID}/run", json=body, timeout=120)))
     calling.start()
-    _decoding(server, before)
+    wait_decoding(server, before)
     sent = time.monotonic()
     server.process.send_signal(stop_signal)
     status = server.process.wait(60)

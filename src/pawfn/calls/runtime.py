@@ -23,6 +23,7 @@ from ..formats.constraint import Constraint, check_json_value, compile_output, d
 from ..core.grammar import JsonSchemaFormat
 from ..core.errors import OutputTypeError, PawError, ProgramClosedError
 from .prompt import Budget, CallInput, Prompt, WholePrompt
+from .stops import StopSearch
 from ..core.templates import NumberedTemplate
 from ..core.models import InterpreterModel
 from ..core.options import ResolvedNumerics, RuntimeOptions
@@ -123,10 +124,7 @@ class Decoding:
         output_format = options.response_format
         self.constraint: Constraint | None = None if output_format is None else compile_output(prompt.codec, output_format)
         """The call's grammar state, when its output is constrained: its mask applies to every step's logits."""
-        self._stop_at: int | None = None
-        """Where the first stop sequence begins in the decoded output, once one has appeared."""
-        self._searched = 0
-        """Characters of the decoded output already searched for stop sequences."""
+        self._stops = StopSearch(options.stop)
         self._tokenized = self._prompt_done = self._clock()
 
     def prefilled(self) -> None:
@@ -146,21 +144,10 @@ class Decoding:
         if self.constraint is not None and self.constraint.finished:
             self.stop = "eos"  # the grammar allows only the end now: the next token would be EOS
             return False
-        if self.options.stop and self._stop_sequence_seen():
+        if self.options.stop and self._stops.seen(self._prompt.codec.decode(self.output)):
             self.stop = "stop"
             return False
         return len(self.output) < self.budget.limit
-
-    def _stop_sequence_seen(self) -> bool:
-        """Whether the output now contains a stop sequence (searching only what the last token can have completed)."""
-        text = self._prompt.codec.decode(self.output)
-        longest = max(len(stop) for stop in self.options.stop)
-        start = max(0, self._searched - longest - 4)  # a character's bytes still arriving may redraw the last few
-        self._searched = len(text)
-        found = [at for stop in self.options.stop if (at := text.find(stop, start)) >= 0]
-        if found:
-            self._stop_at = min(found)
-        return bool(found)
 
     def result(self) -> Generation:
         """The call's `Generation` (its timings end now); `OutputTypeError` if its output is constrained and no value
@@ -172,7 +159,7 @@ class Decoding:
             problem = f"no value finished within {len(self.output)} tokens (stopped by {reason})"
             raise OutputTypeError(describe(self.constraint.output), text, problem)
         text = self._prompt.codec.decode(self.output)
-        text = (text if self._stop_at is None else text[: self._stop_at]).strip()
+        text = text[: self._stops.at].strip()  # `at` is None (the whole text) unless a stop sequence ended the call
         if self.constraint is not None and isinstance(self.constraint.output, JsonSchemaFormat):
             check_json_value(self.constraint.output, text)
         return Generation(

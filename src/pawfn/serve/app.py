@@ -8,14 +8,12 @@ events), `/tokenize`; `GET /healthz`, `GET /metrics`; the OpenAPI schema at `/op
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Sequence
-from contextlib import AsyncExitStack, aclosing, asynccontextmanager, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from importlib import metadata
-from typing import TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,8 +40,11 @@ from ..core.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from .errors import ApiError, api_error, internal_error, shutting_down
+from .errors import ApiError, api_error, internal_error
+from .flow import Drain, Serving, answered, close_in_time, drain_after, next_unless_drained, unless_disconnected, windows
 from .gate import Admission, Gate, client_of
+from .openai_api.errors import openai_error, speaks_openai
+from .openai_api.routes import openai_router
 from .metrics import ServerMetrics
 from .service import ProgramService
 from .settings import ServeSettings
@@ -55,114 +56,19 @@ access_logger = logging.getLogger("pawfn.serve.access")
 __all__ = ["ApiError", "api_error", "create_app", "drain_after"]
 
 
-class _Drain:
-    """The server's drain deadline (`drain_after`): once it passes, the requests still running answer 503
-    `shutting_down` and the streams end with that `error` event, before the server cancels what is left."""
-
-    def __init__(self) -> None:
-        self._passed: asyncio.Event | None = None
-        self.close_by: float | None = None
-        """The event loop's time by which closing the programs stops waiting for their cancelled calls (None: no limit)."""
-
-    @property
-    def passed(self) -> asyncio.Event:
-        if self._passed is None:  # made in the server's event loop, on first use
-            self._passed = asyncio.Event()
-        return self._passed
-
-
-def drain_after(app: FastAPI, seconds: float, *, close_within_s: float | None = None) -> None:
-    """Start `app`'s drain deadline, `seconds` from now (call it in the server's event loop as it shuts down); the
-    programs' close then waits at most until `close_within_s` from now for their cancelled calls' last step."""
-    drain: _Drain = app.state.drain
-    loop = asyncio.get_running_loop()
-    loop.call_later(seconds, drain.passed.set)
-    if close_within_s is not None:
-        drain.close_by = loop.time() + close_within_s
-
-
-async def _close_in_time(service: ProgramService, drain: _Drain) -> None:
-    """Close the programs; past the drain's close deadline, stop waiting for calls that were cancelled but are still in
-    their last step (a prompt's evaluation takes up to a second): the process is about to exit, which frees them."""
-    if drain.close_by is None:
-        await service.aclose()
-        return
-    try:
-        await asyncio.wait_for(service.aclose(), max(0.0, drain.close_by - asyncio.get_running_loop().time()))
-    except TimeoutError:
-        logger.info("exiting while cancelled calls end their last step (the graceful timeout is up)")
-
-
-T = TypeVar("T")
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T], drain: _Drain) -> T:
-    """`work`'s result, or, where the client disconnects first, `work` cancelled (its calls then stop at their next
-    token instead of decoding for nobody) and a 499 that nobody reads; where the drain deadline passes first, `work`
-    cancelled and a 503 `shutting_down`."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watchers = {asyncio.ensure_future(disconnected()), asyncio.ensure_future(drain.passed.wait())}
-    try:
-        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # this request's own cancellation (the server's last resort) takes them all with it
-        for watcher in watchers:
-            watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.done() and not task.cancelled():
-        return task.result()
-    if drain.passed.is_set():
-        raise shutting_down()
-    raise ApiError(499, "client_closed", "the client closed the connection; its calls were cancelled")
-
-
-async def _next_unless_drained(items: AsyncIterator[StreamPiece | RunResponse], drain: _Drain) -> StreamPiece | RunResponse | None:
-    """The stream's next item (None at its end), or, where the drain deadline passes first, the stream's call cancelled
-    and a 503 `shutting_down` raised."""
-    following = asyncio.ensure_future(anext(items, None))
-    deadline = asyncio.ensure_future(drain.passed.wait())
-    try:
-        await asyncio.wait({following, deadline}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        deadline.cancel()
-        if not following.done():
-            following.cancel()
-            await asyncio.wait({following})  # the generator's own cancellation ends before it is closed
-    if following.done() and not following.cancelled():
-        return following.result()
-    raise shutting_down()
-
-
-@contextmanager
-def _answered() -> Generator[None, None, None]:
-    """pawfn errors raised inside become their error responses."""
-    try:
-        yield
-    except PawError as exc:
-        raise api_error(exc) from exc
-
-
-def _windows(texts: Sequence[str], size: int) -> list[Sequence[str]]:
-    """`texts` in consecutive parts of at most `size`."""
-    return [texts[start : start + size] for start in range(0, len(texts), size)]
-
-
 def create_app(service: ProgramService, settings: ServeSettings | None = None) -> FastAPI:
     """The API over `service`, with `settings`' limits and key; the service is closed when the app shuts down."""
     settings = settings or ServeSettings()
     admission = Admission(settings.max_queue, settings.max_queue_per_client)
-    drain = _Drain()
+    drain = Drain()
     metrics = ServerMetrics(lambda: admission.queued, service.counters)
+    serving = Serving(service, settings, admission, drain, metrics)
+    counted, checked, check_input, capped = serving.counted, serving.checked, serving.check_input, serving.capped
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncGenerator[None, None]:
         yield
-        await _close_in_time(service, drain)  # uvicorn has finished the requests it accepted by now
+        await close_in_time(service, drain)  # uvicorn has finished the requests it accepted by now
 
     app = FastAPI(
         title="pawfn",
@@ -181,36 +87,11 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
             )
         return ErrorBody(error=error.code, message=error.message, request_id=request_id)
 
-    def check_input(text: CallInput) -> None:
-        length = len(text) if isinstance(text, str) else sum(len(argument) for argument in text if isinstance(argument, str))
-        if length > settings.max_input_chars:
-            raise ApiError(413, "input_too_long", f"the input has {length} characters; this server takes at most {settings.max_input_chars}")
-
-    def checked(text: CallInput, options: RuntimeOptions) -> RuntimeOptions:
-        """`options` with the server's max_tokens cap, after checking the input's length."""
-        check_input(text)
-        return capped(options)
-
     def decoded(body: RunRequest | TokenizeRequest) -> tuple[CallInput, RuntimeOptions]:
         """The call's input, its images decoded once (one that does not decode: 422), and `checked` options."""
-        with _answered():
+        with answered():
             call = body.call
-        return call, checked(call, body.options)
-
-    def capped(options: RuntimeOptions) -> RuntimeOptions:
-        """`options` with the server's max_tokens cap (422 past it)."""
-        if options.max_tokens is None:
-            return options.model_copy(update={"max_tokens": settings.max_tokens})
-        if options.max_tokens > settings.max_tokens:
-            raise ApiError(
-                422, "max_tokens_too_large", f"max_tokens={options.max_tokens} is over this server's limit of {settings.max_tokens}; ask for fewer"
-            )
-        return options
-
-    def counted(result: RunResponse) -> RunResponse:
-        metrics.generated_tokens.labels(result.program).inc(len(result.generation.token_ids))
-        metrics.prompt_tokens.labels(result.program).inc(result.generation.prompt_tokens)
-        return result
+        return call, serving.checked(call, body.options)
 
     api = APIRouter()  # every route here needs the key: `_Gate` checks it
 
@@ -219,8 +100,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """The official hosted inference: `program_id` is a program id or slug."""
         started = time.perf_counter()
         options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
-        with admission.hold(1, client_of(request)), _answered():
-            result = await _unless_disconnected(request, service.run(body.program_id, body.input, options), drain)
+        with admission.hold(1, client_of(request)), answered():
+            result = await unless_disconnected(request, service.run(body.program_id, body.input, options), drain)
         counted(result)
         latency_ms = (time.perf_counter() - started) * 1e3
         return InferResponse(output=result.generation.text, tokens_generated=len(result.generation.token_ids), latency_ms=latency_ms)
@@ -228,7 +109,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     @api.get("/api/v1/programs/resolve/{reference:path}", response_model=ResolveResponse, tags=["official"])
     async def resolve(reference: str) -> ResolveResponse:
         """The program id a slug names, as the official SDK asks before remote inference."""
-        with _answered():
+        with answered():
             info = await service.info(reference)
         return ResolveResponse(program_id=info.program_id or info.name)
 
@@ -241,14 +122,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def load(reference: str, request: Request) -> ServedProgram:
         """Load a hub program now (the server's `--allow-load`), kept until unloaded: the budget never replaces it.
         Needs the admin key."""
-        with _answered():
-            return await _unless_disconnected(request, service.load_program(reference), drain)
+        with answered():
+            return await unless_disconnected(request, service.load_program(reference), drain)
 
     @api.post("/v1/programs/{reference:path}/unload", response_model=ServedProgram, tags=["programs"])
     async def unload(reference: str) -> ServedProgram:
         """Unload a program loaded on a request or by `load` (409 while it runs calls, or for one named at start); its
         next request loads it again where the server allows. Needs the admin key."""
-        with _answered():
+        with answered():
             return await service.unload_program(reference)
 
     @api.post("/v1/programs/{reference:path}/run", response_model=RunResponse, tags=["programs"])
@@ -256,8 +137,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
         disconnects cancels its call."""
         call, options = decoded(body)
-        with admission.hold(1, client_of(request)), _answered():
-            result = await _unless_disconnected(request, service.run(reference, call, options), drain)
+        with admission.hold(1, client_of(request)), answered():
+            result = await unless_disconnected(request, service.run(reference, call, options), drain)
         return counted(result)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
@@ -274,13 +155,13 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         metrics.batch_inputs.observe(len(body.inputs))
         window = max(1, min(len(body.inputs), settings.max_queue_per_client))
 
-        async def in_windows() -> RunBatchResponse:
+        async def inwindows() -> RunBatchResponse:
             """The inputs `window` at a time (an empty batch still names its program: one empty part)."""
-            parts = [await service.run_batch(reference, part, options) for part in _windows(body.inputs, window) or [[]]]
+            parts = [await service.run_batch(reference, part, options) for part in windows(body.inputs, window) or [[]]]
             return RunBatchResponse(program=parts[0].program, generations=[generation for part in parts for generation in part.generations])
 
-        with admission.hold(window, client_of(request)), _answered():
-            result = await _unless_disconnected(request, in_windows(), drain)
+        with admission.hold(window, client_of(request)), answered():
+            result = await unless_disconnected(request, inwindows(), drain)
         for generation in result.generations:
             counted(RunResponse(program=result.program, generation=generation))
         return result
@@ -294,8 +175,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         held.enter_context(admission.hold(1, client_of(request)))
         items = await held.enter_async_context(aclosing(service.stream(reference, call, options)))
         try:
-            with _answered():  # errors before the first piece (unknown program, overflow) keep their status
-                first = await _next_unless_drained(items, drain)  # a prompt still evaluating when the grace is up: 503
+            with answered():  # errors before the first piece (unknown program, overflow) keep their status
+                first = await next_unless_drained(items, drain)  # a prompt still evaluating when the grace is up: 503
         except BaseException:
             await held.aclose()
             raise
@@ -310,7 +191,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                             yield f"event: done\ndata: {item.model_dump_json()}\n\n"
                             break
                         yield f"event: token\ndata: {item.model_dump_json()}\n\n"
-                        item = await _next_unless_drained(items, drain)
+                        item = await next_unless_drained(items, drain)
                 except (PawError, ApiError) as exc:
                     body = error_body(request, exc if isinstance(exc, ApiError) else api_error(exc))
                     yield f"event: error\ndata: {body.model_dump_json()}\n\n"
@@ -321,14 +202,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def tokenize(reference: str, body: TokenizeRequest, request: Request) -> TokenizeResponse:
         """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
         call, _ = decoded(body)
-        with _answered():
-            ids = await _unless_disconnected(request, service.tokenize(reference, call, body.options), drain)
+        with answered():
+            ids = await unless_disconnected(request, service.tokenize(reference, call, body.options), drain)
         return TokenizeResponse(token_ids=ids)
 
     @api.get("/v1/programs/{reference:path}", response_model=ServedProgram, tags=["programs"])
     async def info(reference: str) -> ServedProgram:
         """One program's facts (interpreter, context, prefix): what a `Remote` client checks before its first call."""
-        with _answered():
+        with answered():
             return await service.info(reference)
 
     @api.get("/metrics", tags=["server"], response_class=Response)
@@ -343,10 +224,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         return Health(status="ok", programs=service.served_count(), queued=admission.queued)
 
     app.include_router(api)
+    app.include_router(openai_router(serving))
 
     def error_response(request: Request, error: ApiError) -> JSONResponse:
         body = error_body(request, error)
         headers = error.headers if body.request_id is None else {**error.headers, "x-request-id": body.request_id}  # `observe` misses a crash
+        if speaks_openai(request.url.path):
+            status, shaped = openai_error(error)
+            return JSONResponse(shaped.model_dump(), status_code=status, headers=headers)
         return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
@@ -372,11 +257,11 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                     f"{content_type!r} was sent; with curl add -H 'Content-Type: application/json')",
                 ),
             )
+        places = [".".join(str(part) for part in item["loc"] if part != "body") for item in exc.errors()]
         problems = "; ".join(  # an OptionError inside the body reads as it does from the API: no pydantic prefix
-            f"{'.'.join(str(part) for part in item['loc'] if part != 'body')}: {str(item['msg']).removeprefix('Value error, ')}"
-            for item in exc.errors()
+            f"{place}: {str(item['msg']).removeprefix('Value error, ')}" for place, item in zip(places, exc.errors(), strict=True)
         )
-        return error_response(request, ApiError(422, "invalid_request", f"invalid request body: {problems}"))
+        return error_response(request, ApiError(422, "invalid_request", f"invalid request body: {problems}", param=places[0] if places else None))
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -27,8 +27,12 @@ class ApiError(Exception):
     """An error response: HTTP status, stable code, message (names the problem and the fix), extra headers; `detail`
     goes to the server's log only, beside the request id (a 5xx body never carries it)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None, detail: str | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None, detail: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
+        self.param = param
+        """The request's field at fault, where one is (OpenAI's error object names it)."""
         self.status = status
         self.code = code
         self.message = message

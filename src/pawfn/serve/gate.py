@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.protocol import ErrorBody
 from .errors import ApiError
+from .openai_api.errors import openai_error, speaks_openai
 from .settings import ServeSettings
 
 __all__ = ["Admission", "Gate", "client_of"]
@@ -122,8 +123,14 @@ class Gate:
 
 async def _refuse(scope: Scope, send: Send, error: ApiError) -> None:
     """Answer `error` as JSON before the app sees the request, and close the connection after it."""
-    body = ErrorBody(error=error.code, message=error.message, request_id=scope.get("state", {}).get("request_id"))  # set by the outer middleware
-    response = JSONResponse(body.model_dump(), status_code=error.status, headers={**error.headers, "Connection": "close"})
+    request_id = scope.get("state", {}).get("request_id")  # set by the outer middleware
+    headers = {**error.headers, "Connection": "close"}
+    if speaks_openai(scope["path"]):
+        status, shaped = openai_error(error)
+        response = JSONResponse(shaped.model_dump(), status_code=status, headers=headers)
+    else:
+        body = ErrorBody(error=error.code, message=error.message, request_id=request_id)
+        response = JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
     async def no_body() -> Message:
         return {"type": "http.disconnect"}

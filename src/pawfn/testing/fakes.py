@@ -19,6 +19,7 @@ from ..core.config import PawConfig
 from ..core.errors import PawError
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
+from ..calls.stops import first_stop
 from ..core.results import Generation, StopReason, Timings
 from ..formats.bundle import ProgramMeta
 
@@ -116,8 +117,9 @@ class FakeRuntime(ProgramRuntime):
             try:
                 output, stop = self.reply(text, options)
                 shown = output
-                if (cut := _first_stop(output, options.stop)) is not None:  # as a model's call: the stop's tokens were generated
-                    shown, output, stop = output[: cut[0]], output[: cut[1]], "stop"
+                if (at := first_stop(output, options.stop)) is not None:  # as a model's call: the stop's tokens were generated
+                    ends = [at + len(s) for s in options.stop if output.startswith(s, at)]
+                    shown, output, stop = output[:at], output[: min(ends)], "stop"
                 for char in output:
                     if on_token is not None:
                         on_token(ord(char))
@@ -167,9 +169,3 @@ def calls_of(program: PawFn[M, B]) -> list[FakeCall]:
     if not isinstance(runtime, FakeRuntime):
         raise TypeError(f"{program!r} is a real program; calls_of reads the calls of a pawfn.testing.fake(...)")
     return list(runtime.calls)
-
-
-def _first_stop(output: str, stops: tuple[str, ...]) -> tuple[int, int] | None:
-    """Where the first of `stops` in `output` begins and ends (None: none is there)."""
-    found = [(at, at + len(stop)) for stop in stops if (at := output.find(stop)) >= 0]
-    return min(found) if found else None
