@@ -79,6 +79,8 @@ _OPTION_FLAGS = {
         "call_log",
     )
 } | {"parse_special_in_input": "--parse-special"}
+SERVE_RESULT_CACHE_BYTES = 64 << 20
+"""The result cache `pawfn serve` keeps unless told otherwise (the library keeps none)."""
 _SERVE_LIMITS = (
     ("--max-queue", "max_queue", "calls accepted at once, more get 429"),
     ("--max-body-bytes", "max_body_bytes", "largest request body, more get 413"),
@@ -392,6 +394,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         dest="trusted_proxies",
         help="a proxy whose X-Forwarded-For names the client, for the per-client queue share (repeatable; default: none, the header is ignored)",
+    )
+    serve.add_argument(
+        "--result-cache-bytes",
+        type=int,
+        metavar="N",
+        help=f"bytes of the result cache that answers repeated deterministic calls, shared by the programs; 0: off "
+        f"(default: PAW_RESULT_CACHE_BYTES, else {SERVE_RESULT_CACHE_BYTES >> 20} MiB)",
     )
     serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
     serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
@@ -1056,6 +1065,10 @@ def _serve(args: argparse.Namespace) -> int:
     if not args.program and not args.allow_load and not args.locked:
         raise _CliError("nothing to serve: give --program REF (repeatable), --locked or --allow-load")
     config = _config(args)
+    if args.result_cache_bytes is not None and args.result_cache_bytes < 0:
+        raise _CliError(f"--result-cache-bytes {args.result_cache_bytes}: give a size in bytes, or 0 to turn the result cache off")
+    cache_bytes = args.result_cache_bytes if args.result_cache_bytes is not None else config.result_cache_bytes or SERVE_RESULT_CACHE_BYTES
+    config = config.model_copy(update={"result_cache_bytes": cache_bytes})
     references = list(args.program or [])
     if args.locked:  # each locked program checked now (fetched by id if missing), then served by its id under its name
         path = lockfile.lock_path(args.lock)

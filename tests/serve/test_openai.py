@@ -237,3 +237,27 @@ def test_the_guides_openai_example_runs_against_the_server(long_calls_server: Se
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert FIRST_ID in done.stdout and "urgent=" in done.stdout
+
+
+def _metric(server: ServeProcess, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ") or line.startswith(name + "_total "))
+
+
+def test_a_repeated_call_is_answered_from_the_servers_result_cache_unless_told_not_to(server: ServeProcess) -> None:
+    body = {"input": "a cached input", "options": {"max_tokens": 20}}
+
+    def run(headers: dict[str, str]) -> RunResponse:
+        response = httpx.post(f"{server.url}/v1/programs/{SECOND_ID}/run", json=body, headers={**AUTH, **headers}, timeout=60)
+        assert response.status_code == 200, response.text
+        return RunResponse.model_validate_json(response.content)
+
+    first = run({})
+    hits = _metric(server, "pawfn_result_cache_hits")
+    assert run({}) == first  # the very generation, its timings too: nothing computed
+    assert _metric(server, "pawfn_result_cache_hits") == hits + 1 and _metric(server, "pawfn_result_cache_bytes") > 0
+    fresh = run({"Cache-Control": "no-cache"})
+    assert fresh.generation.token_ids == first.generation.token_ids and fresh.generation.timings != first.generation.timings
+    assert _metric(server, "pawfn_result_cache_hits") == hits + 1
+    chat = _client(server).chat.completions.create(model=SECOND_ID, max_tokens=20, messages=[{"role": "user", "content": "a cached input"}])
+    assert chat.choices[0].message.content == first.generation.text and _metric(server, "pawfn_result_cache_hits") == hits + 2

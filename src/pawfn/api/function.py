@@ -63,10 +63,10 @@ class PawFn(ProgramHandle, Generic[M, B]):
         specialized: type[PawFn[OtherM, OtherB]] = PawFn.__class_getitem__((model, backend))
         return specialized
 
-    def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float):
+    def __init__(self, runtime: ProgramRuntime, meta: ProgramMeta, source: Path, config: PawConfig, load_ms: float, identity: str | None = None):
         """Internal: use `PawFn[Model, Backend].load_sync(...)` or `.load(...)`."""
         self._runtime = runtime
-        self._calls = program_caller(runtime, self.model_type(), self.backend_type().name, meta, source, config)
+        self._calls = program_caller(runtime, self.model_type(), self.backend_type().name, meta, source, config, identity)
         self._meta = meta
         self._source = source
         self._config = config
@@ -101,7 +101,7 @@ class PawFn(ProgramHandle, Generic[M, B]):
 
     @classmethod
     def _opened(cls, opened: Opened, config: PawConfig) -> Self:
-        return cls(opened.runtime, opened.meta, opened.source, config, opened.load_ms)
+        return cls(opened.runtime, opened.meta, opened.source, config, opened.load_ms, opened.identity)
 
     @classmethod
     @deprecated("PawFn.from_path goes in the next release; use PawFn.load_sync(path, base=...)", category=DeprecationWarning)

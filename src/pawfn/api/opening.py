@@ -3,10 +3,11 @@ go through (resolve and download with `prepare_program`, choose the interpreter,
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -16,6 +17,7 @@ from ..formats.bundle import ProgramMeta, open_bundle
 from ..core.config import PawConfig
 from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
 from ..core.guard import check_real_program
+from ..core.hashing import file_sha256
 from ..hub.cache import PawCache
 from ..hub.usage import prune_derived
 from ..hub.prepare import PreparedProgram, find_cached_base, find_cached_projector, prepare_program
@@ -54,6 +56,9 @@ class Opened:
     source: Path
     """The bundle loaded (on `Remote`: the reference the server was asked for)."""
     load_ms: float
+    identity: str | None = None
+    """What determines the program's outputs besides the call (its files, base, backend and settings), when a result
+    cache is on (`PawConfig.result_cache_bytes`); None: its calls are not cached."""
 
 
 def _torch_opener() -> RuntimeOpener:
@@ -125,8 +130,34 @@ def open_files(
             base = _base_weights(base, model, opened.meta, cache, ", or load by reference with load_sync (it downloads what is missing)")
             projector = _projector(model, base, opened.meta, cache)
             runtime = opener(model, ProgramFiles(opened, base, derived_dir, cache.base_derived_dir(), projector=projector), config)
+            identity = program_identity(backend, model, [bundle, base, projector], config)
     bound_derived(cache, config)
-    return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3)
+    return Opened(model, runtime, opened.meta, bundle, (time.perf_counter() - started) * 1e3, identity)
+
+
+def program_identity(backend: type[Backend], model: type[InterpreterModel], files: Sequence[Path | None], config: PawConfig) -> str | None:
+    """A digest of what determines a program's outputs besides the call, for the result cache's keys: the backend,
+    the interpreter, the settings, and each file's content (by sha256; a file over 64 MiB, a base, by its resolved path,
+    size and modification time); None when no result cache is on."""
+    if config.result_cache_bytes <= 0:
+        return None
+    digest = hashlib.sha256(f"{backend.__name__}\0{model.__name__}\0{config.model_dump_json()}".encode())
+    for given in files:
+        if given is None:
+            continue
+        members = sorted(path for path in given.rglob("*") if path.is_file()) if given.is_dir() else [given]
+        for path in members:
+            stat = path.stat()
+            if stat.st_size <= _HASHED_BYTES:
+                digest.update(f"{path.name}\0{file_sha256(path)}\0".encode())
+            else:
+                digest.update(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+_HASHED_BYTES = 64 << 20
+"""Files up to this size (adapters, templates, projectors) count in a program's identity by content; larger ones (bases)
+by path, size and time: hashing 600 MB on every load would cost more than the cache saves."""
 
 
 def bound_derived(cache: PawCache, config: PawConfig) -> None:
@@ -182,9 +213,13 @@ def open_bare(backend: type[Backend], model: type[InterpreterModel], base: Path 
     cache = PawCache(config.cache_dir, config.lock_timeout_s)
     meta = ProgramMeta(interpreter=model.interpreter_id)
     base = _base_weights(base, model, meta, cache, "")
-    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered, _projector(model, base, meta, cache)), config)
+    projector = _projector(model, base, meta, cache)
+    runtime = opener(model, ProgramFiles(None, base, None, cache.base_derived_dir(), numbered, projector), config)
     bound_derived(cache, config)
-    return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3)
+    identity = program_identity(backend, model, [base, projector], config)
+    if identity is not None:  # a bare interpreter's template is its program
+        identity = hashlib.sha256(f"{identity}\0{numbered.segments!r}".encode()).hexdigest()
+    return Opened(model, runtime, meta, base, (time.perf_counter() - started) * 1e3, identity)
 
 
 def open_reference(

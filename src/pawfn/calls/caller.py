@@ -18,8 +18,10 @@ from ..core.options import RuntimeOptions
 from ..core.results import Generation
 from ..formats.bundle import ProgramMeta
 from ..core.templates import ArityError
-from .pending import PendingGeneration, TextIterator, TextStream, checked_input, checked_inputs, checked_options, gather_in_order, results_in_order
+from .pending import PendingGeneration, StreamSink, TextIterator, TextStream, checked_input, checked_inputs, checked_options
+from .pending import gather_in_order, results_in_order
 from .log import CallLog, CallSite, call_log_for, request_id
+from .memo import ResultCache, result_cache_for
 from .prompt import Argument, CallInput
 from .runtime import ProgramRuntime
 
@@ -29,21 +31,39 @@ __all__ = ["Caller", "program_caller"]
 class Caller:
     """Calls on `runtime`, a program of interpreter `model` (whether it reads image arguments)."""
 
-    def __init__(self, runtime: ProgramRuntime, model: type[InterpreterModel], log: CallLog | None = None, site: CallSite | None = None) -> None:
-        """`log`: where each call is recorded, as a call of `site` (both or neither)."""
+    def __init__(
+        self,
+        runtime: ProgramRuntime,
+        model: type[InterpreterModel],
+        log: CallLog | None = None,
+        site: CallSite | None = None,
+        memo: tuple[ResultCache, str] | None = None,
+    ) -> None:
+        """`log`: where each call is recorded, as a call of `site` (both or neither); `memo`: the result cache that
+        answers deterministic calls, with the program's identity in its keys (None: every call is computed)."""
         self.runtime = runtime
         self._model = model
         self._typed = False
         self._format: OutputFormat | None = None
         self._log = None if site is None else log
         self._site = site
+        self._memo = memo
 
     def returning(self, response_format: OutputFormat | None) -> Caller:
         """These calls with their output constrained to `response_format` (a typed program's; None: free text),
         replacing any format the options give."""
-        typed = Caller(self.runtime, self._model, self._log, self._site)
+        typed = Caller(self.runtime, self._model, self._log, self._site, self._memo)
         typed._typed, typed._format = True, response_format
         return typed
+
+    def _submitted(self, arguments: CallInput, options: RuntimeOptions, sink: StreamSink | None = None) -> PendingGeneration:
+        """The call started on the runtime, or answered from the result cache (a stream then gets its tokens at once)."""
+        key = None if self._memo is None else ResultCache.key(self._memo[1], arguments, options)
+        hit = None if key is None or self._memo is None else self._memo[0].get(key)
+        if hit is not None:
+            return _answered(hit, sink)
+        pending = self.runtime.submit(arguments, options) if sink is None else self.runtime.submit_streaming(arguments, options, sink)
+        return pending if self._memo is None else _remembering(self._memo[0], key, pending)
 
     def _logged(self, pending: PendingGeneration, given: CallInput, options: RuntimeOptions) -> PendingGeneration:
         """`pending`, recorded in the call log when it ends (a cancelled call is not)."""
@@ -89,11 +109,11 @@ class Caller:
     def submit(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> PendingGeneration:
         """Start a call and return its future at once."""
         arguments, checked = self.arguments(given), self.options(options)
-        return self._logged(self.runtime.submit(arguments, checked), arguments, checked)
+        return self._logged(self._submitted(arguments, checked), arguments, checked)
 
     def generate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> Generation:
         """Run a call and wait for its `Generation`."""
-        if not isinstance(given, str):
+        if not isinstance(given, str) or self._memo is not None:
             return results_in_order([self.submit(given, options)])[0]
         arguments, checked = self.arguments(given), self.options(options)
         if self._log is None or self._site is None:
@@ -114,14 +134,14 @@ class Caller:
         """Start a call and follow its text (call it on the event loop that reads the stream)."""
         arguments, checked = self.arguments(given), self.options(options)
         stream = TextStream(self.runtime.decode_tokens)
-        stream.follow(self._logged(self.runtime.submit_streaming(arguments, checked, stream), arguments, checked))
+        stream.follow(self._logged(self._submitted(arguments, checked, stream), arguments, checked))
         return stream
 
     def iterate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> TextIterator:
         """Start a call and follow its text from a plain loop (no event loop)."""
         arguments, checked = self.arguments(given), self.options(options)
         stream = TextIterator(self.runtime.decode_tokens)
-        stream.follow(self._logged(self.runtime.submit_streaming(arguments, checked, stream), arguments, checked))
+        stream.follow(self._logged(self._submitted(arguments, checked, stream), arguments, checked))
         return stream
 
     def submit_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[PendingGeneration]:
@@ -132,7 +152,17 @@ class Caller:
         elif self.runtime.closed:
             raise ProgramClosedError()
         checked = self.options(options)
-        return [self._logged(pending, text, checked) for pending, text in zip(self.runtime.submit_batch(texts, checked), texts, strict=True)]
+        if self._memo is None:
+            pendings = self.runtime.submit_batch(texts, checked)
+        else:  # the cache answers what it can; the rest go to the runtime together, as a batch
+            identity, memo = self._memo[1], self._memo[0]
+            keys = [ResultCache.key(identity, text, checked) for text in texts]
+            hits = [None if key is None else memo.get(key) for key in keys]
+            computed = iter(self.runtime.submit_batch([text for text, hit in zip(texts, hits, strict=True) if hit is None], checked))
+            pendings = [
+                _answered(hit, None) if hit is not None else _remembering(memo, key, next(computed)) for key, hit in zip(keys, hits, strict=True)
+            ]
+        return [self._logged(pending, text, checked) for pending, text in zip(pendings, texts, strict=True)]
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[Generation]:
         """Each input's `Generation`, in input order, once every call has ended (the first failure raised)."""
@@ -147,11 +177,45 @@ class Caller:
         return self.runtime.encode_prompt(self.arguments(given), self.options(options))
 
 
+def _answered(generation: Generation, sink: StreamSink | None) -> PendingGeneration:
+    """A call the result cache answers: done at once, its tokens given to `sink` first."""
+    pending = PendingGeneration()
+    if sink is not None:
+        for token in generation.token_ids:
+            sink.on_token(token)
+    pending.set_running_or_notify_cancel()
+    pending.set_result(generation)
+    return pending
+
+
+def _remembering(memo: ResultCache, key: tuple[str, str, str] | None, pending: PendingGeneration) -> PendingGeneration:
+    """`pending`, its generation stored under `key` once it succeeds (None: not stored)."""
+    if key is not None:
+
+        def remember(done: Future[Generation]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                memo.put(key, done.result())
+
+        pending.add_done_callback(remember)
+    return pending
+
+
 def program_caller(
-    runtime: ProgramRuntime, model: type[InterpreterModel], backend: str, meta: ProgramMeta, source: Path, settings: EngineSettings
+    runtime: ProgramRuntime,
+    model: type[InterpreterModel],
+    backend: str,
+    meta: ProgramMeta,
+    source: Path,
+    settings: EngineSettings,
+    identity: str | None = None,
 ) -> Caller:
-    """The caller of a loaded program: its calls recorded in `settings.call_log` (when set) as calls of this program."""
+    """The caller of a loaded program: its calls recorded in `settings.call_log` (when set) as calls of this program,
+    and its deterministic calls answered from the process's result cache of `settings.result_cache_bytes` (when set
+    and the program has an `identity`: what determines its outputs besides the call)."""
+    cache = result_cache_for(settings.result_cache_bytes)
+    memo = None if cache is None or identity is None else (cache, identity)
     log = call_log_for(settings)
     if log is None:
-        return Caller(runtime, model)
-    return Caller(runtime, model, log, CallSite(program_id=meta.program_id, program=str(source), interpreter=meta.interpreter, backend=backend))
+        return Caller(runtime, model, memo=memo)
+    site = CallSite(program_id=meta.program_id, program=str(source), interpreter=meta.interpreter, backend=backend)
+    return Caller(runtime, model, log, site, memo)

@@ -43,6 +43,7 @@ _ENV_VARIABLES = {
     "call_log": "PAW_CALL_LOG",
     "call_log_max_bytes": "PAW_CALL_LOG_MAX_BYTES",
     "call_log_redact": "PAW_CALL_LOG_REDACT",
+    "result_cache_bytes": "PAW_RESULT_CACHE_BYTES",
 }
 
 
@@ -173,6 +174,10 @@ class EngineSettings(OptionsModel):
     """Rotated call logs kept (`<file>.1` ... `<file>.N`)."""
     call_log_redact: str | None = None
     """`module:function` that sees each `CallRecord` before it is written and returns it (changed) or None to drop it."""
+    result_cache_bytes: int = Field(default=0, ge=0)
+    """A result cache for deterministic calls (greedy, or seeded), in bytes: a call repeated with the same input and
+    options on the same program gets the `Generation` the first one computed, from memory; least recently used out
+    first; programs loaded with the same size share one. 0 (the default): every call is computed. Local backends."""
 
 
 class RemoteSettings(OptionsModel):
@@ -229,7 +234,7 @@ class PawConfig(RemoteSettings, EngineSettings, HubSettings):  # this order list
         for name, key in _ENV_VARIABLES.items():
             if env.get(key):
                 values[name], origins[name] = env[key], key
-        for name in ("n_ctx", "max_model_copies", "max_batch_rows", "threads", "call_log_max_bytes"):
+        for name in ("n_ctx", "max_model_copies", "max_batch_rows", "threads", "call_log_max_bytes", "result_cache_bytes"):
             raw = values.get(name)
             if isinstance(raw, str):
                 try:

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager, nullcontext
 from importlib import metadata
 
 from fastapi import APIRouter, FastAPI, Request
@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from ..core.errors import PawError
 from ..core.options import RuntimeOptions
 from ..calls.log import with_request_id
+from ..calls.memo import bypassing_result_cache
 from ..calls.runtime import CallInput
 from ..core.protocol import (
     ErrorBody,
@@ -283,8 +284,8 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         started = time.perf_counter()
-        with with_request_id(request.state.request_id):  # each call this request starts is logged with its id
-            response = await call_next(request)
+        with with_request_id(request.state.request_id), bypassing_result_cache() if _no_cache(request) else nullcontext():
+            response = await call_next(request)  # each call this request starts is logged with its id
         response.headers["x-request-id"] = request.state.request_id
         route = getattr(request.scope.get("route"), "path", "unmatched")
 
@@ -312,6 +313,12 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         return response
 
     return app
+
+
+def _no_cache(request: Request) -> bool:
+    """Whether the request asks for fresh answers (`Cache-Control: no-cache` or `no-store`): its calls skip the result cache."""
+    directives = {part.strip().lower() for part in request.headers.get("cache-control", "").split(",")}
+    return bool(directives & {"no-cache", "no-store"})
 
 
 async def _then(body: AsyncIterator[object], finished: Callable[[], None]) -> AsyncIterator[object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .service import ServiceCounters
@@ -22,7 +22,7 @@ class _ServiceTotals(Collector):
     def __init__(self, counters: Callable[[], ServiceCounters]) -> None:
         self._counters = counters
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         totals = self._counters()
         yield CounterMetricFamily("pawfn_decode_steps", "Decode steps (forward passes over one or more rows)", value=totals.decode_steps)
         yield CounterMetricFamily(
@@ -32,6 +32,11 @@ class _ServiceTotals(Collector):
         yield CounterMetricFamily("pawfn_program_loads", "Programs loaded on a request (first, or after an eviction)", value=totals.program_loads)
         yield CounterMetricFamily("pawfn_program_evictions", "Idle programs unloaded to keep the resident budget", value=totals.program_evictions)
         yield CounterMetricFamily("pawfn_program_cold_start_seconds", "Seconds the loads on a request took, in all", value=totals.cold_start_s)
+        yield CounterMetricFamily("pawfn_result_cache_hits", "Calls the result cache answered", value=totals.cache_hits)
+        yield CounterMetricFamily(
+            "pawfn_result_cache_misses", "Deterministic calls the result cache did not hold (computed, then stored)", value=totals.cache_misses
+        )
+        yield GaugeMetricFamily("pawfn_result_cache_bytes", "Bytes the result cache holds", value=totals.cache_bytes)
 
 
 class ServerMetrics:

@@ -40,6 +40,7 @@ from ..core.options import RuntimeOptions
 from ..core.images import Image
 from ..api.positional import Positional
 from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
+from ..calls.memo import result_cache_for
 from ..calls.runtime import CallInput
 
 __all__ = [
@@ -206,6 +207,12 @@ class ServiceCounters:
     """Idle programs unloaded to stay within the resident-program budget."""
     cold_start_s: float = 0.0
     """Seconds those loads took, in all."""
+    cache_hits: int = 0
+    """Calls the result cache answered."""
+    cache_misses: int = 0
+    """Deterministic calls it did not hold (computed, then stored)."""
+    cache_bytes: int = 0
+    """Bytes the result cache holds now."""
 
 
 def split_alias(given: str) -> tuple[str | None, str]:
@@ -397,12 +404,17 @@ class LocalPrograms:
             if not resident.program.runtime.closed and (counted := resident.program.runtime.decode_counters) is not None
         }
         stats = self._pool.stats
+        cache = result_cache_for(self._config.result_cache_bytes)
+        cached = None if cache is None else cache.stats()
         return ServiceCounters(
             decode_steps=sum(c.steps for c in schedulers.values()),
             decode_rows=sum(c.rows for c in schedulers.values()),
             program_loads=stats.loads,
             program_evictions=stats.evictions,
             cold_start_s=stats.cold_start_s,
+            cache_hits=0 if cached is None else cached.hits,
+            cache_misses=0 if cached is None else cached.misses,
+            cache_bytes=0 if cached is None else cached.bytes,
         )
 
     async def aclose(self) -> None:
