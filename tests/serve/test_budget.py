@@ -228,3 +228,40 @@ def test_a_pool_refuses_another_interpreters_program_before_its_base_downloads(h
         assert server.state.count(rf"/files/{BASE_FILE}") == 0
 
     asyncio.run(scenario())
+
+
+def _series(metrics: str, program: str) -> list[str]:
+    return [line for line in metrics.splitlines() if f'program="{program}"' in line and not line.startswith("#")]
+
+
+def test_a_programs_metric_series_appear_on_load_and_vanish_on_eviction(hub: tuple[HubServer, PawConfig]) -> None:
+    _, config = hub
+    service = LocalPrograms(Torch, config, allow_load=True, max_programs=2)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=create_app(service, ServeSettings()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            for program_id in IDS[:2]:
+                assert (await client.post(f"/v1/programs/{program_id}/run", json={"input": "hello", "options": {"max_tokens": 4}})).status_code == 200
+            metrics = (await client.get("/metrics")).text
+            for program_id in IDS[:2]:
+                names = {line.split("{")[0] for line in _series(metrics, program_id)}
+                assert {
+                    "pawfn_program_resident",
+                    "pawfn_program_calls_total",
+                    "pawfn_generated_tokens_total",
+                    "pawfn_prompt_tokens_total",
+                    "pawfn_program_call_seconds_bucket",
+                    "pawfn_program_time_to_first_token_seconds_bucket",
+                } <= names, names
+            assert f'pawfn_program_calls_total{{program="{IDS[0]}"}} 1.0' in metrics
+            stream = await client.post(f"/v1/programs/{IDS[2]}/stream", json={"input": "hello", "options": {"max_tokens": 4}})
+            assert "event: done" in stream.text  # IDS[2] came in: IDS[0], used least recently, went
+            metrics = (await client.get("/metrics")).text
+            assert _series(metrics, IDS[0]) == []  # its series went with it: no more series than resident programs
+            assert _series(metrics, IDS[1]) and _series(metrics, IDS[2])
+            assert "pawfn_program_evictions_total 1.0" in metrics
+
+        await service.aclose()
+
+    asyncio.run(scenario())

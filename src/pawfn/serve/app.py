@@ -103,7 +103,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         options = checked(body.input, RuntimeOptions(max_tokens=body.max_tokens, temperature=body.temperature or 0.0))
         with admission.hold(1, client_of(request)), answered():
             result = await unless_disconnected(request, service.run(body.program_id, body.input, options), drain)
-        counted(result)
+        counted(result, started)
         latency_ms = (time.perf_counter() - started) * 1e3
         return InferResponse(output=result.generation.text, tokens_generated=len(result.generation.token_ids), latency_ms=latency_ms)
 
@@ -138,9 +138,10 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """One call with pawfn's `RuntimeOptions`; the `Generation` carries text, token ids and timings. A client that
         disconnects cancels its call."""
         call, options = decoded(body)
+        started = time.perf_counter()
         with admission.hold(1, client_of(request)), answered():
             result = await unless_disconnected(request, service.run(reference, call, options), drain)
-        return counted(result)
+        return counted(result, started)
 
     @api.post("/v1/programs/{reference:path}/run_batch", response_model=RunBatchResponse, tags=["programs"])
     async def run_batch(reference: str, body: RunBatchRequest, request: Request) -> RunBatchResponse:
@@ -156,15 +157,16 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         metrics.batch_inputs.observe(len(body.inputs))
         window = max(1, min(len(body.inputs), settings.max_queue_per_client))
 
-        async def inwindows() -> RunBatchResponse:
+        async def windowed() -> RunBatchResponse:
             """The inputs `window` at a time (an empty batch still names its program: one empty part)."""
             parts = [await service.run_batch(reference, part, options) for part in windows(body.inputs, window) or [[]]]
             return RunBatchResponse(program=parts[0].program, generations=[generation for part in parts for generation in part.generations])
 
+        started = time.perf_counter()
         with admission.hold(window, client_of(request)), answered():
-            result = await unless_disconnected(request, inwindows(), drain)
+            result = await unless_disconnected(request, windowed(), drain)
         for generation in result.generations:
-            counted(RunResponse(program=result.program, generation=generation))
+            counted(RunResponse(program=result.program, generation=generation), started)
         return result
 
     @api.post("/v1/programs/{reference:path}/stream", tags=["programs"], response_class=StreamingResponse)
@@ -172,12 +174,14 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
         stripped text) or `error` (`ErrorBody`). Closing the connection cancels the call."""
         call, options = decoded(body)
+        started = time.perf_counter()
         held = AsyncExitStack()  # the queue slot and the call, until the last event is sent (or the client leaves)
         held.enter_context(admission.hold(1, client_of(request)))
         items = await held.enter_async_context(aclosing(service.stream(reference, call, options)))
         try:
             with answered():  # errors before the first piece (unknown program, overflow) keep their status
                 first = await next_unless_drained(items, drain)  # a prompt still evaluating when the grace is up: 503
+            first_at = time.perf_counter()
         except BaseException:
             await held.aclose()
             raise
@@ -188,7 +192,7 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
                     item: StreamPiece | RunResponse | None = first
                     while item is not None:
                         if isinstance(item, RunResponse):
-                            counted(item)
+                            counted(item, started, first_at)
                             yield f"event: done\ndata: {item.model_dump_json()}\n\n"
                             break
                         yield f"event: token\ndata: {item.model_dump_json()}\n\n"

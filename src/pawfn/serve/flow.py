@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,10 +63,11 @@ class Serving:
         self.check_input(text)
         return self.capped(options)
 
-    def counted(self, result: RunResponse) -> RunResponse:
-        """`result`, its tokens counted in the metrics."""
-        self.metrics.generated_tokens.labels(result.program).inc(len(result.generation.token_ids))
-        self.metrics.prompt_tokens.labels(result.program).inc(result.generation.prompt_tokens)
+    def counted(self, result: RunResponse, started: float, first_at: float | None = None) -> RunResponse:
+        """`result`, counted in its program's metrics as a call that arrived at `started` (`time.perf_counter()`) and,
+        on a stream, showed its first text at `first_at`."""
+        now = time.perf_counter()
+        self.metrics.call(result.program, result.generation, now - started, None if first_at is None else first_at - started)
         return result
 
 

@@ -213,6 +213,8 @@ class ServiceCounters:
     """Deterministic calls it did not hold (computed, then stored)."""
     cache_bytes: int = 0
     """Bytes the result cache holds now."""
+    resident: frozenset[str] | None = None
+    """The names of the programs resident now (None: the service cannot say without asking its replicas)."""
 
 
 def split_alias(given: str) -> tuple[str | None, str]:
@@ -415,6 +417,7 @@ class LocalPrograms:
             cache_hits=0 if cached is None else cached.hits,
             cache_misses=0 if cached is None else cached.misses,
             cache_bytes=0 if cached is None else cached.bytes,
+            resident=frozenset(resident.name for resident in self._pool.resident()),
         )
 
     async def aclose(self) -> None:

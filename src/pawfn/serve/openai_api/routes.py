@@ -168,10 +168,11 @@ async def _all(works: Sequence[Awaitable[T]]) -> list[T]:
 
 async def _ran(serving: Serving, request: Request, reference: str, plan: Plan) -> list[RunResponse]:
     """The plan's calls run together (the base's scheduler batches them), each counted in the metrics."""
+    started = time.perf_counter()
     with serving.admission.hold(len(plan), client_of(request)), answered():
         works = [serving.service.run(reference, call, options) for call, options in plan]
         results = await unless_disconnected(request, _all(works), serving.drain)
-    return [serving.counted(result) for result in results]
+    return [serving.counted(result, started) for result in results]
 
 
 def _usage(results: Sequence[RunResponse], n: int) -> Usage:
@@ -288,6 +289,7 @@ Item = StreamPiece | RunResponse
 async def _streamed(serving: Serving, request: Request, reference: str, plan: Plan, chunks: _Chunks, headers: dict[str, str]) -> StreamingResponse:
     """The plan's calls streamed together as OpenAI's chunks, then `data: [DONE]`; an error before any text keeps its
     status, one after it is a last `data: {"error": ...}` event. Closing the connection cancels every call."""
+    started = time.perf_counter()
     held = AsyncExitStack()  # the queue slots and the calls, until the last event is sent (or the client leaves)
     held.enter_context(serving.admission.hold(len(plan), client_of(request)))
     try:
@@ -298,6 +300,7 @@ async def _streamed(serving: Serving, request: Request, reference: str, plan: Pl
         await held.aclose()
         raise
     shown = [_Shown(options.stop) for _, options in plan]
+    first_at: list[float | None] = [None] * len(plan)
 
     async def events() -> AsyncIterator[str]:
         async with held:
@@ -308,10 +311,11 @@ async def _streamed(serving: Serving, request: Request, reference: str, plan: Pl
                         yield _event(opening)
                 async for index, item in _merged(streams, firsts, serving):
                     if isinstance(item, StreamPiece):
+                        first_at[index] = first_at[index] or time.perf_counter()
                         if text := shown[index].add(item.text):
                             yield _event(chunks.text(index, text))
                         continue
-                    results[index] = serving.counted(item)
+                    results[index] = serving.counted(item, started, first_at[index])
                     if text := shown[index].rest(item.generation.text):
                         yield _event(chunks.text(index, text))
                     yield _event(chunks.finished(index, item))
