@@ -18,6 +18,7 @@ from ..core.options import RuntimeOptions
 from ..core.results import Generation
 from ..formats.bundle import ProgramMeta
 from ..core.templates import ArityError
+from ..core.tracing import CallTrace, tracing_calls
 from .pending import PendingGeneration, StreamSink, TextIterator, TextStream, checked_input, checked_inputs, checked_options
 from .pending import gather_in_order, results_in_order
 from .log import CallLog, CallSite, call_log_for, request_id
@@ -38,10 +39,14 @@ class Caller:
         log: CallLog | None = None,
         site: CallSite | None = None,
         memo: tuple[ResultCache, str] | None = None,
+        name: str = "program",
+        program_id: str | None = None,
     ) -> None:
         """`log`: where each call is recorded, as a call of `site` (both or neither); `memo`: the result cache that
-        answers deterministic calls, with the program's identity in its keys (None: every call is computed)."""
+        answers deterministic calls, with the program's identity in its keys (None: every call is computed); `name`,
+        `program_id`: the program in its calls' traces."""
         self.runtime = runtime
+        self._name, self._program_id = name, program_id
         self._model = model
         self._typed = False
         self._format: OutputFormat | None = None
@@ -52,18 +57,19 @@ class Caller:
     def returning(self, response_format: OutputFormat | None) -> Caller:
         """These calls with their output constrained to `response_format` (a typed program's; None: free text),
         replacing any format the options give."""
-        typed = Caller(self.runtime, self._model, self._log, self._site, self._memo)
+        typed = Caller(self.runtime, self._model, self._log, self._site, self._memo, self._name, self._program_id)
         typed._typed, typed._format = True, response_format
         return typed
 
     def _submitted(self, arguments: CallInput, options: RuntimeOptions, sink: StreamSink | None = None) -> PendingGeneration:
         """The call started on the runtime, or answered from the result cache (a stream then gets its tokens at once)."""
+        trace = CallTrace.start(self._name, self._program_id, request_id())
         key = None if self._memo is None else ResultCache.key(self._memo[1], arguments, options)
         hit = None if key is None or self._memo is None else self._memo[0].get(key)
         if hit is not None:
-            return _answered(hit, sink)
+            return _traced(_answered(hit, sink), trace, cache_hit=True)
         pending = self.runtime.submit(arguments, options) if sink is None else self.runtime.submit_streaming(arguments, options, sink)
-        return pending if self._memo is None else _remembering(self._memo[0], key, pending)
+        return _traced(pending if self._memo is None else _remembering(self._memo[0], key, pending), trace)
 
     def _logged(self, pending: PendingGeneration, given: CallInput, options: RuntimeOptions) -> PendingGeneration:
         """`pending`, recorded in the call log when it ends (a cancelled call is not)."""
@@ -113,7 +119,7 @@ class Caller:
 
     def generate(self, given: str | tuple[object, ...], options: RuntimeOptions | None) -> Generation:
         """Run a call and wait for its `Generation`."""
-        if not isinstance(given, str) or self._memo is not None:
+        if not isinstance(given, str) or self._memo is not None or tracing_calls():
             return results_in_order([self.submit(given, options)])[0]
         arguments, checked = self.arguments(given), self.options(options)
         if self._log is None or self._site is None:
@@ -152,6 +158,7 @@ class Caller:
         elif self.runtime.closed:
             raise ProgramClosedError()
         checked = self.options(options)
+        traces = [CallTrace.start(self._name, self._program_id, request_id()) for _ in texts] if tracing_calls() else None
         if self._memo is None:
             pendings = self.runtime.submit_batch(texts, checked)
         else:  # the cache answers what it can; the rest go to the runtime together, as a batch
@@ -162,6 +169,8 @@ class Caller:
             pendings = [
                 _answered(hit, None) if hit is not None else _remembering(memo, key, next(computed)) for key, hit in zip(keys, hits, strict=True)
             ]
+        if traces is not None:
+            pendings = [_traced(pending, trace) for pending, trace in zip(pendings, traces, strict=True)]
         return [self._logged(pending, text, checked) for pending, text in zip(pendings, texts, strict=True)]
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[Generation]:
@@ -185,6 +194,19 @@ def _answered(generation: Generation, sink: StreamSink | None) -> PendingGenerat
             sink.on_token(token)
     pending.set_running_or_notify_cancel()
     pending.set_result(generation)
+    return pending
+
+
+def _traced(pending: PendingGeneration, trace: CallTrace | None, cache_hit: bool = False) -> PendingGeneration:
+    """`pending`, its spans made once it ends (a cancelled call has none)."""
+    if trace is not None:
+
+        def ended(done: Future[Generation]) -> None:
+            if not done.cancelled():
+                failure = done.exception()
+                trace.ended(None if failure is not None else done.result(), cache_hit, failure)
+
+        pending.add_done_callback(ended)
     return pending
 
 
@@ -215,7 +237,8 @@ def program_caller(
     cache = result_cache_for(settings.result_cache_bytes)
     memo = None if cache is None or identity is None else (cache, identity)
     log = call_log_for(settings)
+    name = meta.program_id or source.name
     if log is None:
-        return Caller(runtime, model, memo=memo)
+        return Caller(runtime, model, memo=memo, name=name, program_id=meta.program_id)
     site = CallSite(program_id=meta.program_id, program=str(source), interpreter=meta.interpreter, backend=backend)
-    return Caller(runtime, model, log, site, memo)
+    return Caller(runtime, model, log, site, memo, name, meta.program_id)

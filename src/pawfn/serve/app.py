@@ -24,6 +24,7 @@ from ..core.errors import PawError
 from ..core.options import RuntimeOptions
 from ..calls.log import with_request_id
 from ..calls.memo import bypassing_result_cache
+from ..core.tracing import end_span, phase_span, request_span
 from ..calls.runtime import CallInput
 from ..core.protocol import (
     ErrorBody,
@@ -189,14 +190,15 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
         async def events() -> AsyncIterator[str]:
             async with held:
                 try:
-                    item: StreamPiece | RunResponse | None = first
-                    while item is not None:
-                        if isinstance(item, RunResponse):
-                            counted(item, started, first_at)
-                            yield f"event: done\ndata: {item.model_dump_json()}\n\n"
-                            break
-                        yield f"event: token\ndata: {item.model_dump_json()}\n\n"
-                        item = await next_unless_drained(items, drain)
+                    with phase_span("pawfn.stream", current=False):
+                        item: StreamPiece | RunResponse | None = first
+                        while item is not None:
+                            if isinstance(item, RunResponse):
+                                counted(item, started, first_at)
+                                yield f"event: done\ndata: {item.model_dump_json()}\n\n"
+                                break
+                            yield f"event: token\ndata: {item.model_dump_json()}\n\n"
+                            item = await next_unless_drained(items, drain)
                 except (PawError, ApiError) as exc:
                     body = error_body(request, exc if isinstance(exc, ApiError) else api_error(exc))
                     yield f"event: error\ndata: {body.model_dump_json()}\n\n"
@@ -288,14 +290,20 @@ def create_app(service: ProgramService, settings: ServeSettings | None = None) -
     async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         request.state.request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         started = time.perf_counter()
-        with with_request_id(request.state.request_id), bypassing_result_cache() if _no_cache(request) else nullcontext():
-            response = await call_next(request)  # each call this request starts is logged with its id
+        about = {"http.request.method": request.method, "url.path": request.url.path[:200], "pawfn.request_id": str(request.state.request_id)[:128]}
+        with (
+            with_request_id(request.state.request_id),
+            bypassing_result_cache() if _no_cache(request) else nullcontext(),
+            request_span(request.headers, f"pawfn.request {request.method}", about) as span,
+        ):
+            response = await call_next(request)  # each call this request starts is logged with its id, traced as a child
         response.headers["x-request-id"] = request.state.request_id
         route = getattr(request.scope.get("route"), "path", "unmatched")
 
         def finished() -> None:
             """Count the request once its body has gone out (a stream's last event, or its client gone)."""
             elapsed_s = time.perf_counter() - started
+            end_span(span, {"http.route": route, "http.response.status_code": response.status_code})
             metrics.requests.labels(route, str(response.status_code)).inc()
             metrics.latency.labels(route).observe(elapsed_s)
             # the access line carries the id an error body gives, so the two can be matched (uvicorn's own line cannot)

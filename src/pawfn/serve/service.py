@@ -41,6 +41,7 @@ from ..core.images import Image
 from ..api.positional import Positional
 from ..core.protocol import RunBatchResponse, RunResponse, ServedProgram, StreamPiece
 from ..calls.memo import result_cache_for
+from ..core.tracing import phase_span
 from ..calls.runtime import CallInput
 
 __all__ = [
@@ -123,8 +124,9 @@ async def held_for_request(held: AsyncExitStack, pool: ProgramPool[InterpreterMo
     `loading` (its failures remembered and answered as such), while an error inside the caller's block stays its own."""
     if reference in pool:
         return await held.enter_async_context(pool.use(reference))
-    async with loading(reference, failures):
-        return await held.enter_async_context(pool.use(reference))
+    with phase_span("pawfn.load", {"pawfn.program": shown_reference(reference)}):
+        async with loading(reference, failures):
+            return await held.enter_async_context(pool.use(reference))
 
 
 @asynccontextmanager

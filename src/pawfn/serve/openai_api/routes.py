@@ -23,6 +23,7 @@ from ...calls.stops import first_stop, unsure_tail
 from ...core.errors import PawError
 from ...core.options import RuntimeOptions
 from ...core.protocol import RunResponse, StreamPiece
+from ...core.tracing import phase_span
 from ..errors import ApiError, api_error
 from ..flow import Serving, answered, next_unless_drained, unless_disconnected
 from ..gate import client_of
@@ -306,22 +307,23 @@ async def _streamed(serving: Serving, request: Request, reference: str, plan: Pl
         async with held:
             results: list[RunResponse | None] = [None] * len(plan)
             try:
-                for index in range(len(plan)):
-                    if (opening := chunks.opening(index)) is not None:
-                        yield _event(opening)
-                async for index, item in _merged(streams, firsts, serving):
-                    if isinstance(item, StreamPiece):
-                        first_at[index] = first_at[index] or time.perf_counter()
-                        if text := shown[index].add(item.text):
+                with phase_span("pawfn.stream", current=False):
+                    for index in range(len(plan)):
+                        if (opening := chunks.opening(index)) is not None:
+                            yield _event(opening)
+                    async for index, item in _merged(streams, firsts, serving):
+                        if isinstance(item, StreamPiece):
+                            first_at[index] = first_at[index] or time.perf_counter()
+                            if text := shown[index].add(item.text):
+                                yield _event(chunks.text(index, text))
+                            continue
+                        results[index] = serving.counted(item, started, first_at[index])
+                        if text := shown[index].rest(item.generation.text):
                             yield _event(chunks.text(index, text))
-                        continue
-                    results[index] = serving.counted(item, started, first_at[index])
-                    if text := shown[index].rest(item.generation.text):
-                        yield _event(chunks.text(index, text))
-                    yield _event(chunks.finished(index, item))
-                if chunks.include_usage:
-                    yield _event(chunks.usage(_usage([result for result in results if result is not None], chunks.n)))
-                yield "data: [DONE]\n\n"
+                        yield _event(chunks.finished(index, item))
+                    if chunks.include_usage:
+                        yield _event(chunks.usage(_usage([result for result in results if result is not None], chunks.n)))
+                    yield "data: [DONE]\n\n"
             except (PawError, ApiError) as exc:
                 _, body = openai_error(exc if isinstance(exc, ApiError) else api_error(exc))
                 yield _event(body)
