@@ -261,3 +261,42 @@ def test_a_repeated_call_is_answered_from_the_servers_result_cache_unless_told_n
     assert _metric(server, "pawfn_result_cache_hits") == hits + 1
     chat = _client(server).chat.completions.create(model=SECOND_ID, max_tokens=20, messages=[{"role": "user", "content": "a cached input"}])
     assert chat.choices[0].message.content == first.generation.text and _metric(server, "pawfn_result_cache_hits") == hits + 2
+
+
+def test_a_messages_image_parts_are_the_calls_image_arguments_in_order() -> None:
+    pytest.importorskip("PIL", reason="images need the vision extra")
+    import base64
+    import io
+
+    from PIL import Image as PILImage
+
+    from pawfn import Image
+    from pawfn.serve.app import create_app
+    from tests.serve.test_serve_app import ScriptedService
+
+    given: list[object] = []
+
+    class Recording(ScriptedService):
+        async def run(self, reference: str, text: object, options: RuntimeOptions) -> RunResponse:
+            given.append(text)
+            self.release.set()
+            return await super().run(reference, "ok", options)
+
+    buffer = io.BytesIO()
+    PILImage.new("RGB", (8, 6), (200, 10, 10)).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    content = [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url}}]
+
+    async def scenario() -> tuple[httpx2.Response, httpx2.Response]:
+        transport = httpx2.ASGITransport(app=create_app(Recording()))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
+            answered = await client.post("/v1/chat/completions", json={"model": "p", "messages": [{"role": "user", "content": content}]})
+            fetched = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+            refused = await client.post("/v1/chat/completions", json={"model": "p", "messages": [{"role": "user", "content": [fetched]}]})
+            return answered, refused
+
+    answered, refused = asyncio.run(scenario())
+    assert answered.status_code == 200, answered.text
+    call = given[0]
+    assert isinstance(call, tuple) and call[0] == "What is it?" and isinstance(call[1], Image) and call[1].rgb().size == (8, 6)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_image_url" and given[1:] == []

@@ -87,6 +87,20 @@ def test_streaming_and_the_remote_backend_work_on_ray_too(ray_url: str, local_ru
         assert remote.run_batch(INPUTS, options) == local_runs[SECOND_ID].run_batch(INPUTS, options)
 
 
+def test_the_openai_routes_work_on_ray_too(ray_url: str, local_runs: LocalRuns) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{ray_url}/v1", api_key=KEY, max_retries=0)
+    assert {"tiny-first", "tiny-second"} <= {model.id for model in client.models.list()}
+    expected = local_runs[SECOND_ID].run_with(INPUTS[0], RuntimeOptions(max_tokens=10))
+    chat = client.chat.completions.create(model="tiny-second", max_tokens=10, messages=[{"role": "user", "content": INPUTS[0]}])
+    assert chat.choices[0].message.content == expected
+    with client.completions.create(model="tiny-second", prompt=INPUTS[0], max_tokens=10, stream=True) as stream:
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == expected
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="c3c3c3c3c3c3c3c3c3c3", prompt="x")
+
+
 def test_a_programs_requests_go_to_the_replica_that_holds_it(ray_url: str) -> None:
     """A program no replica holds yet, asked for one request at a time: loaded once, then always that replica (the
     other programs may be on both replicas by now: concurrent calls spread them)."""
