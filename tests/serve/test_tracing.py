@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
+from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from tests.helpers.programs import TinyProgram
 
 pytest.importorskip("opentelemetry.sdk", reason="traces are tested with OpenTelemetry's SDK (the dev extra)")
@@ -37,6 +37,19 @@ def test_a_call_is_a_span_with_its_phases_under_the_callers_span(qwen3_program: 
         assert parent is not None and parent.span_id == call.context.span_id
         assert call.start_time is not None and call.end_time is not None
         assert call.start_time <= (spans[phase].start_time or 0) <= (spans[phase].end_time or 0) <= call.end_time
+
+
+def test_a_result_cache_hit_is_a_call_span_that_says_so_without_phases(qwen3_program: TinyProgram) -> None:
+    config = PawConfig(result_cache_bytes=1 << 20)
+    with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.archive, base=qwen3_program.interpreter.gguf_path, config=config) as program:
+        options = RuntimeOptions(max_tokens=5, seed=1, temperature=0.7)
+        program.generate("traced twice", options)
+        with captured_spans() as exporter:
+            program.generate("traced twice", options)
+            program.generate_batch(["traced twice"], options)
+    spans = exporter.get_finished_spans()
+    assert [span.name for span in spans] == ["pawfn.call", "pawfn.call"]
+    assert all(span.attributes is not None and span.attributes["pawfn.cache_hit"] is True for span in spans)
 
 
 def _ids(span: ReadableSpan) -> tuple[int, int]:
@@ -95,7 +108,7 @@ _HIDDEN = (
 @pytest.mark.parametrize("installed", [False, True], ids=["without the extra", "with it, no SDK configured"])
 def test_calls_import_nothing_of_opentelemetry_they_do_not_need(qwen3_program: TinyProgram, installed: bool) -> None:
     script = ("" if installed else _HIDDEN) + (
-        "from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch\n"
+        "from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch\n"
         f"with PawFn[Qwen3_0_6B, Torch].load_sync({str(qwen3_program.archive)!r}, base={str(qwen3_program.interpreter.gguf_path)!r}) as p:\n"
         "    p.generate('hi', RuntimeOptions(max_tokens=3))\n"
         "print(sorted({'.'.join(name.split('.')[:2]) for name in sys.modules if name.startswith('opentelemetry')}))\n"

@@ -159,6 +159,7 @@ class Caller:
             raise ProgramClosedError()
         checked = self.options(options)
         traces = [CallTrace.start(self._name, self._program_id, request_id()) for _ in texts] if tracing_calls() else None
+        hits: list[Generation | None] = [None] * len(texts)
         if self._memo is None:
             pendings = self.runtime.submit_batch(texts, checked)
         else:  # the cache answers what it can; the rest go to the runtime together, as a batch
@@ -170,7 +171,7 @@ class Caller:
                 _answered(hit, None) if hit is not None else _remembering(memo, key, next(computed)) for key, hit in zip(keys, hits, strict=True)
             ]
         if traces is not None:
-            pendings = [_traced(pending, trace) for pending, trace in zip(pendings, traces, strict=True)]
+            pendings = [_traced(pending, trace, hit is not None) for pending, trace, hit in zip(pendings, traces, hits, strict=True)]
         return [self._logged(pending, text, checked) for pending, text in zip(pendings, texts, strict=True)]
 
     def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None) -> list[Generation]:

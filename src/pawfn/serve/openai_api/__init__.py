@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API of `pawfn serve`: its shapes (`protocol`), its routes (`routes`) and its error object (`errors`)."""

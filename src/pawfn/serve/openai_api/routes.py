@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, aclosing
 from typing import TypeVar
@@ -222,8 +223,10 @@ class _Shown:
         return piece
 
 
-class _Chunks:
-    """How a stream's events read: a choice's new text, its end, the usage."""
+class _Chunks(ABC):
+    """How a stream's events read: a choice's opening, its new text, its end, the usage (one id for the stream)."""
+
+    prefix = "cmpl"
 
     def __init__(self, model: str, n: int, include_usage: bool) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
@@ -232,19 +235,18 @@ class _Chunks:
         self.n = n
         self.include_usage = include_usage
 
-    prefix = "cmpl"
-
     def opening(self, index: int) -> BaseModel | None:
+        """The chunk that opens choice `index` (None: nothing before its text)."""
         return None
 
-    def text(self, index: int, text: str) -> BaseModel:
-        raise NotImplementedError
+    @abstractmethod
+    def text(self, index: int, text: str) -> BaseModel: ...
 
-    def finished(self, index: int, result: RunResponse) -> BaseModel:
-        raise NotImplementedError
+    @abstractmethod
+    def finished(self, index: int, result: RunResponse) -> BaseModel: ...
 
-    def usage(self, usage: Usage) -> BaseModel:
-        raise NotImplementedError
+    @abstractmethod
+    def usage(self, usage: Usage) -> BaseModel: ...
 
 
 class _ChatChunks(_Chunks):
