@@ -12,7 +12,7 @@
 The program is the Qwen3-0.6B-shaped one of `load_cost.py` (random weights, real shapes; `--tiny`: the tests' tiny
 one), served as `triage` with calls of `--max-tokens`.
 
-    python benchmarks/observability.py [--workdir /tmp/pawfn-qwen3-shape] [--clients 8] [--calls 4] [--runs 3]
+    python benchmarks/observability.py [--workdir /tmp/pawfn-qwen3-shape] [--clients 8] [--calls 4] [--runs 3] [--tracing-only]
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--repeat-rate", type=float, default=0.3)
+    parser.add_argument("--tracing-only", action="store_true", help="measure tracing alone (no result-cache part)")
     args = parser.parse_args()
     if args.tiny:
         from tests.helpers.programs import make_program
@@ -196,6 +197,8 @@ def main() -> None:
         ratios.append(rates[True] / rates[False])
         print(f"  run {run + 1}: untraced {rates[False]:.2f} calls/s, traced {rates[True]:.2f} calls/s, traced/untraced {ratios[-1]:.3f}")
     print(f"  median traced/untraced: {statistics.median(ratios):.3f}")
+    if args.tracing_only:
+        return
 
     print(f"result cache: repeat rate {args.repeat_rate:g}")
     results = {}
