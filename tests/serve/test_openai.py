@@ -15,10 +15,13 @@ from typing import Literal
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from pawfn import PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.core.protocol import RunResponse
+from tests.test_fuzz import FUZZ
 from tests.helpers.servers import AUTH, FIRST_ID, INPUTS, KEY, SECOND_ID, STOPPED, ServeProcess, decode_steps, settled_steps, wait_decoding
 
 pytest.importorskip("openai", reason="the OpenAI-compatible routes are tested with the official openai client (the dev extra)")
@@ -27,6 +30,10 @@ pytest.importorskip("fastapi", reason="pawfn serve needs the serve extra")
 import httpx2  # noqa: E402 - openai's own HTTP client
 import openai  # noqa: E402 - after the skip: the dev extra
 from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
+
+from pawfn.serve import ServeSettings  # noqa: E402
+from pawfn.serve.app import create_app  # noqa: E402 - the serve extra
+from tests.serve.test_serve_app import ScriptedService  # noqa: E402 - the scripted service of the app's own tests
 
 LocalRuns = dict[str, PawFn[Qwen3_0_6B, Torch]]
 
@@ -164,6 +171,11 @@ def test_errors_are_openais_error_objects_with_the_request_id(server: ServeProce
     with pytest.raises(openai.BadRequestError) as unknown:
         client.completions.create(model=FIRST_ID, prompt="x", extra_body={"max_token": 5})
     assert unknown.value.param == "max_token"
+    hostiles: list[dict[str, object]] = [{"choice": []}, {"choice": [""]}, {"regex": "x" * 2100}, {"choice": ["a"], "regex": "a"}]
+    for hostile in hostiles:
+        with pytest.raises(openai.BadRequestError) as constrained:
+            client.completions.create(model=FIRST_ID, prompt="x", extra_body={"structured_outputs": hostile})
+        assert constrained.value.param is not None and constrained.value.param.startswith("structured_outputs")
     with pytest.raises(openai.BadRequestError) as too_many:
         client.completions.create(model=FIRST_ID, prompt="x", max_tokens=10_000)
     assert too_many.value.param == "max_tokens"
@@ -193,9 +205,6 @@ def test_a_client_that_leaves_a_stream_stops_its_decoding(long_calls_server: Ser
 
 def test_a_full_queue_is_429_and_a_shutdown_503_in_openais_shape() -> None:
     from pawfn.core.errors import ProgramClosedError
-    from pawfn.serve import ServeSettings
-    from pawfn.serve.app import create_app
-    from tests.serve.test_serve_app import ScriptedService
 
     service = ScriptedService()
 
@@ -271,8 +280,6 @@ def test_a_messages_image_parts_are_the_calls_image_arguments_in_order() -> None
     from PIL import Image as PILImage
 
     from pawfn import Image
-    from pawfn.serve.app import create_app
-    from tests.serve.test_serve_app import ScriptedService
 
     given: list[object] = []
 
@@ -300,3 +307,56 @@ def test_a_messages_image_parts_are_the_calls_image_arguments_in_order() -> None
     call = given[0]
     assert isinstance(call, tuple) and call[0] == "What is it?" and isinstance(call[1], Image) and call[1].rgb().size == (8, 6)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_image_url" and given[1:] == []
+
+
+_TEXT = st.text(max_size=12)
+_ANY = st.none() | st.booleans() | st.integers(-3, 3000) | st.floats(allow_nan=False, allow_infinity=False) | _TEXT
+_PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", "audio"])}, optional={"text": _ANY, "image_url": _ANY})
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "robot"])}, optional={"content": _ANY | st.lists(_PART, max_size=3)}
+)
+_OPENAI_BODIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from(["p", "q", ""]) | _ANY,
+        "messages": st.lists(_MESSAGE, max_size=4) | _ANY,
+        "prompt": _TEXT | st.lists(_TEXT, max_size=20) | _ANY,
+        "max_tokens": _ANY,
+        "max_completion_tokens": _ANY,
+        "temperature": _ANY,
+        "top_p": _ANY,
+        "seed": st.integers() | _ANY,
+        "stop": _ANY | st.lists(_TEXT, max_size=6),
+        "n": st.integers(-1, 40) | _ANY,
+        "stream": _ANY,
+        "stream_options": _ANY | st.fixed_dictionaries({}, optional={"include_usage": _ANY}),
+        "response_format": _ANY | st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}),
+        "structured_outputs": _ANY | st.fixed_dictionaries({}, optional={"choice": st.lists(_TEXT, max_size=3) | _ANY, "regex": _ANY}),
+        "tools": _ANY | st.lists(_ANY, max_size=2),
+        "logprobs": _ANY,
+        "frequency_penalty": _ANY,
+        "user": _ANY,
+    },
+)
+
+
+@FUZZ
+@given(route=st.sampled_from(["/v1/chat/completions", "/v1/completions"]), body=_OPENAI_BODIES)
+def test_any_openai_body_gets_an_answer_or_openais_error_never_a_crash(route: str, body: dict[str, object]) -> None:
+
+    class AnyInput(ScriptedService):
+        async def run(self, reference: str, text: object, options: RuntimeOptions) -> RunResponse:
+            return await super().run(reference, "answer", options)
+
+    async def scenario() -> None:
+        service = AnyInput()
+        service.release.set()
+        transport = httpx2.ASGITransport(app=create_app(service, ServeSettings(max_body_bytes=4096)))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.post(route, json=body)
+            assert response.status_code in (200, 400, 404, 413, 429), response.text
+            if response.status_code != 200:
+                error = response.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["type"] == "invalid_request_error"
+
+    asyncio.run(scenario())

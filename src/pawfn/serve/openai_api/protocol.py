@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from ...calls.runtime import CallInput
 from ...core.images import Image
-from ...core.grammar import ChoicesFormat, JsonSchemaFormat, JsonSchemaSpec, OutputFormat, PatternFormat
+from ...core.grammar import (
+    MAX_CHOICE_CHARS,
+    MAX_CHOICES,
+    MAX_PATTERN_CHARS,
+    ChoicesFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    OutputFormat,
+    PatternFormat,
+)
 from ...core.options import MAX_STOP_CHARS, MAX_STOPS, RuntimeOptions
 from ...core.protocol import ImagePart, ImageUrl
 from ...core.results import StopReason
@@ -83,8 +92,8 @@ class StructuredOutputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    choice: list[str] | None = None
-    regex: str | None = None
+    choice: list[Annotated[str, Field(min_length=1, max_length=MAX_CHOICE_CHARS)]] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
+    regex: str | None = Field(default=None, min_length=1, max_length=MAX_PATTERN_CHARS)
 
 
 _Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
