@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from load_cost import prepare  # noqa: E402 - beside this script
 from tests.helpers.servers import free_port  # noqa: E402 - the checkout's own helpers
 
-_TRACED = """
-import sys
+_RECORDING_SDK = """
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -46,10 +45,10 @@ class Dropped(SpanExporter):
 provider = TracerProvider()
 provider.add_span_processor(BatchSpanProcessor(Dropped()))
 trace.set_tracer_provider(provider)
-from pawfn.cli import main
-sys.exit(main(sys.argv[1:]))
 """
+"""An OpenTelemetry SDK that records every span and hands them to an exporter that drops them."""
 _PLAIN = "import sys\nfrom pawfn.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+_TRACED = _RECORDING_SDK + _PLAIN
 
 
 class Server:
@@ -125,21 +124,12 @@ def load(url: str, clients: int, calls: int, max_tokens: int, repeat_rate: float
     return time.perf_counter() - started, latencies
 
 
-_SPAN_COST = """
+_SPAN_COST = (
+    _RECORDING_SDK
+    + """
 import time
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from pawfn.core.results import Generation, Timings
 from pawfn.core.tracing import CallTrace
-
-class Dropped(SpanExporter):
-    def export(self, spans):
-        return SpanExportResult.SUCCESS
-
-provider = TracerProvider()
-provider.add_span_processor(BatchSpanProcessor(Dropped()))
-trace.set_tracer_provider(provider)
 timings = Timings(tokenize_ms=1.0, prompt_ms=100.0, generate_ms=400.0, total_ms=501.0)
 generation = Generation(
     text="immediate", token_ids=(1, 2, 3), prefix_tokens=300, prompt_tokens=20, stop_reason="eos", timings=timings, numerics="llamacpp"
@@ -151,6 +141,7 @@ for rounds in (200, 2000):
     spent = time.perf_counter() - started
 print(spent / rounds * 1e6)
 """
+)
 
 
 def _span_cost_us() -> float:

@@ -45,16 +45,16 @@ class Serving:
         if length > self.settings.max_input_chars:
             raise ApiError(413, "input_too_long", f"the input has {length} characters; this server takes at most {self.settings.max_input_chars}")
 
-    def capped(self, options: RuntimeOptions, param: str = "max_tokens") -> RuntimeOptions:
-        """`options` with the server's max_tokens cap (422 past it; `param`: the request's name for it)."""
+    def capped(self, options: RuntimeOptions) -> RuntimeOptions:
+        """`options` with the server's max_tokens cap (422 past it)."""
         if options.max_tokens is None:
             return options.model_copy(update={"max_tokens": self.settings.max_tokens})
         if options.max_tokens > self.settings.max_tokens:
             raise ApiError(
                 422,
                 "max_tokens_too_large",
-                f"{param}={options.max_tokens} is over this server's limit of {self.settings.max_tokens}; ask for fewer",
-                param=param,
+                f"max_tokens={options.max_tokens} is over this server's limit of {self.settings.max_tokens}; ask for fewer",
+                param="max_tokens",
             )
         return options
 

@@ -130,6 +130,11 @@ class _GenerationRequest(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "invalid_request", "stream_options is only allowed with stream: true", param="stream_options")
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a chunk of the request's `usage`."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
     def limit(self) -> int | None:
         """The most tokens the request asks for (None: as many as the server allows)."""
         return self.max_tokens

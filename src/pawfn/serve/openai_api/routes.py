@@ -92,8 +92,7 @@ def openai_router(serving: Serving) -> APIRouter:
         headers = {IGNORED_MESSAGES_HEADER: ",".join(left_out)} if left_out else {}
         plan = _plan(serving, body.n, [call], body.options)
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return await _streamed(serving, request, body.model, plan, _ChatChunks(body.model, body.n, include_usage), headers)
+            return await _streamed(serving, request, body.model, plan, _ChatChunks(body.model, body.n, body.include_usage), headers)
         results = await _ran(serving, request, body.model, plan)
         completion = ChatCompletion(
             id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -116,8 +115,7 @@ def openai_router(serving: Serving) -> APIRouter:
         body.unsupported()
         plan = _plan(serving, body.n, body.inputs(), body.options)
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return await _streamed(serving, request, body.model, plan, _CompletionChunks(body.model, body.n, include_usage), {})
+            return await _streamed(serving, request, body.model, plan, _CompletionChunks(body.model, body.n, body.include_usage), {})
         results = await _ran(serving, request, body.model, plan)
         completion = Completion(
             id=f"cmpl-{uuid.uuid4().hex}",
@@ -154,7 +152,7 @@ def _plan(serving: Serving, n: int, inputs: Sequence[CallInput], options_of: Cal
         for choice in range(n):
             with answered():  # an option out of range (OptionError) is the request's fault
                 options = options_of(choice)
-            plan.append((call, serving.capped(options, "max_tokens")))
+            plan.append((call, serving.capped(options)))
     return plan
 
 
