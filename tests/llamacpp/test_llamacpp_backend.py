@@ -23,6 +23,7 @@ from pawfn import (
     RuntimeOptions,
     Torch,
 )
+from pawfn.core import cpuinfo as cpuinfo_module
 from pawfn.llamacpp import cpu
 from pawfn.llamacpp import program as llamacpp_program
 from tests.helpers.programs import TinyProgram, llamacpp_program_of, requires_llama_cpp
@@ -81,7 +82,7 @@ def _fake_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpuinfo: str,
     """The CPU flags and llama.cpp build the backend reads, faked; nothing on the system changes."""
     path = tmp_path / "cpuinfo"
     path.write_text(cpuinfo)
-    monkeypatch.setattr(cpu, "CPUINFO", path)
+    monkeypatch.setattr(cpuinfo_module, "CPUINFO", path)
     monkeypatch.setattr(llamacpp_program, "_system_info", lambda: system_info)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pawfn.core import cpuinfo as cpuinfo_module
 from pawfn.llamacpp import cpu
 from tests.helpers.references import REPOSITORY, crash_report, llama_reference
 
@@ -46,7 +47,7 @@ def test_the_suite_goes_on_after_a_reference_run_crashes(tmp_path: Path) -> None
 def test_a_segfault_on_an_amx_build_names_the_upstream_issue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(AMX_CPU)
-    monkeypatch.setattr(cpu, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(cpuinfo_module, "CPUINFO", cpuinfo)
     monkeypatch.setattr(cpu, "llama_cpp_system_info", lambda: "CPU : AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |")
     report = crash_report("generate", signal.SIGSEGV, "")
     assert "died with SIGSEGV" in report and cpu.AMX_ISSUE in report and "without AMX" in report

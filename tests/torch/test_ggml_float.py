@@ -17,11 +17,11 @@ from pawfn import GPT2, InterpreterModel, PawFn, Qwen3_0_6B, RuntimeOptions, Tor
 from pawfn.torch.ggml.floats import NativeFloatMatrix, float_matrix
 from pawfn.torch.ggml.hybrid import ggml_dot_f32
 from pawfn.torch.ggml.c_kernels import native_kernels
-from pawfn.torch.model.packed import cpu_flags
+from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.references import llama_generate_each, llama_quantize
 
-WIDTH = 16 if "avx512f" in cpu_flags() else 8
+WIDTH = 16 if "avx512f" in host_cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 MAX_TOKENS = 24
 INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab", "I love this product, it works great."]

@@ -25,13 +25,13 @@ from pawfn.torch.ggml.hybrid import (
     ggml_ssm_conv,
 )
 from pawfn.torch.ggml.c_kernels import NativeKernels, native_kernels
-from pawfn.torch.model.packed import cpu_flags
+from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
 pytestmark = [requires_llama_cpp, pytest.mark.llamacpp]
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-WIDTH = 16 if "avx512f" in cpu_flags() else 8
+WIDTH = 16 if "avx512f" in host_cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 12
 """A prompt of 442 tokens: three batches of 128 rows (tiled attention), one of 58 (row by row), and decode steps over

@@ -44,7 +44,7 @@ from pawfn.torch.ggml.c_kernels import (
     native_rope,
     native_swiglu,
 )
-from pawfn.torch.model.packed import cpu_flags
+from pawfn.core.cpuinfo import host_cpu_flags
 from pawfn.torch.weights.reader import read_base_weights
 from tests.helpers.trained import load_trained
 
@@ -55,7 +55,7 @@ WIDTHS = pytest.mark.parametrize(
         pytest.param(
             16,
             id="avx512",
-            marks=pytest.mark.skipif("avx512f" not in cpu_flags(), reason="no AVX-512 here: 16-lane kernels are illegal instructions"),
+            marks=pytest.mark.skipif("avx512f" not in host_cpu_flags(), reason="no AVX-512 here: 16-lane kernels are illegal instructions"),
         ),
         pytest.param(8, id="avx2"),
     ],
@@ -439,7 +439,7 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(
         generator = torch.Generator().manual_seed(5)
         q = torch.randn(40, 4, 64, generator=generator)
         keys, values = (torch.randn(2, 100, 64, generator=generator).half() for _ in range(2))
-        width = 16 if "avx512f" in cpu_flags() else 8
+        width = 16 if "avx512f" in host_cpu_flags() else 8
         assert torch.equal(native_attention(built, q, None, keys, values, width), ggml_attention(q, keys, values, width))
     finally:
         native_kernels.cache_clear()
@@ -471,7 +471,7 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     fixture = load_trained("qwen3")
     config = PawConfig(numerics="llamacpp")
     with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("q6_k"), config=config) as function:
-        expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in cpu_flags())
+        expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in host_cpu_flags())
         assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
     monkeypatch.setattr(arithmetic, "native_kernels", lambda: None)
     ModelRegistry.clear()
@@ -482,4 +482,4 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
 
 
 def _lanes() -> int:
-    return 16 if "avx512f" in cpu_flags() else 8
+    return 16 if "avx512f" in host_cpu_flags() else 8

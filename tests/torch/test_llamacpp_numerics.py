@@ -29,14 +29,14 @@ from pawfn.torch.ggml.blocks import (
 )
 from pawfn.torch.ggml.blocks import _gelu_table  # pyright: ignore[reportPrivateUsage]  # the table the spec reads
 from pawfn.torch.ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
-from pawfn.torch.model.packed import cpu_flags
+from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.tiny_models import TinyInterpreter
 from tests.helpers.references import OFFICIAL_BASE_TYPES, llama_generate_each
 from tests.helpers.trained import OFFICIAL_BASE, Family, TrainedProgram, differences, llama_tokens, load_trained, pawfn_tokens
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-WIDTH = 16 if "avx512f" in cpu_flags() else 8
+WIDTH = 16 if "avx512f" in host_cpu_flags() else 8
 """float32 lanes of the llama.cpp build the tests compare with (built for this CPU by scripts/install.sh)."""
 STEPS = 3
 """Decode steps traced after the input (evaluations 2, 3, 4: one row each)."""
@@ -369,7 +369,7 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
 def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
     from pawfn.torch.model import arithmetic
 
-    monkeypatch.setattr(arithmetic, "cpu_flags", lambda: frozenset({"neon", "asimd"}))
+    monkeypatch.setattr(arithmetic, "host_cpu_flags", lambda: frozenset({"neon", "asimd"}))
     with pytest.raises(ConfigError, match="x86 CPU kernels"):
         arithmetic.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
 
@@ -404,7 +404,7 @@ def test_one_row_attention_on_narrow_heads_agrees_in_c_and_torch(dim: int) -> No
     """A decode step's attention over 59 cached positions, heads of `dim` (not all a whole 4 x 16-lane step): the C
     kernels and the torch emulation give the same bits, and finite ones."""
     random = torch.Generator().manual_seed(dim)
-    width = 16 if "avx512f" in cpu_flags() else 8
+    width = 16 if "avx512f" in host_cpu_flags() else 8
     keys, values = torch.randn(2, 59, dim, generator=random).half(), torch.randn(2, 59, dim, generator=random).half()
     q = torch.randn(1, 4, dim, generator=random)
     emulated = ggml_attention(q, keys, values, width)

@@ -6,7 +6,8 @@ Two ways around it, both here: build llama-cpp-python without AMX (`cmake_args_w
 ``python -m pawfn.llamacpp cmake-args``), or load models without llama.cpp's extra buffer types
 (`use_extra_bufts`, llama.cpp's ``--no-repack``), which the LlamaCpp backend does on such a build by itself.
 
-Standard library only, and nothing here imports llama-cpp-python unless asked for its build.
+Standard library only (with `pawfn.core.cpuinfo`, which is too), and nothing here imports llama-cpp-python unless
+asked for its build.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING or __package__:
+    from ..core.cpuinfo import CPUINFO, cpu_flags
+else:  # run by path (scripts/install.sh) before pawfn's dependencies are installed: the same reader, found beside
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+    from cpuinfo import CPUINFO, cpu_flags
 
 __all__ = [
     "AMX_ISSUE",
@@ -29,7 +37,6 @@ __all__ = [
     "repack_is_safe",
 ]
 
-CPUINFO = Path("/proc/cpuinfo")
 AMX_ISSUE = "https://github.com/ggml-org/llama.cpp/issues/20824"
 """The upstream report of the crash (`ggml_backend_amx_mul_mat` segfaults on quantized weights)."""
 REBUILD_WITHOUT_AMX = 'CMAKE_ARGS="$(python -m pawfn.llamacpp cmake-args)" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python'
@@ -50,19 +57,6 @@ _GGML_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("GGML_AVX512_VNNI", ("avx512_vnni",)),
     ("GGML_AVX512_BF16", ("avx512_bf16",)),
 )
-
-
-def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
-    """The x86 feature flags of the first CPU in `cpuinfo` (default `CPUINFO`); empty where there are none."""
-    try:
-        text = (CPUINFO if cpuinfo is None else cpuinfo).read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
 
 
 def cpu_has_amx(flags: Iterable[str]) -> bool:

@@ -25,7 +25,8 @@ from ..ggml.blocks import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm
 from ..ggml.hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
 from ..ggml.floats import NativeFloatMatrix
 from ..ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_kernels, native_rms_norm, native_rope, native_swiglu
-from .packed import Matrix, cpu_flags
+from ...core.cpuinfo import host_cpu_flags
+from .packed import Matrix
 from .kvcache import KVCache
 
 __all__ = [
@@ -288,7 +289,7 @@ class LlamaCppArithmetic(Arithmetic):
 
 def simd_width() -> int:
     """float32 lanes of llama.cpp's vector kernels on this CPU (AVX-512: 16, AVX2: 8)."""
-    return 16 if "avx512f" in cpu_flags() else 8
+    return 16 if "avx512f" in host_cpu_flags() else 8
 
 
 def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> str | None:
@@ -298,7 +299,7 @@ def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_d
             f"it runs on the CPU with dtype='float32' and no weight_dtype (it emulates llama.cpp's CPU arithmetic), not on "
             f"{device.type} with {str(dtype).removeprefix('torch.')}{'' if weight_dtype is None else f' and weight_dtype={weight_dtype!r}'}"
         )
-    if not {"avx2", "fma"} <= cpu_flags():
+    if not {"avx2", "fma"} <= host_cpu_flags():
         return (
             "it reproduces llama.cpp's x86 CPU kernels (AVX2 or AVX-512 with FMA), and /proc/cpuinfo lists neither here "
             "(an ARM CPU's llama.cpp rounds differently; other systems are not read)"

@@ -16,15 +16,15 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ...core.cpuinfo import host_cpu_flags
 from ...core.errors import ConfigError
 from ...core.options import WeightDType
 
-__all__ = ["Matrix", "check_kernel", "cpu_flags", "compress", "concat_stored", "int8_weight_bits", "pack", "plain", "stored_names"]
+__all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "int8_weight_bits", "pack", "plain", "stored_names"]
 
 _INT8_LIMIT = 127.0
 _TINY = torch.finfo(torch.float32).tiny
@@ -98,21 +98,6 @@ class Matrix:
         return y if self.bias is None else y + self.bias
 
 
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The x86 feature flags of the first CPU in /proc/cpuinfo; empty where there are none (the backends stay
-    independent: `pawfn.llamacpp.cpu` reads them on its own, with the standard library only)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
-
-
 _NARROW_LIMIT = 63.0
 """The largest int8 weight packed where fbgemm sums pairs of u8 * s8 products in int16 (`int8_weight_bits`)."""
 
@@ -124,7 +109,7 @@ def int8_weight_bits() -> int:
     and activations keep all 8 (fbgemm's `reduce_range` keeps 7 of the activations' bits instead, which loses far
     more tokens: 3 of 16 of the official runtime's sequences on the trained Qwen3 against 9, on an AVX2-only EPYC).
     With VNNI the sums are int32."""
-    return 8 if cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 7
+    return 8 if host_cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 7
 
 
 def check_kernel(weight_dtype: WeightDType, device: torch.device, dtype: torch.dtype) -> None:
