@@ -30,6 +30,7 @@ from .core.errors import (
     ProgramBudgetError,
     ProgramBusyError,
     ProgramClosedError,
+    ProgramNotLoadedError,
     RateLimitError,
     RequestError,
     ServerError,
@@ -37,7 +38,7 @@ from .core.errors import (
     TokenizerError,
 )
 from .api.function import PawFn
-from .api.pool import PoolStats, ProgramPool, ResidentProgram
+from .api.pool import PoolStats, ProgramLease, ProgramPool, ResidentProgram
 from .core.images import Image, ImageError
 from .api.positional import Positional
 from .core.templates import ArityError, TemplateError
@@ -108,6 +109,8 @@ __all__ = [
     "ProgramBudgetError",
     "ProgramBusyError",
     "ProgramClosedError",
+    "ProgramLease",
+    "ProgramNotLoadedError",
     "ProgramLoader",
     "ProgramMeta",
     "ProgramPool",

@@ -9,8 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from pawfn import PawConfig, PawFn, ProgramBudgetError, ProgramBusyError, ProgramClosedError, ProgramPool, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.core.errors import NotFoundError
+from pawfn import (
+    PawConfig,
+    PawFn,
+    ProgramBudgetError,
+    ProgramBusyError,
+    ProgramClosedError,
+    ProgramNotLoadedError,
+    ProgramPool,
+    Qwen3_0_6B,
+    RuntimeOptions,
+    Torch,
+)
+from pawfn.testing import fake
 from tests.helpers.programs import TinyProgram
 from tests.helpers.tiny_models import write_bundle
 
@@ -68,7 +79,7 @@ def test_the_least_recently_used_idle_program_makes_room(qwen3_program: TinyProg
 def test_a_program_in_use_or_pinned_is_never_evicted(qwen3_program: TinyProgram, bundles: list[str], tmp_path: Path) -> None:
     async def scenario() -> None:
         async with pool_of(qwen3_program, tmp_path, max_programs=2) as pool:
-            pinned = await pool.load(bundles[0], pin=True)
+            pinned = (await pool.pin(bundles[0])).program
             async with pool.use(bundles[1]) as held:
                 with pytest.raises(ProgramBudgetError, match="max_programs"):  # one pinned, one in use: nothing can go
                     await pool.run(bundles[2], "hello", OPTIONS)
@@ -82,7 +93,7 @@ def test_a_program_in_use_or_pinned_is_never_evicted(qwen3_program: TinyProgram,
             assert await pool.release(bundles[0]) is False  # pinned: stays
             unloaded = await pool.unload(bundles[0])  # an explicit unload takes a pinned one too
             assert unloaded.pinned and unloaded.program.closed and len(pool) == 1
-            with pytest.raises(NotFoundError):
+            with pytest.raises(ProgramNotLoadedError, match="load it first"):
                 await pool.unload(bundles[0])
 
     asyncio.run(scenario())
@@ -130,7 +141,7 @@ def test_a_load_past_the_budget_waits_for_a_program_to_go_idle(qwen3_program: Ti
 def test_the_bytes_bound(qwen3_program: TinyProgram, bundles: list[str], tmp_path: Path) -> None:
     async def scenario() -> None:
         async with pool_of(qwen3_program, tmp_path) as probe:
-            one = (await probe.load(bundles[0])).runtime.resident_bytes
+            one = (await probe.load(bundles[0])).program.runtime.resident_bytes
         assert one is not None and one > 0
         async with pool_of(qwen3_program, tmp_path, max_bytes=one * 3 // 2) as pool:  # room for one program
             await pool.run(bundles[0], "hello", OPTIONS)
@@ -148,8 +159,8 @@ def test_the_bytes_bound(qwen3_program: TinyProgram, bundles: list[str], tmp_pat
 def test_one_program_under_two_references_is_held_once(qwen3_program: TinyProgram, bundles: list[str], tmp_path: Path) -> None:
     async def scenario() -> None:
         async with pool_of(qwen3_program, tmp_path, max_programs=4) as pool:
-            program = await pool.load(bundles[0])
-            assert await pool.load("b0b0b0b0b0b0b0b0b0b0") is program  # its id finds it: nothing loads
+            program = (await pool.load(bundles[0])).program
+            assert (await pool.load("b0b0b0b0b0b0b0b0b0b0")).program is program  # its id finds it: nothing loads
             config = PawConfig.model_validate({"cache_dir": tmp_path / "cache", "progress": False})
             twin = Program.load_sync(bundles[0], base=qwen3_program.interpreter.gguf_path, config=config)
             resident = pool.add("twin", twin, aliases=["alias"])  # the same id: the held one is kept, the twin closed
@@ -168,3 +179,88 @@ def test_budget_arguments_are_checked() -> None:
         ProgramPool(load, max_programs=0)
     with pytest.raises(ValueError, match="max_bytes=-1"):
         ProgramPool(load, max_bytes=-1)
+
+
+def test_eight_concurrent_first_uses_of_a_cold_program_resolve_it_once() -> None:
+    found: list[str] = []
+    loaded: list[str] = []
+
+    async def identify(reference: str) -> str:
+        found.append(reference)
+        await asyncio.sleep(0.05)  # a hub resolve takes a while: every first use arrives meanwhile
+        return f"id-of-{reference}"
+
+    async def load(reference: str) -> Program:
+        loaded.append(reference)
+        return fake(Program, {"hello": reference})
+
+    async def scenario() -> list[str]:
+        async with ProgramPool(load, identify=identify, max_programs=2) as pool:
+            outputs = await asyncio.gather(*(pool.run("cold", "hello") for _ in range(8)))
+            assert len(pool) == 1 and pool.stats.loads == 1
+            await pool.run("cold", "hello")  # held now: nothing resolves
+            return outputs
+
+    assert asyncio.run(scenario()) == ["cold"] * 8
+    assert found == ["cold"] and loaded == ["cold"]
+
+
+def test_a_failed_resolve_fails_every_waiter_and_the_next_use_tries_again() -> None:
+    attempts: list[str] = []
+
+    async def identify(reference: str) -> str:
+        attempts.append(reference)
+        await asyncio.sleep(0.05)
+        if len(attempts) == 1:
+            raise ProgramNotLoadedError("the hub was away")  # any error: every first use waiting on it sees it
+        return "id"
+
+    async def load(reference: str) -> Program:
+        return fake(Program, {"hello": "hi"})
+
+    async def scenario() -> None:
+        async with ProgramPool(load, identify=identify) as pool:
+            outcomes = await asyncio.gather(*(pool.run("ref", "hello") for _ in range(4)), return_exceptions=True)
+            assert all(isinstance(outcome, ProgramNotLoadedError) for outcome in outcomes)
+            assert await pool.run("ref", "hello") == "hi"
+
+    asyncio.run(scenario())
+    assert attempts == ["ref", "ref"]
+
+
+def test_a_leased_program_is_never_closed_under_its_holder() -> None:
+    async def load(reference: str) -> Program:
+        return fake(Program, {"hello": reference})
+
+    async def scenario() -> None:
+        async with ProgramPool(load, max_programs=1) as pool:
+            lease = await pool.load("a")
+            with pytest.raises(ProgramBudgetError):  # the only program is leased: nothing can make room
+                await pool.run("b", "hello")
+            with pytest.raises(ProgramBusyError):
+                await pool.unload("a")
+            assert await pool.release("a") is False
+            assert lease.program.run("hello") == "a"  # not closed: a closed program raises ProgramClosedError
+            async with lease as program:  # the block releases it
+                assert program is lease.program
+            assert lease.held is False
+            lease.release()  # a second release does nothing
+            assert await pool.run("b", "hello") == "b"  # "a" is idle now: it makes room
+            assert lease.program.closed and pool.stats.evictions == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_release_is_counted_apart_from_evictions() -> None:
+    async def load(reference: str) -> Program:
+        return fake(Program, {"hello": reference})
+
+    async def scenario() -> None:
+        async with ProgramPool(load) as pool:
+            await pool.run("a", "hello")
+            assert await pool.release("a") is True
+            assert (pool.stats.loads, pool.stats.evictions, pool.stats.releases) == (1, 0, 1)
+            with pytest.raises(ProgramNotLoadedError, match="'a' is not loaded in this pool"):
+                pool.describe("a")
+
+    asyncio.run(scenario())

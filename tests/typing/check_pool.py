@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing_extensions import assert_type
 
-from pawfn import GPT2, InterpreterModel, PawFn, PoolStats, PreparedProgram, ProgramPool, Qwen3_0_6B, ResidentProgram, Torch
+from pawfn import GPT2, InterpreterModel, PawFn, PoolStats, PreparedProgram, ProgramLease, ProgramPool, Qwen3_0_6B, ResidentProgram, Torch
 
 
 async def pools(other: PawFn[GPT2, Torch]) -> None:
     pool = ProgramPool.of(PawFn[Qwen3_0_6B, Torch], max_programs=8)
     assert_type(pool, ProgramPool[Qwen3_0_6B, Torch])
-    assert_type(await pool.load("email-triage", pin=True), PawFn[Qwen3_0_6B, Torch])
+    assert_type(await pool.pin("email-triage"), ResidentProgram[Qwen3_0_6B, Torch])
+    lease = await pool.load("email-triage")
+    assert_type(lease, ProgramLease[Qwen3_0_6B, Torch])
+    assert_type(lease.program, PawFn[Qwen3_0_6B, Torch])
+    async with lease as leased:
+        assert_type(leased, PawFn[Qwen3_0_6B, Torch])
     async with pool.use("email-triage") as program:
         assert_type(program, PawFn[Qwen3_0_6B, Torch])
     assert_type(await pool.run("email-triage", "text"), str)

@@ -14,13 +14,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mappi
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from typing_extensions import Self
 
 from ..core.backends import Backend, Remote
 from ..core.config import PawConfig
-from ..core.errors import NotFoundError, ProgramBudgetError, ProgramBusyError
+from ..core.errors import ProgramBudgetError, ProgramBusyError, ProgramNotLoadedError
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
 from ..core.results import Generation
@@ -28,7 +28,7 @@ from ..hub.prepare import PreparedProgram
 from .function import PawFn
 from .opening import ModelChoice, expect_model, known_interpreter, prepare_reference
 
-__all__ = ["PoolStats", "ProgramPool", "ResidentProgram"]
+__all__ = ["PoolStats", "ProgramLease", "ProgramPool", "ResidentProgram"]
 
 M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
@@ -46,7 +46,7 @@ class ResidentProgram(Generic[M, B]):
     """Every reference (and alias) that finds it, sorted."""
     program: PawFn[M, B]
     pinned: bool
-    """Kept until unloaded: never evicted."""
+    """Kept until unloaded (`pin`, `add`): never evicted."""
     in_flight: int
     """`use` blocks holding it now."""
     last_used_s: float
@@ -63,6 +63,8 @@ class PoolStats:
     """Programs loaded by `load` and `use`, first or again after an eviction (not those `add`ed)."""
     evictions: int
     """Idle programs unloaded to stay within the budget."""
+    releases: int
+    """Idle programs let go by `release` (a router dropped them): not evictions."""
     cold_start_s: float
     """Seconds those loads took, in all."""
 
@@ -76,6 +78,46 @@ class _Entry(Generic[M, B]):
         self.pinned = pinned
         self.in_flight = 0
         self.last_used_s = time.monotonic()
+
+
+class ProgramLease(Generic[M, B]):
+    """A program a pool hands out: neither evicted nor unloaded (so never closed) until the lease is released, by
+    `release()` or at the end of `async with lease as program:`. Release it on the pool's event loop."""
+
+    def __init__(self, entry: _Entry[M, B], went_idle: asyncio.Event) -> None:
+        entry.in_flight += 1  # taken before any await: an eviction sees the lease
+        self._entry = entry
+        self._went_idle = went_idle
+        self._held = True
+
+    @property
+    def program(self) -> PawFn[M, B]:
+        """The program; after `release` the pool may close it."""
+        return self._entry.program
+
+    @property
+    def held(self) -> bool:
+        """False once released."""
+        return self._held
+
+    def release(self) -> None:
+        """Let the pool evict or unload the program again (once it has no other lease); a second call does nothing."""
+        if not self._held:
+            return
+        self._held = False
+        self._entry.in_flight -= 1
+        self._entry.last_used_s = time.monotonic()
+        if not self._entry.in_flight:
+            self._went_idle.set()
+
+    async def __aenter__(self) -> PawFn[M, B]:
+        return self._entry.program
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<ProgramLease {self._entry.name} {'held' if self._held else 'released'}>"
 
 
 @dataclass(frozen=True)
@@ -122,6 +164,12 @@ def _prepared_first(
     return find
 
 
+def _retrieved(finding: asyncio.Future[_Found[M, B]]) -> None:
+    """Mark a find's failure seen: every waiter may have been cancelled, and asyncio would log it as never retrieved."""
+    if not finding.cancelled():
+        finding.exception()
+
+
 class ProgramPool(Generic[M, B]):
     """Programs loaded on first use and kept within `max_programs` and `max_bytes`; use them inside `use`.
 
@@ -132,8 +180,9 @@ class ProgramPool(Generic[M, B]):
             scores = await program.arun_batch(reviews)
     ```
 
-    A program handed out by `use` may be evicted (and closed) once the block ends; keep a program with
-    `load(..., pin=True)`. One event loop drives a pool; its loads run one at a time in worker threads.
+    A program handed out by `use` or `load` is leased: it may be evicted (and closed) once the block ends or the lease
+    is released; keep a program past that with `pin(reference)`. One event loop drives a pool; its loads run one
+    at a time in worker threads.
     """
 
     def __init__(
@@ -151,13 +200,19 @@ class ProgramPool(Generic[M, B]):
         and load those files); `max_programs`, `max_bytes`: the budget, by count and by the bytes programs hold
         beside their bases (None: no bound); `wait_s`: how long a load past the budget waits for a held program to go
         idle before `ProgramBudgetError`."""
+        self._start(_given(load, identify), max_programs, max_bytes, wait_s)
+
+    def _start(self, find: _Finder[M, B], max_programs: int | None, max_bytes: int | None, wait_s: float) -> None:
+        """Every construction path: the pool's finder and budget, checked."""
         if max_programs is not None and max_programs < 1:
             raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
         if max_bytes is not None and max_bytes < 1:
             raise ValueError(f"max_bytes={max_bytes}: give a positive number of bytes (None: no bound)")
         if wait_s < 0:
             raise ValueError(f"wait_s={wait_s}: give the seconds a load may wait for room, 0 or more")
-        self._find: _Finder[M, B] = _given(load, identify)
+        self._find = find
+        self._finding: dict[str, asyncio.Future[_Found[M, B]]] = {}
+        """reference -> its find under way: concurrent first uses of a cold program resolve it once."""
         self.max_programs = max_programs
         self.max_bytes = max_bytes
         self.wait_s = wait_s
@@ -167,7 +222,7 @@ class ProgramPool(Generic[M, B]):
         """reference or alias -> its entry (one entry under several keys)."""
         self._loading = asyncio.Lock()
         """One load at a time: each load checks and keeps the budget in turn, and concurrent first uses load once."""
-        self._loads = self._evictions = 0
+        self._loads = self._evictions = self._releases = 0
         self._cold_start_s = 0.0
 
     @staticmethod
@@ -242,11 +297,12 @@ class ProgramPool(Generic[M, B]):
         """`of` and `any`: on `Remote` by reference (the server resolves and loads its programs); elsewhere each
         reference resolved and downloaded once by the finder, which opens those files (`open_program(prepared, None)`)."""
         renamed = dict(references or {})
-        pool = ProgramPool(
-            lambda reference: open_program(renamed.get(reference, reference), base), max_programs=max_programs, max_bytes=max_bytes, wait_s=wait_s
-        )
-        if not issubclass(backend, Remote):
-            pool._find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed, local_paths)
+        if issubclass(backend, Remote):
+            find = _given(lambda reference: open_program(renamed.get(reference, reference), base), None)
+        else:
+            find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed, local_paths)
+        pool = cast("ProgramPool[OtherM, OtherB]", ProgramPool.__new__(ProgramPool))  # __init__ is the path by load and identify
+        pool._start(find, max_programs, max_bytes, wait_s)
         return pool
 
     # --- what is held ---
@@ -272,7 +328,7 @@ class ProgramPool(Generic[M, B]):
         return [self._describe(entry) for entry in sorted(self._held(), key=lambda entry: entry.last_used_s)]
 
     def describe(self, reference: str) -> ResidentProgram[M, B]:
-        """The held program `reference` finds (`NotFoundError` if none)."""
+        """The held program `reference` finds (`ProgramNotLoadedError` if none)."""
         return self._describe(self._entry(reference))
 
     def _describe(self, entry: _Entry[M, B]) -> ResidentProgram[M, B]:
@@ -290,7 +346,7 @@ class ProgramPool(Generic[M, B]):
     def _entry(self, reference: str) -> _Entry[M, B]:
         entry = self._entries.get(reference)
         if entry is None:
-            raise NotFoundError(f"{reference!r} is not loaded in this pool", status=404)
+            raise ProgramNotLoadedError(f"{reference!r} is not loaded in this pool; load it first (pool.load or pool.use)")
         return entry
 
     @property
@@ -300,8 +356,8 @@ class ProgramPool(Generic[M, B]):
 
     @property
     def stats(self) -> PoolStats:
-        """Loads, evictions and cold-start seconds so far."""
-        return PoolStats(loads=self._loads, evictions=self._evictions, cold_start_s=self._cold_start_s)
+        """Loads, evictions, releases and cold-start seconds so far."""
+        return PoolStats(loads=self._loads, evictions=self._evictions, releases=self._releases, cold_start_s=self._cold_start_s)
 
     # --- bringing programs in ---
 
@@ -324,42 +380,48 @@ class ProgramPool(Generic[M, B]):
             self._entries[key] = entry
         return entry
 
-    async def load(self, reference: str, *, pin: bool = False) -> PawFn[M, B]:
-        """The program `reference` names, loaded within the budget if the pool does not hold it; `pin=True` keeps it
-        until `unload`. Unpinned, it may be evicted as soon as it is idle: run calls inside `use`."""
-        async with self.use(reference) as program:
-            if pin:
-                self._entry(reference).pinned = True
-            return program
+    async def load(self, reference: str) -> ProgramLease[M, B]:
+        """The program `reference` names (loaded within the budget if the pool does not hold it), leased: never evicted
+        or unloaded until the lease is released (`lease.release()`, or `async with lease as program:`)."""
+        entry = self._entries.get(reference) or await self._bring_in(reference)
+        return ProgramLease(entry, self._went_idle)  # no await since the entry was found: nothing evicted it meanwhile
+
+    async def pin(self, reference: str) -> ResidentProgram[M, B]:
+        """Load the program `reference` names if need be and keep it until `unload` (never evicted); what is held."""
+        async with await self.load(reference):
+            entry = self._entry(reference)
+            entry.pinned = True
+            return self._describe(entry)
 
     @asynccontextmanager
     async def use(self, reference: str) -> AsyncGenerator[PawFn[M, B], None]:
-        """The program `reference` names (loaded within the budget if need be), never evicted while the block runs."""
-        entry = self._entries.get(reference) or await self._bring_in(reference)
-        entry.in_flight += 1  # before any other await: an eviction sees this use
-        try:
-            yield entry.program
-        finally:
-            entry.in_flight -= 1
-            entry.last_used_s = time.monotonic()
-            if not entry.in_flight:
-                self._went_idle.set()
+        """The program `reference` names (loaded within the budget if need be), leased for the block."""
+        async with await self.load(reference) as program:
+            yield program
 
     async def _bring_in(self, reference: str) -> _Entry[M, B]:
-        found = await self._find(reference)  # raises for no program, or one this pool cannot run
-        async with self._loading:
-            entry = self._entries.get(reference) or self._entries.get(found.program_id or "")  # loaded meanwhile, or by its id
-            if entry is not None:
-                self._entries[reference] = entry
+        finding = self._finding.get(reference)
+        if finding is None:  # the first use of a cold reference finds it; concurrent ones wait for the same find
+            finding = self._finding[reference] = asyncio.ensure_future(self._find(reference))
+            finding.add_done_callback(_retrieved)
+        try:
+            found = await asyncio.shield(finding)  # raises for no program, or one this pool cannot run
+            async with self._loading:
+                entry = self._entries.get(reference) or self._entries.get(found.program_id or "")  # loaded meanwhile, or by its id
+                if entry is not None:
+                    self._entries[reference] = entry
+                    return entry
+                await self._make_room()
+                started = time.perf_counter()
+                program = await found.load()
+                self._loads += 1
+                self._cold_start_s += time.perf_counter() - started
+                entry = self._join(reference, program, pin=False)
+                await self._fit_bytes(entry)
                 return entry
-            await self._make_room()
-            started = time.perf_counter()
-            program = await found.load()
-            self._loads += 1
-            self._cold_start_s += time.perf_counter() - started
-            entry = self._join(reference, program, pin=False)
-            await self._fit_bytes(entry)
-            return entry
+        finally:  # joined (or failed): a later first use finds the entry, or tries afresh
+            if self._finding.get(reference) is finding:
+                del self._finding[reference]
 
     async def _make_room(self) -> None:
         """Evict until one more program fits the count."""
@@ -427,7 +489,7 @@ class ProgramPool(Generic[M, B]):
         if entry is None or entry.pinned or entry.in_flight:
             return False
         self._forget(entry)
-        self._evictions += 1
+        self._releases += 1
         await entry.program.aclose()
         return True
 

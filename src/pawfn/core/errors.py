@@ -157,6 +157,10 @@ class ProgramBusyError(PawError, RuntimeError):
     """A program asked to unload is running calls."""
 
 
+class ProgramNotLoadedError(PawError, LookupError):
+    """A program asked of a pool (or server) by reference is not loaded there; use or load it first."""
+
+
 class RealProgramsBlockedError(PawError, RuntimeError):
     """A real program was opened, or a hub or server asked, while `pawfn.testing` blocks real programs (a unit test)."""
 

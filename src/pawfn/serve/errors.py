@@ -15,6 +15,7 @@ from ..core.errors import (
     OutputTypeError,
     PawError,
     ProgramClosedError,
+    ProgramNotLoadedError,
 )
 from ..core.images import ImageError
 from ..core.templates import ArityError
@@ -43,7 +44,7 @@ class ApiError(Exception):
 def api_error(exc: PawError) -> ApiError:
     """The response a pawfn error becomes: 4xx with its message for what the client can change, 502 for a program
     that could not come from the hub, and otherwise 500 with a generic message (the error itself logged)."""
-    if isinstance(exc, NotFoundError):
+    if isinstance(exc, NotFoundError | ProgramNotLoadedError):
         return ApiError(404, "program_not_found", str(exc))
     if isinstance(exc, ContextOverflowError):
         return ApiError(422, "context_overflow", str(exc))

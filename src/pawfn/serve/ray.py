@@ -155,7 +155,7 @@ class _ProgramReplica:
         )
         self._starting = asyncio.Lock()
         self._failures = LoadFailures(args.settings.failed_load_retry_s)
-        self._reported = PoolStats(loads=0, evictions=0, cold_start_s=0.0)
+        self._reported = PoolStats(loads=0, evictions=0, releases=0, cold_start_s=0.0)
         self._metrics = _PoolMetrics()
 
     def _load(self, name: str) -> Awaitable[PawFn[InterpreterModel, Backend]]:

@@ -28,6 +28,7 @@ from ..core.errors import (
     PawError,
     ProgramBudgetError,
     ProgramBusyError,
+    ProgramNotLoadedError,
     ProgramClosedError,
     RateLimitError,
     ServerError,
@@ -388,14 +389,13 @@ class LocalPrograms:
     async def load_program(self, reference: str) -> ServedProgram:
         """Load a hub program now (`allow_load` as for requests), kept like one named at start until unloaded."""
         async with self._using(reference):
-            await self._pool.load(reference, pin=True)
-            return self._info(self._pool.describe(reference))
+            return self._info(await self._pool.pin(reference))
 
     async def unload_program(self, reference: str) -> ServedProgram:
         """Unload the program `reference` names if a request or `load_program` loaded it; refused while it runs calls,
         and for a program named at start (its names then never fall through to the hub)."""
         if reference not in self._pool:
-            raise NotFoundError(f"{shown_reference(reference)} is not loaded on this server", status=404)
+            raise ProgramNotLoadedError(f"{shown_reference(reference)} is not loaded on this server; nothing to unload")
         resident = self._pool.describe(reference)
         if self._started.intersection(resident.references):
             raise ProgramKeptError(f"{resident.name} was named when the server started and stays until it stops; restart the server without it")
