@@ -167,7 +167,11 @@ def test_a_ray_replica_keeps_the_same_budget(hub: tuple[HubServer, PawConfig]) -
                 break
             await asyncio.sleep(0.05)
         assert {resident.name for resident in pool.resident()} == {IDS[0]}
-        assert (pool.stats.loads, pool.stats.evictions, pool.stats.releases) == (3, 2, 1)  # IDS[1] twice and IDS[2]; IDS[1], IDS[2]; Ray dropped IDS[1]
+        assert (pool.stats.loads, pool.stats.evictions, pool.stats.releases) == (
+            3,
+            2,
+            1,
+        )  # IDS[1] twice and IDS[2]; IDS[1], IDS[2]; Ray dropped IDS[1]
         await pool.aclose()
 
     asyncio.run(scenario())

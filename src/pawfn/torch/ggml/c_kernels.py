@@ -1,5 +1,5 @@
-"""llama.cpp's block products in C (`ggml/kernels.c`), for the `numerics="llamacpp"` mode: the arithmetic of
-`ggml.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
+"""llama.cpp's block products in C (`kernels.c`), for the `numerics="llamacpp"` mode: the arithmetic of
+`blocks.BlockMatrix` (bit-identical, tested against it and against llama.cpp) at llama.cpp's speed.
 
 The C file is compiled on first use with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) into
 `<cache>/.pawfn-derived/kernels/` (or `$PAW_KERNELS_DIR`), keyed by a hash of the source and flags, and loaded with ctypes only while it is
@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,10 +28,26 @@ import torch
 from ...core.config import default_cache_dir
 from ...core.files import mark_used
 from .build import build_key, build_kernels, kernels_folder, trusted_library
+from .interface import (
+    AttentionCall,
+    AttentionStepCall,
+    FlashOnlineCall,
+    FlashTiledCall,
+    GatedDeltaNetCall,
+    GeluCall,
+    Kernel,
+    LibmOp,
+    NativeKernels,
+    Out,
+    RmsNormCall,
+    SwigluCall,
+    threads_for,
+)
 
 __all__ = [
     "STEP_TABLE_COLUMNS",
     "TILED_MIN_ROWS",
+    "LibmOp",
     "NativeBlockMatrix",
     "NativeKernels",
     "group_by_eights",
@@ -58,121 +73,7 @@ _LOG = logging.getLogger("pawfn")
 
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
-_SPLIT_MIN_WORK = 1 << 16  # int8 products below which a call runs on one thread (a thread hand-off costs ~20 us)
 _ELEMENTWISE_WORK = 2  # an rms_norm or swiglu value weighs two int8 products here: a decode step's 8 rows of 1024 stay on one thread
-_I64 = ctypes.c_int64
-_PTR = ctypes.c_void_p
-
-
-class _Args(ctypes.Structure):
-    """`paw_args`: a kernel's pointers, integers and one float, in its argument order."""
-
-    _fields_ = [("p", _PTR * 10), ("i", _I64 * 10), ("f", ctypes.c_float)]
-
-
-(
-    _Q6_K_ROWS,
-    _Q6_K_TILED,
-    _Q0_ROWS,
-    _Q4_0_REPACKED,
-    _ATTENTION,
-    _Q0_EIGHTS,
-    _DELTA_NET,
-    _FLASH_ONLINE,
-    _FLASH_TILED,
-    _FLOAT,
-    _Q4_0_EIGHTS,
-    _ATTENTION_STEP,
-    _RMS_NORM,
-    _SWIGLU,
-    _GELU,
-) = range(15)
-"""`paw_run`'s kernels."""
-
-
-class _Out(ctypes.Structure):
-    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`."""
-
-    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", ctypes.c_float)]
-
-
-class NativeKernels:
-    """The compiled library's functions, their argument types declared."""
-
-    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
-        self.path = path
-        """The shared library loaded."""
-        self.quantize_q8_k = self._declare(library.paw_quantize_q8_k, [_PTR, _I64, _I64, _PTR, _PTR, _PTR])
-        self.quantize_q8_0 = self._declare(library.paw_quantize_q8_0, [_PTR, _I64, _I64, _PTR, _PTR])
-        self._run = library.paw_run
-        self._run.argtypes = [ctypes.c_int, ctypes.POINTER(_Args), _I64, _I64]
-        self._run.restype = ctypes.c_int
-        self._block_product = library.paw_block_product
-        self._block_product.argtypes = [ctypes.c_int, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, ctypes.POINTER(_Out), _I64]
-        self._block_product.restype = ctypes.c_int
-        self.expf = self._declare(library.paw_expf, [_PTR, _PTR, _I64, _I64])
-        self.libm = self._declare(library.paw_libm, [_I64, _PTR, _PTR, _I64])
-        self.ssm_conv = self._declare(library.paw_ssm_conv, [_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64])
-        self.rope_neox = self._declare(library.paw_rope_neox, [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64])
-        self.rope_table = self._declare(library.paw_rope_table, [_PTR, _I64, _I64, ctypes.c_float, _PTR, _PTR])
-        self.unpack_q6_k = self._declare(library.paw_unpack_q6_k, [_PTR, _I64, _PTR, _PTR, _PTR])
-        self._q6_k_amx_product = library.paw_q6_k_amx_product
-        self._q6_k_amx_product.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
-        self._q6_k_amx_product.restype = ctypes.c_int
-        library.paw_amx_available.restype = ctypes.c_int
-        self._use_avx512 = library.paw_use_avx512
-        self._use_avx512.argtypes, self._use_avx512.restype = [ctypes.c_int], ctypes.c_int
-        self.avx512 = self.use_avx512(True)
-        """Whether the AVX-512 VNNI kernels (one-row Q6_K, eight-output Q4_0/Q8_0) run here, else the AVX2 ones."""
-        self.amx = bool(library.paw_amx_available()) and os.environ.get("PAW_AMX", "1") != "0"
-        """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
-
-    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int, threads: int) -> None:
-        """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
-        if self._q6_k_amx_product(x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
-            raise MemoryError("pawfn: no memory for a block product's scratch")
-
-    @property
-    def instructions(self) -> str:
-        """The instruction sets the products run on here, for reports: "AMX, AVX-512 VNNI", "AVX2" ..."""
-        return ", ".join(name for name, used in (("AMX", self.amx), ("AVX-512 VNNI", self.avx512)) if used) or "AVX2"
-
-    def use_avx512(self, allowed: bool) -> bool:
-        """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
-        return bool(self._use_avx512(int(allowed)))
-
-    def block_product(self, kernel: int, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int, target: _Out, work: int) -> None:
-        """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
-        threads = _threads(out, work)
-        if self._block_product(kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads) != 0:
-            raise MemoryError("pawfn: no memory for a block product's scratch")
-
-    def float_product(
-        self, weight: int, f16: bool, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
-    ) -> None:
-        """`float_product`: x [rows, width] times F32 (or, `f16`, f16) weights [out, width] with llama.cpp's dots of `lanes`
-        lanes (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out` puts them."""
-        target = _Out(*into)
-        self.run(_FLOAT, [weight, x, ctypes.addressof(target)], [int(f16), rows, width, int(tiled), lanes], out, rows * out * width)
-
-    def run(self, kernel: int, pointers: list[int], integers: list[int], count: int, work: int, value: float = 0.0) -> None:
-        """Kernel `kernel` over [0, count) with these arguments, split across torch's thread count when `work` (int8
-        or float products) is large enough to pay for the hand-off."""
-        args = _Args((_PTR * 10)(*pointers), (_I64 * 10)(*integers), value)
-        self._run(kernel, ctypes.byref(args), count, _threads(count, work))
-
-    @staticmethod
-    def _declare(
-        function: Callable[..., None], arguments: list[type[ctypes.c_int64] | type[ctypes.c_void_p] | type[ctypes.c_float]]
-    ) -> Callable[..., None]:
-        function.argtypes = arguments  # type: ignore[attr-defined]  # ctypes function pointers take these attributes
-        function.restype = None  # type: ignore[attr-defined]
-        return function
-
-
-def _threads(count: int, work: int) -> int:
-    """Threads for a kernel over `count` outputs doing `work` products: torch's count where it pays for the hand-off."""
-    return min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
 
 
 @functools.cache
@@ -220,7 +121,7 @@ def _ptr(tensor: torch.Tensor) -> int:
 def native_attention(
     kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor, values: torch.Tensor, width: int
 ) -> torch.Tensor:
-    """`ggml.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
+    """`blocks.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
     the sequence's own [KV, L, D] (f16 views whose rows are contiguous), as one cache. Returns [n, H * D]."""
     q = q.float().contiguous()
     n, heads, dim = q.shape
@@ -234,14 +135,26 @@ def native_attention(
     padded = -(-length // (4 * width)) * (4 * width)  # llama.cpp pads its KV view; padded positions weigh 0
     scale = _attention_scale(dim)
     out = torch.empty((n, heads * dim), dtype=torch.float32)
-    kernels.run(
-        _ATTENTION,
-        [_ptr(q), _ptr(prefix_keys), _ptr(prefix_values), _ptr(keys), _ptr(values), _ptr(out)],
-        [prefix_length, prefix_keys.stride(0), own, keys.stride(0), n, heads, kv_heads, dim, padded, width],
-        heads,
-        n * heads * length * dim,
-        scale,
+    call = AttentionCall(
+        q=_ptr(q),
+        prefix_keys=_ptr(prefix_keys),
+        prefix_values=_ptr(prefix_values),
+        keys=_ptr(keys),
+        values=_ptr(values),
+        out=_ptr(out),
+        prefix_length=prefix_length,
+        prefix_head_stride=prefix_keys.stride(0),
+        own_length=own,
+        head_stride=keys.stride(0),
+        rows=n,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        padded=padded,
+        width=width,
+        scale=scale,
     )
+    kernels.run(call, heads, n * heads * length * dim)
     return out
 
 
@@ -266,14 +179,22 @@ def native_attention_step(
     k, v = (t if t.dtype == torch.float32 and t.stride(2) == 1 and t.stride(1) == dim else t.float().contiguous() for t in (k, v))
     out = torch.empty((n, heads * dim), dtype=torch.float32)
     kv_heads = k.shape[1]
-    kernels.run(
-        _ATTENTION_STEP,
-        [_ptr(q), _ptr(table), _ptr(out), _ptr(k), _ptr(v)],
-        [n, heads, kv_heads, dim, width, k.stride(0), v.stride(0)],
-        kv_heads,
-        heads * positions * dim,
-        _attention_scale(dim),
+    call = AttentionStepCall(
+        q=_ptr(q),
+        table=_ptr(table),
+        out=_ptr(out),
+        k=_ptr(k),
+        v=_ptr(v),
+        rows=n,
+        heads=heads,
+        kv_heads=kv_heads,
+        dim=dim,
+        width=width,
+        k_stride=k.stride(0),
+        v_stride=v.stride(0),
+        scale=_attention_scale(dim),
     )
+    kernels.run(call, kv_heads, heads * positions * dim)
     return out
 
 
@@ -284,22 +205,18 @@ def _attention_scale(dim: int) -> float:
 
 
 def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml.ggml_expf` in C."""
+    """`blocks.ggml_expf` in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
     kernels.expf(_ptr(x), _ptr(y), x.numel(), width)
     return y
 
 
-LIBM_OPS = {"expf": 0, "logf": 1, "sigmoid": 2, "softplus": 3}
-"""`paw_libm`'s functions: the C library's `expf`, `logf`, and ggml's sigmoid and softplus written with them."""
-
-
-def native_libm(kernels: NativeKernels, function: str, x: torch.Tensor) -> torch.Tensor:
-    """`function` (a `LIBM_OPS` name) of every value of x, in C."""
+def native_libm(kernels: NativeKernels, function: LibmOp, x: torch.Tensor) -> torch.Tensor:
+    """`function` of every value of x, in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
-    kernels.libm(LIBM_OPS[function], _ptr(x), _ptr(y), x.numel())
+    kernels.libm(function, _ptr(x), _ptr(y), x.numel())
     return y
 
 
@@ -322,8 +239,9 @@ def native_gated_delta_net(
     columns = state.float().transpose(1, 2).contiguous()  # ggml's layout, updated in place
     steps, heads, size = v.shape
     out = torch.empty_like(v)
-    pointers = [_ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(columns), _ptr(out)]
-    kernels.run(_DELTA_NET, pointers, [steps, heads, size, width], heads, steps * heads * size * size * 4)
+    pointers = {"q": _ptr(q), "k": _ptr(k), "v": _ptr(v), "g": _ptr(g), "beta": _ptr(beta), "state": _ptr(columns), "out": _ptr(out)}
+    call = GatedDeltaNetCall(**pointers, steps=steps, heads=heads, size=size, width=width)
+    kernels.run(call, heads, steps * heads * size * size * 4)
     return out, columns.transpose(1, 2).contiguous()
 
 
@@ -345,9 +263,25 @@ def native_flash_online(
     stride = _cache_views(keys, values)
     accumulated = torch.empty_like(q)
     high, total = torch.empty((n, heads), dtype=torch.float32), torch.empty((n, heads), dtype=torch.float32)
-    integers = [stride, n, heads, keys.shape[0], dim, keys.shape[1] - n, first, last, width]
-    pointers = [_ptr(q), _ptr(keys), _ptr(values), _ptr(accumulated), _ptr(high), _ptr(total)]
-    kernels.run(_FLASH_ONLINE, pointers, integers, n * heads, n * heads * keys.shape[1] * dim, scale)
+    call = FlashOnlineCall(
+        q=_ptr(q),
+        keys=_ptr(keys),
+        values=_ptr(values),
+        accumulated=_ptr(accumulated),
+        high=_ptr(high),
+        total=_ptr(total),
+        head_stride=stride,
+        rows=n,
+        heads=heads,
+        kv_heads=keys.shape[0],
+        dim=dim,
+        offset=keys.shape[1] - n,
+        first=first,
+        last=last,
+        width=width,
+        scale=scale,
+    )
+    kernels.run(call, n * heads, n * heads * keys.shape[1] * dim)
     return accumulated, high, total
 
 
@@ -356,13 +290,27 @@ def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tens
     q = q.float().contiguous()
     n, heads, dim = q.shape
     out = torch.empty_like(q)
-    integers = [_cache_views(keys, values), n, heads, keys.shape[0], dim, keys.shape[1] - n, keys.shape[1], width]
-    kernels.run(_FLASH_TILED, [_ptr(q), _ptr(keys), _ptr(values), _ptr(out)], integers, heads, n * heads * keys.shape[1] * dim, scale)
+    call = FlashTiledCall(
+        q=_ptr(q),
+        keys=_ptr(keys),
+        values=_ptr(values),
+        out=_ptr(out),
+        head_stride=_cache_views(keys, values),
+        rows=n,
+        heads=heads,
+        kv_heads=keys.shape[0],
+        dim=dim,
+        offset=keys.shape[1] - n,
+        length=keys.shape[1],
+        width=width,
+        scale=scale,
+    )
+    kernels.run(call, heads, n * heads * keys.shape[1] * dim)
     return out
 
 
 def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`ggml.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis. A float32
+    """`blocks.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis. A float32
     view [T, n] or [T, H, n] whose rows of n are contiguous (e.g. the heads of a product split by columns) is read in
     place; rows split across threads where there are enough of them."""
     n = x.shape[-1]
@@ -376,12 +324,13 @@ def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tenso
     else:
         x, per, stride = x.float().contiguous(), 1, n
     weight = weight.float().contiguous()
-    kernels.run(_RMS_NORM, [_ptr(x), _ptr(weight), _ptr(y)], [stride, per, n], y.numel() // n, y.numel() * _ELEMENTWISE_WORK, eps)
+    call = RmsNormCall(_ptr(x), _ptr(weight), _ptr(y), stride=stride, per_row=per, n=n, eps=eps)
+    kernels.run(call, y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 
 def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`ggml.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
+    """`blocks.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
     x = x.float().contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     y = torch.empty_like(x)
@@ -390,7 +339,7 @@ def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin:
 
 
 def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int, step: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ggml.ggml_rope_table` in C: cos and sin [T, 1, half] of the angles `p * step**i` (repeated float32 products),
+    """`blocks.ggml_rope_table` in C: cos and sin [T, 1, half] of the angles `p * step**i` (repeated float32 products),
     by the C library's `cosf` and `sinf`."""
     points = positions.to(torch.float32).contiguous()
     cos = torch.empty((points.shape[0], 1, half), dtype=torch.float32)
@@ -400,7 +349,7 @@ def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int
 
 
 def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
+    """`blocks.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
     read in place; rows split across threads where there are enough of them."""
     n = gate.shape[-1]
     y = torch.empty(gate.shape, dtype=torch.float32)
@@ -410,7 +359,7 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
         stride = gate.stride(0)
     else:
         gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
-    kernels.run(_SWIGLU, [_ptr(gate), _ptr(up), _ptr(y)], [stride, n, width], y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    kernels.run(SwigluCall(_ptr(gate), _ptr(up), _ptr(y), stride=stride, n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 
@@ -420,7 +369,7 @@ def native_gelu(kernels: NativeKernels, x: torch.Tensor, table: torch.Tensor) ->
     x = x.float().contiguous()
     y = torch.empty_like(x)
     if y.numel():
-        kernels.run(_GELU, [_ptr(x), _ptr(table), _ptr(y)], [], y.numel(), y.numel() * _ELEMENTWISE_WORK)
+        kernels.run(GeluCall(_ptr(x), _ptr(table), _ptr(y)), y.numel(), y.numel() * _ELEMENTWISE_WORK)
     return y
 
 
@@ -437,7 +386,7 @@ class NativeBlockMatrix:
     sub_scales: torch.Tensor | None
     """Q6_K: int8 sub-block scales [out, blocks, 16]."""
     repacked: bool = False
-    """A Q4_0 base weight llama.cpp repacks (see `ggml.BlockMatrix.repacked`)."""
+    """A Q4_0 base weight llama.cpp repacks (see `blocks.BlockMatrix.repacked`)."""
     kernels: NativeKernels | None = None
     amx: bool = False
     """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
@@ -503,14 +452,14 @@ class NativeBlockMatrix:
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
         sub = self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: the grouped kernels' scales
         if self.kind == "q6_k":
-            kernel = _Q6_K_TILED if tiled else _Q6_K_ROWS
+            kernel = Kernel.Q6_K_TILED if tiled else Kernel.Q6_K_ROWS
         elif self.repacked:
-            kernel = _Q4_0_REPACKED
+            kernel = Kernel.Q4_0_REPACKED
         elif self.grouped:
-            kernel = _Q4_0_EIGHTS if self.kind == "q4_0" else _Q0_EIGHTS
+            kernel = Kernel.Q4_0_EIGHTS if self.kind == "q4_0" else Kernel.Q0_EIGHTS
         else:
-            kernel = _Q0_ROWS
-        target = _Out(y.data_ptr(), y.stride(0), into is not None, alpha)
+            kernel = Kernel.Q0_ROWS
+        target = Out(y.data_ptr(), y.stride(0), into is not None, alpha)
         kernels.block_product(kernel, _ptr(x), rows, width, _ptr(self.codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
         return y
 
@@ -529,7 +478,7 @@ class NativeBlockMatrix:
             _ptr(self._scale_t()),
             out,
             _ptr(y),
-            _threads(out // 16, rows * out * width),
+            threads_for(out // 16, rows * out * width),
         )
         return y
 

@@ -25,12 +25,22 @@ the official vision runtime runs (flash attention, an f16 cache, batches of 128,
 from __future__ import annotations
 
 import functools
+from typing import Literal
 from collections.abc import Callable
 
 import torch
 
 from .blocks import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
-from .c_kernels import NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_gated_delta_net, native_libm, native_ssm_conv
+from .c_kernels import (
+    LibmOp,
+    NativeKernels,
+    native_expf,
+    native_flash_online,
+    native_flash_tiled,
+    native_gated_delta_net,
+    native_libm,
+    native_ssm_conv,
+)
 
 __all__ = [
     "ggml_dot_f32",
@@ -51,10 +61,10 @@ SPLIT_KV_CELLS = 512
 """Cache cells from which a one-row batch's flash attention is split across threads."""
 
 
-def _elementwise(name: str, x: torch.Tensor, kernels: NativeKernels | None) -> torch.Tensor:
-    """The C library's float32 function `name` (expf or logf) on every value (from float64 where none loads)."""
+def _elementwise(name: Literal["expf", "logf"], x: torch.Tensor, kernels: NativeKernels | None) -> torch.Tensor:
+    """The C library's float32 function `name` on every value (from float64 where none loads)."""
     if kernels is not None:
-        return native_libm(kernels, name, x)
+        return native_libm(kernels, LibmOp.EXPF if name == "expf" else LibmOp.LOGF, x)
     library = c_math()
     if library is None:
         wide = x.double()
@@ -85,14 +95,14 @@ def ggml_silu(x: torch.Tensor, width: int = 16, kernels: NativeKernels | None = 
 def ggml_sigmoid(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_sigmoid`: `1 / (1 + expf(-x))` per value."""
     if kernels is not None:
-        return native_libm(kernels, "sigmoid", x)
+        return native_libm(kernels, LibmOp.SIGMOID, x)
     return torch.div(f32(1.0), 1.0 + libm_expf(-x))
 
 
 def ggml_softplus(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
     """`ggml_softplus`: `logf(1 + expf(x))`, or x above 20."""
     if kernels is not None:
-        return native_libm(kernels, "softplus", x)
+        return native_libm(kernels, LibmOp.SOFTPLUS, x)
     return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0)), None))
 
 

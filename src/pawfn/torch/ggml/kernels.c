@@ -1,6 +1,6 @@
 /* llama.cpp's CPU products on GGUF block weights, for pawfn's numerics="llamacpp" mode (x86 with AVX2 and FMA).
 
-   The same arithmetic as ggml.py's torch emulation (which documents each rule and where it comes from): integer
+   The same arithmetic as blocks.py's torch emulation (which documents each rule and where it comes from): integer
    block products are exact, so any order gives them; every float step is written out as an explicit float32 FMA,
    multiply or add in the order ggml's kernels take it. Built with -ffp-contract=off so the compiler fuses nothing
    on its own. Each product function covers output features [first, last), so callers can split work across
@@ -1502,7 +1502,7 @@ static void attention_step(const float *q, const float *k_new, int64_t k_stride,
     free(converted);
 }
 
-/* ---- Qwen3.5's own ops (ggml_hybrid.py documents each rule): the fused delta rule and flash attention ---- */
+/* ---- Qwen3.5's own ops (hybrid.py documents each rule): the fused delta rule and flash attention ---- */
 
 /* The C library's float32 functions per value, as ggml's scalar ops call them: 0 expf, 1 logf, 2 `ggml_sigmoid`
    (1 / (1 + expf(-x))), 3 `ggml_softplus` (logf(1 + expf(x)), x itself above 20). */

@@ -1,0 +1,403 @@
+"""The C library's interface (`kernels.c`), declared once and by name: each exported function with its argument types
+(`EXPORTS`), `paw_run`'s kernels as an enum in the C enum's order (`Kernel`), and each kernel's arguments as a typed
+dataclass (`KernelCall`) whose fields fill `paw_args` in the order the C `run_range` reads them. A test reads
+`kernels.c` and checks all three against it, so adding or reordering a kernel on one side fails there, not in a product.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, ClassVar
+
+import torch
+
+__all__ = [
+    "BLOCK_PRODUCTS",
+    "EXPORTS",
+    "AttentionCall",
+    "AttentionStepCall",
+    "FlashOnlineCall",
+    "FlashTiledCall",
+    "FloatProductCall",
+    "GatedDeltaNetCall",
+    "GeluCall",
+    "Integer",
+    "Kernel",
+    "KernelCall",
+    "LibmOp",
+    "NativeKernels",
+    "Out",
+    "Pointer",
+    "RmsNormCall",
+    "SwigluCall",
+    "Value",
+    "kernel_calls",
+    "threads_for",
+]
+
+_I32 = ctypes.c_int
+_I64 = ctypes.c_int64
+_F32 = ctypes.c_float
+_PTR = ctypes.c_void_p
+_SLOTS = 10
+"""`paw_args`' pointers and integers each."""
+_SPLIT_MIN_WORK = 1 << 16  # products below which a call runs on one thread (a thread hand-off costs ~20 us)
+
+
+class Kernel(enum.IntEnum):
+    """`paw_run`'s kernels, in `kernels.c`'s enum order (`KERNEL_<name>`)."""
+
+    Q6_K_ROWS = 0
+    Q6_K_TILED = 1
+    Q0_ROWS = 2
+    Q4_0_REPACKED = 3
+    ATTENTION = 4
+    Q0_EIGHTS = 5
+    GATED_DELTA_NET = 6
+    FLASH_ONLINE = 7
+    FLASH_TILED = 8
+    FLOAT = 9
+    Q4_0_EIGHTS = 10
+    ATTENTION_STEP = 11
+    RMS_NORM = 12
+    SWIGLU = 13
+    GELU = 14
+
+
+BLOCK_PRODUCTS = frozenset({Kernel.Q6_K_ROWS, Kernel.Q6_K_TILED, Kernel.Q0_ROWS, Kernel.Q4_0_REPACKED, Kernel.Q0_EIGHTS, Kernel.Q4_0_EIGHTS})
+"""Kernels `paw_block_product` runs with the arguments it makes in C (x quantized first); Python names only which."""
+
+
+class LibmOp(enum.IntEnum):
+    """`paw_libm`'s functions, in its switch's order: the C library's `expf`, `logf`, and ggml's sigmoid and softplus
+    written with them."""
+
+    EXPF = 0
+    LOGF = 1
+    SIGMOID = 2
+    SOFTPLUS = 3
+
+
+class _Args(ctypes.Structure):
+    """`paw_args`: a kernel's pointers, integers and one float."""
+
+    _fields_ = [("p", _PTR * _SLOTS), ("i", _I64 * _SLOTS), ("f", _F32)]
+
+
+class Out(ctypes.Structure):
+    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`."""
+
+    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", _F32)]
+
+
+EXPORTS: dict[str, tuple[tuple[type[typing.Any], ...], type[typing.Any] | None]] = {
+    "paw_run": ((_I32, ctypes.POINTER(_Args), _I64, _I64), _I32),
+    "paw_block_product": ((_I32, _PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, ctypes.POINTER(Out), _I64), _I32),
+    "paw_q6_k_amx_product": ((_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64), _I32),
+    "paw_amx_available": ((), _I32),
+    "paw_use_avx512": ((_I32,), _I32),
+    "paw_expf": ((_PTR, _PTR, _I64, _I64), None),
+    "paw_libm": ((_I64, _PTR, _PTR, _I64), None),
+    "paw_ssm_conv": ((_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64), None),
+    "paw_rope_neox": ((_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64), None),
+    "paw_rope_table": ((_PTR, _I64, _I64, _F32, _PTR, _PTR), None),
+    "paw_unpack_q6_k": ((_PTR, _I64, _PTR, _PTR, _PTR), None),
+    "paw_quantize_q8_k": ((_PTR, _I64, _I64, _PTR, _PTR, _PTR), None),
+    "paw_quantize_q8_0": ((_PTR, _I64, _I64, _PTR, _PTR), None),
+}
+"""Every function Python calls: its argument types and return type (None: void), as `kernels.c` declares them."""
+
+Pointer = Annotated[int, "p"]
+"""An address (`paw_args.p`)."""
+Integer = Annotated[int, "i"]
+"""A count, stride or flag (`paw_args.i`)."""
+Value = Annotated[float, "f"]
+"""The one float (`paw_args.f`)."""
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One `paw_run` kernel's arguments by name: `Pointer` fields fill `paw_args.p`, `Integer` ones `.i`, each in
+    declaration order, and a `Value` field `.f`."""
+
+    kernel: ClassVar[Kernel]
+
+    def packed(self) -> _Args:
+        """The arguments as `paw_args`."""
+        pointers, integers, value = _layout(type(self))
+        return _Args(
+            (_PTR * _SLOTS)(*(getattr(self, name) for name in pointers)),
+            (_I64 * _SLOTS)(*(getattr(self, name) for name in integers)),
+            0.0 if value is None else getattr(self, value),
+        )
+
+
+_Layout = tuple[tuple[str, ...], tuple[str, ...], str | None]
+_LAYOUTS: dict[type[KernelCall], _Layout] = {}
+
+
+def _layout(call: type[KernelCall]) -> _Layout:
+    """A call class's pointer fields, integer fields and value field, in declaration order (read once a class)."""
+    known = _LAYOUTS.get(call)
+    if known is not None:
+        return known
+    hints = typing.get_type_hints(call, include_extras=True)
+    slots: dict[str, list[str]] = {"p": [], "i": [], "f": []}
+    for declared in fields(call):
+        slots[hints[declared.name].__metadata__[0]].append(declared.name)
+    if len(slots["p"]) > _SLOTS or len(slots["i"]) > _SLOTS or len(slots["f"]) > 1:
+        raise TypeError(f"{call.__name__}: paw_args holds {_SLOTS} pointers, {_SLOTS} integers and one float")
+    layout = _LAYOUTS[call] = (tuple(slots["p"]), tuple(slots["i"]), slots["f"][0] if slots["f"] else None)
+    return layout
+
+
+@dataclass(frozen=True)
+class AttentionCall(KernelCall):
+    kernel = Kernel.ATTENTION
+    q: Pointer
+    prefix_keys: Pointer
+    prefix_values: Pointer
+    keys: Pointer
+    values: Pointer
+    out: Pointer
+    prefix_length: Integer
+    prefix_head_stride: Integer
+    own_length: Integer
+    head_stride: Integer
+    rows: Integer
+    heads: Integer
+    kv_heads: Integer
+    dim: Integer
+    padded: Integer
+    width: Integer
+    scale: Value
+
+
+@dataclass(frozen=True)
+class AttentionStepCall(KernelCall):
+    kernel = Kernel.ATTENTION_STEP
+    q: Pointer
+    table: Pointer
+    out: Pointer
+    k: Pointer
+    v: Pointer
+    rows: Integer
+    heads: Integer
+    kv_heads: Integer
+    dim: Integer
+    width: Integer
+    k_stride: Integer
+    v_stride: Integer
+    scale: Value
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetCall(KernelCall):
+    kernel = Kernel.GATED_DELTA_NET
+    q: Pointer
+    k: Pointer
+    v: Pointer
+    g: Pointer
+    beta: Pointer
+    state: Pointer
+    out: Pointer
+    steps: Integer
+    heads: Integer
+    size: Integer
+    width: Integer
+
+
+@dataclass(frozen=True)
+class FlashOnlineCall(KernelCall):
+    kernel = Kernel.FLASH_ONLINE
+    q: Pointer
+    keys: Pointer
+    values: Pointer
+    accumulated: Pointer
+    high: Pointer
+    total: Pointer
+    head_stride: Integer
+    rows: Integer
+    heads: Integer
+    kv_heads: Integer
+    dim: Integer
+    offset: Integer
+    first: Integer
+    last: Integer
+    width: Integer
+    scale: Value
+
+
+@dataclass(frozen=True)
+class FlashTiledCall(KernelCall):
+    kernel = Kernel.FLASH_TILED
+    q: Pointer
+    keys: Pointer
+    values: Pointer
+    out: Pointer
+    head_stride: Integer
+    rows: Integer
+    heads: Integer
+    kv_heads: Integer
+    dim: Integer
+    offset: Integer
+    length: Integer
+    width: Integer
+    scale: Value
+
+
+@dataclass(frozen=True)
+class FloatProductCall(KernelCall):
+    kernel = Kernel.FLOAT
+    weight: Pointer
+    x: Pointer
+    target: Pointer
+    f16: Integer
+    rows: Integer
+    width: Integer
+    tiled: Integer
+    lanes: Integer
+
+
+@dataclass(frozen=True)
+class RmsNormCall(KernelCall):
+    kernel = Kernel.RMS_NORM
+    x: Pointer
+    weight: Pointer
+    y: Pointer
+    stride: Integer
+    per_row: Integer
+    n: Integer
+    eps: Value
+
+
+@dataclass(frozen=True)
+class SwigluCall(KernelCall):
+    kernel = Kernel.SWIGLU
+    gate: Pointer
+    up: Pointer
+    y: Pointer
+    stride: Integer
+    n: Integer
+    width: Integer
+
+
+@dataclass(frozen=True)
+class GeluCall(KernelCall):
+    kernel = Kernel.GELU
+    x: Pointer
+    table: Pointer
+    y: Pointer
+
+
+def kernel_calls() -> dict[Kernel, type[KernelCall]]:
+    """Each kernel Python runs through `paw_run` and its call's class."""
+    calls = (
+        AttentionCall,
+        AttentionStepCall,
+        GatedDeltaNetCall,
+        FlashOnlineCall,
+        FlashTiledCall,
+        FloatProductCall,
+        RmsNormCall,
+        SwigluCall,
+        GeluCall,
+    )
+    return {call.kernel: call for call in calls}
+
+
+def threads_for(count: int, work: int) -> int:
+    """Threads for a kernel over `count` outputs doing `work` products: torch's count where it pays for the hand-off."""
+    return min(torch.get_num_threads(), count) if work >= _SPLIT_MIN_WORK else 1
+
+
+class NativeKernels:
+    """The compiled library, its functions declared from `EXPORTS` and called by name."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        """The shared library loaded."""
+        self._functions: dict[str, typing.Any] = {}
+        for name, (arguments, result) in EXPORTS.items():
+            function = getattr(library, name)
+            function.argtypes, function.restype = list(arguments), result
+            self._functions[name] = function
+        self.avx512 = self.use_avx512(True)
+        """Whether the AVX-512 VNNI kernels (one-row Q6_K, eight-output Q4_0/Q8_0) run here, else the AVX2 ones."""
+        self.amx = bool(self._functions["paw_amx_available"]()) and os.environ.get("PAW_AMX", "1") != "0"
+        """Whether the tiled Q6_K kernel runs on AMX tiles here (Intel Sapphire Rapids and later; `PAW_AMX=0`: off)."""
+
+    @property
+    def instructions(self) -> str:
+        """The instruction sets the products run on here, for reports: "AMX, AVX-512 VNNI", "AVX2" ..."""
+        return ", ".join(name for name, used in (("AMX", self.amx), ("AVX-512 VNNI", self.avx512)) if used) or "AVX2"
+
+    def use_avx512(self, allowed: bool) -> bool:
+        """Let the AVX-512 kernels run where the CPU has them (the default) or not; returns whether they now run."""
+        return bool(self._functions["paw_use_avx512"](int(allowed)))
+
+    def run(self, call: KernelCall, count: int, work: int) -> None:
+        """`call`'s kernel over [0, count), split across torch's thread count when `work` (int8 or float products) is
+        large enough to pay for the hand-off."""
+        self._functions["paw_run"](call.kernel, ctypes.byref(call.packed()), count, threads_for(count, work))
+
+    def block_product(
+        self, kernel: Kernel, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int, target: Out, work: int
+    ) -> None:
+        """`paw_block_product`: x quantized, then multiplied by a block matrix, split across threads when large."""
+        if kernel not in BLOCK_PRODUCTS:
+            raise ValueError(f"{kernel.name} is not a block product")
+        status = self._functions["paw_block_product"](kernel, x, rows, width, codes, sub, scale, out, ctypes.byref(target), threads_for(out, work))
+        if status != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    def q6_k_amx_product(self, x: int, rows: int, width: int, codes: int, sub: int, scale_t: int, out: int, y: int, threads: int) -> None:
+        """`paw_q6_k_amx_product`: x quantized to Q8_K, then the tiled Q6_K product on AMX into y."""
+        if self._functions["paw_q6_k_amx_product"](x, rows, width, codes, sub, scale_t, out, y, threads) != 0:
+            raise MemoryError("pawfn: no memory for a block product's scratch")
+
+    def float_product(
+        self, weight: int, f16: bool, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
+    ) -> None:
+        """x [rows, width] times F32 (or, `f16`, f16) weights [out, width] with llama.cpp's dots of `lanes` lanes
+        (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out` puts them."""
+        target = Out(*into)
+        call = FloatProductCall(weight, x, ctypes.addressof(target), int(f16), rows, width, int(tiled), lanes)
+        self.run(call, out, rows * out * width)
+
+    def expf(self, x: int, y: int, count: int, width: int) -> None:
+        """`count` float32 values of x through ggml's `expf` of `width` lanes, into y."""
+        self._functions["paw_expf"](x, y, count, width)
+
+    def libm(self, op: LibmOp, x: int, y: int, count: int) -> None:
+        """`count` float32 values of x through the C library's `op`, into y."""
+        self._functions["paw_libm"](op, x, y, count)
+
+    def ssm_conv(self, window: int, kernel: int, out: int, channels: int, taps: int, steps: int, rounded: int) -> None:
+        """ggml's short convolution (see `native_ssm_conv`)."""
+        self._functions["paw_ssm_conv"](window, kernel, out, channels, taps, steps, rounded)
+
+    def rope_neox(self, x: int, cos: int, sin: int, y: int, tokens: int, heads: int, dim: int) -> None:
+        """NeoX rotation of x [tokens, heads, dim] by cos/sin tables [tokens, dim / 2], into y."""
+        self._functions["paw_rope_neox"](x, cos, sin, y, tokens, heads, dim)
+
+    def rope_table(self, positions: int, count: int, half: int, step: float, cos: int, sin: int) -> None:
+        """cos and sin [count, half] of `p * step**i` by the C library's `cosf`, `sinf`."""
+        self._functions["paw_rope_table"](positions, count, half, step, cos, sin)
+
+    def unpack_q6_k(self, raw: int, blocks: int, codes: int, sub: int, scale: int) -> None:
+        """`blocks` Q6_K blocks as read from a file into codes, sub-block scales and block scales."""
+        self._functions["paw_unpack_q6_k"](raw, blocks, codes, sub, scale)
+
+    def quantize_q8_k(self, x: int, rows: int, width: int, codes: int, scales: int, sums: int) -> None:
+        """x [rows, width] float32 as llama.cpp's Q8_K blocks: int8 codes, float32 scales, int16 sums of sixteen."""
+        self._functions["paw_quantize_q8_k"](x, rows, width, codes, scales, sums)
+
+    def quantize_q8_0(self, x: int, rows: int, width: int, codes: int, scales: int) -> None:
+        """x [rows, width] float32 as llama.cpp's Q8_0 blocks: int8 codes and float32 scales."""
+        self._functions["paw_quantize_q8_0"](x, rows, width, codes, scales)
