@@ -72,3 +72,40 @@ def test_performance_figures_have_one_source() -> None:
         assert stated, f"{page.name} states no figure"
         assert stated <= kept, f"{page.name} states {sorted(stated - kept)}, which docs/performance.md's Summary does not"
         assert "performance.md#summary" in page.read_text(encoding="utf-8"), f"{page.name} does not cite the Summary"
+
+
+_ELSEWHERE = frozenset({"convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "triage.py", "test_triage.py"})
+"""Files named in the docs that live outside this repository: llama.cpp's converters, and the guide's example app."""
+
+
+def _written() -> list[Path]:
+    """The code, docs and scripts whose words name files and functions."""
+    roots = [PACKAGE, DOCS, ROOT / "benchmarks", ROOT / "scripts"]
+    return [ROOT / "README.md"] + [path for root in roots for path in root.rglob("*") if path.suffix in {".py", ".c", ".md", ".sh"}]
+
+
+def test_every_file_named_in_code_and_docs_exists() -> None:
+    """A module moved or renamed leaves no comment, docstring or page naming its old file."""
+    present = {path.name for path in ROOT.rglob("*") if ".venv" not in path.parts and ".git" not in path.parts}
+    stale = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in _written()
+        for name in re.findall(r"\b([A-Za-z_]\w*\.(?:py|c))\b", path.read_text(encoding="utf-8"))
+        if name not in present and name not in _ELSEWHERE
+    ]
+    assert stale == []
+
+
+def test_every_name_of_the_arithmetic_modules_in_code_and_docs_exists() -> None:
+    """`blocks.ggml_rope`, `hybrid._online` ...: a function named by module in a docstring is still there."""
+    ggml = PACKAGE / "torch" / "ggml"
+    defined = {path.stem: set(re.findall(r"^(?:def|class|async def) (\w+)|^(\w+)(?: *:[^=]*)? =", path.read_text(), re.MULTILINE)) for path in ggml.glob("*.py")}
+    names = {module: {a or b for a, b in found} for module, found in defined.items()}
+    names["ggml"] = set()  # the package: its functions are named by their modules
+    stale = [
+        f"{path.relative_to(ROOT)}: {module}.{name}"
+        for path in _written()
+        for module, name in re.findall(r"`(\w+)\.(\w+)", path.read_text(encoding="utf-8"))
+        if module in names and name not in names[module] and name not in {"py", "c"}
+    ]
+    assert stale == []
