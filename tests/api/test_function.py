@@ -206,6 +206,26 @@ def test_registry_keys(qwen3_program: TinyProgram) -> None:
     assert isinstance(c.run_with("hello", GREEDY_24), str)
 
 
+def test_one_base_whatever_name_a_program_gives_its_arithmetic(qwen3_program: TinyProgram) -> None:
+    """`auto` resolves to llama.cpp's arithmetic on this GGUF base: a program naming `auto` and one naming `llamacpp`
+    share one base (in either order); `native` is another arithmetic, so another base."""
+    base = qwen3_program.interpreter.gguf_path
+    auto = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics="auto"))
+    named = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics="llamacpp"))
+    assert torch_program(auto).numerics == torch_program(named).numerics == "llamacpp"
+    assert ModelRegistry.load_count() == 1 and torch_program(auto).base is torch_program(named).base
+    assert [key.numerics for key in ModelRegistry.loaded()] == ["llamacpp"]
+    assert auto.run_with("hello", GREEDY_24) == named.run_with("hello", GREEDY_24)
+    auto.close()
+    named.close()
+    ModelRegistry.clear()
+    named = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics="llamacpp"))
+    auto = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics="auto"))
+    assert ModelRegistry.load_count() == 1 and torch_program(auto).base is torch_program(named).base
+    native = PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics="native"))
+    assert ModelRegistry.load_count() == 2 and torch_program(native).numerics == "native"
+
+
 def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Subclassing a built-in model points at private weights; its default base is found in the PAW cache."""
 

@@ -17,11 +17,12 @@ from ...core.images import Image
 from ...calls.prompt import Argument, image_prompt
 from ...calls.runtime import CallInput, DecodeCounters, Decoding, ProgramFiles, Prompt, PromptRuntime, context_window
 from ...calls.pending import PendingGeneration, TokenListener
-from ..model.arithmetic import requested_arithmetic
+from ..model.arithmetic import requested_arithmetic, resolved_numerics
+from ..model.families import family_for
 from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from ..weights.converted import ConvertedStore
 from ..model.kvcache import PrefixState
-from ..weights.loading import torch_dtype
+from ..weights.loading import gguf_head_dim, torch_dtype
 from ..weights.lora import DeviceAdapter
 from .network import TorchInterpreter
 from .prefix_store import PrefixStore
@@ -52,7 +53,9 @@ def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: Eng
     """The base `files` name on `device`, loaded on the compute thread by the first program that asks, with one
     more user (pair it with `ENGINES.release`)."""
     source, dtype, weight_dtype = str(files.base.resolve()), config.dtype, config.weight_dtype
-    key = EngineKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=numerics)
+    path = Path(source)
+    resolved = resolved_numerics(numerics, family_for(model), lambda: gguf_head_dim(path, model), path, device, torch_dtype(dtype), weight_dtype)
+    key = EngineKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=resolved)
 
     def load() -> TorchInterpreter:
         load_step(f"reading base {files.base.name} onto {device}")

@@ -23,7 +23,8 @@ __all__ = ["ENGINES", "BaseEngine", "EngineKey", "Engines", "ModelRegistry"]
 
 @dataclass(frozen=True)
 class EngineKey:
-    """What identifies one loaded base: model type, resolved weights path, device, dtype, weight storage and arithmetic."""
+    """What identifies one loaded base: model type, resolved weights path, device, dtype, weight storage and arithmetic
+    (`auto` resolved for the file before the key is made: one base whatever name a program gave the same arithmetic)."""
 
     model: type[InterpreterModel]
     source: str

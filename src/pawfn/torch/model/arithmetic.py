@@ -36,8 +36,10 @@ __all__ = [
     "TorchArithmetic",
     "check_llamacpp_numerics",
     "llamacpp_numerics_problem",
+    "numerics_problem",
     "open_arithmetic",
     "requested_arithmetic",
+    "resolved_numerics",
     "simd_width",
 ]
 
@@ -314,12 +316,41 @@ def check_llamacpp_numerics(device: torch.device, dtype: torch.dtype, weight_dty
         raise ConfigError(f"numerics='llamacpp' cannot run: {problem}; drop those options or use numerics='native'")
 
 
+def numerics_problem(
+    family: Family, head_dim: int, source: Path, device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None
+) -> str | None:
+    """Why llama.cpp's arithmetic cannot run for this base with these settings here (None: it can): what decides `auto`."""
+    return llamacpp_numerics_problem(device, dtype, weight_dtype) or _family_problem(family, head_dim, simd_width(), source)
+
+
 def _family_problem(family: Family, head_dim: int, width: int, source: Path) -> str | None:
     if not family.llamacpp_numerics:
         return f"it does not cover the {family.name} family's operations yet"
     if head_dim % width:  # llama.cpp then leaves tinyBLAS for other loops
         return f"it needs an attention head size that is a multiple of {width} on this CPU, and {source}'s is {head_dim}"
     return None
+
+
+def resolved_numerics(
+    numerics: Numerics,
+    family: Family,
+    head_dim: Callable[[], int | None],
+    source: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    weight_dtype: WeightDType | None,
+) -> Numerics:
+    """What `numerics` becomes for the base at `source`, decided before its load as `open_arithmetic` decides at it
+    (`head_dim()`: the file's head size, None where it cannot be read, and the name is kept: the load says why): the
+    engines' key, so programs naming `auto` and the arithmetic it resolves to share one base."""
+    if numerics != "auto":
+        return numerics
+    if source.is_dir():
+        return "native"
+    size = head_dim()
+    if size is None:
+        return numerics
+    return "native" if numerics_problem(family, size, source, device, dtype, weight_dtype) else "llamacpp"
 
 
 def open_arithmetic(
@@ -337,8 +368,7 @@ def open_arithmetic(
     an f16 cache) and torch's for Hugging Face folders, which llama.cpp does not read, and where llama.cpp's cannot
     run, said once in the log with why (`held()`: the file's matrix types, for that line); `llamacpp` is refused
     where it cannot run."""
-    width = simd_width()
-    problem = llamacpp_numerics_problem(device, dtype, weight_dtype) or _family_problem(family, head_dim, width, source)
+    problem = numerics_problem(family, head_dim, source, device, dtype, weight_dtype)
     if numerics == "llamacpp":
         check_llamacpp_numerics(device, dtype, weight_dtype)
         if problem is not None:
@@ -354,4 +384,4 @@ def open_arithmetic(
             problem,
         )
         return TorchArithmetic()
-    return LlamaCppArithmetic(width, native_kernels(), family.llamacpp_flash_attention)
+    return LlamaCppArithmetic(simd_width(), native_kernels(), family.llamacpp_flash_attention)

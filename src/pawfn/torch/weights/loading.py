@@ -11,20 +11,24 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from ...core.errors import BaseModelError
+from ...core.models import InterpreterModel
 from ...core.options import Numerics, WeightDType
 from ...core.progress import track
+from ...formats.ggufio import GGUFFile, GGUFFormatError
 from ...formats.tokenizer import TextCodec
 from ..ggml.blocks import BlockMatrix, block_matrix
 from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
 from ..ggml.dequant import RowTable
 from ..ggml.floats import NativeFloatMatrix, float_matrix
 from ..model.arithmetic import Arithmetic, LlamaCppArithmetic, Product, open_arithmetic
+from ..model.families import family_for
 from ..model.families.base import check_architecture
 from ..model.packed import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
 from .converted import ConvertedStore, CorruptStoreError
@@ -39,6 +43,27 @@ _EMBEDDINGS = frozenset({"token_embd.weight", "position_embd.weight"})
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype for a `PawConfig.dtype` name."""
     return _DTYPES[name]
+
+
+def gguf_head_dim(source: Path, model: type[InterpreterModel]) -> int | None:
+    """The attention head size a GGUF base's header gives `model` (None where it cannot be read: its load says why)."""
+    try:
+        stat = source.stat()
+        return _gguf_head_dim(source, stat.st_mtime_ns, stat.st_size, model)
+    except (OSError, GGUFFormatError, BaseModelError, KeyError, ValueError):
+        return None
+
+
+_HEAD_DIMS: dict[tuple[Path, int, int, str], int] = {}
+
+
+def _gguf_head_dim(source: Path, mtime_ns: int, size: int, model: type[InterpreterModel]) -> int:
+    """The attention head size in a GGUF base's header (kept while the file is unchanged: a header holds the vocabulary)."""
+    key = (source, mtime_ns, size, model.__name__)
+    if key not in _HEAD_DIMS:
+        file = GGUFFile(source)
+        _HEAD_DIMS[key] = family_for(model).architecture_from_gguf(file, file.tensor_shape("token_embd.weight")[0]).head_dim
+    return _HEAD_DIMS[key]
 
 
 def load_device_weights(
