@@ -18,12 +18,12 @@ from pawfn import (
     Backend,
     ArityError,
     BaseModelError,
-    ConfigError,
     ContextOverflowError,
     InterpreterMismatchError,
     InterpreterModel,
     LlamaCpp,
     ModelRegistry,
+    OfflineError,
     OptionError,
     PawConfig,
     PawFn,
@@ -237,7 +237,7 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
     (cache / "base_models" / "mirror.gguf").write_bytes(qwen3_program.interpreter.gguf_path.read_bytes())
     monkeypatch.setenv("PAW_CACHE_DIR", str(cache))
     with (
-        PawFn[MirrorQwen, Torch].from_path(qwen3_program.folder) as mirror,  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
+        PawFn[MirrorQwen, Torch].load_sync(qwen3_program.folder, config=PawConfig.from_env(offline=True)) as mirror,
         PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=qwen3_program.interpreter.gguf_path) as plain,
     ):
         assert type(mirror).model_type() is MirrorQwen
@@ -247,8 +247,8 @@ def test_a_mirror_model_is_its_own_type(qwen3_program: TinyProgram, tmp_path: Pa
 
 def test_missing_default_base_says_what_to_pass(qwen3_program: TinyProgram, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PAW_CACHE_DIR", str(tmp_path))
-    with pytest.raises(BaseModelError, match="no base weights for Qwen3_0_6B in the cache: pass base=PATH.*qwen3-0.6b-q6_k.gguf"):
-        PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder)  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
+    with pytest.raises(OfflineError, match=r"qwen3-0.6b-q6_k.gguf .* is not in the cache .* \(base=PATH in Python\)"):
+        PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, config=PawConfig.from_env(offline=True))
 
 
 def test_wrong_base_is_refused(qwen3_program: TinyProgram, gpt2: TinyInterpreter) -> None:
@@ -461,17 +461,6 @@ def test_an_interrupt_leaving_the_with_block_cancels_the_calls(qwen3_program: Ti
         waited.append(program.submit("hello", RuntimeOptions(max_tokens=40)))
         raise ValueError("the caller's own")
     assert len(waited[0].result(timeout=0).token_ids) == 40
-
-
-def test_the_deprecated_loaders_warn_and_still_load(qwen3_program: TinyProgram) -> None:
-    """`from_path` and `load_id` stay for one release, each with a `DeprecationWarning` naming its replacement."""
-    base = qwen3_program.interpreter.gguf_path
-    with pytest.deprecated_call(match=r"use PawFn\.load_sync\(path, base=\.\.\.\)"):
-        old = PawFn[Qwen3_0_6B, Torch].from_path(qwen3_program.folder, base=base)  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
-    with old, PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base) as new:
-        assert old.run_with("hello", GREEDY_24) == new.run_with("hello", GREEDY_24)
-    with pytest.deprecated_call(match=r"use PawFn\.load_sync\(program_id\)"), pytest.raises(ConfigError, match="program id"):
-        PawFn[Qwen3_0_6B, Torch].load_id_sync("not an id")  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
 
 
 def test_every_way_to_call_checks_the_arguments_once(qwen3_program: TinyProgram) -> None:

@@ -432,10 +432,10 @@ def test_client_endpoints(hub: Hub) -> None:
     assert error.value.status == 401
 
 
-def test_from_path_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> None:
+def test_a_program_folder_finds_the_base_its_runtime_names_in_the_cache(hub: Hub) -> None:
     PawFn[Qwen3_0_6B, Torch].load_sync(PROGRAM_ID, config=hub.config()).close()
     folder = hub.cache_dir / "programs" / PROGRAM_ID
-    with PawFn[Qwen3_0_6B, Torch].from_path(folder, config=hub.config(offline=True)) as function:  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
+    with PawFn[Qwen3_0_6B, Torch].load_sync(folder, config=hub.config(offline=True)) as function:
         assert function.generate("hello", OPTIONS).token_ids == hub.expected("hello")
 
 

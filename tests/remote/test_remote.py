@@ -91,8 +91,8 @@ def test_server_refusals_are_typed_errors(server: ServeProcess) -> None:
         PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server, key="wrong"))
     with pytest.raises(NotFoundError, match="not served here"):
         PawFn[Qwen3_0_6B, Remote].load_sync("c2c2c2c2c2c2c2c2c2c2", config=_config(server))
-    with pytest.raises(ConfigError, match="from files"):
-        PawFn[Qwen3_0_6B, Remote].from_path("anything.paw")  # pyright: ignore[reportDeprecated]  # the deprecated loader, kept this release
+    with pytest.raises(ConfigError, match="the server's business on Remote: load without base="):
+        PawFn[Qwen3_0_6B, Remote].load_sync("anything.paw", base="base.gguf")
     with PawFn[Qwen3_0_6B, Remote].load_sync(FIRST_ID, config=_config(server)) as remote:
         with pytest.raises(RequestError, match="max_tokens=99") as refused:
             remote.run_with("x", RuntimeOptions(max_tokens=99))

@@ -25,10 +25,6 @@ class Returns(Protocol[T_co]):
         """Start a call; its future gives the `Generation`."""
         ...
 
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None, /) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop."""
-        ...
-
     def value_of(self, generation: Generation, /) -> T_co:
         """The call's value: its text, or its parsed value."""
         ...
@@ -73,6 +69,6 @@ async def arun_many(calls: Sequence[tuple[PawFn[Any, Any], str]], options: Runti
 async def arun_many(calls: Sequence[tuple[TypedFn[T], str]], options: RuntimeOptions | None = None) -> list[T]: ...
 async def arun_many(calls: Sequence[tuple[Returns[Any], str]], options: RuntimeOptions | None = None) -> list[Any]:  # Any: the overloads type it
     """`run_many` without blocking the event loop; cancelling the task stops its calls."""
-    pendings = [await program.asubmit(text, options) for program, text in _checked_calls(calls)]
+    pendings = [program.submit(text, options) for program, text in _checked_calls(calls)]
     generations = await gather_in_order(pendings)
     return [program.value_of(generation) for (program, _), generation in zip(calls, generations, strict=True)]

@@ -9,14 +9,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from typing_extensions import Self, TypeForm, Unpack, deprecated
+from typing_extensions import Self, TypeForm, Unpack
 
 from ..core.backends import Backend
 from ..formats.bundle import ProgramMeta
 from ..core.config import PawConfig
-from ..hub.cache import PawCache
 from ..hub.prepare import PreparedProgram, compile_program
-from ..hub.refs import checked_program_id, checked_slug
+from ..hub.refs import checked_slug
 from ..hub.types import CompileSettings, compile_request
 from ..core.models import InterpreterModel
 from ..core.options import RuntimeOptions
@@ -26,7 +25,7 @@ from ..calls.runtime import ProgramRuntime
 from ..calls.caller import Caller, program_caller
 from ..calls.pending import PendingGeneration, TextStream
 from .handle import ProgramHandle
-from .opening import Opened, expect_model, known_interpreter, open_bare, open_files, open_reference
+from .opening import Opened, expect_model, known_interpreter, open_bare, open_reference
 from .specialized import Specializations
 from .typed import TypedFn
 
@@ -104,15 +103,6 @@ class PawFn(ProgramHandle, Generic[M, B]):
         return cls(opened.runtime, opened.meta, opened.source, config, opened.load_ms, opened.identity)
 
     @classmethod
-    @deprecated("PawFn.from_path goes in the next release; use PawFn.load_sync(path, base=...)", category=DeprecationWarning)
-    def from_path(cls, path: str | os.PathLike[str], *, base: str | os.PathLike[str] | None = None, config: PawConfig | None = None) -> Self:
-        """Deprecated: `load_sync(path, base=...)`, which also fetches a base the cache lacks (unless offline)."""
-        config = config or PawConfig.from_env()
-        bundle, choose = Path(path), expect_model(cls.model_type())
-        derived_dir = PawCache(config.cache_dir, config.lock_timeout_s).derived_dir(bundle)
-        return cls._opened(open_files(cls.backend_type(), choose, bundle, None if base is None else Path(base), derived_dir, config), config)
-
-    @classmethod
     def bare(cls, *, base: str | os.PathLike[str] | None = None, template: str | None = None, config: PawConfig | None = None) -> Self:
         """The interpreter without a program: the official base template, or a numbered one (call it by `Positional`)."""
         config = config or PawConfig.from_env()
@@ -162,18 +152,6 @@ class PawFn(ProgramHandle, Generic[M, B]):
     async def load_slug(cls, slug: str, *, config: PawConfig | None = None) -> Self:
         """Async `load_slug_sync`."""
         return await asyncio.to_thread(lambda: cls.load_slug_sync(slug, config=config))
-
-    @classmethod
-    @deprecated("PawFn.load_id_sync goes in the next release; use PawFn.load_sync(program_id)", category=DeprecationWarning)
-    def load_id_sync(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
-        """Deprecated: `load_sync(program_id)`."""
-        return cls.load_sync(checked_program_id(program_id), config=config)
-
-    @classmethod
-    @deprecated("PawFn.load_id goes in the next release; use PawFn.load(program_id)", category=DeprecationWarning)
-    async def load_id(cls, program_id: str, *, config: PawConfig | None = None) -> Self:
-        """Deprecated: `load(program_id)`."""
-        return await cls.load(checked_program_id(program_id), config=config)
 
     @classmethod
     def compile_spec_sync(
@@ -288,10 +266,6 @@ class PawFn(ProgramHandle, Generic[M, B]):
     async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
         """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
         return (await self._calls.agenerate(input, options)).text
-
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop (it returns at once on every backend)."""
-        return self._calls.submit(input, options)
 
     async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
         """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then

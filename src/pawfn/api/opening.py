@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import cast
 
 from ..core.backends import Backend, LlamaCpp, Remote, Torch
-from ..formats.bundle import ProgramMeta, open_bundle
+from ..formats.bundle import ProgramMeta, open_bundle, read_meta
 from ..core.config import PawConfig
 from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
 from ..core.guard import check_real_program
 from ..core.hashing import file_sha256
 from ..hub.cache import PawCache
+from ..hub.refs import parse_reference
 from ..hub.usage import prune_derived
 from ..hub.prepare import PreparedProgram, find_cached_base, find_cached_projector, prepare_program
 from ..llamacpp import LlamaCppProgram
@@ -263,7 +264,12 @@ def prepare_reference(
     reference: str, choose: ModelChoice, config: PawConfig, base: str | os.PathLike[str] | None, *, local_paths: bool = True
 ) -> PreparedProgram:
     """Resolve `reference` and download what is missing, refusing a program `choose` cannot run before its base
-    weights are fetched (`base`: your own, then none are; `local_paths=False`: ids and slugs only, never a file)."""
+    weights are fetched (`base`: your own, then none are; `local_paths=False`: ids and slugs only, never a file). A
+    local bundle first takes a base the cache already holds for it: its runtime's, else its model type's own
+    `default_gguf` (how a mirror subclass points at private weights)."""
+    if base is None and local_paths and parse_reference(reference).kind == "path":
+        meta = read_meta(reference)
+        base = find_cached_base(choose(meta, meta.program_id or reference), meta, PawCache(config.cache_dir, config.lock_timeout_s))
     return prepare_program(
         reference,
         config,

@@ -85,10 +85,6 @@ class TypedFn(ProgramHandle, Generic[T_co]):
         """Start a call under the type's grammar; its future gives the `Generation`, `value_of` its value."""
         return self._calls.submit(input, options)
 
-    async def asubmit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """`submit` for the event loop (it returns at once)."""
-        return self._calls.submit(input, options)
-
     async def agenerate(self, input: str, options: RuntimeOptions | None = None) -> TypedGeneration[T_co]:  # noqa: A002
         """`generate` without blocking the event loop."""
         return self._typed(await self._calls.agenerate(input, options))

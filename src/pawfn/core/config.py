@@ -140,9 +140,11 @@ class EngineSettings(OptionsModel):
     n_ctx: int = Field(default=2048, gt=0)
     """Context window in tokens (prefix + input + output); capped by the architecture's position limit."""
     max_model_copies: int = Field(default=8, ge=1)
-    """Most copies of one base model, and so most concurrent runs on it (threads, tasks and batch rows alike). A
-    copy is one run's KV cache, made only when that many runs overlap (Torch; llama.cpp runs a program's calls in
-    turn)."""
+    """Most calls running at once on one base (threads, tasks and batch rows alike), the one meaning on every backend:
+    Torch keeps one KV cache (a "copy") per running call, made only when that many overlap, and decodes them together;
+    Remote sends at most this many of a program's calls at once (the server batches them); LlamaCpp runs a program's
+    calls in turn and needs no bound; a Ray replica takes 4x this many requests (`serve.ray.replica_ongoing_requests`:
+    those running and those queued behind them)."""
     max_batch_rows: int = Field(default=8, ge=1)
     """Most rows in one forward pass of a decode step (Torch): concurrent runs on one base are decoded together,
     up to this many per pass."""

@@ -371,6 +371,17 @@ class _Ingress:
         return create_app(self._service, self._settings)
 
 
+REQUESTS_PER_COPY = 4
+"""A replica's requests in flight per run its base can hold: the calls running plus those queued behind them, so the
+base's scheduler always has the next call at hand."""
+
+
+def replica_ongoing_requests(config: PawConfig) -> int:
+    """Ray's `max_ongoing_requests` for a replica: `PawConfig.max_model_copies` (the runs one base holds at once)
+    times `REQUESTS_PER_COPY`; past it, Ray queues requests at its router."""
+    return config.max_model_copies * REQUESTS_PER_COPY
+
+
 def replica_scaling(args: RayAppArgs) -> dict[str, Any]:  # Any: Ray's deployment options
     """The replica deployment's scaling options: a fixed count, or Ray's autoscaling on ongoing requests per replica
     between `replicas` and `max_replicas`."""
@@ -397,7 +408,7 @@ def ray_app(args: RayAppArgs) -> Application:
 
     replicas = serve.deployment(
         name="pawfn-programs",
-        max_ongoing_requests=args.config.max_model_copies * 4,
+        max_ongoing_requests=replica_ongoing_requests(args.config),
         ray_actor_options={"num_cpus": args.replica_cpus},
         **replica_scaling(args),
     )(PawfnReplica)

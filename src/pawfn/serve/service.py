@@ -277,7 +277,7 @@ def tokenize_call(program: AnyPawFn, text: CallInput, options: RuntimeOptions) -
 async def run_calls(program: AnyPawFn, name: str, texts: Sequence[str], options: RuntimeOptions) -> RunBatchResponse:
     """Calls decoded together on a loaded program, results in input order; a failed or abandoned batch leaves nothing
     running."""
-    pendings = [await program.asubmit(text, options) for text in texts]
+    pendings = [program.submit(text, options) for text in texts]
     try:
         generations = [await asyncio.wrap_future(pending) for pending in pendings]
     finally:
