@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from ..calls.runtime import CallInput
 from ..core.errors import PawError
 from ..core.options import RuntimeOptions
-from ..core.protocol import RunResponse, StreamPiece
+from ..core.protocol import ErrorBody, RunRequest, RunResponse, StreamPiece, TokenizeRequest
 from .errors import ApiError, api_error, shutting_down
 from .gate import Admission
 from .metrics import ServerMetrics
@@ -26,7 +26,7 @@ from .settings import ServeSettings
 
 logger = logging.getLogger("pawfn.serve")
 
-__all__ = ["Drain", "Serving", "answered", "close_in_time", "drain_after", "next_unless_drained", "unless_disconnected", "windows"]
+__all__ = ["Drain", "Serving", "answered", "close_in_time", "drain_after", "error_body", "next_unless_drained", "unless_disconnected", "windows"]
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,28 @@ class Serving:
         self.check_input(text)
         return self.capped(options)
 
+    def decoded(self, body: RunRequest | TokenizeRequest) -> tuple[CallInput, RuntimeOptions]:
+        """A request's input, its images decoded once (one that does not decode: 422), and its `checked` options."""
+        with answered():
+            call = body.call
+        return call, self.checked(call, body.options)
+
     def counted(self, result: RunResponse, started: float, first_at: float | None = None) -> RunResponse:
         """`result`, counted in its program's metrics as a call that arrived at `started` (`time.perf_counter()`) and,
         on a stream, showed its first text at `first_at`."""
         now = time.perf_counter()
         self.metrics.call(result.program, result.generation, now - started, None if first_at is None else first_at - started)
         return result
+
+
+def error_body(request: Request, error: ApiError) -> ErrorBody:
+    """What the client reads of `error`; its detail, if any, goes to the log under the request id."""
+    request_id = getattr(request.state, "request_id", None)
+    if error.detail is not None:
+        logger.error(
+            "request %s (%s %s) answered %d %s: %s", request_id, request.method, request.url.path[:200], error.status, error.code, error.detail
+        )
+    return ErrorBody(error=error.code, message=error.message, request_id=request_id)
 
 
 class Drain:
