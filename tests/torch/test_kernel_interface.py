@@ -126,7 +126,7 @@ def test_the_libm_ops_are_its_switch_in_order() -> None:
 
 
 def test_a_call_past_paw_args_slots_is_refused() -> None:
-    @dataclass(frozen=True)
+    @dataclass(slots=True)
     class TooMany(KernelCall):
         kernel = Kernel.GELU
         a: Pointer

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import os
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, ClassVar
 
 import torch
@@ -120,7 +122,7 @@ Value = Annotated[float, "f"]
 """The one float (`paw_args.f`)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class KernelCall:
     """One `paw_run` kernel's arguments by name: `Pointer` fields fill `paw_args.p`, `Integer` ones `.i`, each in
     declaration order, and a `Value` field `.f`."""
@@ -128,16 +130,15 @@ class KernelCall:
     kernel: ClassVar[Kernel]
 
     def packed(self) -> _Args:
-        """The arguments as `paw_args`."""
+        """The arguments as `paw_args` (a decode step packs a few hundred: the fields are read by prepared getters)."""
         pointers, integers, value = _layout(type(self))
-        return _Args(
-            (_PTR * _SLOTS)(*(getattr(self, name) for name in pointers)),
-            (_I64 * _SLOTS)(*(getattr(self, name) for name in integers)),
-            0.0 if value is None else getattr(self, value),
-        )
+        return _Args(_PTR_ARRAY(*pointers(self)), _I64_ARRAY(*integers(self)), value(self))
 
 
-_Layout = tuple[tuple[str, ...], tuple[str, ...], str | None]
+_Getter = Callable[[object], tuple[int, ...]]
+_Layout = tuple[_Getter, _Getter, Callable[[object], float]]
+_PTR_ARRAY = _PTR * _SLOTS
+_I64_ARRAY = _I64 * _SLOTS
 _LAYOUTS: dict[type[KernelCall], _Layout] = {}
 
 
@@ -152,11 +153,25 @@ def _layout(call: type[KernelCall]) -> _Layout:
         slots[hints[declared.name].__metadata__[0]].append(declared.name)
     if len(slots["p"]) > _SLOTS or len(slots["i"]) > _SLOTS or len(slots["f"]) > 1:
         raise TypeError(f"{call.__name__}: paw_args holds {_SLOTS} pointers, {_SLOTS} integers and one float")
-    layout = _LAYOUTS[call] = (tuple(slots["p"]), tuple(slots["i"]), slots["f"][0] if slots["f"] else None)
+    layout = _LAYOUTS[call] = (_getter(slots["p"]), _getter(slots["i"]), operator.attrgetter(slots["f"][0]) if slots["f"] else _no_value)
     return layout
 
 
-@dataclass(frozen=True)
+def _getter(names: list[str]) -> _Getter:
+    """The named fields of a call as a tuple, in order."""
+    if not names:
+        return lambda _: ()
+    if len(names) == 1:
+        one = operator.attrgetter(names[0])
+        return lambda call: (one(call),)
+    return operator.attrgetter(*names)
+
+
+def _no_value(_: object) -> float:
+    return 0.0
+
+
+@dataclass(slots=True)
 class AttentionCall(KernelCall):
     kernel = Kernel.ATTENTION
     q: Pointer
@@ -178,7 +193,7 @@ class AttentionCall(KernelCall):
     scale: Value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AttentionStepCall(KernelCall):
     kernel = Kernel.ATTENTION_STEP
     q: Pointer
@@ -196,7 +211,7 @@ class AttentionStepCall(KernelCall):
     scale: Value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GatedDeltaNetCall(KernelCall):
     kernel = Kernel.GATED_DELTA_NET
     q: Pointer
@@ -212,7 +227,7 @@ class GatedDeltaNetCall(KernelCall):
     width: Integer
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FlashOnlineCall(KernelCall):
     kernel = Kernel.FLASH_ONLINE
     q: Pointer
@@ -233,7 +248,7 @@ class FlashOnlineCall(KernelCall):
     scale: Value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FlashTiledCall(KernelCall):
     kernel = Kernel.FLASH_TILED
     q: Pointer
@@ -251,7 +266,7 @@ class FlashTiledCall(KernelCall):
     scale: Value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FloatProductCall(KernelCall):
     kernel = Kernel.FLOAT
     weight: Pointer
@@ -264,7 +279,7 @@ class FloatProductCall(KernelCall):
     lanes: Integer
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RmsNormCall(KernelCall):
     kernel = Kernel.RMS_NORM
     x: Pointer
@@ -276,7 +291,7 @@ class RmsNormCall(KernelCall):
     eps: Value
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SwigluCall(KernelCall):
     kernel = Kernel.SWIGLU
     gate: Pointer
@@ -287,7 +302,7 @@ class SwigluCall(KernelCall):
     width: Integer
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GeluCall(KernelCall):
     kernel = Kernel.GELU
     x: Pointer
