@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar, cast
@@ -23,7 +22,7 @@ from ..formats.outputs import OutputType
 from ..core.results import Generation
 from ..calls.runtime import ProgramRuntime
 from ..calls.caller import Caller, program_caller
-from ..calls.pending import PendingGeneration, TextStream
+from ..calls.pending import TextStream
 from .handle import ProgramHandle
 from .opening import Opened, expect_model, known_interpreter, open_bare, open_reference
 from .specialized import Specializations
@@ -40,7 +39,7 @@ T = TypeVar("T")
 _SPECIALIZATIONS = Specializations()
 
 
-class PawFn(ProgramHandle, Generic[M, B]):
+class PawFn(ProgramHandle[Generation, str], Generic[M, B]):
     """A loaded program; `PawFn[Qwen3_0_6B, Torch]` keeps its type arguments at run time.
 
     Load one with `PawFn[Model, Backend].load_sync(reference)` (an id, a slug or a path; `load` is its async twin) and
@@ -230,9 +229,8 @@ class PawFn(ProgramHandle, Generic[M, B]):
         """The one implementation of this program's calls (`TypedFn` and `Positional` run on it; advanced use)."""
         return self._calls
 
-    def generate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
-        """Run the program and return text, token ids and timings."""
-        return self._calls.generate(input, options)
+    def _result(self, generation: Generation) -> Generation:
+        return generation
 
     def prompt_token_ids(self, input: str, options: RuntimeOptions | None = None) -> list[int]:  # noqa: A002
         """Token ids of `input` + the template's suffix, as a call evaluates them after the cached prefix."""
@@ -246,45 +244,14 @@ class PawFn(ProgramHandle, Generic[M, B]):
         """A call's value: its text (a typed program parses it)."""
         return generation.text
 
-    def run(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
-        """Run the program on `input` (greedily unless `options` say otherwise) and return its output text."""
-        return self._calls.generate(input, options).text
-
     def run_with(self, input: str, options: RuntimeOptions) -> str:  # noqa: A002
         """`run` with `options` (paw-rs's name for it)."""
         return self.run(input, options)
-
-    def submit(self, input: str, options: RuntimeOptions | None = None) -> PendingGeneration:  # noqa: A002
-        """Start a call and return a future of its `Generation` at once (Torch: on its base's scheduler, decoded with the
-        calls in flight; llama.cpp: its calls in turn; Remote: sent). `cancel()` stops a call still decoding."""
-        return self._calls.submit(input, options)
-
-    async def agenerate(self, input: str, options: RuntimeOptions | None = None) -> Generation:  # noqa: A002
-        """`generate` without blocking the event loop; cancelling the task stops the call at its next token."""
-        return await self._calls.agenerate(input, options)
-
-    async def arun(self, input: str, options: RuntimeOptions | None = None) -> str:  # noqa: A002
-        """`run` without blocking the event loop; cancelling the task stops the call at its next token."""
-        return (await self._calls.agenerate(input, options)).text
 
     async def astream(self, input: str, options: RuntimeOptions | None = None) -> TextStream:  # noqa: A002
         """Start a call and follow its text as it is generated: `async for piece in stream` (pieces unstripped), then
         `await stream.generation()`; leaving `async with stream` early cancels the call."""
         return self._calls.stream(input, options)
-
-    def generate_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[Generation]:
-        """`generate` for each of `inputs`, results in input order, each exactly what the input gives alone. The
-        Torch backend decodes them together (up to `PawConfig.max_batch_rows` rows per pass); llama.cpp one by
-        one. If calls fail, the first failing input's error is raised once every call has ended."""
-        return self._calls.generate_batch(inputs, options)
-
-    def run_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
-        """The output texts of `generate_batch`."""
-        return [generation.text for generation in self._calls.generate_batch(inputs, options)]
-
-    async def arun_batch(self, inputs: Sequence[str], options: RuntimeOptions | None = None) -> list[str]:
-        """`run_batch` without blocking the event loop; cancelling the task stops its calls."""
-        return [generation.text for generation in await self._calls.agenerate_batch(inputs, options)]
 
     def close(self) -> None:
         """Wait for running calls, then free the program's adapter and prefix; the shared base is freed with the
