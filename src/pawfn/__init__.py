@@ -38,7 +38,8 @@ from .core.errors import (
     TokenizerError,
 )
 from .api.function import PawFn
-from .api.pool import PoolStats, ProgramLease, ProgramPool, ResidentProgram
+from .api.leases import PoolStats, ProgramLease, ResidentProgram
+from .api.pool import ProgramPool
 from .core.images import Image, ImageError
 from .api.positional import Positional
 from .core.templates import ArityError, TemplateError

@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Generic, TypeVar, cast
 
@@ -26,7 +25,9 @@ from ..core.options import RuntimeOptions
 from ..core.results import Generation
 from ..hub.prepare import PreparedProgram
 from .function import PawFn
-from .opening import ModelChoice, expect_model, known_interpreter, prepare_reference
+from .finding import Finder, Found, finder_of, prepared_first, retrieved
+from .leases import HeldProgram, PoolStats, ProgramLease, ResidentProgram
+from .opening import ModelChoice, expect_model, known_interpreter
 
 __all__ = ["PoolStats", "ProgramLease", "ProgramPool", "ResidentProgram"]
 
@@ -34,140 +35,6 @@ M = TypeVar("M", bound=InterpreterModel)
 B = TypeVar("B", bound=Backend)
 OtherM = TypeVar("OtherM", bound=InterpreterModel)
 OtherB = TypeVar("OtherB", bound=Backend)
-
-
-@dataclass(frozen=True)
-class ResidentProgram(Generic[M, B]):
-    """A program the pool holds now."""
-
-    name: str
-    """Its program id, or the reference it was first loaded by where it has none."""
-    references: tuple[str, ...]
-    """Every reference (and alias) that finds it, sorted."""
-    program: PawFn[M, B]
-    pinned: bool
-    """Kept until unloaded (`pin`, `add`): never evicted."""
-    in_flight: int
-    """`use` blocks holding it now."""
-    last_used_s: float
-    """`time.monotonic()` when its last use ended (its load time if never used)."""
-    resident_bytes: int | None
-    """Bytes it holds beside its base (`ProgramRuntime.resident_bytes`); None where its backend cannot tell."""
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """Running totals of a pool."""
-
-    loads: int
-    """Programs loaded by `load` and `use`, first or again after an eviction (not those `add`ed)."""
-    evictions: int
-    """Idle programs unloaded to stay within the budget."""
-    releases: int
-    """Idle programs let go by `release` (a router dropped them): not evictions."""
-    cold_start_s: float
-    """Seconds those loads took, in all."""
-
-
-class _Entry(Generic[M, B]):
-    """A held program and its bookkeeping."""
-
-    def __init__(self, program: PawFn[M, B], name: str, pinned: bool) -> None:
-        self.program = program
-        self.name = name
-        self.pinned = pinned
-        self.in_flight = 0
-        self.last_used_s = time.monotonic()
-
-
-class ProgramLease(Generic[M, B]):
-    """A program a pool hands out: neither evicted nor unloaded (so never closed) until the lease is released, by
-    `release()` or at the end of `async with lease as program:`. Release it on the pool's event loop."""
-
-    def __init__(self, entry: _Entry[M, B], went_idle: asyncio.Event) -> None:
-        entry.in_flight += 1  # taken before any await: an eviction sees the lease
-        self._entry = entry
-        self._went_idle = went_idle
-        self._held = True
-
-    @property
-    def program(self) -> PawFn[M, B]:
-        """The program; after `release` the pool may close it."""
-        return self._entry.program
-
-    @property
-    def held(self) -> bool:
-        """False once released."""
-        return self._held
-
-    def release(self) -> None:
-        """Let the pool evict or unload the program again (once it has no other lease); a second call does nothing."""
-        if not self._held:
-            return
-        self._held = False
-        self._entry.in_flight -= 1
-        self._entry.last_used_s = time.monotonic()
-        if not self._entry.in_flight:
-            self._went_idle.set()
-
-    async def __aenter__(self) -> PawFn[M, B]:
-        return self._entry.program
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        return f"<ProgramLease {self._entry.name} {'held' if self._held else 'released'}>"
-
-
-@dataclass(frozen=True)
-class _Found(Generic[M, B]):
-    """What a pool learnt of a reference before making room: its program id, and how to open it."""
-
-    program_id: str | None
-    load: Callable[[], Awaitable[PawFn[M, B]]]
-
-
-_Finder = Callable[[str], Awaitable[_Found[M, B]]]
-"""How a pool learns what a reference names before it evicts anything."""
-
-
-def _given(load: Callable[[str], Awaitable[PawFn[M, B]]], identify: Callable[[str], Awaitable[str | None]] | None) -> _Finder[M, B]:
-    """A pool's `load` and `identify` as one finder."""
-
-    async def find(reference: str) -> _Found[M, B]:
-        return _Found(None if identify is None else await identify(reference), lambda: load(reference))
-
-    return find
-
-
-def _prepared_first(
-    open_prepared: Callable[[PreparedProgram], Awaitable[PawFn[M, B]]],
-    choose: ModelChoice,
-    config: PawConfig | None,
-    base: str | os.PathLike[str] | None,
-    references: Mapping[str, str],
-    local_paths: bool,
-) -> _Finder[M, B]:
-    """Resolve and download a reference once (a program its interpreter cannot run is refused before its base
-    weights are fetched), then open those files: the load asks the hub nothing more. `local_paths=False`: a
-    reference is a program id or slug, never a file (`references`' targets, which the pool's owner named, may be)."""
-
-    async def find(reference: str) -> _Found[M, B]:
-        named = references.get(reference)
-        paths = local_paths or named is not None
-        prepared = await asyncio.to_thread(
-            lambda: prepare_reference(named or reference, choose, config or PawConfig.from_env(), base, local_paths=paths)
-        )
-        return _Found(prepared.program_id, lambda: open_prepared(prepared))
-
-    return find
-
-
-def _retrieved(finding: asyncio.Future[_Found[M, B]]) -> None:
-    """Mark a find's failure seen: every waiter may have been cancelled, and asyncio would log it as never retrieved."""
-    if not finding.cancelled():
-        finding.exception()
 
 
 class ProgramPool(Generic[M, B]):
@@ -200,9 +67,9 @@ class ProgramPool(Generic[M, B]):
         and load those files); `max_programs`, `max_bytes`: the budget, by count and by the bytes programs hold
         beside their bases (None: no bound); `wait_s`: how long a load past the budget waits for a held program to go
         idle before `ProgramBudgetError`."""
-        self._start(_given(load, identify), max_programs, max_bytes, wait_s)
+        self._start(finder_of(load, identify), max_programs, max_bytes, wait_s)
 
-    def _start(self, find: _Finder[M, B], max_programs: int | None, max_bytes: int | None, wait_s: float) -> None:
+    def _start(self, find: Finder[M, B], max_programs: int | None, max_bytes: int | None, wait_s: float) -> None:
         """Every construction path: the pool's finder and budget, checked."""
         if max_programs is not None and max_programs < 1:
             raise ValueError(f"max_programs={max_programs}: a pool holds at least one program (None: no bound)")
@@ -211,14 +78,14 @@ class ProgramPool(Generic[M, B]):
         if wait_s < 0:
             raise ValueError(f"wait_s={wait_s}: give the seconds a load may wait for room, 0 or more")
         self._find = find
-        self._finding: dict[str, asyncio.Future[_Found[M, B]]] = {}
+        self._finding: dict[str, asyncio.Future[Found[M, B]]] = {}
         """reference -> its find under way: concurrent first uses of a cold program resolve it once."""
         self.max_programs = max_programs
         self.max_bytes = max_bytes
         self.wait_s = wait_s
         self._went_idle = asyncio.Event()
         """Set when a use ends and leaves its program idle: a load waiting for room looks again."""
-        self._entries: dict[str, _Entry[M, B]] = {}
+        self._entries: dict[str, HeldProgram[M, B]] = {}
         """reference or alias -> its entry (one entry under several keys)."""
         self._loading = asyncio.Lock()
         """One load at a time: each load checks and keeps the budget in turn, and concurrent first uses load once."""
@@ -298,16 +165,16 @@ class ProgramPool(Generic[M, B]):
         reference resolved and downloaded once by the finder, which opens those files (`open_program(prepared, None)`)."""
         renamed = dict(references or {})
         if issubclass(backend, Remote):
-            find = _given(lambda reference: open_program(renamed.get(reference, reference), base), None)
+            find = finder_of(lambda reference: open_program(renamed.get(reference, reference), base), None)
         else:
-            find = _prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed, local_paths)
+            find = prepared_first(lambda prepared: open_program(prepared, None), choose, config, base, renamed, local_paths)
         pool = cast("ProgramPool[OtherM, OtherB]", ProgramPool.__new__(ProgramPool))  # __init__ is the path by load and identify
         pool._start(find, max_programs, max_bytes, wait_s)
         return pool
 
     # --- what is held ---
 
-    def _held(self) -> list[_Entry[M, B]]:
+    def _held(self) -> list[HeldProgram[M, B]]:
         """Each entry once (an entry is found under several references)."""
         return list({id(entry): entry for entry in self._entries.values()}.values())
 
@@ -331,7 +198,7 @@ class ProgramPool(Generic[M, B]):
         """The held program `reference` finds (`ProgramNotLoadedError` if none)."""
         return self._describe(self._entry(reference))
 
-    def _describe(self, entry: _Entry[M, B]) -> ResidentProgram[M, B]:
+    def _describe(self, entry: HeldProgram[M, B]) -> ResidentProgram[M, B]:
         references = tuple(sorted(key for key, held in self._entries.items() if held is entry))
         return ResidentProgram(
             name=entry.name,
@@ -343,7 +210,7 @@ class ProgramPool(Generic[M, B]):
             resident_bytes=entry.program.runtime.resident_bytes,
         )
 
-    def _entry(self, reference: str) -> _Entry[M, B]:
+    def _entry(self, reference: str) -> HeldProgram[M, B]:
         entry = self._entries.get(reference)
         if entry is None:
             raise ProgramNotLoadedError(f"{reference!r} is not loaded in this pool; load it first (pool.load or pool.use)")
@@ -369,12 +236,12 @@ class ProgramPool(Generic[M, B]):
             self._entries[alias] = entry
         return self._describe(entry)
 
-    def _join(self, reference: str, program: PawFn[M, B], pin: bool) -> _Entry[M, B]:
+    def _join(self, reference: str, program: PawFn[M, B], pin: bool) -> HeldProgram[M, B]:
         entry = self._entries.get(program.program_id or "") or self._entries.get(reference)
         if entry is not None and entry.program is not program:  # the same program by another name: keep the first
             program.close()
         elif entry is None:
-            entry = _Entry(program, program.program_id or reference, pin)
+            entry = HeldProgram(program, program.program_id or reference, pin)
         entry.pinned = entry.pinned or pin
         for key in (reference, entry.name):
             self._entries[key] = entry
@@ -399,11 +266,11 @@ class ProgramPool(Generic[M, B]):
         async with await self.load(reference) as program:
             yield program
 
-    async def _bring_in(self, reference: str) -> _Entry[M, B]:
+    async def _bring_in(self, reference: str) -> HeldProgram[M, B]:
         finding = self._finding.get(reference)
         if finding is None:  # the first use of a cold reference finds it; concurrent ones wait for the same find
             finding = self._finding[reference] = asyncio.ensure_future(self._find(reference))
-            finding.add_done_callback(_retrieved)
+            finding.add_done_callback(retrieved)
         try:
             found = await asyncio.shield(finding)  # raises for no program, or one this pool cannot run
             async with self._loading:
@@ -433,7 +300,7 @@ class ProgramPool(Generic[M, B]):
                     "retry in a moment (or raise the count: max_programs, --max-programs)"
                 )
 
-    async def _fit_bytes(self, loaded: _Entry[M, B]) -> None:
+    async def _fit_bytes(self, loaded: HeldProgram[M, B]) -> None:
         """After `loaded` came in: evict until the bytes fit; where none can go, `loaded` goes again and is refused."""
         deadline = time.monotonic() + self.wait_s
         while self.max_bytes is not None and self.resident_bytes > self.max_bytes:
@@ -446,7 +313,7 @@ class ProgramPool(Generic[M, B]):
                     "program running calls or pinned; retry in a moment (or raise the bound: max_bytes, --max-program-bytes)"
                 )
 
-    async def _evict_one(self, keep: _Entry[M, B] | None = None, deadline: float = 0.0) -> bool:
+    async def _evict_one(self, keep: HeldProgram[M, B] | None = None, deadline: float = 0.0) -> bool:
         """Unload the least recently used idle program (not pinned, not in use, not `keep`), waiting until `deadline`
         (`time.monotonic()`) for one to go idle; False if none did."""
         while True:
@@ -467,7 +334,7 @@ class ProgramPool(Generic[M, B]):
         await victim.program.aclose()  # its adapter and prefix go; the base stays while another program uses it
         return True
 
-    def _forget(self, entry: _Entry[M, B]) -> None:
+    def _forget(self, entry: HeldProgram[M, B]) -> None:
         for key in [key for key, held in self._entries.items() if held is entry]:
             del self._entries[key]
 
