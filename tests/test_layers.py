@@ -212,6 +212,22 @@ CORE_LIMIT = 350
 CORE = ("torch/engine/network.py", "calls/runtime.py", "api/function.py")
 
 
+FUNCTION_LIMIT = 60
+"""Lines a function may have, its nested functions included (a router or parser factory adds its routes in parts)."""
+
+
+def test_functions_stay_short() -> None:
+    package = SRC / "pawfn"
+    too_long: list[str] = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LIMIT:
+                    too_long.append(f"{path.relative_to(package)}:{node.lineno} {node.name} ({lines} lines)")
+    assert too_long == [], f"functions over {FUNCTION_LIMIT} lines: split them by step ({too_long})"
+
+
 def test_modules_stay_small() -> None:
     package = SRC / "pawfn"
     sizes = {path.relative_to(package).as_posix(): len(path.read_text(encoding="utf-8").splitlines()) for path in package.rglob("*.py")}

@@ -55,57 +55,73 @@ def register(add: Callable[..., argparse.ArgumentParser], common: argparse.Argum
 
 
 def command(args: argparse.Namespace) -> int:
+    """`pawfn lock ACTION`: add, codegen, check or update."""
     config = config_of(args)
     if args.lock_command == "add":
-        path = Path(args.lock) if args.lock else lockfile.find_lock() or Path(lockfile.LOCK_FILE_NAME)
-        lock = lockfile.read_lock(path) if path.exists() else lockfile.LockFile()
-        name = lockfile.check_name(args.name)
-        if name in lock.programs:
-            raise CliError(f"{path} already locks {name} (program {lock.programs[name].program_id}); `pawfn lock update {name}` moves it")
-        prepared = prepare_program(parse_hub_reference(args.program).text, config, local_paths=False)
-        entry = lockfile.lock_entry(args.program, prepared, cases=args.cases, returns=_declared_returns(args))
-        lock.programs[name] = entry
-        _write_lock(path, lock)
-        print(f"locked {name}: {args.program} -> {entry.program_id} ({entry.interpreter}) in {path}")
-        return 0
+        return _add(args, config)
     path = lockfile.lock_path(args.lock)
     lock = lockfile.read_lock(path)
     if args.lock_command == "codegen":
-        target = lock.codegen
-        if args.out is not None:
-            out = args.out.resolve()
-            if not out.is_relative_to(path.parent.resolve()):
-                raise CliError(f"--out {args.out}: the module must be inside the lock's folder {path.parent}")
-            target = lockfile.CodegenTarget(path=out.relative_to(path.parent.resolve()).as_posix(), backend=args.backend or "torch")
-        elif target is None:
-            raise CliError(f"{path} names no module yet: give --out PATH (for example --out programs.py) the first time")
-        elif args.backend is not None:
-            target = target.model_copy(update={"backend": args.backend})
-        lock.codegen = target
-        _write_lock(path, lock)
-        print(f"wrote {path.parent / target.path}: {len(lock.programs)} typed handles on {target.backend}")
-        return 0
-    names = args.names or sorted(lock.programs)
-    entries = {name: lock.entry(name, path) for name in names}
+        return _codegen(args, path, lock)
+    entries = {name: lock.entry(name, path) for name in args.names or sorted(lock.programs)}
     if args.lock_command == "check":
-        problems: list[str] = []
-        with contextlib.ExitStack() as stack:
-            client = None if config.offline else stack.enter_context(PawClient(config))
-            for name, entry in entries.items():
-                found = lockfile.check_locked(name, entry, config, client)
-                problems += found
-                if not found:
-                    print(f"{name}: {entry.program_id} as locked")
-        if lock.codegen is not None:
-            module = path.parent / lock.codegen.path
-            current = module.read_text(encoding="utf-8") if module.is_file() else None
-            if current != generate_module(lock, path, module, lock.codegen.backend):
-                problems.append(
-                    f"{module} is {'missing' if current is None else 'stale'}: the lock changed since it was generated; run `pawfn lock codegen`"
-                )
-        for problem in problems:
-            print(problem)
-        return 1 if problems else 0
+        return _check(path, lock, entries, config)
+    return _update(args, path, lock, entries, config)
+
+
+def _add(args: argparse.Namespace, config: PawConfig) -> int:
+    path = Path(args.lock) if args.lock else lockfile.find_lock() or Path(lockfile.LOCK_FILE_NAME)
+    lock = lockfile.read_lock(path) if path.exists() else lockfile.LockFile()
+    name = lockfile.check_name(args.name)
+    if name in lock.programs:
+        raise CliError(f"{path} already locks {name} (program {lock.programs[name].program_id}); `pawfn lock update {name}` moves it")
+    prepared = prepare_program(parse_hub_reference(args.program).text, config, local_paths=False)
+    entry = lockfile.lock_entry(args.program, prepared, cases=args.cases, returns=_declared_returns(args))
+    lock.programs[name] = entry
+    _write_lock(path, lock)
+    print(f"locked {name}: {args.program} -> {entry.program_id} ({entry.interpreter}) in {path}")
+    return 0
+
+
+def _codegen(args: argparse.Namespace, path: Path, lock: lockfile.LockFile) -> int:
+    target = lock.codegen
+    if args.out is not None:
+        out = args.out.resolve()
+        if not out.is_relative_to(path.parent.resolve()):
+            raise CliError(f"--out {args.out}: the module must be inside the lock's folder {path.parent}")
+        target = lockfile.CodegenTarget(path=out.relative_to(path.parent.resolve()).as_posix(), backend=args.backend or "torch")
+    elif target is None:
+        raise CliError(f"{path} names no module yet: give --out PATH (for example --out programs.py) the first time")
+    elif args.backend is not None:
+        target = target.model_copy(update={"backend": args.backend})
+    lock.codegen = target
+    _write_lock(path, lock)
+    print(f"wrote {path.parent / target.path}: {len(lock.programs)} typed handles on {target.backend}")
+    return 0
+
+
+def _check(path: Path, lock: lockfile.LockFile, entries: dict[str, lockfile.LockedProgram], config: PawConfig) -> int:
+    problems: list[str] = []
+    with contextlib.ExitStack() as stack:
+        client = None if config.offline else stack.enter_context(PawClient(config))
+        for name, entry in entries.items():
+            found = lockfile.check_locked(name, entry, config, client)
+            problems += found
+            if not found:
+                print(f"{name}: {entry.program_id} as locked")
+    if lock.codegen is not None:
+        module = path.parent / lock.codegen.path
+        current = module.read_text(encoding="utf-8") if module.is_file() else None
+        if current != generate_module(lock, path, module, lock.codegen.backend):
+            problems.append(
+                f"{module} is {'missing' if current is None else 'stale'}: the lock changed since it was generated; run `pawfn lock codegen`"
+            )
+    for problem in problems:
+        print(problem)
+    return 1 if problems else 0
+
+
+def _update(args: argparse.Namespace, path: Path, lock: lockfile.LockFile, entries: dict[str, lockfile.LockedProgram], config: PawConfig) -> int:
     moved = 0
     for name, entry in entries.items():
         if entry.pinned:

@@ -60,6 +60,11 @@ def register(add: Callable[..., argparse.ArgumentParser], common: argparse.Argum
         help=f"bytes of the result cache that answers repeated deterministic calls, shared by the programs; 0: off "
         f"(default: PAW_RESULT_CACHE_BYTES, else {SERVE_RESULT_CACHE_BYTES >> 20} MiB)",
     )
+    _add_limits(serve)
+
+
+def _add_limits(serve: argparse.ArgumentParser) -> None:
+    """The server's bounds: concurrency, request limits and timeouts, the program budget, shutdown and Ray's replicas."""
     serve.add_argument("--max-model-copies", type=int, metavar="N", help="concurrent runs per base (default: 8)")
     serve.add_argument("--max-batch-rows", type=int, metavar="N", help="rows per forward pass (default: 8)")
     limits = ServeSettings()

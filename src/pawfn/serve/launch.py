@@ -80,20 +80,7 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
     _warn_if_open(target.host, target.settings)
     settings = target.settings
     listening = _bind(target.host, target.port)  # before the loads: a taken port fails now, not after minutes of loading
-    service = LocalPrograms(
-        target.backend,
-        target.config,
-        allow_load=target.allow_load,
-        max_programs=resident_budget(target),
-        max_program_bytes=settings.max_program_bytes,
-        program_wait_s=settings.program_wait_s,
-        failed_load_retry_s=settings.failed_load_retry_s,
-    )
-    for given in target.references:
-        alias, reference = split_alias(given)
-        info = service.load(reference, target.base, alias)
-        logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
-    app = create_app(service, target.settings)
+    app = create_app(_loaded(target), target.settings)
 
     class DrainingServer(uvicorn.Server):
         """uvicorn, whose shutdown first starts the app's drain deadline: requests still running when it passes
@@ -133,6 +120,25 @@ def serve_programs(target: ServeTarget, *, graceful_timeout_s: float | None = No
         DrainingServer(config).run(sockets=[listening])
     finally:
         listening.close()
+
+
+def _loaded(target: ServeTarget) -> LocalPrograms:
+    """The target's programs, each named at start loaded now (each base once), within its budget."""
+    settings = target.settings
+    service = LocalPrograms(
+        target.backend,
+        target.config,
+        allow_load=target.allow_load,
+        max_programs=resident_budget(target),
+        max_program_bytes=settings.max_program_bytes,
+        program_wait_s=settings.program_wait_s,
+        failed_load_retry_s=settings.failed_load_retry_s,
+    )
+    for given in target.references:
+        alias, reference = split_alias(given)
+        info = service.load(reference, target.base, alias)
+        logger.info("serving %s (%s, %s, %d-token prefix)", info.name, info.model, info.backend, info.prefix_tokens)
+    return service
 
 
 def _bind(host: str, port: int) -> socket.socket:

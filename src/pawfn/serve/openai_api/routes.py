@@ -61,6 +61,13 @@ Plan = list[tuple[CallInput, RuntimeOptions]]
 def openai_router(serving: Serving) -> APIRouter:
     """The OpenAI-compatible routes over `serving`."""
     router = APIRouter(tags=["openai"])
+    _add_model_routes(router, serving)
+    _add_completion_routes(router, serving)
+    return router
+
+
+def _add_model_routes(router: APIRouter, serving: Serving) -> None:
+    """`GET /v1/models` and `GET /v1/models/{model}`: the programs served, as models."""
     started = int(time.time())
 
     def card(reference: str, program_id: str | None, name: str, interpreter: str, n_ctx: int) -> ModelCard:
@@ -83,6 +90,10 @@ def openai_router(serving: Serving) -> APIRouter:
         with answered():
             program = await serving.service.info(model)
         return card(model, program.program_id, program.name, program.interpreter, program.n_ctx)
+
+
+def _add_completion_routes(router: APIRouter, serving: Serving) -> None:
+    """`POST /v1/chat/completions` and `POST /v1/completions`: calls, whole or streamed."""
 
     @router.post("/v1/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -129,8 +140,6 @@ def openai_router(serving: Serving) -> APIRouter:
             system_fingerprint=_fingerprint(results),
         )
         return JSONResponse(completion.model_dump(mode="json"))
-
-    return router
 
 
 def _plan(serving: Serving, n: int, inputs: Sequence[CallInput], options_of: Callable[[int], RuntimeOptions]) -> Plan:

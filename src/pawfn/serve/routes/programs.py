@@ -33,12 +33,16 @@ __all__ = ["programs_router"]
 def programs_router(serving: Serving) -> APIRouter:
     """pawfn's programs API over `serving`."""
     router = APIRouter(tags=["programs"])
-    service, drain = serving.service, serving.drain
+    _add_operator_routes(router, serving)
+    _add_call_routes(router, serving)
+    _add_stream_route(router, serving)
+    _add_listing_routes(router, serving)  # last: `GET /v1/programs/{ref}` takes any path the others leave
+    return router
 
-    @router.get("/v1/programs", response_model=ServedPrograms)
-    async def programs() -> ServedPrograms:
-        """Every program served now."""
-        return ServedPrograms(programs=await service.programs())
+
+def _add_operator_routes(router: APIRouter, serving: Serving) -> None:
+    """`/load` and `/unload`: the operator's (the admin key)."""
+    service, drain = serving.service, serving.drain
 
     @router.post("/v1/programs/{reference:path}/load", response_model=ServedProgram)
     async def load(reference: str, request: Request) -> ServedProgram:
@@ -53,6 +57,11 @@ def programs_router(serving: Serving) -> APIRouter:
         next request loads it again where the server allows. Needs the admin key."""
         with answered():
             return await service.unload_program(reference)
+
+
+def _add_call_routes(router: APIRouter, serving: Serving) -> None:
+    """`/run`, `/run_batch` and `/tokenize`: calls answered whole."""
+    service, drain = serving.service, serving.drain
 
     @router.post("/v1/programs/{reference:path}/run", response_model=RunResponse)
     async def run(reference: str, body: RunRequest, request: Request) -> RunResponse:
@@ -91,6 +100,19 @@ def programs_router(serving: Serving) -> APIRouter:
             serving.counted(RunResponse(program=result.program, generation=generation), started)
         return result
 
+    @router.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse)
+    async def tokenize(reference: str, body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
+        call, _ = serving.decoded(body)
+        with answered():
+            ids = await unless_disconnected(request, service.tokenize(reference, call, body.options), drain)
+        return TokenizeResponse(token_ids=ids)
+
+
+def _add_stream_route(router: APIRouter, serving: Serving) -> None:
+    """`/stream`: a call's text as server-sent events."""
+    service, drain = serving.service, serving.drain
+
     @router.post("/v1/programs/{reference:path}/stream", response_class=StreamingResponse)
     async def stream(reference: str, body: RunRequest, request: Request) -> StreamingResponse:
         """Server-sent events: `token` events (`StreamPiece`, text as generated), then one `done` (`RunResponse`,
@@ -126,18 +148,18 @@ def programs_router(serving: Serving) -> APIRouter:
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    @router.post("/v1/programs/{reference:path}/tokenize", response_model=TokenizeResponse)
-    async def tokenize(reference: str, body: TokenizeRequest, request: Request) -> TokenizeResponse:
-        """Token ids of input + the template's suffix, as a call evaluates them after the cached prefix."""
-        call, _ = serving.decoded(body)
-        with answered():
-            ids = await unless_disconnected(request, service.tokenize(reference, call, body.options), drain)
-        return TokenizeResponse(token_ids=ids)
+
+def _add_listing_routes(router: APIRouter, serving: Serving) -> None:
+    """`GET /v1/programs` and `GET /v1/programs/{ref}`: what is served."""
+    service = serving.service
+
+    @router.get("/v1/programs", response_model=ServedPrograms)
+    async def programs() -> ServedPrograms:
+        """Every program served now."""
+        return ServedPrograms(programs=await service.programs())
 
     @router.get("/v1/programs/{reference:path}", response_model=ServedProgram)
     async def info(reference: str) -> ServedProgram:
         """One program's facts (interpreter, context, prefix): what a `Remote` client checks before its first call."""
         with answered():
             return await service.info(reference)
-
-    return router
