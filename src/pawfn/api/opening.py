@@ -15,7 +15,7 @@ from typing import cast
 from ..core.backends import Backend, LlamaCpp, Remote, Torch
 from ..formats.bundle import ProgramMeta, open_bundle, read_meta
 from ..core.config import PawConfig
-from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError
+from ..core.errors import BaseModelError, CacheLockError, ConfigError, InterpreterMismatchError, OfflineError
 from ..core.guard import check_real_program
 from ..core.hashing import file_sha256
 from ..hub.cache import PawCache
@@ -265,15 +265,22 @@ def prepare_reference(
 ) -> PreparedProgram:
     """Resolve `reference` and download what is missing, refusing a program `choose` cannot run before its base
     weights are fetched (`base`: your own, then none are; `local_paths=False`: ids and slugs only, never a file). A
-    local bundle first takes a base the cache already holds for it: its runtime's, else its model type's own
-    `default_gguf` (how a mirror subclass points at private weights)."""
-    if base is None and local_paths and parse_reference(reference).kind == "path":
+    local bundle whose runtime's base cannot be had offline takes one the cache holds for its model type (its own
+    `default_gguf`: how a mirror subclass points at private weights)."""
+
+    def chosen(meta: ProgramMeta) -> type[InterpreterModel]:
+        return choose(meta, meta.program_id or reference)
+
+    def prepared(given: Path | None) -> PreparedProgram:
+        return prepare_program(reference, config, check=chosen, base=given, local_paths=local_paths)
+
+    try:
+        return prepared(None if base is None else Path(base))
+    except OfflineError:
+        if base is not None or not local_paths or parse_reference(reference).kind != "path":
+            raise
         meta = read_meta(reference)
-        base = find_cached_base(choose(meta, meta.program_id or reference), meta, PawCache(config.cache_dir, config.lock_timeout_s))
-    return prepare_program(
-        reference,
-        config,
-        check=lambda meta: choose(meta, meta.program_id or reference),
-        base=None if base is None else Path(base),
-        local_paths=local_paths,
-    )
+        cached = find_cached_base(chosen(meta), meta, PawCache(config.cache_dir, config.lock_timeout_s))
+        if cached is None:
+            raise
+        return prepared(cached)
