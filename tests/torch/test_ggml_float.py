@@ -65,7 +65,7 @@ def test_accumulating_adds_the_scaled_product() -> None:
     matrix = _matrix(gguf.GGMLQuantizationType.F32, generator.standard_normal((8, 32)).astype(np.float32))
     x = torch.as_tensor(generator.standard_normal((3, 32)).astype(np.float32))
     y = torch.ones(3, 8)
-    matrix.accumulate(y, x, 0.5, by_rows=False)
+    matrix.accumulate(y, x, 0.5)
     assert torch.equal(y, torch.ones(3, 8) + matrix(x) * torch.tensor(0.5))
 
 

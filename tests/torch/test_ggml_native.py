@@ -145,8 +145,8 @@ def test_one_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType
     assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x), emulated.rows(x))
     expected = torch.randn(n, 3 * out)
     found = expected.clone()
-    emulated.accumulate(expected[:, out : 2 * out], x, -1.75, True)
-    native.accumulate(found[:, out : 2 * out], x, -1.75, True)
+    emulated.accumulate_rows(expected[:, out : 2 * out], x, -1.75)
+    native.accumulate_rows(found[:, out : 2 * out], x, -1.75)
     assert torch.equal(found, expected)
 
 
@@ -162,8 +162,12 @@ def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType
     x = _rows(n, 256, seed=6)
     expected, found = torch.randn(n, 3 * out), torch.zeros(n, 3 * out)
     found.copy_(expected)
-    emulated.accumulate(expected[:, out : 2 * out], x, 0.37, by_rows)
-    native.accumulate(found[:, out : 2 * out], x, 0.37, by_rows)
+    if by_rows:
+        emulated.accumulate_rows(expected[:, out : 2 * out], x, 0.37)
+        native.accumulate_rows(found[:, out : 2 * out], x, 0.37)
+    else:
+        emulated.accumulate(expected[:, out : 2 * out], x, 0.37)
+        native.accumulate(found[:, out : 2 * out], x, 0.37)
     assert torch.equal(found, expected)
     assert torch.equal(native(x), emulated(x))
 
@@ -180,8 +184,8 @@ def test_wide_products_with_rows_in_lanes_equal_the_emulation(qtype: gguf.GGMLQu
     assert torch.equal(native(x), emulated(x))
     expected = torch.randn(21, 24)
     found = expected.clone()
-    emulated.accumulate(expected, x, 0.5, False)
-    native.accumulate(found, x, 0.5, False)
+    emulated.accumulate(expected, x, 0.5)
+    native.accumulate(found, x, 0.5)
     assert torch.equal(found, expected)
 
 

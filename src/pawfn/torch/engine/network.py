@@ -19,7 +19,6 @@ from ..model.arithmetic import Arithmetic
 from ..model.attention import LLAMACPP_BATCH, StepSlots, llamacpp_batches
 from ..model.families.base import Ops, RecurrentUpdate
 from ..model.kvcache import KVCache, PrefixState
-from ..model.packed import Matrix
 from ..weights.converted import ConvertedStore
 from ..weights.loading import DeviceWeights, Product, load_device_weights
 from ..weights.reader import BaseWeights
@@ -199,12 +198,13 @@ class _Pass:
         self.arithmetic: Arithmetic = weights.arithmetic
         self._biases_after = weights.biases_after
 
-    _by_rows = False
-    """Products row by row (`Matrix.rows`): each row's numbers independent of the other rows'."""
-
     def multiply(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
-        """`x` times a base or LoRA matrix of this pass, row by row where the pass is (`_by_rows`)."""
-        return matrix.rows(x) if self._by_rows else matrix(x)
+        """`x` times a base or LoRA matrix of this pass, all rows in one product."""
+        return matrix(x)
+
+    def accumulate(self, b: Product, y: torch.Tensor, projected: torch.Tensor, scale: float) -> None:
+        """`y += scale * b(projected)`: a side path's second product added to the base product's rows."""
+        b.accumulate(y, projected, scale)
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """`x` [T, ...] kept to the rows whose outputs the pass returns, from the last layer's attention output on
@@ -232,7 +232,7 @@ class _Pass:
                 continue
             projected = torch.split(self.multiply(group.a, x[start:end]), group.ranks, dim=-1)
             for y, p, b, scale in zip(outputs, projected, group.b, group.scales, strict=True):
-                b.accumulate(y[start:end], p, scale, self._by_rows)
+                self.accumulate(b, y[start:end], p, scale)
         return outputs
 
     def _add_side_path(self, y: torch.Tensor, x: torch.Tensor, start: int, end: int | None, adapter: DeviceAdapter, name: str) -> None:
@@ -240,7 +240,7 @@ class _Pass:
         lora = adapter.get(name)
         if lora is None:
             return
-        self.arithmetic.add_side_path(y[start:end], self.multiply(lora.a, x[start:end]), lora.b, lora.scale, self._by_rows)
+        self.accumulate(lora.b, y[start:end], self.multiply(lora.a, x[start:end]), lora.scale)
 
     def tensor(self, name: str) -> torch.Tensor:
         return self._tensors[name]
@@ -304,9 +304,8 @@ class _ForwardPass(_Pass):
 
 
 class _StepPass(_Pass):
-    """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program.
-    Batch-invariant, every product goes through `Matrix.rows` and attention runs per row, so a row's numbers never
-    depend on the other rows; else products and attention take all rows at once."""
+    """The `Ops` of one decode step: one new token per row, each row with its own cache, position and program; row-exact
+    (`invariant`), every product, rotation and attention runs per row (`Product.rows`), else all rows at once."""
 
     def __init__(self, weights: DeviceWeights, rows: list[StepRow], invariant: bool) -> None:
         segments: list[tuple[int, int | None, DeviceAdapter]] = []
@@ -318,17 +317,18 @@ class _StepPass(_Pass):
         super().__init__(weights, segments)
         self._rows = rows
         self._slots = StepSlots([(row.cache, row.cache.slot(row.position)) for row in rows])
-        self._by_rows = invariant
+        self._row_exact = invariant
 
     def multiply(self, matrix: Product, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(matrix, Matrix) and matrix.kind == "int8":  # per-row quantization is one product: exact for free
-            return matrix.rows(x)
-        return super().multiply(matrix, x)
+        return matrix.rows(x) if self._row_exact else matrix.step(x)
+
+    def accumulate(self, b: Product, y: torch.Tensor, projected: torch.Tensor, scale: float) -> None:
+        (b.accumulate_rows if self._row_exact else b.accumulate)(y, projected, scale)
 
     def _rotation_table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # row by row when invariant: a vectorized cos/sin may round a lane differently from a lone value's
         one_row = super()._rotation_table
-        if not self._by_rows:
+        if not self._row_exact:
             return one_row(positions, dtype)
         tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
@@ -345,6 +345,6 @@ class _StepPass(_Pass):
         """Each row as alone when invariant (the kernels round by shape), over the row's own positions and its
         program's prefix, which every row of the program reads in place (llama.cpp's C kernels: all rows in one
         call, a prefix converted once for its program's rows). Else one fused kernel over all rows (`attend_batched`)."""
-        if not self._by_rows:
+        if not self._row_exact:
             return self.arithmetic.attend_rows(self.architecture, self._slots.rows, layer, (q, k, v))
         return self.arithmetic.attend_each_row(self.architecture, self._slots, layer, (q, k, v))

@@ -198,9 +198,17 @@ class BlockMatrix:
             acc = fma32(exact.float() * self.scale[:, block].unsqueeze(0), x_scale[:, block : block + 1], acc)
         return acc
 
-    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
-        """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        y += (self.rows(x) if by_rows else self(x)) * torch.tensor(alpha, dtype=torch.float32)
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """A decode step's rows, all at once."""
+        return self(x)
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self(x)`, the product and the scaling rounded apart."""
+        y += self(x) * torch.tensor(alpha, dtype=torch.float32)
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self.rows(x)`, the product and the scaling rounded apart."""
+        y += self.rows(x) * torch.tensor(alpha, dtype=torch.float32)
 
 
 def _f16(raw: torch.Tensor) -> torch.Tensor:

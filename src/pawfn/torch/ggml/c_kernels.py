@@ -433,9 +433,19 @@ class NativeBlockMatrix:
         """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
         return self._product(x, tiled=False)
 
-    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
-        """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        tiled = not by_rows and self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """A decode step's rows, all at once."""
+        return self(x)
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self(x)`, the product and the scaling rounded apart."""
+        self._accumulate(y, x, alpha, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self.rows(x)`, the product and the scaling rounded apart."""
+        self._accumulate(y, x, alpha, tiled=False)
+
+    def _accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, tiled: bool) -> None:
         if tiled and self.amx or y.dtype != torch.float32 or y.stride(-1) != 1:
             y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
             return

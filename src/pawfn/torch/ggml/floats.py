@@ -48,9 +48,19 @@ class NativeFloatMatrix:
         """Every row as if multiplied alone (one-row dots): a row's result never depends on the others."""
         return self._product(x, tiled=False)
 
-    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
-        """`y += alpha * self(x)` (`self.rows(x)` if `by_rows`), the product and the scaling rounded apart."""
-        tiled = not by_rows and x.shape[0] >= 2
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """A decode step's rows, all at once."""
+        return self(x)
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self(x)`, the product and the scaling rounded apart."""
+        self._accumulate(y, x, alpha, tiled=x.shape[0] >= 2)
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self.rows(x)`, the product and the scaling rounded apart."""
+        self._accumulate(y, x, alpha, tiled=False)
+
+    def _accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, tiled: bool) -> None:
         if y.dtype != torch.float32 or y.stride(-1) != 1:
             y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
             return

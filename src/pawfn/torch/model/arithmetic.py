@@ -21,12 +21,11 @@ from .attention import LLAMACPP_BATCH, StepSlots, attend, attend_batched, attend
 from .delta_rule import delta_rule, l2_normalized
 from .families import Architecture
 from .families.base import Family
-from ..ggml.blocks import BlockMatrix, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
+from ..ggml.blocks import ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from ..ggml.hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
-from ..ggml.floats import NativeFloatMatrix
-from ..ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_kernels, native_rms_norm, native_rope, native_swiglu
+from ..ggml.c_kernels import NativeKernels, native_kernels, native_rms_norm, native_rope, native_swiglu
 from ...core.cpuinfo import host_cpu_flags
-from .packed import Matrix
+from .product import Product
 from .kvcache import KVCache
 
 __all__ = [
@@ -47,8 +46,6 @@ _LOG = logging.getLogger("pawfn")
 
 QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """Queries [T, heads, D], keys and values [T, KV heads, D] of new rows."""
-Product = Matrix | BlockMatrix | NativeBlockMatrix | NativeFloatMatrix
-"""A base or LoRA matrix as multiplied: torch's arithmetic, or llama.cpp's on GGUF blocks (`numerics="llamacpp"`)."""
 
 
 def requested_arithmetic(numerics: Numerics, batch_invariant: bool | None, device_type: str) -> tuple[Numerics, bool]:
@@ -180,12 +177,6 @@ class Arithmetic:
             [self.attend_row(arch, cache, layer, slot, (q[i : i + 1], k[i : i + 1], v[i : i + 1])) for i, (cache, slot) in enumerate(slots.rows)]
         )
 
-    # -- side paths -------------------------------------------------------------------------------------------------
-
-    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Product, scale: float, by_rows: bool) -> None:
-        """`y += scale * b(projected)`, a LoRA side path's second product (`by_rows`: each row as if alone)."""
-        b.accumulate(y, projected, scale, by_rows)
-
 
 class TorchArithmetic(Arithmetic):
     """Torch's own arithmetic (`numerics="native"`)."""
@@ -280,13 +271,6 @@ class LlamaCppArithmetic(Arithmetic):
         if self.kernels is None or self.flash or arch.head_dim % (4 * self.width):
             return super().attend_each_row(arch, slots, layer, qkv)
         return attend_llamacpp_step(slots, arch, layer, *qkv, self.width, self.kernels)  # one C call; a shared prefix converted once
-
-    def add_side_path(self, y: torch.Tensor, projected: torch.Tensor, b: Product, scale: float, by_rows: bool) -> None:
-        if isinstance(b, Matrix):  # llama.cpp's graph: b(a(x)), then scaled, then added (`Matrix.accumulate` fuses)
-            side = b.rows(projected) if by_rows else b(projected)
-            y += side * torch.tensor(scale, dtype=torch.float32)
-            return
-        b.accumulate(y, projected, scale, by_rows)
 
 
 def simd_width() -> int:

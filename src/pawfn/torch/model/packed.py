@@ -24,7 +24,20 @@ from ...core.cpuinfo import host_cpu_flags
 from ...core.errors import ConfigError
 from ...core.options import WeightDType
 
-__all__ = ["Matrix", "check_kernel", "compress", "concat_stored", "int8_weight_bits", "pack", "plain", "stored_names"]
+__all__ = [
+    "Float16Matrix",
+    "GraphOrderMatrix",
+    "Int8Matrix",
+    "Matrix",
+    "PlainMatrix",
+    "check_kernel",
+    "compress",
+    "concat_stored",
+    "int8_weight_bits",
+    "pack",
+    "plain",
+    "stored_names",
+]
 
 _INT8_LIMIT = 127.0
 _TINY = torch.finfo(torch.float32).tiny
@@ -32,52 +45,119 @@ _SCALE = ".scale"
 
 
 class Matrix:
-    """`x @ W.T (+ bias)` for one base matrix (or several fused by rows): plain, or packed for fbgemm."""
+    """`x @ W.T (+ bias)` for one base matrix (or several fused by rows) in torch's arithmetic: `PlainMatrix`,
+    `Float16Matrix` or `Int8Matrix` (fbgemm's packed kernels). `rows` computes each output row as if its input row
+    were multiplied alone; what differs is how (each subclass's `rows`)."""
 
-    def __init__(self, weight: torch.Tensor | None, packed: object, kind: str, bias: torch.Tensor | None) -> None:
-        self.weight = weight
-        """The plain weight `[out, in]`; None when packed."""
-        self._packed = packed
-        self.kind = kind
-        """``plain``, ``float16`` or ``int8``."""
+    def __init__(self, bias: torch.Tensor | None) -> None:
         self.bias = bias
-        self._ends: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """`self(x)` computed so that each output row is bit-identical to that row multiplied alone.
+        raise NotImplementedError
 
-        Plain: one row per product (MKL's float32 GEMM rounds differently by row count; padding every product to
-        a fixed 8 rows would be exact too, but made a lone Qwen3-0.6B decode step ~14 ms slower). float16: fbgemm's
-        fp16 kernel already is. int8: each row is quantized with its own scale to integers; fbgemm then multiplies
-        integers exactly (int32 sums), since an extra row holding the range's ends makes its per-call quantization
-        the identity."""
-        if self.weight is not None:
-            if x.shape[0] == 1:
-                return F.linear(x, self.weight, self.bias)
-            return torch.cat([F.linear(x[i : i + 1], self.weight, self.bias) for i in range(x.shape[0])])
-        if self.kind == "float16":
-            return self(x)
-        top = _INT8_LIMIT
-        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY) / top
-        ends = self._range_row(x)
-        integers = torch.empty((x.shape[0] + 1, x.shape[1]), dtype=x.dtype, device=x.device)
-        torch.div(x, scale, out=integers[:-1]).round_()
-        integers[-1] = ends
-        y: torch.Tensor = torch.ops.quantized.linear_dynamic(integers, self._packed, False)[:-1] * scale
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """A decode step's product where rows need not be exact: one product of all rows."""
+        return self(x)
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self(x)` in place."""
+        y += self(x) * alpha
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """`y += alpha * self.rows(x)` in place."""
+        y += self.rows(x) * alpha
+
+    def _biased(self, y: torch.Tensor) -> torch.Tensor:
         return y if self.bias is None else y + self.bias
 
-    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, by_rows: bool) -> None:
-        """`y += alpha * self(x)` in place (`self.rows(x)` if `by_rows`); a plain matrix adds inside its product
-        (one pass over `y` instead of three: LoRA side paths are thin products with wide outputs)."""
-        if self.weight is None or self.bias is not None:
-            y += (self.rows(x) if by_rows else self(x)) * alpha
+
+class PlainMatrix(Matrix):
+    """`F.linear` on the plain weight `[out, in]` in its own dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(bias)
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """One row per product: MKL's float32 GEMM rounds differently by row count (padding every product to a
+        fixed 8 rows would be exact too, but made a lone Qwen3-0.6B decode step ~14 ms slower)."""
+        if x.shape[0] == 1:
+            return F.linear(x, self.weight, self.bias)
+        return torch.cat([F.linear(x[i : i + 1], self.weight, self.bias) for i in range(x.shape[0])])
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        """Added inside the product (one pass over `y` instead of three: LoRA side paths are thin products with
+        wide outputs)."""
+        if self.bias is not None:
+            super().accumulate(y, x, alpha)
+            return
+        y.addmm_(x, self.weight.t(), alpha=alpha)
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        if self.bias is not None:
+            super().accumulate_rows(y, x, alpha)
             return
         weight = self.weight.t()
-        if not by_rows or x.shape[0] == 1:
-            y.addmm_(x, weight, alpha=alpha)
-            return
         for i in range(x.shape[0]):  # a row per product, like `rows`
             y[i : i + 1].addmm_(x[i : i + 1], weight, alpha=alpha)
+
+
+class GraphOrderMatrix(PlainMatrix):
+    """A plain matrix whose side path is multiplied, then scaled, then added, each rounded apart: llama.cpp's graph
+    (its emulation's fallback where a LoRA half has no GGUF blocks or the C kernels did not build)."""
+
+    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        y += self(x) * torch.tensor(alpha, dtype=torch.float32)
+
+    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
+        y += self.rows(x) * torch.tensor(alpha, dtype=torch.float32)
+
+
+class Float16Matrix(Matrix):
+    """float16 weights packed for fbgemm's fp16 kernel, float32 activations: already exact per row."""
+
+    def __init__(self, packed: object, bias: torch.Tensor | None) -> None:
+        super().__init__(bias)
+        self._packed = packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._biased(torch.ops.quantized.linear_dynamic_fp16(x, self._packed))
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+
+class Int8Matrix(Matrix):
+    """int8 per-row weights packed for fbgemm, activations quantized to 8 bits per call (`__call__`) or per row."""
+
+    def __init__(self, packed: object, bias: torch.Tensor | None) -> None:
+        super().__init__(bias)
+        self._packed = packed
+        self._ends: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._biased(torch.ops.quantized.linear_dynamic(x, self._packed, False))
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Each row quantized with its own scale to integers; fbgemm then multiplies integers exactly (int32 sums),
+        since an extra row holding the range's ends makes its per-call quantization the identity."""
+        top = _INT8_LIMIT
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY) / top
+        integers = torch.empty((x.shape[0] + 1, x.shape[1]), dtype=x.dtype, device=x.device)
+        torch.div(x, scale, out=integers[:-1]).round_()
+        integers[-1] = self._range_row(x)
+        y: torch.Tensor = torch.ops.quantized.linear_dynamic(integers, self._packed, False)[:-1] * scale
+        return self._biased(y)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-row quantization is one product too: a step's rows come out exact for free."""
+        return self.rows(x)
 
     def _range_row(self, x: torch.Tensor) -> torch.Tensor:
         """A row holding -(top+1) and top: with it, the call's range is [-(top+1), top], so scale 1, zero point top+1."""
@@ -87,15 +167,6 @@ class Matrix:
             ends[0], ends[-1] = -_INT8_LIMIT - 1, _INT8_LIMIT
             self._ends = ends
         return ends
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        if self.kind == "float16":
-            y: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
-        else:
-            y = torch.ops.quantized.linear_dynamic(x, self._packed, False)
-        return y if self.bias is None else y + self.bias
 
 
 _NARROW_LIMIT = 63.0
@@ -164,12 +235,12 @@ def concat_stored(parts: Sequence[Mapping[str, torch.Tensor]], names: Sequence[s
 def pack(name: str, stored: Mapping[str, torch.Tensor], weight_dtype: WeightDType, bias: torch.Tensor | None) -> Matrix:
     """Matrix `name` packed for its fbgemm kernel from its stored form."""
     if weight_dtype == "float16":
-        return Matrix(None, torch.ops.quantized.linear_prepack_fp16(stored[name].float(), None), "float16", bias)
+        return Float16Matrix(torch.ops.quantized.linear_prepack_fp16(stored[name].float(), None), bias)
     values, scale = stored[name], stored[name + _SCALE]
     if int8_weight_bits() == 7:
         values = torch.round(values.float() * (_NARROW_LIMIT / _INT8_LIMIT)).to(torch.int8)
         scale = scale * (_INT8_LIMIT / _NARROW_LIMIT)
-    return Matrix(None, torch.ops.quantized.linear_prepack(_per_row_quantized(values, scale), None), "int8", bias)
+    return Int8Matrix(torch.ops.quantized.linear_prepack(_per_row_quantized(values, scale), None), bias)
 
 
 def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -180,6 +251,6 @@ def _per_row_quantized(values: torch.Tensor, scale: torch.Tensor) -> torch.Tenso
     )
 
 
-def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> Matrix:
+def plain(weight: torch.Tensor, bias: torch.Tensor | None) -> PlainMatrix:
     """Matrix `weight` multiplied with `F.linear` in its own dtype."""
-    return Matrix(weight, None, "plain", bias)
+    return PlainMatrix(weight, bias)

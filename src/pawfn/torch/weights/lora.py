@@ -12,6 +12,7 @@ import torch
 
 from ...formats.adapter import LoraAdapter, LoraHalf, check_adapter_fits
 from ..ggml.blocks import block_matrix
+from ..model.packed import GraphOrderMatrix
 from ..ggml.floats import float_matrix
 from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
 from ..model.arithmetic import Arithmetic, LlamaCppArithmetic
@@ -121,7 +122,8 @@ def _half(arithmetic: LlamaCppArithmetic, base: DeviceWeights, half: LoraHalf, q
         matrix: Product | None = block_matrix(half.data, half.qtype, half.shape[0], native=arithmetic.kernels is not None)
     else:
         matrix = float_matrix(half.data, half.qtype, half.shape[0], arithmetic.width, arithmetic.kernels)
-    return plain(base.on_device(half.values), None) if matrix is None else matrix
+    # llama.cpp's graph: b(a(x)), then scaled, then added, each rounded apart
+    return GraphOrderMatrix(base.on_device(half.values), None) if matrix is None else matrix
 
 
 def _lora_a(base: DeviceWeights, weight: torch.Tensor) -> Matrix:
