@@ -10,20 +10,24 @@ import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.core.options import ResolvedNumerics
-from pawfn.torch.model.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic
-from pawfn.torch.ggml.c_kernels import native_kernels
+from pawfn.torch.model.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic, llamacpp_arithmetic
 from tests.helpers.programs import TinyProgram, torch_program
 
 TORCH_BACKEND = Path(__file__).resolve().parents[2] / "src" / "pawfn" / "torch"
-MODE_TEST = re.compile(r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|ggml_kernels\s+is\b|llamacpp_width|\._llamacpp\b""")
-"""A comparison with a numerics mode's name, or a test of the C kernels by an old name: only `arithmetic.py` makes
-them (the loaders keep weights and adapters by the arithmetic's type: `functools.singledispatch`)."""
+STRATEGY = TORCH_BACKEND / "model" / "arithmetic"
+MODE_TEST = re.compile(
+    r"""numerics\s*[!=]=|[!=]=\s*"(llamacpp|native)"|kernels\s+is\b|kernels\s*:\s*NativeKernels\s*\|\s*None|by_rows"""
+    r"""|singledispatch|isinstance\([^)]*Arithmetic\b|\.kind\s*[!=]=\s*"(plain|float16|int8)"|ggml_kernels|llamacpp_width|\._llamacpp\b"""
+)
+"""A comparison with a numerics mode's name, a test of whether the C kernels built (or an optional kernels argument),
+a product told per call whether its rows are exact, a dispatch on the arithmetic's type, a test of a torch matrix's
+kind: only the strategy's package (`model/arithmetic/`) decides these; the loaders ask it how to keep each matrix."""
 
 
 def test_no_module_but_the_arithmetic_asks_which_mode_runs() -> None:
     found: list[str] = []
     for source in sorted(TORCH_BACKEND.rglob("*.py")):
-        if source.name == "arithmetic.py":
+        if source.is_relative_to(STRATEGY):
             continue
         for number, line in enumerate(source.read_text().splitlines(), 1):
             if MODE_TEST.search(line):
@@ -32,10 +36,10 @@ def test_no_module_but_the_arithmetic_asks_which_mode_runs() -> None:
 
 
 def test_each_arithmetic_states_what_differs() -> None:
-    torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, None, flash=True)
+    torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, flash=True)
     assert torch_way.kv_dtype(torch.bfloat16) == torch.bfloat16 and llamacpp_way.kv_dtype(torch.float32) == torch.float16
     assert not torch_way.row_exact and llamacpp_way.row_exact
-    assert torch_way.prefix_granule == 1 and llamacpp_way.prefix_granule == 128 and LlamaCppArithmetic(8, None, flash=False).prefix_granule == 1
+    assert torch_way.prefix_granule == 1 and llamacpp_way.prefix_granule == 128 and LlamaCppArithmetic(8, flash=False).prefix_granule == 1
     assert torch_way.prefix_tag == "" and llamacpp_way.prefix_tag == "+llamacpp-numerics-16-lanes"
     assert llamacpp_way.describe("float32", "cpu") == "llama.cpp numerics on torch emulation (no C kernels built), 16 float32 lanes"
 
@@ -44,7 +48,7 @@ def test_the_two_arithmetics_differ_where_llama_cpp_rounds_otherwise() -> None:
     """llama.cpp's rms norm and silu are its own roundings, not torch's (the reason both exist)."""
     generator = torch.Generator().manual_seed(0)
     x, weight = torch.randn(64, 1024, generator=generator), torch.randn(1024, generator=generator)
-    llamacpp_way = LlamaCppArithmetic(16, native_kernels(), flash=False)
+    llamacpp_way = llamacpp_arithmetic(16, flash=False)
     torch_way = TorchArithmetic()
     torch.testing.assert_close(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
     assert not torch.equal(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6))

@@ -32,7 +32,7 @@ def _matrix(qtype: gguf.GGMLQuantizationType, values: npt.NDArray[np.float32]) -
     if kernels is None:
         pytest.skip("the C kernels could not be built here (no C compiler?)")
     stored = values.astype(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16)
-    matrix = float_matrix(stored.view(np.uint8).reshape(-1), qtype, values.shape[0], WIDTH, kernels)
+    matrix = float_matrix(kernels, stored.view(np.uint8).reshape(-1), qtype, values.shape[0], WIDTH)
     assert matrix is not None
     return matrix
 

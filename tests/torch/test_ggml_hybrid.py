@@ -14,17 +14,10 @@ import pytest
 import torch
 
 from pawfn.torch.ggml.blocks import ggml_rms_norm, ggml_rope, ggml_rope_table
-from pawfn.torch.ggml.hybrid import (
-    ggml_flash_attention,
-    ggml_gated_delta_net,
-    ggml_l2_norm,
-    ggml_mrope_table,
-    ggml_sigmoid,
-    ggml_silu,
-    ggml_softplus,
-    ggml_ssm_conv,
-)
-from pawfn.torch.ggml.c_kernels import NativeKernels, native_kernels
+from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
+from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels
+from pawfn.torch.ggml.hybrid import native_flash_attention, native_ssm_conv_for
+from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic
 from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
 
@@ -98,29 +91,32 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     gated norm, on the torch emulation and the C kernels, on the prompt's first batch and on a decode step (which
     continues the stored state)."""
     kernels = _kernels(implementation)
+    ops = LlamaCppArithmetic(WIDTH, flash=True) if kernels is None else NativeLlamaCppArithmetic(WIDTH, True, kernels)
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
-    raw = ggml_ssm_conv(conv_input, vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1), WIDTH, kernels)
+    conv_kernel = vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1)
+    raw = ggml_ssm_conv(conv_input, conv_kernel, WIDTH) if kernels is None else native_ssm_conv_for(kernels, conv_input, conv_kernel, WIDTH)
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
-    _bit_exact(ggml_silu(raw, WIDTH, kernels), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    _bit_exact(ops.silu(raw), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    _bit_exact(ops.convolve(conv_input, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
     q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
     _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
     biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
-    gate = ggml_softplus(biased, kernels) * vectors[f"blk.{layer}.ssm_a"]
+    gate = ops.softplus(biased) * vectors[f"blk.{layer}.ssm_a"]
     _bit_exact(gate, trace.first(evaluation, f"gate-{layer}"))
-    beta = ggml_sigmoid(trace.first(evaluation, f"beta-{layer}")[0, :, :, 0], kernels)
+    beta = ops.sigmoid(trace.first(evaluation, f"beta-{layer}")[0, :, :, 0])
     _bit_exact(beta, trace.first(evaluation, f"beta_sigmoid-{layer}"))
     k = trace.first(evaluation, f"k_conv_predelta-{layer}")[0]
     v = trace.first(evaluation, f"v_conv_predelta-{layer}")[0]
     repeats = v.shape[1] // k.shape[1]
     state = trace.first(evaluation, f"state_predelta-{layer}")[0].transpose(1, 2)  # ggml keeps it [value, key]
     q, k = q.repeat(1, repeats, 1), k.repeat(1, repeats, 1)
-    out, new_state = ggml_gated_delta_net(q, k, v, gate, beta, state, WIDTH, kernels)
+    out, new_state = ops.delta_rule(q, k, v, beta, gate, state)
     expected = trace.first(evaluation, f"attn_output-{layer}")[0]
     _bit_exact(out, expected)
     _bit_exact(new_state.transpose(1, 2), trace.first(evaluation, f"new_state-{layer}")[0])
     z = trace.first(evaluation, f"z-{layer}")[0, 0].reshape(expected.shape)
-    gated = ggml_rms_norm(expected, vectors[f"blk.{layer}.ssm_norm.weight"], 1e-6) * ggml_silu(z, WIDTH, kernels)
+    gated = ggml_rms_norm(expected, vectors[f"blk.{layer}.ssm_norm.weight"], 1e-6) * ops.silu(z)
     _bit_exact(gated, trace.first(evaluation, f"final_output-{layer}"))
 
 
@@ -155,7 +151,8 @@ def test_flash_attention_on_the_f16_cache_equals_llama_cpps(trace: Trace, implem
             stop = first + rows
             cells = max(256, -(-stop // 256) * 256)
             kernels_seen.add("tiled" if rows >= 64 else "split" if rows == 1 and cells >= 512 else "one row")
-            _bit_exact(ggml_flash_attention(query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH, kernels), expected)
+            args = (query, cache_k[:, :stop], cache_v[:, :stop], rows, cells, 2, WIDTH)
+            _bit_exact(ggml_flash_attention(*args) if kernels is None else native_flash_attention(kernels, *args), expected)
             first = stop
     assert kernels_seen == {"tiled", "split", "one row"}
 
@@ -165,11 +162,12 @@ def test_the_c_delta_rule_equals_the_torch_one_on_whole_vectors(width: int) -> N
     """The tiny model's heads (16 values) take only the dots' leftover loop; Qwen3.5-0.8B's (128) take the 4
     accumulators of lanes: the C kernels and the torch emulation agree there too, for both vector widths."""
     kernels = _kernels("c")
+    assert kernels is not None
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn((5, 3, 128), generator=generator) for _ in range(3))
     g, beta = -torch.rand((5, 3), generator=generator), torch.rand((5, 3), generator=generator)
     state = torch.randn((3, 128, 128), generator=generator) * 0.1
     out, new_state = ggml_gated_delta_net(q, k, v, g, beta, state, width)
-    native_out, native_state = ggml_gated_delta_net(q, k, v, g, beta, state, width, kernels)
+    native_out, native_state = native_gated_delta_net(kernels, q, k, v, g, beta, state, width)
     _bit_exact(native_out, out)
     _bit_exact(native_state, new_state)

@@ -20,7 +20,9 @@ from pawfn import ModelRegistry, PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.formats.adapter import read_lora_adapter
 from pawfn.torch.engine import network
 from pawfn.torch.ggml import build as ggml_build
-from pawfn.torch.model import arithmetic
+from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic, llamacpp_arithmetic
+from pawfn.torch.model.arithmetic import llamacpp as llamacpp_numerics
+from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, join_blocks, native_block_matrix
 from pawfn.torch.ggml.blocks import (
     block_matrix,
     ggml_attention,
@@ -29,13 +31,12 @@ from pawfn.torch.ggml.blocks import (
     ggml_rope,
     ggml_rope_table,
     ggml_silu_mul,
+    native_rope_table_for,
     quantize_q8_0,
     quantize_q8_k,
 )
 from pawfn.torch.ggml.c_kernels import (
-    NativeBlockMatrix,
     NativeKernels,
-    join_blocks,
     native_attention,
     native_attention_step,
     native_expf,
@@ -106,12 +107,12 @@ def test_block_products_equal_the_emulation(
     row counts around its tiles of 16 and pairs of 32), repacked Q4_0 bases."""
     out = 48  # a multiple of 16, as AMX's tiles need
     raw = _raw(qtype, out, 512, seed=n)
-    emulated = block_matrix(raw, qtype, out, base_layer, native=False)
+    emulated = block_matrix(raw, qtype, out, base_layer)
     assert emulated is not None
     candidates: list[NativeBlockMatrix] = []
     for amx in (False, True) if kernels.amx else (False,):
         monkeypatch.setattr(kernels, "amx", amx)
-        native = block_matrix(raw, qtype, out, base_layer)
+        native = native_block_matrix(kernels, raw, qtype, out, base_layer)
         assert isinstance(native, NativeBlockMatrix)
         assert native.amx == (amx and qtype == Q6_K and base_layer)
         candidates.append(native)
@@ -129,7 +130,7 @@ def test_block_products_equal_the_emulation(
 def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.MonkeyPatch, kernels: NativeKernels) -> None:
     """Outputs not a multiple of 16 take the tiled kernel from the codes even where the CPU has AMX."""
     monkeypatch.setattr(kernels, "amx", True)
-    matrix = block_matrix(_raw(Q6_K, 40, 256, seed=3), Q6_K, 40, True)
+    matrix = native_block_matrix(kernels, _raw(Q6_K, 40, 256, seed=3), Q6_K, 40, True)
     assert isinstance(matrix, NativeBlockMatrix) and not matrix.amx
 
 
@@ -139,7 +140,7 @@ def test_amx_tiles_are_only_used_for_whole_tiles_of_outputs(monkeypatch: pytest.
 def test_one_block_products_equal_the_emulation(qtype: gguf.GGMLQuantizationType, out: int, n: int) -> None:
     """A LoRA b half (in = 32): eight outputs at a time where `out` allows, then as a side path into a slice."""
     raw = _raw(qtype, out, 32, seed=out + n)
-    emulated, native = block_matrix(raw, qtype, out, native=False), block_matrix(raw, qtype, out)
+    emulated, native = block_matrix(raw, qtype, out), native_block_matrix(_kernels(), raw, qtype, out)
     assert emulated is not None and isinstance(native, NativeBlockMatrix)
     x = _rows(n, 32, seed=n)
     assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x), emulated.rows(x))
@@ -157,7 +158,7 @@ def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType
     """`y += product * scale` in C, into a column slice of a wider output (a joined group's member); outputs in fours
     and left over, rows in sixteens and left over."""
     raw = _raw(qtype, out, 256, seed=5)
-    emulated, native = block_matrix(raw, qtype, out, native=False), block_matrix(raw, qtype, out)
+    emulated, native = block_matrix(raw, qtype, out), native_block_matrix(_kernels(), raw, qtype, out)
     assert emulated is not None and isinstance(native, NativeBlockMatrix)
     x = _rows(n, 256, seed=6)
     expected, found = torch.randn(n, 3 * out), torch.zeros(n, 3 * out)
@@ -178,7 +179,7 @@ def test_wide_products_with_rows_in_lanes_equal_the_emulation(qtype: gguf.GGMLQu
     """A LoRA a half over a wide input (41 or 96 blocks: the lanes kernel takes its blocks in chunks, the last one
     part or whole), 21 rows (a group of sixteen and a part), as a product and accumulated."""
     raw = _raw(qtype, 24, width, seed=width)
-    emulated, native = block_matrix(raw, qtype, 24, native=False), block_matrix(raw, qtype, 24)
+    emulated, native = block_matrix(raw, qtype, 24), native_block_matrix(_kernels(), raw, qtype, 24)
     assert emulated is not None and isinstance(native, NativeBlockMatrix)
     x = _rows(21, width, seed=width)
     assert torch.equal(native(x), emulated(x))
@@ -301,13 +302,13 @@ def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     assert torch.equal(native_rope(_kernels(), hidden, cos, sin), ggml_rope(hidden, cos, sin))
     positions = torch.cat([torch.arange(0, 40), torch.arange(4000, 4100, 7), torch.tensor([32767, 131071])])
     for dim, base in ((128, 1e6), (64, 10000.0), (256, 1e7)):  # the tables in C: the same angles, the same libm
-        in_c, emulated = ggml_rope_table(positions, dim, base, _kernels()), ggml_rope_table(positions, dim, base)
+        in_c, emulated = native_rope_table_for(_kernels(), positions, dim, base), ggml_rope_table(positions, dim, base)
         assert torch.equal(in_c[0], emulated[0]) and torch.equal(in_c[1], emulated[1])
 
 
 def test_joined_matrices_equal_their_parts_side_by_side() -> None:
     """Base layers (split weights, or AMX tiles where the CPU has AMX): products and one-row products."""
-    parts = [block_matrix(_raw(Q6_K, out, 512, seed=out), Q6_K, out, True) for out in (16, 48, 32)]
+    parts = [native_block_matrix(_kernels(), _raw(Q6_K, out, 512, seed=out), Q6_K, out, True) for out in (16, 48, 32)]
     natives = [p for p in parts if isinstance(p, NativeBlockMatrix)]
     joined = join_blocks(natives)
     assert joined is not None and joined.out_features == 96 and joined.amx == _kernels().amx
@@ -315,7 +316,7 @@ def test_joined_matrices_equal_their_parts_side_by_side() -> None:
         x = _rows(n, 512, seed=n)
         assert torch.equal(joined(x), torch.cat([p(x) for p in natives], dim=1))
         assert torch.equal(joined.rows(x), torch.cat([p.rows(x) for p in natives], dim=1))
-    other = block_matrix(_raw(Q4_0, 8, 512, seed=1), Q4_0, 8)
+    other = native_block_matrix(_kernels(), _raw(Q4_0, 8, 512, seed=1), Q4_0, 8)
     assert isinstance(other, NativeBlockMatrix) and join_blocks([natives[0], other]) is None
 
 
@@ -325,10 +326,10 @@ def test_the_engine_computes_the_same_logits_on_both(monkeypatch: pytest.MonkeyP
     fixture = load_trained("qwen3")
     runs: list[list[torch.Tensor]] = []
     for choice in (kernels, None):
-        monkeypatch.setattr(arithmetic, "native_kernels", lambda choice=choice: choice)
+        monkeypatch.setattr(llamacpp_numerics, "native_kernels", lambda choice=choice: choice)
         weights = read_base_weights(fixture.base("q6_k"), fixture.model)
         interpreter = network.TorchInterpreter.load(weights, torch.device("cpu"), torch.float32, numerics="llamacpp")
-        assert (interpreter.arithmetic.kernels is None) == (choice is None)
+        assert isinstance(interpreter.arithmetic, NativeLlamaCppArithmetic) == (choice is not None)
         adapter = interpreter.attach(read_lora_adapter(fixture.adapter_q4_0, fixture.model))
         cache = interpreter.new_cache()
         cache.begin(interpreter.prefill_prefix(list(range(40, 70)), adapter, cache))
@@ -352,7 +353,7 @@ def test_without_a_compiler_the_mode_warns_once_and_runs_on_the_emulation(monkey
     try:
         with pytest.warns(RuntimeWarning, match="no C compiler found"):
             assert native_kernels() is None
-        assert block_matrix(_raw(Q4_0, 8, 64, seed=1), Q4_0, 8).__class__.__name__ == "BlockMatrix"
+        assert type(llamacpp_arithmetic(8, flash=False)) is LlamaCppArithmetic
     finally:
         native_kernels.cache_clear()
 
@@ -414,7 +415,7 @@ def test_a_compiler_without_amx_or_avx512_builds_the_avx2_kernels(
         [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert "without the AVX-512 VNNI and AMX kernels" in warning and "OpenMP" not in warning and "no amx" in warning
         raw = _raw(Q6_K, 48, 512, seed=2)
-        emulated, native = block_matrix(raw, Q6_K, 48, True, native=False), block_matrix(raw, Q6_K, 48, True)
+        emulated, native = block_matrix(raw, Q6_K, 48, True), native_block_matrix(built, raw, Q6_K, 48, True)
         assert emulated is not None and isinstance(native, NativeBlockMatrix) and native.kernels is built
         x = _rows(21, 512, seed=2)
         assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x), emulated.rows(x))
@@ -436,7 +437,7 @@ def test_a_compiler_without_openmp_builds_single_threaded_kernels(
         assert "without OpenMP" in warning and "AVX-512" not in warning and "no omp.h" in warning
         for qtype in (Q6_K, Q4_0):
             raw = _raw(qtype, 48, 1024, seed=3)
-            emulated, native = block_matrix(raw, qtype, 48, qtype == Q6_K, native=False), block_matrix(raw, qtype, 48, qtype == Q6_K)
+            emulated, native = block_matrix(raw, qtype, 48, qtype == Q6_K), native_block_matrix(built, raw, qtype, 48, qtype == Q6_K)
             assert emulated is not None and isinstance(native, NativeBlockMatrix) and native.kernels is built
             x = _rows(79, 1024, seed=3)
             assert torch.equal(native(x), emulated(x)) and torch.equal(native.rows(x[:8]), emulated.rows(x[:8]))
@@ -477,7 +478,7 @@ def test_reports_say_which_implementation_runs(monkeypatch: pytest.MonkeyPatch) 
     with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         expected = ", ".join(name for flag, name in (("amx_int8", "AMX"), ("avx512_vnni", "AVX-512 VNNI")) if flag in host_cpu_flags())
         assert function.runtime.engine == f"llama.cpp numerics on C kernels ({expected or 'AVX2'}), {_lanes()} float32 lanes"
-    monkeypatch.setattr(arithmetic, "native_kernels", lambda: None)
+    monkeypatch.setattr(llamacpp_numerics, "native_kernels", lambda: None)
     ModelRegistry.clear()
     with PawFn[Qwen3_0_6B, Torch].load_sync(fixture.program, base=fixture.base("q6_k"), config=config) as function:
         assert function.runtime.engine is not None and "torch emulation" in function.runtime.engine

@@ -27,8 +27,9 @@ from pawfn.torch.ggml.blocks import (
     ggml_rope_table,
     ggml_silu_mul,
 )
-from pawfn.torch.ggml.blocks import _gelu_table  # pyright: ignore[reportPrivateUsage]  # the table the spec reads
-from pawfn.torch.ggml.c_kernels import NativeBlockMatrix, NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope, native_swiglu
+from pawfn.torch.ggml.blocks import ggml_gelu_table
+from pawfn.torch.ggml.c_kernels import NativeKernels, native_attention, native_gelu, native_kernels, native_rms_norm, native_rope, native_swiglu
+from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, native_block_matrix
 from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program
 from tests.helpers.tiny_models import TinyInterpreter
@@ -96,8 +97,11 @@ def _matrices(path: Path, base: bool, implementation: str) -> dict[str, BlockMat
     for tensor in gguf.GGUFReader(path).tensors:
         if len(tensor.shape) == 2:
             raw: npt.NDArray[np.uint8] = np.asarray(tensor.data).view(np.uint8).reshape(-1)
-            matrix = block_matrix(
-                raw, tensor.tensor_type, int(tensor.shape[1]), base and tensor.name.startswith("blk."), native=implementation == "c"
+            out, base_layer = int(tensor.shape[1]), base and tensor.name.startswith("blk.")
+            matrix: BlockMatrix | NativeBlockMatrix | None = (
+                native_block_matrix(_kernels(), raw, tensor.tensor_type, out, base_layer)
+                if implementation == "c"
+                else block_matrix(raw, tensor.tensor_type, out, base_layer)
             )
             if isinstance(matrix, NativeBlockMatrix):
                 assert implementation == "c"
@@ -279,7 +283,7 @@ def test_gpt2_layer_norm_gelu_and_q8_0_products_equal_llama_cpps(
         _bit_exact(adapter[name + ".lora_a"](x), trace.at(norm + 4))
         _bit_exact(adapter[name + ".lora_b"](trace.at(norm + 4)), trace.at(norm + 5))
         gelu = trace.find(evaluation, f"ffn_gelu-{layer}")
-        _bit_exact(ggml_gelu(trace.at(gelu - 1), None if implementation == "torch" else _kernels()), trace.at(gelu))
+        _bit_exact(_gelu(trace.at(gelu - 1), implementation), trace.at(gelu))
         _bit_exact(base[f"blk.{layer}.ffn_down.weight"](trace.at(gelu)), trace.at(gelu + 1))
 
 
@@ -291,7 +295,7 @@ def test_gelu_follows_ggml_vec_gelu_f32_on_every_f16_value_and_its_thresholds(im
     edges = [-10.0, 10.0, -9.999999, 9.999999, -10.000001, 10.000001, 1e-8, -1e-8, 3.0001, float("inf"), -float("inf"), 3.0015, -10.0]
     beside = torch.tensor([*edges, -10.000001])  # the last 6 past whole vectors of 8: the C kernel's scalar tail sees these
     x = torch.cat((every, every * 1.0001, beside))
-    table = _gelu_table()
+    table = ggml_gelu_table()
     expected: list[float] = []
     for value in (float(v) for v in x.numpy()):
         if value <= -10.0:
@@ -300,10 +304,14 @@ def test_gelu_follows_ggml_vec_gelu_f32_on_every_f16_value_and_its_thresholds(im
             expected.append(value)
         else:
             expected.append(float(table[int(torch.tensor(value).half().view(torch.int16).item()) & 0xFFFF]))
-    kernels = None if implementation == "torch" else _kernels()
-    _same_bits(ggml_gelu(x, kernels), torch.tensor(expected))
+    _same_bits(_gelu(x, implementation), torch.tensor(expected))
     rows = x[: 2 * 3 * 9001].view(2, 3, 9001)[:, :, ::3]  # a strided view keeps its shape and values (a ragged tail of 8)
-    _same_bits(ggml_gelu(rows, kernels), torch.tensor(expected[: 2 * 3 * 9001]).view(2, 3, 9001)[:, :, ::3])
+    _same_bits(_gelu(rows, implementation), torch.tensor(expected[: 2 * 3 * 9001]).view(2, 3, 9001)[:, :, ::3])
+
+
+def _gelu(x: torch.Tensor, implementation: str) -> torch.Tensor:
+    """`ggml_gelu` on the torch emulation or its C twin."""
+    return ggml_gelu(x) if implementation == "torch" else native_gelu(_kernels(), x, ggml_gelu_table())
 
 
 def _same_bits(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -367,11 +375,11 @@ def test_llamacpp_numerics_refuse_other_devices_and_compact_weights(tmp_path: Pa
 
 
 def test_llamacpp_numerics_refuse_cpus_whose_kernels_they_do_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pawfn.torch.model import arithmetic
+    from pawfn.torch.model.arithmetic import choice
 
-    monkeypatch.setattr(arithmetic, "host_cpu_flags", lambda: frozenset({"neon", "asimd"}))
+    monkeypatch.setattr(choice, "host_cpu_flags", lambda: frozenset({"neon", "asimd"}))
     with pytest.raises(ConfigError, match="x86 CPU kernels"):
-        arithmetic.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
+        choice.check_llamacpp_numerics(torch.device("cpu"), torch.float32, None)
 
 
 def test_numerics_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

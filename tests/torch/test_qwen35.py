@@ -20,6 +20,7 @@ from pawfn import ArityError, BaseModelError, BundleError, LlamaCpp, PawConfig, 
 from pawfn.core.backends import Backend
 from pawfn.torch.model.families.base import Architecture, LinearAttention
 from pawfn.torch.ggml.c_kernels import native_kernels
+from pawfn.torch.model.arithmetic import NativeLlamaCppArithmetic
 from pawfn.torch.model.kvcache import PrefixState
 from pawfn.torch.engine.prefix_store import PrefixStore
 from tests.helpers.programs import TinyProgram, make_program, requires_llama_cpp, torch_program
@@ -269,7 +270,7 @@ def test_llamacpp_numerics_give_the_vision_runtimes_tokens_with_a_q4_0_adapter(
     config = PawConfig(numerics="llamacpp", n_ctx=1024)
     try:
         with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=config) as function:
-            assert (torch_program(function).base.interpreter.arithmetic.kernels is None) == (kernels == "torch")
+            assert isinstance(torch_program(function).base.interpreter.arithmetic, NativeLlamaCppArithmetic) == (kernels != "torch")
             assert _tokens(function, LLAMACPP_TEXTS) == expected
             batched = function.generate_batch(LLAMACPP_TEXTS[:3], RuntimeOptions(max_tokens=MAX_TOKENS))
             assert [list(g.token_ids) for g in batched] == expected[:3]  # rows stepped together, each as alone

@@ -13,6 +13,7 @@ by hand, on a BF16 copy of the test's projector).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +27,6 @@ from ...core.errors import BaseModelError
 from ...formats.ggufio import GGUFFile, GGUFFormatError
 from ...core.images import Image, ImageLimits
 from ..ggml.blocks import ggml_gelu
-from ..ggml.c_kernels import NativeKernels
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["PromptImage", "PreparedImage", "VisionTower"]
 
 _F32 = np.float32
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+"""An elementwise function of a tensor."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,10 @@ class _Settings:
 class VisionTower:
     """A projector's weights on one device and the passes that turn an image into text-width embeddings."""
 
-    def __init__(
-        self, path: Path, settings: _Settings, tensors: dict[str, torch.Tensor], bf16_kernel: bool, kernels: NativeKernels | None = None
-    ) -> None:
+    def __init__(self, path: Path, settings: _Settings, tensors: dict[str, torch.Tensor], bf16_kernel: bool, gelu: Activation = ggml_gelu) -> None:
         self.path = path
-        self._kernels = kernels
-        """The C kernels its GELU runs on (those of the base's llama.cpp arithmetic; None: torch)."""
+        self._gelu = gelu
+        """Its GELU: ggml's table, in C where the base's arithmetic runs on the C kernels (`Arithmetic.tower_gelu`)."""
         self._settings = settings
         self._tensors = tensors
         self._bf16_kernel = bf16_kernel
@@ -101,10 +102,10 @@ class VisionTower:
         """Width of the embeddings it gives (the text model's hidden size)."""
 
     @classmethod
-    def read(cls, path: Path, device: torch.device, image_tokens: tuple[int, int] | None, kernels: NativeKernels | None = None) -> VisionTower:
+    def read(cls, path: Path, device: torch.device, image_tokens: tuple[int, int] | None, gelu: Activation = ggml_gelu) -> VisionTower:
         """Load a `qwen3vl_merger` projector GGUF; `image_tokens` bounds an image's merged tokens (min, max), as the
         runtime manifest's `image_min_tokens`/`image_max_tokens` (None: mtmd's defaults for the projector, 8..4096);
-        `kernels`: C kernels for its GELU (the same values as torch's, faster)."""
+        `gelu`: its GELU (`Arithmetic.tower_gelu`: ggml's table, in C where it can be)."""
         try:
             file = GGUFFile(path)
             settings = _settings(file, image_tokens)
@@ -118,7 +119,7 @@ class VisionTower:
             if found is None or tuple(found.shape) != shape:
                 problem = "is missing" if found is None else f"has shape {tuple(found.shape)}, expected {shape}"
                 raise BaseModelError(path, f"projector tensor {name} {problem}")
-        return cls(path, settings, tensors, bf16_kernel, kernels)
+        return cls(path, settings, tensors, bf16_kernel, gelu)
 
     def prepare(self, image: Image, limits: ImageLimits | None = None) -> PreparedImage:
         """`image` decoded by the official contract, resized as mtmd does (a multiple of 32 pixels a side within
@@ -155,10 +156,10 @@ class VisionTower:
             block = f"v.blk.{layer}."
             hidden = hidden + self._attention(self._norm(hidden, block + "ln1"), block, cos, sin)
             up = self._linear(self._norm(hidden, block + "ln2"), block + "ffn_up")
-            hidden = hidden + self._linear(ggml_gelu(up, self._kernels), block + "ffn_down")
+            hidden = hidden + self._linear(self._gelu(up), block + "ffn_down")
         hidden = self._norm(hidden, "v.post_ln")
         merged = hidden.reshape(-1, 4 * s.width)  # each 2x2 block's patches side by side
-        return self._linear(ggml_gelu(self._linear(merged, "mm.0"), self._kernels), "mm.2")
+        return self._linear(self._gelu(self._linear(merged, "mm.0")), "mm.2")
 
     def _position_table(self, grid_h: int, grid_w: int) -> torch.Tensor:
         """The learned position table [grid_h, grid_w, width], resized bilinearly (corners aligned) when the grid

@@ -39,7 +39,7 @@ import numpy.typing as npt
 import torch
 
 from .dequant import q6_k_parts
-from .c_kernels import TILED_MIN_ROWS, NativeBlockMatrix, NativeKernels, group_by_eights, int8_mm, native_gelu, native_kernels, native_rope_table
+from .c_kernels import TILED_MIN_ROWS, NativeKernels, int8_mm, native_rope_table
 
 __all__ = [
     "BlockMatrix",
@@ -68,7 +68,7 @@ _PAIR_MASK = (torch.arange(16).unsqueeze(0) // 2 == torch.arange(8).unsqueeze(1)
 _LANE_MASK = (torch.arange(256).unsqueeze(0) % 32 // 4 == torch.arange(8).unsqueeze(1)).to(torch.int8)
 """[lane, element]: a Q6_K block's elements the one-row kernel's lane L sums (offsets 4L..4L+3 of each run of 32)."""
 _ATTENTION_VALUES = 1 << 24  # float32 values of elementwise products per attention pass (64 MB)
-_Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
+Q6_K_BYTES, _Q8_0_BYTES, _Q4_0_BYTES = 210, 34, 18
 _LANES = 8
 
 
@@ -198,6 +198,10 @@ class BlockMatrix:
             acc = fma32(exact.float() * self.scale[:, block].unsqueeze(0), x_scale[:, block : block + 1], acc)
         return acc
 
+    def all_finite(self) -> bool:
+        """No NaN or infinity among the block scales (the codes are integers)."""
+        return bool(torch.isfinite(self.scale.float()).all())
+
     def step(self, x: torch.Tensor) -> torch.Tensor:
         """A decode step's rows, all at once."""
         return self(x)
@@ -215,51 +219,47 @@ def _f16(raw: torch.Tensor) -> torch.Tensor:
     return raw.contiguous().view(torch.float16).float().squeeze(-1).contiguous()
 
 
-def block_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False, native: bool = True
-) -> BlockMatrix | NativeBlockMatrix | None:
-    """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows), or None for a type not emulated here.
-    `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the embeddings' it
-    does not). `native`: on the C kernels where they build (`c_kernels`), else the torch emulation."""
-    kernels = native_kernels() if native else None
-    if qtype == gguf.GGMLQuantizationType.Q6_K and kernels is not None:
-        return _native_q6_k(kernels, raw, out_features, base_layer)
+Q0Kind = Literal["q4_0", "q8_0"]
+
+
+def q0_codes(raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int) -> tuple[Q0Kind, torch.Tensor, torch.Tensor] | None:
+    """A Q4_0 or Q8_0 matrix's kind, signed codes int8 [out, blocks, 32] and block scales float32 [out, blocks] from
+    its bytes `raw`; None for another type."""
+    if qtype not in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
+        return None
     data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
-    if qtype in (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0):
-        if qtype == gguf.GGMLQuantizationType.Q8_0:
-            blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
-            codes = blocks[:, :, 2:].contiguous().view(torch.int8)
-            kind: Literal["q4_0", "q8_0"] = "q8_0"
-        else:
-            blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
-            packed = blocks[:, :, 2:]
-            codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8) - 8  # low nibbles first
-            kind = "q4_0"
-        repacked = kind == "q4_0" and base_layer and out_features % 8 == 0
-        if kernels is not None:
-            return group_by_eights(NativeBlockMatrix(kind, codes.contiguous(), _f16(blocks[:, :, :2]), None, repacked, kernels))
-        return BlockMatrix(kind, _q0_lanes(codes.float()), _f16(blocks[:, :, :2]), None, repacked)
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        blocks = data.reshape(out_features, -1, _Q8_0_BYTES)
+        return "q8_0", blocks[:, :, 2:].contiguous().view(torch.int8), _f16(blocks[:, :, :2])
+    blocks = data.reshape(out_features, -1, _Q4_0_BYTES)
+    packed = blocks[:, :, 2:]
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).to(torch.int8) - 8  # low nibbles first
+    return "q4_0", codes.contiguous(), _f16(blocks[:, :, :2])
+
+
+def repacked_by_llamacpp(kind: str, base_layer: bool, out_features: int) -> bool:
+    """Whether llama.cpp repacks this matrix for its x86 kernels (`BlockMatrix.repacked`)."""
+    return kind == "q4_0" and base_layer and out_features % 8 == 0
+
+
+def block_matrix(raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool = False) -> BlockMatrix | None:
+    """The codes of a GGUF matrix (its bytes `raw`, `out_features` rows) for the torch emulation, or None for a type
+    not emulated here. `base_layer`: a base model's layer weight, which llama.cpp may repack (an adapter's or the
+    embeddings' it does not). `native_blocks.native_block_matrix` keeps them for the C kernels."""
+    q0 = q0_codes(raw, qtype, out_features)
+    if q0 is not None:
+        kind, codes, scale = q0
+        return BlockMatrix(kind, _q0_lanes(codes.float()), scale, None, repacked_by_llamacpp(kind, base_layer, out_features))
     if qtype == gguf.GGMLQuantizationType.Q6_K:
-        blocks = data.reshape(out_features, -1, _Q6_K_BYTES)
+        data = torch.as_tensor(np.array(raw, dtype=np.uint8).reshape(out_features, -1))
+        blocks = data.reshape(out_features, -1, Q6_K_BYTES)
         n_blocks = blocks.shape[1]
-        signed, sub_scales, d = q6_k_parts(blocks.reshape(-1, _Q6_K_BYTES))
+        signed, sub_scales, d = q6_k_parts(blocks.reshape(-1, Q6_K_BYTES))
         scale = d.reshape(out_features, n_blocks)
         unsigned = signed.to(torch.int16).reshape(out_features, n_blocks, 256) + 32  # 0..63, as the kernels read them
         sub = sub_scales.reshape(out_features, n_blocks, 16)
         return BlockMatrix("q6_k", _split_weighted(unsigned, sub), scale, sub.to(torch.float32).permute(1, 2, 0).contiguous())
     return None
-
-
-def _native_q6_k(kernels: NativeKernels, raw: npt.NDArray[np.uint8], out_features: int, base_layer: bool) -> NativeBlockMatrix:
-    """A Q6_K matrix unpacked by the C kernels straight from the file's bytes (its map is only read)."""
-    data = np.ascontiguousarray(raw, dtype=np.uint8)
-    n_blocks = data.size // _Q6_K_BYTES // out_features
-    codes = torch.empty((out_features, n_blocks, 192), dtype=torch.uint8)
-    sub = torch.empty((out_features, n_blocks, 16), dtype=torch.int8)
-    scale = torch.empty((out_features, n_blocks), dtype=torch.float32)
-    kernels.unpack_q6_k(data.ctypes.data, out_features * n_blocks, codes.data_ptr(), sub.data_ptr(), scale.data_ptr())
-    amx = base_layer and kernels.amx and out_features % 16 == 0
-    return NativeBlockMatrix("q6_k", codes, scale, sub, False, kernels, amx=amx)
 
 
 def _split_weighted(unsigned: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
@@ -325,18 +325,28 @@ def ggml_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, e
     return centered * scale * weight + bias
 
 
-def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float, kernels: NativeKernels | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
-    `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
-    correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded. With
-    `kernels`, the products and calls run in C (the same library's functions), ~100x faster than one call at a time."""
+def _rope_step(libm: Libm | None, head_dim: int, base: float) -> torch.Tensor:
+    """`s = powf(base, -2/D)`, the C library's (correctly rounded from float64 where none loads)."""
+    if libm is None:
+        return torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
+    return f32(libm.powf(base, -2.0 / head_dim))
+
+
+def native_rope_table_for(kernels: NativeKernels, positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ggml_rope_table` with the products and calls in C (the same library's functions), ~100x faster than one
+    call at a time; in torch where the C library cannot be loaded."""
     libm = c_math()
     if libm is None:
-        step = torch.pow(torch.tensor(base, dtype=torch.float64), -2.0 / head_dim).float()
-    else:
-        step = f32(libm.powf(base, -2.0 / head_dim))
-    if libm is not None and kernels is not None:
-        return native_rope_table(kernels, positions, head_dim // 2, float(step))
+        return ggml_rope_table(positions, head_dim, base)
+    return native_rope_table(kernels, positions, head_dim // 2, float(_rope_step(libm, head_dim, base)))
+
+
+def ggml_rope_table(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D/2] as `ggml_rope_cache_init`: angle `p * s**i` by repeated float32 products with
+    `s = powf(base, -2/D)`, then `cosf`/`sinf`: the C library's own (llama.cpp calls them; glibc's differ from the
+    correctly rounded values on ~1.5% of angles), or correctly rounded from float64 where none can be loaded."""
+    libm = c_math()
+    step = _rope_step(libm, head_dim, base)
     theta = positions.to(torch.float32).unsqueeze(1)
     angles = [theta]
     for _ in range(head_dim // 2 - 1):
@@ -512,7 +522,7 @@ def ggml_silu_mul(gate: torch.Tensor, up: torch.Tensor, width: int = 16) -> torc
 
 
 @functools.cache
-def _gelu_table() -> torch.Tensor:
+def ggml_gelu_table() -> torch.Tensor:
     """`ggml_table_gelu_f16`: the tanh GELU of every f16 value (float32 steps, `tanhf` from float64), as f16. GCC
     contracts `1 + a*x*x` into one FMA (its default for C): one entry of the 65536 depends on it."""
     values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
@@ -521,11 +531,9 @@ def _gelu_table() -> torch.Tensor:
     return (0.5 * values * (1.0 + torch.tanh(inner.double()).float())).half().float()
 
 
-def ggml_gelu(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
-    """`ggml_gelu` (GGML_GELU_FP16): 0 at or below -10, x at or above 10, else the table's value at x's f16; in C
-    with `kernels`."""
-    if kernels is not None:
-        return native_gelu(kernels, x, _gelu_table())
+def ggml_gelu(x: torch.Tensor) -> torch.Tensor:
+    """`ggml_gelu` (GGML_GELU_FP16): 0 at or below -10, x at or above 10, else the table's value at x's f16
+    (`native_gelu(kernels, x, ggml_gelu_table())` in C)."""
     index = x.half().view(torch.int16).int() & 0xFFFF  # int32 indices, the where in place: 2.4x the int64 gather's speed
-    looked_up = _gelu_table().index_select(0, index.view(-1)).view(x.shape)
+    looked_up = ggml_gelu_table().index_select(0, index.view(-1)).view(x.shape)
     return torch.where(x >= 10.0, x, looked_up).masked_fill_(x <= -10.0, 0.0)

@@ -19,9 +19,7 @@ import functools
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -35,24 +33,19 @@ from .interface import (
     FlashTiledCall,
     GatedDeltaNetCall,
     GeluCall,
-    Kernel,
     LibmOp,
     NativeKernels,
-    Out,
     RmsNormCall,
     SwigluCall,
-    threads_for,
 )
 
 __all__ = [
+    "pointer",
     "STEP_TABLE_COLUMNS",
     "TILED_MIN_ROWS",
     "LibmOp",
-    "NativeBlockMatrix",
     "NativeKernels",
-    "group_by_eights",
     "int8_mm",
-    "join_blocks",
     "native_attention",
     "native_attention_step",
     "native_expf",
@@ -114,7 +107,7 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     return product
 
 
-def _ptr(tensor: torch.Tensor) -> int:
+def pointer(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
 
@@ -136,12 +129,12 @@ def native_attention(
     scale = _attention_scale(dim)
     out = torch.empty((n, heads * dim), dtype=torch.float32)
     call = AttentionCall(
-        q=_ptr(q),
-        prefix_keys=_ptr(prefix_keys),
-        prefix_values=_ptr(prefix_values),
-        keys=_ptr(keys),
-        values=_ptr(values),
-        out=_ptr(out),
+        q=pointer(q),
+        prefix_keys=pointer(prefix_keys),
+        prefix_values=pointer(prefix_values),
+        keys=pointer(keys),
+        values=pointer(values),
+        out=pointer(out),
         prefix_length=prefix_length,
         prefix_head_stride=prefix_keys.stride(0),
         own_length=own,
@@ -180,11 +173,11 @@ def native_attention_step(
     out = torch.empty((n, heads * dim), dtype=torch.float32)
     kv_heads = k.shape[1]
     call = AttentionStepCall(
-        q=_ptr(q),
-        table=_ptr(table),
-        out=_ptr(out),
-        k=_ptr(k),
-        v=_ptr(v),
+        q=pointer(q),
+        table=pointer(table),
+        out=pointer(out),
+        k=pointer(k),
+        v=pointer(v),
         rows=n,
         heads=heads,
         kv_heads=kv_heads,
@@ -208,7 +201,7 @@ def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Te
     """`blocks.ggml_expf` in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
-    kernels.expf(_ptr(x), _ptr(y), x.numel(), width)
+    kernels.expf(pointer(x), pointer(y), x.numel(), width)
     return y
 
 
@@ -216,7 +209,7 @@ def native_libm(kernels: NativeKernels, function: LibmOp, x: torch.Tensor) -> to
     """`function` of every value of x, in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
-    kernels.libm(function, _ptr(x), _ptr(y), x.numel())
+    kernels.libm(function, pointer(x), pointer(y), x.numel())
     return y
 
 
@@ -227,7 +220,7 @@ def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.
     channels, taps = kernel.shape
     steps = window.shape[1] - taps + 1
     out = torch.empty((steps, channels), dtype=torch.float32)
-    kernels.ssm_conv(_ptr(window), _ptr(kernel), _ptr(out), channels, taps, steps, rounded)
+    kernels.ssm_conv(pointer(window), pointer(kernel), pointer(out), channels, taps, steps, rounded)
     return out
 
 
@@ -239,7 +232,15 @@ def native_gated_delta_net(
     columns = state.float().transpose(1, 2).contiguous()  # ggml's layout, updated in place
     steps, heads, size = v.shape
     out = torch.empty_like(v)
-    pointers = {"q": _ptr(q), "k": _ptr(k), "v": _ptr(v), "g": _ptr(g), "beta": _ptr(beta), "state": _ptr(columns), "out": _ptr(out)}
+    pointers = {
+        "q": pointer(q),
+        "k": pointer(k),
+        "v": pointer(v),
+        "g": pointer(g),
+        "beta": pointer(beta),
+        "state": pointer(columns),
+        "out": pointer(out),
+    }
     call = GatedDeltaNetCall(**pointers, steps=steps, heads=heads, size=size, width=width)
     kernels.run(call, heads, steps * heads * size * size * 4)
     return out, columns.transpose(1, 2).contiguous()
@@ -264,12 +265,12 @@ def native_flash_online(
     accumulated = torch.empty_like(q)
     high, total = torch.empty((n, heads), dtype=torch.float32), torch.empty((n, heads), dtype=torch.float32)
     call = FlashOnlineCall(
-        q=_ptr(q),
-        keys=_ptr(keys),
-        values=_ptr(values),
-        accumulated=_ptr(accumulated),
-        high=_ptr(high),
-        total=_ptr(total),
+        q=pointer(q),
+        keys=pointer(keys),
+        values=pointer(values),
+        accumulated=pointer(accumulated),
+        high=pointer(high),
+        total=pointer(total),
         head_stride=stride,
         rows=n,
         heads=heads,
@@ -291,10 +292,10 @@ def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tens
     n, heads, dim = q.shape
     out = torch.empty_like(q)
     call = FlashTiledCall(
-        q=_ptr(q),
-        keys=_ptr(keys),
-        values=_ptr(values),
-        out=_ptr(out),
+        q=pointer(q),
+        keys=pointer(keys),
+        values=pointer(values),
+        out=pointer(out),
         head_stride=_cache_views(keys, values),
         rows=n,
         heads=heads,
@@ -324,7 +325,7 @@ def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tenso
     else:
         x, per, stride = x.float().contiguous(), 1, n
     weight = weight.float().contiguous()
-    call = RmsNormCall(_ptr(x), _ptr(weight), _ptr(y), stride=stride, per_row=per, n=n, eps=eps)
+    call = RmsNormCall(pointer(x), pointer(weight), pointer(y), stride=stride, per_row=per, n=n, eps=eps)
     kernels.run(call, y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
@@ -334,7 +335,7 @@ def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin:
     x = x.float().contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     y = torch.empty_like(x)
-    kernels.rope_neox(_ptr(x), _ptr(cos), _ptr(sin), _ptr(y), x.shape[0], x.shape[1], x.shape[2])
+    kernels.rope_neox(pointer(x), pointer(cos), pointer(sin), pointer(y), x.shape[0], x.shape[1], x.shape[2])
     return y
 
 
@@ -344,7 +345,7 @@ def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int
     points = positions.to(torch.float32).contiguous()
     cos = torch.empty((points.shape[0], 1, half), dtype=torch.float32)
     sin = torch.empty_like(cos)
-    kernels.rope_table(_ptr(points), points.shape[0], half, step, _ptr(cos), _ptr(sin))
+    kernels.rope_table(pointer(points), points.shape[0], half, step, pointer(cos), pointer(sin))
     return cos.to(positions.device), sin.to(positions.device)
 
 
@@ -359,7 +360,7 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
         stride = gate.stride(0)
     else:
         gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
-    kernels.run(SwigluCall(_ptr(gate), _ptr(up), _ptr(y), stride=stride, n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    kernels.run(SwigluCall(pointer(gate), pointer(up), pointer(y), stride=stride, n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 
@@ -369,159 +370,5 @@ def native_gelu(kernels: NativeKernels, x: torch.Tensor, table: torch.Tensor) ->
     x = x.float().contiguous()
     y = torch.empty_like(x)
     if y.numel():
-        kernels.run(GeluCall(_ptr(x), _ptr(table), _ptr(y)), y.numel(), y.numel() * _ELEMENTWISE_WORK)
+        kernels.run(GeluCall(pointer(x), pointer(table), pointer(y)), y.numel(), y.numel() * _ELEMENTWISE_WORK)
     return y
-
-
-@dataclass
-class NativeBlockMatrix:
-    """A quantized `[out, in]` GGUF matrix kept as its codes, multiplied by the C kernels as llama.cpp does."""
-
-    kind: Literal["q4_0", "q8_0", "q6_k"]
-    codes: torch.Tensor
-    """Q6_K: the blocks' codes as stored (low nibbles, then high bit pairs), uint8 [out, blocks, 192]; Q4_0/Q8_0:
-    signed codes int8 [out, blocks, 32], or `grouped` by eight outputs."""
-    scale: torch.Tensor
-    """Per block f16 scale as float32, [out, blocks] (`grouped`: as float16, [out / 8, blocks, 8])."""
-    sub_scales: torch.Tensor | None
-    """Q6_K: int8 sub-block scales [out, blocks, 16]."""
-    repacked: bool = False
-    """A Q4_0 base weight llama.cpp repacks (see `blocks.BlockMatrix.repacked`)."""
-    kernels: NativeKernels | None = None
-    amx: bool = False
-    """A Q6_K base matrix whose tiled products run on AMX tiles (CPUs with AMX, outputs a multiple of 16): one C call
-    makes each block's weights into tiles from the codes. Elsewhere the tiled kernel reads the codes too (AVX-512
-    VNNI or AVX2): no second copy of the weights is kept."""
-    grouped: bool = False
-    """Q4_0/Q8_0 codes and scales grouped by eight outputs for the `q0_eights` kernels (made by `group_by_eights`):
-    Q8_0 codes int8 [out / 8, blocks, 8 lanes, 8 outputs, 4]; Q4_0 codes + 8 as nibbles, uint8 [out / 8, blocks, 4, 32],
-    lane 2p in the low and lane 2p + 1 in the high nibbles of row p (the file's 0.5 bytes a weight)."""
-    _scales_by_block: torch.Tensor | None = field(default=None, init=False, repr=False)
-
-    @property
-    def out_features(self) -> int:
-        """Output width."""
-        return int(self.codes.shape[0]) * (8 if self.grouped else 1)
-
-    def part(self, first: int, count: int) -> NativeBlockMatrix:
-        """Outputs [first, first + count) as views of this matrix's tensors (a grouped one in whole groups of eight)."""
-        if self.grouped:
-            if first % 8 or count % 8:
-                raise ValueError(f"a grouped matrix's part starts and ends at a multiple of 8, not at {first} and {first + count}")
-            first, count = first // 8, count // 8
-        sub = None if self.sub_scales is None else self.sub_scales[first : first + count]
-        return NativeBlockMatrix(
-            self.kind, self.codes[first : first + count], self.scale[first : first + count], sub, self.repacked, self.kernels, self.amx, self.grouped
-        )
-
-    def _scale_t(self) -> torch.Tensor:
-        """The block scales as [blocks, out], for the tiled epilogue's vectors over outputs."""
-        if self._scales_by_block is None:
-            self._scales_by_block = self.scale.t().contiguous()
-        return self._scales_by_block
-
-    def _kernels(self) -> NativeKernels:
-        if self.kernels is None:
-            raise RuntimeError("a NativeBlockMatrix needs its kernels")
-        return self.kernels
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
-        return self._product(x, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
-        return self._product(x, tiled=False)
-
-    def step(self, x: torch.Tensor) -> torch.Tensor:
-        """A decode step's rows, all at once."""
-        return self(x)
-
-    def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
-        """`y += alpha * self(x)`, the product and the scaling rounded apart."""
-        self._accumulate(y, x, alpha, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
-
-    def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
-        """`y += alpha * self.rows(x)`, the product and the scaling rounded apart."""
-        self._accumulate(y, x, alpha, tiled=False)
-
-    def _accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float, tiled: bool) -> None:
-        if tiled and self.amx or y.dtype != torch.float32 or y.stride(-1) != 1:
-            y += self._product(x, tiled) * torch.tensor(alpha, dtype=torch.float32)
-            return
-        self._product(x, tiled, into=y, alpha=alpha)
-
-    def _product(self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
-        """The product, or (`into`) `into += product * alpha` in place, the product and the scaling rounded apart."""
-        kernels = self._kernels()
-        x = x.float().contiguous()
-        rows, width = x.shape
-        out = self.out_features
-        if tiled and self.amx:
-            return self._tiled_amx(kernels, x)
-        y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
-        sub = self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: the grouped kernels' scales
-        if self.kind == "q6_k":
-            kernel = Kernel.Q6_K_TILED if tiled else Kernel.Q6_K_ROWS
-        elif self.repacked:
-            kernel = Kernel.Q4_0_REPACKED
-        elif self.grouped:
-            kernel = Kernel.Q4_0_EIGHTS if self.kind == "q4_0" else Kernel.Q0_EIGHTS
-        else:
-            kernel = Kernel.Q0_ROWS
-        target = Out(y.data_ptr(), y.stride(0), into is not None, alpha)
-        kernels.block_product(kernel, _ptr(x), rows, width, _ptr(self.codes), _ptr(sub), _ptr(self.scale), out, target, rows * out * width)
-        return y
-
-    def _tiled_amx(self, kernels: NativeKernels, x: torch.Tensor) -> torch.Tensor:
-        """The tiled Q6_K kernel in one C call on AMX tiles (`amx`)."""
-        rows, width = x.shape
-        out = self.out_features
-        y = torch.empty((rows, out), dtype=torch.float32)
-        assert self.sub_scales is not None
-        kernels.q6_k_amx_product(
-            _ptr(x),
-            rows,
-            width,
-            _ptr(self.codes),
-            _ptr(self.sub_scales),
-            _ptr(self._scale_t()),
-            out,
-            _ptr(y),
-            threads_for(out // 16, rows * out * width),
-        )
-        return y
-
-
-def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
-    """Matrices that read the same input joined by output rows, or None where their kinds or widths differ. Exact:
-    every kernel here computes each output on its own, so a joined product equals its parts side by side."""
-    first = parts[0]
-    alike = all(
-        part.kind == first.kind
-        and part.repacked == first.repacked
-        and part.codes.shape[1:] == first.codes.shape[1:]
-        and (part.sub_scales is None) == (first.sub_scales is None)
-        and part.amx == first.amx
-        and part.grouped == first.grouped
-        for part in parts
-    )
-    if not alike:
-        return None
-    sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
-    codes, scale = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
-    return NativeBlockMatrix(first.kind, codes, scale, sub, first.repacked, first.kernels, first.amx, first.grouped)
-
-
-def group_by_eights(matrix: NativeBlockMatrix) -> NativeBlockMatrix:
-    """A Q4_0/Q8_0 matrix (not repacked, outputs a multiple of 8) grouped for the `q0_eights` kernels, in place of its
-    rows (one copy of the codes, never both); others as they are."""
-    out, blocks = matrix.codes.shape[0], matrix.codes.shape[1]
-    if matrix.kind == "q6_k" or matrix.repacked or matrix.grouped or out % 8 != 0:
-        return matrix
-    codes = matrix.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()  # [g, b, lane, output, 4]
-    if matrix.kind == "q4_0":
-        nibbles = (codes + 8).to(torch.uint8).reshape(out // 8, blocks, 4, 2, 32)
-        codes = nibbles[:, :, :, 0] | (nibbles[:, :, :, 1] << 4)
-    scale = matrix.scale.reshape(out // 8, 8, blocks).transpose(1, 2).to(torch.float16).contiguous()  # the file's f16: exact
-    return NativeBlockMatrix(matrix.kind, codes, scale, None, False, matrix.kernels, False, True)

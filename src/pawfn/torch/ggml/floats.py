@@ -81,11 +81,10 @@ class NativeFloatMatrix:
 
 
 def float_matrix(
-    raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, width: int, kernels: NativeKernels | None
+    kernels: NativeKernels, raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, width: int
 ) -> NativeFloatMatrix | None:
-    """A GGUF F32 or F16 matrix (its bytes `raw`, `out_features` rows) on the C kernels, or None for another type or
-    where the kernels are not built."""
-    if kernels is None or qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+    """A GGUF F32 or F16 matrix (its bytes `raw`, `out_features` rows) on the C `kernels`, or None for another type."""
+    if qtype not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
         return None
     data = np.ascontiguousarray(raw).view(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.int16)
     weight = torch.as_tensor(data.reshape(out_features, -1).copy())

@@ -1,6 +1,6 @@
 """llama.cpp's CPU arithmetic for Qwen3.5's own operations, in torch: `numerics="llamacpp"` on the qwen35 family.
-Each function takes the C kernels (`c_kernels`), which compute the same numbers faster, where they build; the
-torch code is the reference and the fallback. The AVX-512 paths were checked against llama.cpp here; the AVX2 ones
+Each `ggml_*` function is the torch reference (and the fallback where the C kernels do not build); each `native_*`
+one computes the same numbers on the C kernels (`c_kernels`). The AVX-512 paths were checked against llama.cpp here; the AVX2 ones
 (`width` 8) are written from the same sources.
 
 Read from ggml's CPU sources and the compiled library (llama-cpp-python 0.3.36, x86 with AVX2 or AVX-512), for what
@@ -31,16 +31,7 @@ from collections.abc import Callable
 import torch
 
 from .blocks import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
-from .c_kernels import (
-    LibmOp,
-    NativeKernels,
-    native_expf,
-    native_flash_online,
-    native_flash_tiled,
-    native_gated_delta_net,
-    native_libm,
-    native_ssm_conv,
-)
+from .c_kernels import LibmOp, NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_libm, native_ssm_conv
 
 __all__ = [
     "ggml_dot_f32",
@@ -53,6 +44,10 @@ __all__ = [
     "ggml_softplus",
     "ggml_ssm_conv",
     "libm_expf",
+    "native_flash_attention",
+    "native_silu",
+    "native_ssm_conv_for",
+    "rounded_taps",
 ]
 
 FA_TILE = 64
@@ -61,10 +56,8 @@ SPLIT_KV_CELLS = 512
 """Cache cells from which a one-row batch's flash attention is split across threads."""
 
 
-def _elementwise(name: Literal["expf", "logf"], x: torch.Tensor, kernels: NativeKernels | None) -> torch.Tensor:
+def _elementwise(name: Literal["expf", "logf"], x: torch.Tensor) -> torch.Tensor:
     """The C library's float32 function `name` on every value (from float64 where none loads)."""
-    if kernels is not None:
-        return native_libm(kernels, LibmOp.EXPF if name == "expf" else LibmOp.LOGF, x)
     library = c_math()
     if library is None:
         wide = x.double()
@@ -74,45 +67,61 @@ def _elementwise(name: Literal["expf", "logf"], x: torch.Tensor, kernels: Native
     return torch.tensor(values, dtype=torch.float32).reshape(x.shape).to(x.device)
 
 
-def libm_expf(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
+def libm_expf(x: torch.Tensor) -> torch.Tensor:
     """`expf` of every value, as llama.cpp's scalar code calls it."""
-    return _elementwise("expf", x, kernels)
+    return _elementwise("expf", x)
 
 
-def ggml_silu(x: torch.Tensor, width: int = 16, kernels: NativeKernels | None = None) -> torch.Tensor:
-    """`ggml_vec_silu_f32` along the last axis: whole vectors of `width` lanes by `ggml_v_silu`, the rest by `expf`."""
+Expf = Callable[[torch.Tensor], torch.Tensor]
+"""`expf` of every value: `libm_expf`, or the C library's in C (`native_libm`)."""
+
+
+def _silu(x: torch.Tensor, width: int, vector_expf: Expf, scalar_expf: Expf) -> torch.Tensor:
     n = x.shape[-1]
     whole = n - n % width
-    head = x[..., :whole]
-    exp = ggml_expf(-head, width) if kernels is None else native_expf(kernels, -head, width)
-    head = torch.div(head, 1.0 + exp)
+    head = torch.div(x[..., :whole], 1.0 + vector_expf(-x[..., :whole]))
     if whole == n:
         return head
     tail = x[..., whole:]
-    return torch.cat((head, torch.div(tail, 1.0 + libm_expf(-tail, kernels))), dim=-1)
+    return torch.cat((head, torch.div(tail, 1.0 + scalar_expf(-tail))), dim=-1)
 
 
-def ggml_sigmoid(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
-    """`ggml_sigmoid`: `1 / (1 + expf(-x))` per value."""
-    if kernels is not None:
-        return native_libm(kernels, LibmOp.SIGMOID, x)
+def ggml_silu(x: torch.Tensor, width: int = 16) -> torch.Tensor:
+    """`ggml_vec_silu_f32` along the last axis: whole vectors of `width` lanes by `ggml_v_silu`, the rest by `expf`."""
+    return _silu(x, width, functools.partial(ggml_expf, width=width), libm_expf)
+
+
+def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml_silu` on the C kernels."""
+    return _silu(x, width, functools.partial(native_expf, kernels, width=width), functools.partial(native_libm, kernels, LibmOp.EXPF))
+
+
+def ggml_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """`ggml_sigmoid`: `1 / (1 + expf(-x))` per value (`native_libm(kernels, LibmOp.SIGMOID, x)` in C)."""
     return torch.div(f32(1.0), 1.0 + libm_expf(-x))
 
 
-def ggml_softplus(x: torch.Tensor, kernels: NativeKernels | None = None) -> torch.Tensor:
-    """`ggml_softplus`: `logf(1 + expf(x))`, or x above 20."""
-    if kernels is not None:
-        return native_libm(kernels, LibmOp.SOFTPLUS, x)
-    return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0)), None))
+def ggml_softplus(x: torch.Tensor) -> torch.Tensor:
+    """`ggml_softplus`: `logf(1 + expf(x))`, or x above 20 (`native_libm(kernels, LibmOp.SOFTPLUS, x)` in C)."""
+    return torch.where(x > 20.0, x, _elementwise("logf", 1.0 + libm_expf(torch.clamp(x, max=20.0))))
 
 
-def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, width: int, kernels: NativeKernels | None = None) -> torch.Tensor:
+def rounded_taps(taps: int, width: int) -> int:
+    """How many of a convolution's `taps` products llama.cpp's build for `width` lanes rounds before adding (the
+    module docstring): the rest are fused."""
+    return taps - taps % 4 if width == 8 else 0
+
+
+def native_ssm_conv_for(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml_ssm_conv` on the C kernels."""
+    return native_ssm_conv(kernels, window, kernel, rounded_taps(kernel.shape[1], width))
+
+
+def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:
     """`ggml_ssm_conv`: the causal convolution of `window` [channels, K - 1 + T] with `kernel` [channels, K], [T,
     channels], as llama.cpp's build for `width` float32 lanes sums each output's K products (module docstring)."""
     taps_count = kernel.shape[1]
-    rounded = taps_count - taps_count % 4 if width == 8 else 0
-    if kernels is not None:
-        return native_ssm_conv(kernels, window, kernel, rounded)
+    rounded = rounded_taps(taps_count, width)
     windows = window.unfold(1, taps_count, 1)  # [channels, T, K]
     taps = kernel.unsqueeze(1).expand_as(windows)
     total = torch.zeros_like(windows[..., 0])
@@ -154,20 +163,11 @@ def ggml_dot_f32(a: torch.Tensor, b: torch.Tensor, width: int = 16) -> torch.Ten
 
 
 def ggml_gated_delta_net(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    width: int = 16,
-    kernels: NativeKernels | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, width: int = 16
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """llama.cpp's fused `GATED_DELTA_NET` on one sequence: q, k [T, heads, S] (normed, one per value head), v [T,
     heads, S], the log decay g and beta [T, heads], the state [heads, key, value]. Returns the outputs [T, heads, S]
-    (scaled by `1/sqrtf(S)`) and the new state. On `kernels` (the C kernels) where given."""
-    if kernels is not None:
-        return native_gated_delta_net(kernels, q, k, v, g, beta, state, width)
+    (scaled by `1/sqrtf(S)`) and the new state (`native_gated_delta_net` in C)."""
     size = v.shape[-1]
     scale = torch.div(f32(1.0), sqrtf(f32(float(size))))
     columns = state.transpose(1, 2).contiguous()  # [heads, value j, key i]: ggml keeps the state transposed
@@ -182,14 +182,18 @@ def ggml_gated_delta_net(
     return torch.stack(outputs), columns.transpose(1, 2).contiguous()
 
 
+RopeTable = Callable[[torch.Tensor, int, float], tuple[torch.Tensor, torch.Tensor]]
+"""cos and sin of positions [T] for a head size and a base: `ggml_rope_table`, or its C twin."""
+
+
 def ggml_mrope_table(
-    positions: torch.Tensor, rotated: int, base: float, pair_sections: list[int], kernels: NativeKernels | None = None
+    positions: torch.Tensor, rotated: int, base: float, pair_sections: list[int], table: RopeTable = ggml_rope_table
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [T, 1, rotated/2] of M-RoPE positions [T, 4] as `ggml_mrope_cache_init`: each section's angle
-    advances by its own repeated float32 products from its position, and each pair takes its section's (the tables
-    in C with `kernels`)."""
+    advances by its own repeated float32 products from its position, and each pair takes its section's (each
+    section's `table`)."""
     used = sorted(set(pair_sections))  # a section no pair turns with needs no table (each costs cosf/sinf calls)
-    tables = [ggml_rope_table(positions[:, section], rotated, base, kernels) for section in used]
+    tables = [table(positions[:, section], rotated, base) for section in used]
     index = torch.tensor([used.index(section) for section in pair_sections], device=positions.device)
     cos = torch.stack([cos for cos, _ in tables], dim=-1)  # [T, 1, pairs, sections]
     sin = torch.stack([sin for _, sin in tables], dim=-1)
@@ -198,36 +202,40 @@ def ggml_mrope_table(
 
 
 def ggml_flash_attention(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    batch_rows: int,
-    cells: int,
-    threads: int,
-    width: int = 16,
-    kernels: NativeKernels | None = None,
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch_rows: int, cells: int, threads: int, width: int = 16
 ) -> torch.Tensor:
     """llama.cpp's CPU flash attention on its f16 cache: q [n, H, D] float32, the last n of the L positions of
     `keys`/`values` [KV, L, D] (causal), from a batch of `batch_rows` rows over a cache view of `cells` cells, on
-    `threads` threads. On `kernels` (the C kernels) where given. Returns [n, H * D]."""
+    `threads` threads. Returns [n, H * D]."""
     n, heads, dim = q.shape
     scale = torch.div(f32(1.0), sqrtf(f32(float(dim))))
     positions = torch.arange(keys.shape[1] - n, keys.shape[1], device=q.device)
-    if kernels is not None and batch_rows >= FA_TILE:
-        return native_flash_tiled(kernels, q, keys, values, float(scale), width).reshape(n, heads * dim)
-    online: _Online
-    if kernels is not None:
-        online = functools.partial(native_flash_online, kernels, q, keys, values, scale=float(scale), width=width)
-    else:
-        shared = torch.arange(heads, device=q.device) // (heads // keys.shape[0])
-        k, v = keys[shared], values[shared]  # [H, L, D] f16
-        if batch_rows >= FA_TILE:
-            return _tiled(q, k, v, positions, scale, width).reshape(n, heads * dim)
-        online = functools.partial(_online, q, k, v, positions, scale, width=width)
+    shared = torch.arange(heads, device=q.device) // (heads // keys.shape[0])
+    k, v = keys[shared], values[shared]  # [H, L, D] f16
+    if batch_rows >= FA_TILE:
+        return _tiled(q, k, v, positions, scale, width).reshape(n, heads * dim)
+    return _in_chunks(functools.partial(_online, q, k, v, positions, scale, width=width), q, keys.shape[1], batch_rows, cells, threads)
+
+
+def native_flash_attention(
+    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, batch_rows: int, cells: int, threads: int, width: int
+) -> torch.Tensor:
+    """`ggml_flash_attention` on the C kernels."""
+    n, heads, dim = q.shape
+    scale = float(torch.div(f32(1.0), sqrtf(f32(float(dim)))))
+    if batch_rows >= FA_TILE:
+        return native_flash_tiled(kernels, q, keys, values, scale, width).reshape(n, heads * dim)
+    online = functools.partial(native_flash_online, kernels, q, keys, values, scale=scale, width=width)
+    return _in_chunks(online, q, keys.shape[1], batch_rows, cells, threads)
+
+
+def _in_chunks(online: _Online, q: torch.Tensor, length: int, batch_rows: int, cells: int, threads: int) -> torch.Tensor:
+    """The one-chunk kernel over all `length` cells, or a lone row over many cells split across the threads."""
+    n, heads, dim = q.shape
     if batch_rows == 1 and n == 1 and cells >= SPLIT_KV_CELLS:
         out = _split(online, q, cells, threads)
     else:
-        vkq, _, total = online(0, keys.shape[1])
+        vkq, _, total = online(0, length)
         out = _normalized(vkq, total)
     return out.reshape(n, heads * dim)
 

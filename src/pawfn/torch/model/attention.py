@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -12,12 +14,19 @@ from ..ggml.hybrid import ggml_flash_attention
 from ..ggml.c_kernels import STEP_TABLE_COLUMNS, NativeKernels, native_attention, native_attention_step
 from .kvcache import KVCache
 
+SharedKV = tuple[torch.Tensor, torch.Tensor]
+"""A program's prefix keys and values [KV, P, D] in one layer."""
+FlashAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int], torch.Tensor]
+"""`ggml_flash_attention(q, keys, values, batch_rows, cells, threads, width)`, or its C twin."""
+
 __all__ = [
+    "FlashAttention",
     "LLAMACPP_BATCH",
     "StepSlots",
     "attend",
     "attend_batched",
     "attend_llamacpp",
+    "attend_llamacpp_native",
     "attend_llamacpp_step",
     "attend_llamacpp_flash",
     "llamacpp_batches",
@@ -67,17 +76,26 @@ def attend_batched(
     return out.reshape(n, arch.n_heads * arch.head_dim)
 
 
-def attend_llamacpp(
-    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels | None
-) -> torch.Tensor:
-    """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes, on the C `kernels` where
-    given); the prefix's KV joins the cache's."""
+def _stored(cache: KVCache, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, SharedKV | None]:
+    """Store k/v at `slot...` and return the cache's keys and values up to them, with the prefix's where it has one."""
     end = cache.store(layer, slot, k, v)
-    keys, values = cache.keys[layer][:, :end], cache.values[layer][:, :end]
     prefix = cache.prefix
     shared = (prefix.keys[layer], prefix.values[layer]) if prefix is not None and prefix.length else None
-    if kernels is not None:
-        return native_attention(kernels, q, shared, keys, values, width)
+    return cache.keys[layer][:, :end], cache.values[layer][:, :end], shared
+
+
+def attend_llamacpp_native(
+    cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, kernels: NativeKernels
+) -> torch.Tensor:
+    """`attend_llamacpp` on the C `kernels` (the prefix read in place)."""
+    keys, values, shared = _stored(cache, layer, slot, k, v)
+    return native_attention(kernels, q, shared, keys, values, width)
+
+
+def attend_llamacpp(cache: KVCache, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int) -> torch.Tensor:
+    """`attend` as llama.cpp computes it on its f16 cache (`ggml_attention`, `width` lanes); the prefix's KV joins
+    the cache's."""
+    keys, values, shared = _stored(cache, layer, slot, k, v)
     if shared is not None:
         keys, values = torch.cat([shared[0], keys], dim=1), torch.cat([shared[1], values], dim=1)
     return ggml_attention(q, keys, values, width)
@@ -156,8 +174,8 @@ def attend_llamacpp_flash(
     k: torch.Tensor,
     v: torch.Tensor,
     width: int,
-    kernels: NativeKernels | None,
     batches: list[int],
+    flash: FlashAttention = ggml_flash_attention,
 ) -> torch.Tensor:
     """`attend_llamacpp` with flash attention, as the official vision runtime runs it (`ggml_flash_attention`): the
     rows in llama.cpp's `batches` (row counts, in order), each batch over the cache view llama.cpp gives it (the
@@ -172,7 +190,7 @@ def attend_llamacpp_flash(
     for rows in batches:
         stop = keys.shape[1] - q.shape[0] + first + rows
         cells = max(256, -(-stop // 256) * 256)
-        outputs.append(ggml_flash_attention(q[first : first + rows], keys[:, :stop], values[:, :stop], rows, cells, LLAMACPP_THREADS, width, kernels))
+        outputs.append(flash(q[first : first + rows], keys[:, :stop], values[:, :stop], rows, cells, LLAMACPP_THREADS, width))
         first += rows
     return torch.cat(outputs)
 

@@ -6,11 +6,13 @@ no product is told per call."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
-__all__ = ["Product"]
+__all__ = ["Product", "Storage", "StoredProduct"]
+
+Kept = TypeVar("Kept", covariant=True)
 
 
 class Product(Protocol):
@@ -34,4 +36,25 @@ class Product(Protocol):
 
     def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
         """`y += alpha * self.rows(x)` in place."""
+        ...
+
+
+class StoredProduct(Product, Protocol):
+    """A matrix kept in its GGUF file's type (F32/F16 values or quantized blocks)."""
+
+    def all_finite(self) -> bool:
+        """No NaN or infinity among its values or block scales."""
+        ...
+
+
+class Storage(Protocol[Kept]):
+    """How a loader keeps a base's matrices or a program's side paths; the arithmetic says which (`Arithmetic.keep`)."""
+
+    def floats(self) -> Kept:
+        """As float matrices, a fused group's joined (torch's arithmetic)."""
+        ...
+
+    def as_stored(self) -> Kept:
+        """Each in its file's type where the arithmetic multiplies it so (`Arithmetic.stored_matrix`), biases after
+        the side paths (llama.cpp's graph)."""
         ...

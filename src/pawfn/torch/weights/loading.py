@@ -8,9 +8,9 @@ weight `blk.N.M.weight` directly.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +23,9 @@ from ...core.options import Numerics, WeightDType
 from ...core.progress import track
 from ...formats.ggufio import GGUFFile, GGUFFormatError
 from ...formats.tokenizer import TextCodec
-from ..ggml.blocks import BlockMatrix, block_matrix
-from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
+from ..ggml.native_blocks import NativeBlockMatrix, join_blocks
 from ..ggml.dequant import RowTable
-from ..ggml.floats import NativeFloatMatrix, float_matrix
-from ..model.arithmetic import Arithmetic, LlamaCppArithmetic, Product, open_arithmetic
+from ..model.arithmetic import Arithmetic, Product, open_arithmetic
 from ..model.families import family_for
 from ..model.families.base import check_architecture
 from ..model.packed import Matrix, check_kernel, compress, concat_stored, pack, plain, stored_names
@@ -85,7 +83,7 @@ def load_device_weights(
         return "/".join(sorted({stored[1].name for name in names if (stored := weights.raw(name)) is not None}))
 
     arithmetic = open_arithmetic(numerics, weights.family, weights.architecture.head_dim, weights.source, device, dtype, weight_dtype, held)
-    _keep_matrices(arithmetic, loaded, weights, progress, store)
+    arithmetic.keep(_BaseStorage(loaded, weights, arithmetic, progress, store))
     loaded.arithmetic = arithmetic
     return loaded
 
@@ -165,25 +163,34 @@ class DeviceWeights:
         return [group for group in self.family.fused_groups(self.architecture) if all(name in self.shapes for name in group)]
 
 
-@functools.singledispatch
-def _keep_matrices(arithmetic: Arithmetic, loaded: DeviceWeights, weights: BaseWeights, progress: bool | None, store: ConvertedStore | None) -> None:
-    """Torch's arithmetic: float matrices, fused groups joined; compact on fbgemm's kernels with `weight_dtype`."""
-    fused = loaded.fusable_groups()
-    loaded.groups = {group: [loaded.shapes[name][0] for name in group] for group in fused}
-    if loaded.weight_dtype is None:
-        _load_plain(loaded, weights, fused, progress)
-    else:
-        check_kernel(loaded.weight_dtype, loaded.device, loaded.dtype)
-        _load_compact(loaded, weights, loaded.weight_dtype, fused, store, progress)
+@dataclass
+class _BaseStorage:
+    """The base's matrices kept as its arithmetic says (`Arithmetic.keep`)."""
 
+    loaded: DeviceWeights
+    weights: BaseWeights
+    arithmetic: Arithmetic
+    progress: bool | None
+    store: ConvertedStore | None
 
-@_keep_matrices.register
-def _(arithmetic: LlamaCppArithmetic, loaded: DeviceWeights, weights: BaseWeights, progress: bool | None, store: ConvertedStore | None) -> None:
-    """llama.cpp's arithmetic: each matrix as its GGUF blocks (F32/F16 in ggml's float order), biases after the side
-    paths, groups joined only where the C kernels join them exactly."""
-    _load_blocks(loaded, weights, arithmetic, progress)
-    loaded.biases_after = {name: bias for name in loaded.matrix_names if (bias := loaded.bias(name)) is not None}
-    _join_blocks(loaded, loaded.family.fused_groups(loaded.architecture))
+    def floats(self) -> None:
+        """Float matrices, fused groups joined; compact on fbgemm's kernels with `weight_dtype`."""
+        loaded = self.loaded
+        fused = loaded.fusable_groups()
+        loaded.groups = {group: [loaded.shapes[name][0] for name in group] for group in fused}
+        if loaded.weight_dtype is None:
+            _load_plain(loaded, self.weights, fused, self.progress)
+        else:
+            check_kernel(loaded.weight_dtype, loaded.device, loaded.dtype)
+            _load_compact(loaded, self.weights, loaded.weight_dtype, fused, self.store, self.progress)
+
+    def as_stored(self) -> None:
+        """Each matrix as its GGUF blocks or F32/F16 values, biases after the side paths, groups joined only where
+        the C kernels join them exactly."""
+        loaded = self.loaded
+        _load_blocks(loaded, self.weights, self.arithmetic, self.progress)
+        loaded.biases_after = {name: bias for name in loaded.matrix_names if (bias := loaded.bias(name)) is not None}
+        _join_blocks(loaded, loaded.family.fused_groups(loaded.architecture))
 
 
 def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[str, ...]], progress: bool | None) -> None:
@@ -211,7 +218,7 @@ def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[s
             loaded.matrices[name] = plain(read[name], loaded.bias(name))
 
 
-def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: LlamaCppArithmetic, progress: bool | None) -> None:
+def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithmetic, progress: bool | None) -> None:
     """Vectors and embeddings in float32; each matrix as its GGUF blocks (Q4_0, Q8_0, Q6_K) or F32/F16 values,
     read from the file's bytes, else in float32 (a folder of safetensors); biases stay vectors, added after the
     side paths as llama.cpp does. The token embeddings are decoded row by row from the file (ggml's get_rows)."""
@@ -222,29 +229,24 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: LlamaC
     if rows is not None:
         loaded.rows["token_embd.weight"] = rows
 
-    def blocks_of(name: str) -> BlockMatrix | NativeBlockMatrix | NativeFloatMatrix | None:
+    def blocks_of(name: str) -> Product | None:
         """Matrix `name` as the file stores it, its values or block scales checked (None: not a GGUF matrix)."""
         stored = weights.raw(name)
         if stored is None:
             return None
-        floats = float_matrix(stored[0], stored[1], loaded.shapes[name][0], arithmetic.width, arithmetic.kernels)
-        if floats is not None:
-            if not floats.all_finite():
-                raise non_finite(weights.source, name)
-            return floats
-        blocks = block_matrix(stored[0], stored[1], loaded.shapes[name][0], name.startswith("blk."), arithmetic.kernels is not None)
-        if blocks is not None and not bool(torch.isfinite(blocks.scale).all()):
+        matrix = arithmetic.stored_matrix(stored[0], stored[1], loaded.shapes[name][0], name.startswith("blk."))
+        if matrix is not None and not matrix.all_finite():
             raise non_finite(weights.source, name)
-        return blocks
+        return matrix
 
     def place(name: str, tensor: torch.Tensor) -> None:
         """A float32 tensor where it belongs: a matrix (its blocks where the file has them), the output matrix, or a vector."""
         if name == "token_embd.weight" and loaded.tied:
-            loaded.matrices["output.weight"] = blocks_of(name) or plain(tensor, None)
+            loaded.matrices["output.weight"] = blocks_of(name) or arithmetic.float_matrix(tensor, None)
             if name not in loaded.rows:
                 loaded.tensors[name] = tensor
         elif name in matrices:
-            loaded.matrices[name] = blocks_of(name) or plain(tensor, None)
+            loaded.matrices[name] = blocks_of(name) or arithmetic.float_matrix(tensor, None)
         elif name not in loaded.rows:
             loaded.tensors[name] = tensor
 

@@ -4,18 +4,14 @@ as the base's arithmetic multiplies them."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from ...formats.adapter import LoraAdapter, LoraHalf, check_adapter_fits
-from ..ggml.blocks import block_matrix
-from ..model.packed import GraphOrderMatrix
-from ..ggml.floats import float_matrix
-from ..ggml.c_kernels import NativeBlockMatrix, join_blocks
-from ..model.arithmetic import Arithmetic, LlamaCppArithmetic
+from ..ggml.native_blocks import NativeBlockMatrix, join_blocks
+from ..model.arithmetic import Arithmetic
 from ..model.packed import Matrix, pack, plain
 from .loading import DeviceWeights, Product
 
@@ -69,61 +65,64 @@ class DeviceAdapter:
 def attach(base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
     """Check `adapter` against `base`'s weights and move it to their device, kept as `base`'s arithmetic multiplies."""
     check_adapter_fits(adapter, base.shapes)
-    return _side_paths(base.arithmetic, base, adapter)
+    return base.arithmetic.keep(_SideStorage(base, adapter))
 
 
-@functools.singledispatch
-def _side_paths(arithmetic: Arithmetic, base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
-    """Torch's arithmetic: float matrices (`a` packed in the compact modes); a group adapted throughout keeps its `a`
-    matrices joined, and only so."""
-    pairs: dict[str, LoraWeights] = {}
-    groups: dict[tuple[str, ...], GroupLora] = {}
-    for group in base.groups:
-        if all(name in adapter.pairs for name in group):
-            joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
-            groups[group] = GroupLora(
-                a=_lora_a(base, joined),
-                ranks=[adapter.pairs[name].a.shape[0] for name in group],
-                b=tuple(plain(base.on_device(adapter.pairs[name].b), None) for name in group),
-                scales=tuple(adapter.pairs[name].scale for name in group),
-            )
-    grouped = {name for group in groups for name in group}
-    for name, pair in adapter.pairs.items():
-        if name not in grouped:
-            pairs[name] = LoraWeights(a=_lora_a(base, torch.as_tensor(pair.a)), b=plain(base.on_device(pair.b), None), scale=pair.scale)
-    return DeviceAdapter(pairs, groups)
+@dataclass
+class _SideStorage:
+    """A program's side paths kept as the base's arithmetic says (`Arithmetic.keep`)."""
+
+    base: DeviceWeights
+    adapter: LoraAdapter
+
+    def floats(self) -> DeviceAdapter:
+        """Float matrices (`a` packed in the compact modes); a group adapted throughout keeps its `a` matrices
+        joined, and only so."""
+        base, adapter = self.base, self.adapter
+        pairs: dict[str, LoraWeights] = {}
+        groups: dict[tuple[str, ...], GroupLora] = {}
+        for group in base.groups:
+            if all(name in adapter.pairs for name in group):
+                joined = torch.cat([torch.as_tensor(adapter.pairs[name].a) for name in group])
+                groups[group] = GroupLora(
+                    a=_lora_a(base, joined),
+                    ranks=[adapter.pairs[name].a.shape[0] for name in group],
+                    b=tuple(plain(base.on_device(adapter.pairs[name].b), None) for name in group),
+                    scales=tuple(adapter.pairs[name].scale for name in group),
+                )
+        grouped = {name for group in groups for name in group}
+        for name, pair in adapter.pairs.items():
+            if name not in grouped:
+                pairs[name] = LoraWeights(a=_lora_a(base, torch.as_tensor(pair.a)), b=plain(base.on_device(pair.b), None), scale=pair.scale)
+        return DeviceAdapter(pairs, groups)
+
+    def as_stored(self) -> DeviceAdapter:
+        """Each half as the file stores it; a fused group's `a` halves joined on the C kernels."""
+        base, adapter = self.base, self.adapter
+        pairs: dict[str, LoraWeights] = {}
+        for name, pair in adapter.pairs.items():
+            a, b = (_half(base.arithmetic, base, half, pair.quantized) for half in (pair.a_half, pair.b_half))
+            pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
+        groups: dict[tuple[str, ...], GroupLora] = {}
+        for group in base.groups:
+            joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
+            if joined_lora is None:
+                continue
+            groups[group] = joined_lora
+            joined, first = joined_lora.a, 0
+            for name, rank in zip(group, joined_lora.ranks, strict=True):  # each member's `a` a view of the joined one: one copy
+                if isinstance(joined, NativeBlockMatrix):
+                    pairs[name] = dataclasses.replace(pairs[name], a=joined.part(first, rank))
+                first += rank
+        return DeviceAdapter(pairs, groups)
 
 
-@_side_paths.register
-def _(arithmetic: LlamaCppArithmetic, base: DeviceWeights, adapter: LoraAdapter) -> DeviceAdapter:
-    """llama.cpp's arithmetic: each half as the file stores it; a fused group's `a` halves joined on the C kernels."""
-    pairs: dict[str, LoraWeights] = {}
-    for name, pair in adapter.pairs.items():
-        a, b = (_half(arithmetic, base, half, pair.quantized) for half in (pair.a_half, pair.b_half))
-        pairs[name] = LoraWeights(a=a, b=b, scale=pair.scale)
-    groups: dict[tuple[str, ...], GroupLora] = {}
-    for group in base.groups:
-        joined_lora = _joined_lora([pairs[name] for name in group if name in pairs], len(group))
-        if joined_lora is None:
-            continue
-        groups[group] = joined_lora
-        joined, first = joined_lora.a, 0
-        for name, rank in zip(group, joined_lora.ranks, strict=True):  # each member's `a` a view of the joined one: one copy
-            if isinstance(joined, NativeBlockMatrix):
-                pairs[name] = dataclasses.replace(pairs[name], a=joined.part(first, rank))
-            first += rank
-    return DeviceAdapter(pairs, groups)
-
-
-def _half(arithmetic: LlamaCppArithmetic, base: DeviceWeights, half: LoraHalf, quantized: bool) -> Product:
+def _half(arithmetic: Arithmetic, base: DeviceWeights, half: LoraHalf, quantized: bool) -> Product:
     """One half of a side path in llama.cpp's arithmetic: its blocks where the pair is quantized, else its F32 or F16
-    values on the C kernels, else float32 (the torch emulation: dequantized only then)."""
-    if quantized:
-        matrix: Product | None = block_matrix(half.data, half.qtype, half.shape[0], native=arithmetic.kernels is not None)
-    else:
-        matrix = float_matrix(half.data, half.qtype, half.shape[0], arithmetic.width, arithmetic.kernels)
-    # llama.cpp's graph: b(a(x)), then scaled, then added, each rounded apart
-    return GraphOrderMatrix(base.on_device(half.values), None) if matrix is None else matrix
+    values as the arithmetic keeps them, else float32 (the torch emulation: dequantized only then)."""
+    # a float half beside a quantized one stays float32, as the quantized pairs were first loaded and measured
+    matrix = None if quantized and half.is_float else arithmetic.stored_matrix(half.data, half.qtype, half.shape[0], base_layer=False)
+    return arithmetic.float_matrix(base.on_device(half.values), None) if matrix is None else matrix
 
 
 def _lora_a(base: DeviceWeights, weight: torch.Tensor) -> Matrix:
