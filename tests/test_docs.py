@@ -97,7 +97,7 @@ def test_every_file_named_in_code_and_docs_exists() -> None:
 
 
 def test_every_name_of_the_arithmetic_modules_in_code_and_docs_exists() -> None:
-    """`blocks.ggml_rope`, `hybrid._online` ...: a function named by module in a docstring is still there."""
+    """`float_ops.ggml_rope`, `hybrid._online` ...: a function named by module in a docstring is still there."""
     ggml = PACKAGE / "torch" / "ggml"
     definition = re.compile(r"^(?:def|class|async def) (\w+)|^(\w+)(?: *:[^=]*)? =", re.MULTILINE)
     defined = {path.stem: set(definition.findall(path.read_text())) for path in ggml.glob("*.py")}

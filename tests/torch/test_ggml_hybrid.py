@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pawfn.torch.ggml.blocks import ggml_rms_norm, ggml_rope, ggml_rope_table
+from pawfn.torch.ggml.float_ops import ggml_rms_norm, ggml_rope, ggml_rope_table
 from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
 from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels
 from pawfn.torch.ggml.hybrid import native_flash_attention, native_ssm_conv_for

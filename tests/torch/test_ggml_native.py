@@ -23,18 +23,8 @@ from pawfn.torch.ggml import build as ggml_build
 from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic, llamacpp_arithmetic
 from pawfn.torch.model.arithmetic import llamacpp as llamacpp_numerics
 from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, join_blocks, native_block_matrix
-from pawfn.torch.ggml.blocks import (
-    block_matrix,
-    ggml_attention,
-    ggml_expf,
-    ggml_rms_norm,
-    ggml_rope,
-    ggml_rope_table,
-    ggml_silu_mul,
-    native_rope_table_for,
-    quantize_q8_0,
-    quantize_q8_k,
-)
+from pawfn.torch.ggml.blocks import block_matrix, quantize_q8_0, quantize_q8_k
+from pawfn.torch.ggml.float_ops import ggml_attention, ggml_expf, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul, native_rope_table_for
 from pawfn.torch.ggml.c_kernels import (
     NativeKernels,
     native_attention,

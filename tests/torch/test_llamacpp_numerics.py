@@ -16,18 +16,9 @@ import torch
 
 from pawfn import GPT2, PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.core.errors import ConfigError
-from pawfn.torch.ggml.blocks import (
-    BlockMatrix,
-    block_matrix,
-    ggml_attention,
-    ggml_gelu,
-    ggml_layer_norm,
-    ggml_rms_norm,
-    ggml_rope,
-    ggml_rope_table,
-    ggml_silu_mul,
-)
-from pawfn.torch.ggml.blocks import ggml_gelu_table
+from pawfn.torch.ggml.blocks import BlockMatrix, block_matrix
+from pawfn.torch.ggml.float_ops import ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
+from pawfn.torch.ggml.float_ops import ggml_gelu_table
 from pawfn.torch.ggml.c_kernels import NativeKernels, native_attention, native_gelu, native_kernels, native_rms_norm, native_rope, native_swiglu
 from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, native_block_matrix
 from pawfn.core.cpuinfo import host_cpu_flags

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ...core.errors import BaseModelError
 from ...formats.ggufio import GGUFFile, GGUFFormatError
 from ...core.images import Image, ImageLimits
-from ..ggml.blocks import ggml_gelu
+from ..ggml.float_ops import ggml_gelu
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage

@@ -26,18 +26,8 @@ import torch
 from ...core.config import default_cache_dir
 from ...core.files import mark_used
 from .build import build_key, build_kernels, kernels_folder, trusted_library
-from .interface import (
-    AttentionCall,
-    AttentionStepCall,
-    FlashOnlineCall,
-    FlashTiledCall,
-    GatedDeltaNetCall,
-    GeluCall,
-    LibmOp,
-    NativeKernels,
-    RmsNormCall,
-    SwigluCall,
-)
+from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, GeluCall, LibmOp, RmsNormCall, SwigluCall
+from .library import NativeKernels
 
 __all__ = [
     "pointer",
@@ -114,7 +104,7 @@ def pointer(tensor: torch.Tensor) -> int:
 def native_attention(
     kernels: NativeKernels, q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None, keys: torch.Tensor, values: torch.Tensor, width: int
 ) -> torch.Tensor:
-    """`blocks.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
+    """`float_ops.ggml_attention` in C: q [n, H, D] over a program's prefix keys/values [KV, P, D] (f16, or None) then
     the sequence's own [KV, L, D] (f16 views whose rows are contiguous), as one cache. Returns [n, H * D]."""
     q = q.float().contiguous()
     n, heads, dim = q.shape
@@ -198,7 +188,7 @@ def _attention_scale(dim: int) -> float:
 
 
 def native_expf(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`blocks.ggml_expf` in C."""
+    """`float_ops.ggml_expf` in C."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
     kernels.expf(pointer(x), pointer(y), x.numel(), width)
@@ -311,7 +301,7 @@ def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tens
 
 
 def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`blocks.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis. A float32
+    """`float_ops.ggml_rms_norm` in C (the squares summed in order in double, as ggml does) over x's last axis. A float32
     view [T, n] or [T, H, n] whose rows of n are contiguous (e.g. the heads of a product split by columns) is read in
     place; rows split across threads where there are enough of them."""
     n = x.shape[-1]
@@ -331,7 +321,7 @@ def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tenso
 
 
 def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`blocks.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
+    """`float_ops.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
     x = x.float().contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     y = torch.empty_like(x)
@@ -340,7 +330,7 @@ def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin:
 
 
 def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int, step: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`blocks.ggml_rope_table` in C: cos and sin [T, 1, half] of the angles `p * step**i` (repeated float32 products),
+    """`float_ops.ggml_rope_table` in C: cos and sin [T, 1, half] of the angles `p * step**i` (repeated float32 products),
     by the C library's `cosf` and `sinf`."""
     points = positions.to(torch.float32).contiguous()
     cos = torch.empty((points.shape[0], 1, half), dtype=torch.float32)
@@ -350,7 +340,7 @@ def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int
 
 
 def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
-    """`blocks.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
+    """`float_ops.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
     read in place; rows split across threads where there are enough of them."""
     n = gate.shape[-1]
     y = torch.empty(gate.shape, dtype=torch.float32)
@@ -365,7 +355,7 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
 
 
 def native_gelu(kernels: NativeKernels, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """`blocks.ggml_gelu` in C: every value of x through `table` (float32 [65536], by f16 bits), split across
+    """`float_ops.ggml_gelu` in C: every value of x through `table` (float32 [65536], by f16 bits), split across
     threads when large."""
     x = x.float().contiguous()
     y = torch.empty_like(x)

@@ -7,7 +7,6 @@ rounded into the f16 cache and into the next quantized product's 8-bit blocks, m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import gguf
 import numpy as np
@@ -23,7 +22,8 @@ __all__ = ["NativeFloatMatrix", "float_matrix"]
 class NativeFloatMatrix:
     """An F32 or F16 `[out, in]` matrix kept in its file's type, multiplied by the C kernels as llama.cpp does."""
 
-    kind: Literal["f32", "f16"]
+    qtype: gguf.GGMLQuantizationType
+    """F32 or F16."""
     weight: torch.Tensor
     """float32 [out, in], or (f16) the values' bits as int16 [out, in]."""
     width: int
@@ -37,7 +37,7 @@ class NativeFloatMatrix:
 
     def all_finite(self) -> bool:
         """No NaN or infinity among the weights."""
-        values = self.weight if self.kind == "f32" else self.weight.view(torch.float16)
+        values = self.weight if self.qtype == gguf.GGMLQuantizationType.F32 else self.weight.view(torch.float16)
         return bool(torch.isfinite(values).all())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,7 +68,7 @@ class NativeFloatMatrix:
 
     def _product(self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
         x = x.float()
-        if self.kind == "f16":
+        if self.qtype == gguf.GGMLQuantizationType.F16:
             x = x.to(torch.float16).float()  # ggml converts the inputs to the weights' type first
         x = x.contiguous()
         rows, width = x.shape
@@ -76,7 +76,9 @@ class NativeFloatMatrix:
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
         tinyblas = tiled and width % self.width == 0  # tinyBLAS takes whole vectors only
         target = (y.data_ptr(), y.stride(0), into is not None, alpha)
-        self.kernels.float_product(self.weight.data_ptr(), self.kind == "f16", x.data_ptr(), rows, width, out, tinyblas, self.width, target)
+        self.kernels.float_product(
+            self.weight.data_ptr(), self.qtype == gguf.GGMLQuantizationType.F16, x.data_ptr(), rows, width, out, tinyblas, self.width, target
+        )
         return y
 
 
@@ -88,4 +90,4 @@ def float_matrix(
         return None
     data = np.ascontiguousarray(raw).view(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.int16)
     weight = torch.as_tensor(data.reshape(out_features, -1).copy())
-    return NativeFloatMatrix("f32" if qtype == gguf.GGMLQuantizationType.F32 else "f16", weight, width, kernels)
+    return NativeFloatMatrix(qtype, weight, width, kernels)

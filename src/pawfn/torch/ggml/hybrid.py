@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .blocks import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
+from .float_ops import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
 from .c_kernels import LibmOp, NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_libm, native_ssm_conv
 
 __all__ = [

@@ -4,7 +4,6 @@ CPU backend does: the arithmetic of `blocks.BlockMatrix`, bit-identical, at llam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import gguf
 import numpy as np
@@ -13,7 +12,8 @@ import torch
 
 from .blocks import Q6_K_BYTES, q0_codes, repacked_by_llamacpp
 from .c_kernels import TILED_MIN_ROWS, pointer
-from .interface import Kernel, NativeKernels, Out, threads_for
+from .interface import Kernel, Out
+from .library import NativeKernels, threads_for
 
 __all__ = ["NativeBlockMatrix", "group_by_eights", "join_blocks", "native_block_matrix"]
 
@@ -31,19 +31,20 @@ def native_block_matrix(
         scale = torch.empty((out_features, n_blocks), dtype=torch.float32)
         kernels.unpack_q6_k(data.ctypes.data, out_features * n_blocks, codes.data_ptr(), sub.data_ptr(), scale.data_ptr())
         amx = base_layer and kernels.amx and out_features % 16 == 0
-        return NativeBlockMatrix("q6_k", codes, scale, sub, kernels, amx=amx)
+        return NativeBlockMatrix(gguf.GGMLQuantizationType.Q6_K, codes, scale, sub, kernels, amx=amx)
     q0 = q0_codes(raw, qtype, out_features)
     if q0 is None:
         return None
-    kind, codes, scale = q0
-    return group_by_eights(NativeBlockMatrix(kind, codes, scale, None, kernels, repacked_by_llamacpp(kind, base_layer, out_features)))
+    qtype, codes, scale = q0
+    return group_by_eights(NativeBlockMatrix(qtype, codes, scale, None, kernels, repacked_by_llamacpp(qtype, base_layer, out_features)))
 
 
 @dataclass
 class NativeBlockMatrix:
     """A quantized `[out, in]` GGUF matrix kept as its codes, multiplied by the C kernels as llama.cpp does."""
 
-    kind: Literal["q4_0", "q8_0", "q6_k"]
+    qtype: gguf.GGMLQuantizationType
+    """Q4_0, Q8_0 or Q6_K."""
     codes: torch.Tensor
     """Q6_K: the blocks' codes as stored (low nibbles, then high bit pairs), uint8 [out, blocks, 192]; Q4_0/Q8_0:
     signed codes int8 [out, blocks, 32], or `grouped` by eight outputs."""
@@ -77,7 +78,7 @@ class NativeBlockMatrix:
             first, count = first // 8, count // 8
         sub = None if self.sub_scales is None else self.sub_scales[first : first + count]
         return NativeBlockMatrix(
-            self.kind, self.codes[first : first + count], self.scale[first : first + count], sub, self.kernels, self.repacked, self.amx, self.grouped
+            self.qtype, self.codes[first : first + count], self.scale[first : first + count], sub, self.kernels, self.repacked, self.amx, self.grouped
         )
 
     def _scale_t(self) -> torch.Tensor:
@@ -88,7 +89,7 @@ class NativeBlockMatrix:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` for `x` [n, in] evaluated in one graph of n rows (the kernel depends on n for Q6_K)."""
-        return self._product(x, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
+        return self._product(x, tiled=self.qtype == gguf.GGMLQuantizationType.Q6_K and x.shape[0] >= TILED_MIN_ROWS)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """Every row as if multiplied alone (one-row kernels): a row's result never depends on the others."""
@@ -104,7 +105,7 @@ class NativeBlockMatrix:
 
     def accumulate(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
         """`y += alpha * self(x)`, the product and the scaling rounded apart."""
-        self._accumulate(y, x, alpha, tiled=self.kind == "q6_k" and x.shape[0] >= TILED_MIN_ROWS)
+        self._accumulate(y, x, alpha, tiled=self.qtype == gguf.GGMLQuantizationType.Q6_K and x.shape[0] >= TILED_MIN_ROWS)
 
     def accumulate_rows(self, y: torch.Tensor, x: torch.Tensor, alpha: float) -> None:
         """`y += alpha * self.rows(x)`, the product and the scaling rounded apart."""
@@ -126,12 +127,12 @@ class NativeBlockMatrix:
             return self._tiled_amx(kernels, x)
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
         sub = self.sub_scales if self.sub_scales is not None else self.scale  # Q4_0/Q8_0: the grouped kernels' scales
-        if self.kind == "q6_k":
+        if self.qtype == gguf.GGMLQuantizationType.Q6_K:
             kernel = Kernel.Q6_K_TILED if tiled else Kernel.Q6_K_ROWS
         elif self.repacked:
             kernel = Kernel.Q4_0_REPACKED
         elif self.grouped:
-            kernel = Kernel.Q4_0_EIGHTS if self.kind == "q4_0" else Kernel.Q0_EIGHTS
+            kernel = Kernel.Q4_0_EIGHTS if self.qtype == gguf.GGMLQuantizationType.Q4_0 else Kernel.Q0_EIGHTS
         else:
             kernel = Kernel.Q0_ROWS
         target = Out(y.data_ptr(), y.stride(0), into is not None, alpha)
@@ -165,7 +166,7 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
     every kernel here computes each output on its own, so a joined product equals its parts side by side."""
     first = parts[0]
     alike = all(
-        part.kind == first.kind
+        part.qtype == first.qtype
         and part.repacked == first.repacked
         and part.codes.shape[1:] == first.codes.shape[1:]
         and (part.sub_scales is None) == (first.sub_scales is None)
@@ -177,18 +178,18 @@ def join_blocks(parts: list[NativeBlockMatrix]) -> NativeBlockMatrix | None:
         return None
     sub = None if first.sub_scales is None else torch.cat([p.sub_scales for p in parts if p.sub_scales is not None])
     codes, scale = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
-    return NativeBlockMatrix(first.kind, codes, scale, sub, first.kernels, first.repacked, first.amx, first.grouped)
+    return NativeBlockMatrix(first.qtype, codes, scale, sub, first.kernels, first.repacked, first.amx, first.grouped)
 
 
 def group_by_eights(matrix: NativeBlockMatrix) -> NativeBlockMatrix:
     """A Q4_0/Q8_0 matrix (not repacked, outputs a multiple of 8) grouped for the `q0_eights` kernels, in place of its
     rows (one copy of the codes, never both); others as they are."""
     out, blocks = matrix.codes.shape[0], matrix.codes.shape[1]
-    if matrix.kind == "q6_k" or matrix.repacked or matrix.grouped or out % 8 != 0:
+    if matrix.qtype == gguf.GGMLQuantizationType.Q6_K or matrix.repacked or matrix.grouped or out % 8 != 0:
         return matrix
     codes = matrix.codes.reshape(out // 8, 8, blocks, 8, 4).permute(0, 2, 3, 1, 4).contiguous()  # [g, b, lane, output, 4]
-    if matrix.kind == "q4_0":
+    if matrix.qtype == gguf.GGMLQuantizationType.Q4_0:
         nibbles = (codes + 8).to(torch.uint8).reshape(out // 8, blocks, 4, 2, 32)
         codes = nibbles[:, :, :, 0] | (nibbles[:, :, :, 1] << 4)
     scale = matrix.scale.reshape(out // 8, 8, blocks).transpose(1, 2).to(torch.float16).contiguous()  # the file's f16: exact
-    return NativeBlockMatrix(matrix.kind, codes, scale, None, matrix.kernels, False, False, True)
+    return NativeBlockMatrix(matrix.qtype, codes, scale, None, matrix.kernels, False, False, True)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .families import Architecture
-from ..ggml.blocks import ggml_attention
+from ..ggml.float_ops import ggml_attention
 from ..ggml.hybrid import ggml_flash_attention
 from ..ggml.c_kernels import STEP_TABLE_COLUMNS, NativeKernels, native_attention, native_attention_step
 from .kvcache import KVCache

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ....core.options import ResolvedNumerics
-from ...ggml.blocks import ggml_gelu
+from ...ggml.float_ops import ggml_gelu
 from ..attention import StepSlots, attend, attend_batched
 from ..delta_rule import delta_rule, l2_normalized
 from ..families import Architecture
