@@ -149,7 +149,7 @@ def test_integer_bounds_are_exactly_the_integers_between(low: int, width: int, p
     without leading zeros, and nothing else."""
     import re
 
-    from pawfn.core.grammar import integer_range
+    from pawfn.core.integer_ranges import integer_range
 
     high = low + width
     pattern = re.compile(integer_range(low, high))

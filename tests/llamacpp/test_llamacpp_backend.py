@@ -25,6 +25,7 @@ from pawfn import (
 )
 from pawfn.core import cpuinfo as cpuinfo_module
 from pawfn.llamacpp import cpu
+from pawfn.llamacpp import native_logs
 from pawfn.llamacpp import program as llamacpp_program
 from tests.helpers.programs import TinyProgram, llamacpp_program_of, requires_llama_cpp
 
@@ -296,10 +297,10 @@ def test_a_recurrent_models_calls_log_nothing_python_would_print(qwen35_program:
     native = [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "pawfn.llamacpp"]
     assert (logging.DEBUG, "seq_rm: invalid seq_id (-1) - larger than n_seq_max (1)") in native
     assert [message for level, message in native if level >= logging.WARNING] == []
-    assert llamacpp_program.native_log_level(4, b"seq_rm: invalid seq_id (3) - larger than n_seq_max (1)\n", logging.DEBUG) == logging.ERROR
-    assert llamacpp_program.native_log_level(4, b"llama_decode: failed to decode\n", logging.DEBUG) == logging.ERROR
-    assert llamacpp_program.native_log_level(3, b"a warning\n", logging.DEBUG) == logging.INFO
-    assert llamacpp_program.native_log_level(5, b" continued\n", logging.ERROR) == logging.ERROR  # a continuation keeps the level
+    assert native_logs.native_log_level(4, b"seq_rm: invalid seq_id (3) - larger than n_seq_max (1)\n", logging.DEBUG) == logging.ERROR
+    assert native_logs.native_log_level(4, b"llama_decode: failed to decode\n", logging.DEBUG) == logging.ERROR
+    assert native_logs.native_log_level(3, b"a warning\n", logging.DEBUG) == logging.INFO
+    assert native_logs.native_log_level(5, b" continued\n", logging.ERROR) == logging.ERROR  # a continuation keeps the level
 
 
 @requires_llama_cpp

@@ -14,9 +14,7 @@ renamed into place under a cross-process lock.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -27,25 +25,23 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from ..formats.bundle import ProgramBundle, ProgramMeta, extract_archive, read_bundle_folder
 from ..core.config import DEFAULT_LOCK_TIMEOUT_S
-from ..core.errors import BundleError, CacheLockError
+from ..core.errors import BundleError
 from ..formats.ggufio import GGUFFile, GGUFFormatError
-from ..core.files import write_atomically
 from ..core.hashing import file_sha256
 from ..core.jsonio import read_json_object
 from .refs import is_program_id
+from .locks import file_lock
 from .types import BaseModelSource, RuntimeManifest
+from .verified import marker_path, record_verified, verified_file, verified_sha256, write_json_atomically
 
 __all__ = ["CachedProgram", "PawCache"]
 
 _BUNDLE_FILES = ("meta.json", "prompt_template.txt", "adapter.gguf")
-_LOCK_POLL_S = 0.1
 _LOG = logging.getLogger("pawfn")
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
-_THREAD_LOCKS_GUARD = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -58,16 +54,6 @@ class CachedProgram:
     interpreter: str
     spec: str | None
     runtime_id: str | None
-
-
-class _VerifiedMarker(BaseModel):
-    """pawfn's record that a base file was hashed: skip re-hashing while size and mtime are unchanged."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    size: int
-    mtime_ns: int
-    sha256: str
 
 
 class PawCache:
@@ -116,35 +102,8 @@ class PawCache:
     def lock(self, *parts: str) -> Generator[None, None, None]:
         """Exclusive lock on `<root>/.locks/<parts>.lock`, across threads and processes; a wait says (in the
         ``pawfn`` log) what it waits for and gives up after `lock_timeout_s` with `CacheLockError`."""
-        path = self.root.joinpath(".locks", *parts[:-1], parts[-1] + ".lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        what, deadline = "/".join(parts), time.monotonic() + self.lock_timeout_s
-        with _THREAD_LOCKS_GUARD:
-            thread_lock = _THREAD_LOCKS.setdefault(str(path), threading.Lock())
-        if not thread_lock.acquire(blocking=False):
-            _LOG.warning("waiting for the cache lock on %s (another thread is installing or downloading it)", what)
-            if not thread_lock.acquire(timeout=self.lock_timeout_s):
-                raise CacheLockError(what, path, self.lock_timeout_s)
-        try:
-            with path.open("a+b") as handle:
-                told = False
-                while True:
-                    try:
-                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if not told:
-                            _LOG.warning("waiting for the cache lock on %s (%s): another process holds it", what, path)
-                            told = True
-                        if time.monotonic() >= deadline:
-                            raise CacheLockError(what, path, self.lock_timeout_s) from None
-                        time.sleep(_LOCK_POLL_S)
-                try:
-                    yield
-                finally:
-                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        finally:
-            thread_lock.release()
+        with file_lock(self.root.joinpath(".locks", *parts[:-1], parts[-1] + ".lock"), "/".join(parts), self.lock_timeout_s):
+            yield
 
     # -- programs ---------------------------------------------------------------------------------------
 
@@ -290,7 +249,7 @@ class PawCache:
         with self.lock("slug_cache"):
             entries = read_json_object(self.slug_cache_path) or {}  # every entry: the official SDK's data too
             entries[reference] = program_id
-            _atomic_write_json(self.slug_cache_path, entries)
+            write_json_atomically(self.slug_cache_path, entries)
 
     # -- runtimes ---------------------------------------------------------------------------------------
 
@@ -313,7 +272,7 @@ class PawCache:
         data = manifest.model_dump(mode="json", exclude_none=False)
         with self.lock("runtimes", manifest.runtime_id):
             for name in (f"{manifest.runtime_id}.v{manifest.manifest_version}.json", f"{manifest.runtime_id}.json"):
-                _atomic_write_json(self.runtimes_dir / name, data)
+                write_json_atomically(self.runtimes_dir / name, data)
 
     # -- base models ------------------------------------------------------------------------------------
 
@@ -324,23 +283,10 @@ class PawCache:
         plain = self.base_models_dir / source.file
         if source.sha256 is None:
             return plain
-        recorded = self._verified_sha256(plain)
+        recorded = verified_sha256(plain)
         if recorded is None or recorded == source.sha256:
             return plain
         return plain.with_name(f"{plain.stem}.sha256-{source.sha256[:16]}{plain.suffix}")
-
-    @staticmethod
-    def _marker(path: Path) -> Path:
-        return path.with_name(f".{path.name}.pawfn-verified")
-
-    def _verified_sha256(self, path: Path) -> str | None:
-        """The sha256 pawfn verified `path` to have, if its marker still describes the file (size and mtime)."""
-        try:
-            stat = path.stat()
-            recorded = _VerifiedMarker.model_validate_json(self._marker(path).read_bytes())
-        except (OSError, ValidationError):
-            return None
-        return recorded.sha256 if (recorded.size, recorded.mtime_ns) == (stat.st_size, stat.st_mtime_ns) else None
 
     def asset_path(self, source: BaseModelSource) -> Path:
         """Where a version-2 runtime's file (base or projector) is cached: `<root>/base_models/sha256/<digest>.gguf`,
@@ -354,10 +300,10 @@ class PawCache:
         either SDK's text runtime) adopted there (a hard link, or a copy), as the official SDK adopts it. Callers hold
         `lock("vision_assets", sha256)`, the official SDK's lock for it (`cached_asset` takes it)."""
         path = self.asset_path(source)
-        found = self._verified(path, source)
+        found = verified_file(path, source)
         if found is not None:
             return found
-        legacy = self._verified(self.base_models_dir / source.file, source)
+        legacy = verified_file(self.base_models_dir / source.file, source)
         if legacy is None:
             return None
         return self._adopt(legacy, path, source)
@@ -366,7 +312,7 @@ class PawCache:
         """A local file recorded as `source` in the cache (under its sha256 for a version-2 runtime, else its name): a
         hard link, or a copy, verified; None if the file is not `source`'s content. Callers hold the file's lock."""
         path = self.asset_path(source) if content_addressed else self.base_model_path(source)
-        return self._verified(path, source) or self._adopt(original, path, source)
+        return verified_file(path, source) or self._adopt(original, path, source)
 
     def _adopt(self, original: Path, path: Path, source: BaseModelSource) -> Path | None:
         """`original` at `path`, staged beside it and moved in once verified (no second hash of a hard link to a
@@ -377,22 +323,19 @@ class PawCache:
         try:
             try:
                 os.link(original, staged)
-                linked = self._verified_sha256(original) == source.sha256  # one file: still as verified, no second hash
+                linked = verified_sha256(original) == source.sha256  # one file: still as verified, no second hash
             except OSError:  # another file system, or no hard links: a copy
                 shutil.copyfile(original, staged)
                 linked = False
-            if not linked and self._verified(staged, source) is None:
+            if not linked and verified_file(staged, source) is None:
                 return None  # not that content, or changed while adopted
             os.replace(staged, path)
         finally:
             staged.unlink(missing_ok=True)
-            self._marker(staged).unlink(missing_ok=True)
+            marker_path(staged).unlink(missing_ok=True)
         if linked:
-            stat = path.stat()
-            _atomic_write_json(
-                self._marker(path), _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=str(source.sha256)).model_dump()
-            )
-        return self._verified(path, source)
+            record_verified(path, str(source.sha256))
+        return verified_file(path, source)
 
     def cached_asset(self, source: BaseModelSource) -> Path | None:
         """`verified_asset` under the official SDK's lock for it; None at once, no lock taken (a read-only cache
@@ -404,27 +347,7 @@ class PawCache:
 
     def verified_base_model(self, source: BaseModelSource) -> Path | None:
         """The cached base file if it exists, is GGUF, has the pinned size and (hashed once) the pinned sha256."""
-        return self._verified(self.base_model_path(source), source)
-
-    def _verified(self, path: Path, source: BaseModelSource) -> Path | None:
-        """`path` if it is a regular GGUF file with `source`'s size and (hashed once, then remembered) sha256."""
-        if path.is_symlink() or not path.is_file():
-            return None
-        stat = path.stat()
-        if source.size_bytes is not None and stat.st_size != source.size_bytes:
-            return None
-        with path.open("rb") as handle:
-            if handle.read(4) != b"GGUF":
-                return None
-        if source.sha256 is None:
-            return path
-        if self._verified_sha256(path) == source.sha256:
-            return path
-        if file_sha256(path) != source.sha256:
-            return None
-        marker = _VerifiedMarker(size=stat.st_size, mtime_ns=stat.st_mtime_ns, sha256=source.sha256)
-        _atomic_write_json(self._marker(path), marker.model_dump())
-        return path
+        return verified_file(self.base_model_path(source), source)
 
     def clear(self) -> None:
         """Delete every program, base model, runtime manifest, the slug cache, pawfn's derived files and staged downloads."""
@@ -443,15 +366,4 @@ def _hydrate_meta(meta_path: Path, runtime: RuntimeManifest | None) -> None:
         meta["runtime"] = runtime.model_dump(mode="json")
         meta.setdefault("runtime_id", runtime.runtime_id)
         meta.setdefault("runtime_manifest_version", runtime.manifest_version)
-    _atomic_write_json(meta_path, meta)
-
-
-def _atomic_write_json(path: Path, data: object) -> None:
-    def write(temporary: Path) -> None:
-        with temporary.open("w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    write_atomically(path, write)
+    write_json_atomically(meta_path, meta)

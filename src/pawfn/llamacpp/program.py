@@ -15,7 +15,7 @@ import os
 import threading
 import types
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from pathlib import Path
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
@@ -37,16 +37,16 @@ from ..calls.runtime import CallInput, Decoding, ProgramFiles, Prompt, PromptRun
 from ..calls.pending import PendingGeneration, TokenListener
 from ..formats.tokenizer import TextCodec
 from . import cpu
+from .native_logs import quiet_native_stderr, route_native_logs
 from .context import LlamaSettings, NativeContext
 
 if TYPE_CHECKING:
     from llama_cpp import mtmd_cpp as mtmd
 
-__all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "native_log_level", "official_llama_settings", "uses_repack"]
+__all__ = ["LlamaCppProgram", "LlamaCppSession", "LlamaSettings", "llama_settings", "official_llama_settings", "uses_repack"]
 
 _KV_TYPES = {"float32": 0, "float16": 1, "bfloat16": 30}  # GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16
 _KV_NAMES = {0: "f32", 1: "f16", 30: "bf16"}
-_NATIVE_STDERR = threading.Lock()
 _LOG = logging.getLogger("pawfn")
 
 
@@ -72,62 +72,6 @@ def _log_amx_refusal() -> None:
         "CPU (PAW_LLAMACPP_REPACK=1 overrides)",
         cpu.AMX_ISSUE,
     )
-
-
-_NATIVE_LOG = logging.getLogger("pawfn.llamacpp")
-_NATIVE_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.INFO, 4: logging.ERROR}
-"""ggml's log levels (1 debug, 2 info, 3 warning, 4 error; 5 continues the last message) as pawfn logs them. Its
-warnings are routine here (a recurrent model's position jump at every image), so they log at INFO."""
-
-
-_ROUTINE_ERRORS = (b"seq_rm: invalid seq_id (-1) ",)
-"""Errors llama.cpp logs where nothing is wrong: every evaluation drops the cache past its start with seq_id -1
-(every sequence), as `Llama.eval` does; the attention cache takes it, and the recurrent memory of a model like
-Qwen3.5's refuses -1 with this error and keeps its state, which cannot be cut anyway. Python would print each one."""
-
-
-def native_log_level(level: int, text: bytes, last: int) -> int:
-    """The `logging` level of one llama.cpp message (`last`: the previous message's, which a continuation keeps)."""
-    if level == 5:
-        return last
-    if text.startswith(_ROUTINE_ERRORS):
-        return logging.DEBUG
-    return _NATIVE_LEVELS.get(level, logging.DEBUG)
-
-
-@functools.cache
-def _route_native_logs() -> Callable[[int, bytes, ctypes.c_void_p | None], None]:
-    """Send llama.cpp's and mtmd's messages to the logger `pawfn.llamacpp`, process-wide, once (llama-cpp-python's own
-    callback reads an older numbering of ggml's levels and prints every warning as an error); the callback is kept
-    alive by the cache."""
-    import llama_cpp
-    from llama_cpp import mtmd_cpp as mtmd
-
-    last = [logging.DEBUG]
-
-    @llama_cpp.llama_log_callback
-    def forward(level: int, text: bytes, user_data: ctypes.c_void_p | None) -> None:
-        last[0] = native_log_level(level, text, last[0])
-        if _NATIVE_LOG.isEnabledFor(last[0]):
-            _NATIVE_LOG.log(last[0], "%s", text.decode("utf-8", "replace").rstrip("\n"))
-
-    llama_cpp.llama_log_set(forward, None)
-    mtmd.mtmd_helper_log_set(forward, None)  # mtmd's logger too
-    return forward
-
-
-@contextlib.contextmanager
-def _quiet_native_stderr() -> Generator[None, None, None]:
-    """Silence llama.cpp's C-level logging on fd 2 while it loads (process-wide, so serialized)."""
-    with _NATIVE_STDERR:
-        saved = os.dup(2)
-        try:
-            with open(os.devnull, "wb") as devnull:
-                os.dup2(devnull.fileno(), 2)
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 class LlamaCppSession:
@@ -177,7 +121,7 @@ def _check_adapter(adapter_path: Path, model: type[InterpreterModel], base: GGUF
 
 def _apply_adapter(llama_cpp: types.ModuleType, context: NativeContext, adapter_path: Path, resources: contextlib.ExitStack) -> None:
     """Load the program's LoRA and apply it at scale 1, undone (then freed) when `resources` close."""
-    with _quiet_native_stderr():
+    with quiet_native_stderr():
         adapter = llama_cpp.llama_adapter_lora_init(context.model, str(adapter_path).encode())
     if not adapter:  # a NULL pointer object, never None: llama.cpp refused the file
         raise AdapterError(adapter_path, "llama.cpp could not load this LoRA adapter")
@@ -206,7 +150,7 @@ def _open_projector(
     if model.image_tokens is not None:
         params.image_min_tokens, params.image_max_tokens = model.image_tokens
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    with _quiet_native_stderr():
+    with quiet_native_stderr():
         context = mtmd.mtmd_init_from_file(os.fsencode(path), text.model, params)
     if not context:
         raise BaseModelError(path, "llama.cpp's mtmd could not load this projector (mmproj GGUF)")
@@ -410,7 +354,7 @@ class LlamaCppProgram(PromptRuntime):
             import llama_cpp
         except ImportError as exc:
             raise PawError("the LlamaCpp backend needs llama-cpp-python: pip install 'pawfn[llamacpp]'") from exc
-        _route_native_logs()
+        route_native_logs()
         base, adapter_path = files.base, files.adapter_path
         if base.is_dir() or not base.is_file():
             raise BaseModelError(base, "the LlamaCpp backend needs a GGUF file of the base weights")
@@ -431,7 +375,7 @@ class LlamaCppProgram(PromptRuntime):
             )
         load_step(f"reading base {base.name} into llama.cpp, then the adapter and the prefix")
         with contextlib.ExitStack() as resources:
-            with _quiet_native_stderr():
+            with quiet_native_stderr():
                 n_gpu_layers = 0 if config.device == "cpu" else -1
                 context = NativeContext(base, prompt.n_ctx, n_gpu_layers, llama_settings(model, config), repack, resources)
             if adapter_path is not None:
