@@ -31,7 +31,6 @@ __all__ = [
     "set_threads",
     "share_cores",
     "sharing_cores",
-    "map_large_blocks",
     "trim_heap",
 ]
 
@@ -194,26 +193,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
     except (AttributeError, OSError, TypeError):  # not glibc (macOS, musl, Windows): nothing to trim
         return None
     return trim
-
-
-_M_MMAP_THRESHOLD = -3
-"""glibc's `mallopt` parameter for the size from which a block gets a mapping of its own."""
-LARGE_BLOCK_BYTES = 4 << 20
-"""Blocks this large or larger are mapped on their own (`map_large_blocks`)."""
-
-
-@functools.cache  # once per process
-def map_large_blocks() -> None:
-    """Keep every block of `LARGE_BLOCK_BYTES` or more in a mapping of its own, returned to the OS at its free.
-    glibc's default raises that threshold to the size of each large block freed (up to 32 MB), after which blocks as
-    large come from a thread's arena; a base loaded on the compute thread left up to 3 of its 18 MB float32 matrices
-    at the top of that arena after the last program closed, which `malloc_trim` does not return (the close gave back
-    77% of the load's memory in 4 runs of 6 here; with this, 10 of 10 gave back 99%). A no-op off glibc."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):  # not glibc: nothing to set
-        return
-    mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
 
 
 def trim_heap() -> None:

@@ -19,7 +19,7 @@ from ...calls.runtime import CallInput, DecodeCounters, Decoding, ProgramFiles, 
 from ...calls.pending import PendingGeneration, TokenListener
 from ..model.arithmetic import requested_arithmetic, resolved_numerics
 from ..model.families import family_for
-from .compute import map_large_blocks, on_compute_thread, set_threads, share_cores, trim_heap
+from .compute import on_compute_thread, set_threads, share_cores, trim_heap
 from ..weights.converted import ConvertedStore
 from ..model.kvcache import PrefixState
 from ..weights.loading import gguf_head_dim, torch_dtype
@@ -58,7 +58,6 @@ def _shared_base(model: type[InterpreterModel], files: ProgramFiles, config: Eng
     key = EngineKey(model=model, source=source, device=str(device), dtype=dtype, weight_dtype=weight_dtype, numerics=resolved)
 
     def load() -> TorchInterpreter:
-        map_large_blocks()  # so that the weights' memory goes back to the OS once the last program closes
         load_step(f"reading base {files.base.name} onto {device}")
         weights = read_base_weights(files.base, model)
         store = None
