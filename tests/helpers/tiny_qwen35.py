@@ -297,6 +297,10 @@ class TinyVision:
 
     text: TinyInterpreter
     projector: Path
+    """F32, beside the text GGUF."""
+    typed_projectors: dict[str, Path]
+    """The same tower with BF16 ("BF16", as unsloth's mmproj-BF16, patch kernels too) or F16 ("F16", as llama.cpp's
+    converter writes `--outtype f16`) matrices, each in its own folder beside a copy of the text GGUF."""
 
 
 def build_qwen35_vision(root: Path, seed: int = 0) -> TinyVision:
@@ -351,16 +355,44 @@ def build_qwen35_vision(root: Path, seed: int = 0) -> TinyVision:
     text_gguf = folder / "qwen35-vision-text-f32.gguf"
     write_qwen35_gguf(text.to_dict(), tokenizer, text_state, text_gguf, eos)
     projector = folder / "mmproj-qwen35-vision-f32.gguf"  # beside the text GGUF, where pawfn looks for it
-    write_projector(vision, state, projector)
-    return TinyVision(TinyInterpreter(family="qwen35", hf_dir=hf_dir, gguf_path=text_gguf, eos_token=eos), projector)
+    write_projector(vision, state, projector, gguf.GGMLQuantizationType.F32)
+    typed: dict[str, Path] = {}
+    for qtype in (gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.F16):
+        typed_folder = root / f"qwen35-vision-{qtype.name.lower()}"
+        typed_folder.mkdir(parents=True, exist_ok=True)
+        text_copy = typed_folder / text_gguf.name
+        text_copy.unlink(missing_ok=True)
+        text_copy.hardlink_to(text_gguf)
+        typed[qtype.name] = typed_folder / f"mmproj-qwen35-vision-{qtype.name.lower()}.gguf"
+        write_projector(vision, state, typed[qtype.name], qtype)
+    return TinyVision(TinyInterpreter(family="qwen35", hf_dir=hf_dir, gguf_path=text_gguf, eos_token=eos), projector, typed)
 
 
-def write_projector(vision: dict[str, int | float], state: dict[str, Array], path: Path) -> None:
+_FILE_TYPES = {
+    gguf.GGMLQuantizationType.F32: gguf.LlamaFileType.ALL_F32,
+    gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
+    gguf.GGMLQuantizationType.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+}
+
+
+def write_projector(vision: dict[str, int | float], state: dict[str, Array], path: Path, matrices: gguf.GGMLQuantizationType) -> None:
     """The projector GGUF llama.cpp's converter writes (`--mmproj`) for a Qwen3.5 vision tower: architecture clip,
-    projector type qwen3vl_merger, the 3-D patch kernel split into its two frames."""
+    projector type qwen3vl_merger, the 3-D patch kernel split into its two frames; every matrix (the patch kernels
+    too, the position table not) in `matrices`' type, vectors in F32."""
     writer = gguf.GGUFWriter(str(path), "clip")
     writer.add_string("general.type", "mmproj")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(_FILE_TYPES[matrices])
+
+    def add(name: str, array: Array) -> None:
+        values = np.ascontiguousarray(array, dtype=np.float32)
+        if values.ndim < 2 or name == "v.position_embd.weight" or matrices == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, values)
+        elif matrices == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(name, values.astype(np.float16))
+        else:
+            stored = gguf.quants.quantize(values, matrices)
+            writer.add_tensor(name, stored, raw_shape=stored.shape, raw_dtype=matrices)
+
     patch, positions = int(vision["patch_size"]), int(vision["num_position_embeddings"])
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_uint32("clip.vision.projection_dim", int(vision["out_hidden_size"]))
@@ -382,8 +414,8 @@ def write_projector(vision: dict[str, int | float], state: dict[str, Array], pat
             continue
         inner = name.removeprefix("model.visual.")
         if inner == "patch_embed.proj.weight":
-            writer.add_tensor("v.patch_embd.weight", np.ascontiguousarray(array[:, :, 0]))
-            writer.add_tensor("v.patch_embd.weight.1", np.ascontiguousarray(array[:, :, 1]))
+            add("v.patch_embd.weight", array[:, :, 0])
+            add("v.patch_embd.weight.1", array[:, :, 1])
             continue
         if inner == "patch_embed.proj.bias":
             target = "v.patch_embd.bias"
@@ -396,7 +428,7 @@ def write_projector(vision: dict[str, int | float], state: dict[str, Array], pat
         else:
             module, kind = inner.removeprefix("merger.").rsplit(".", 1)
             target = f"{_MERGER[module]}.{kind}"
-        writer.add_tensor(target, np.ascontiguousarray(array, dtype=np.float32))
+        add(target, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

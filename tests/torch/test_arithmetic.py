@@ -36,10 +36,11 @@ def test_no_module_but_the_arithmetic_asks_which_mode_runs() -> None:
 
 
 def test_each_arithmetic_states_what_differs() -> None:
-    torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, flash=True)
+    torch_way, llamacpp_way = TorchArithmetic(), LlamaCppArithmetic(16, flash=True, bf16_pairs=False)
     assert torch_way.kv_dtype(torch.bfloat16) == torch.bfloat16 and llamacpp_way.kv_dtype(torch.float32) == torch.float16
     assert not torch_way.row_exact and llamacpp_way.row_exact
-    assert torch_way.prefix_granule == 1 and llamacpp_way.prefix_granule == 128 and LlamaCppArithmetic(8, flash=False).prefix_granule == 1
+    assert torch_way.prefix_granule == 1 and llamacpp_way.prefix_granule == 128
+    assert LlamaCppArithmetic(8, flash=False, bf16_pairs=False).prefix_granule == 1
     assert torch_way.prefix_tag == "" and llamacpp_way.prefix_tag == "+llamacpp-numerics-16-lanes"
     assert llamacpp_way.describe("float32", "cpu") == "llama.cpp numerics on torch emulation (no C kernels built), 16 float32 lanes"
 
@@ -48,7 +49,7 @@ def test_the_two_arithmetics_differ_where_llama_cpp_rounds_otherwise() -> None:
     """llama.cpp's rms norm and silu are its own roundings, not torch's (the reason both exist)."""
     generator = torch.Generator().manual_seed(0)
     x, weight = torch.randn(64, 1024, generator=generator), torch.randn(1024, generator=generator)
-    llamacpp_way = llamacpp_arithmetic(16, flash=False)
+    llamacpp_way = llamacpp_arithmetic(16, flash=False, bf16_pairs=False)
     torch_way = TorchArithmetic()
     torch.testing.assert_close(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6), rtol=1e-5, atol=1e-5)
     assert not torch.equal(llamacpp_way.rms_norm(x, weight, 1e-6), torch_way.rms_norm(x, weight, 1e-6))

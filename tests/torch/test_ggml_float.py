@@ -1,5 +1,5 @@
 """F32 and F16 matrices under llama.cpp's arithmetic (`pawfn.torch.ggml.floats`): each product's order against ggml's
-one-row dot written out in torch, and the default mode on F32 and F16 bases, with float and Q4_0 programs, against
+one-row dot written out in torch, and the default mode on F32, F16 and BF16 bases, with float and Q4_0 programs, against
 llama.cpp in the official configuration (an f16 cache). torch's float32 products missed those tokens: their ulps,
 rounded into the f16 cache and into the next quantized product's blocks, moved them."""
 
@@ -32,7 +32,7 @@ def _matrix(qtype: gguf.GGMLQuantizationType, values: npt.NDArray[np.float32]) -
     if kernels is None:
         pytest.skip("the C kernels could not be built here (no C compiler?)")
     stored = values.astype(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16)
-    matrix = float_matrix(kernels, stored.view(np.uint8).reshape(-1), qtype, values.shape[0], WIDTH)
+    matrix = float_matrix(kernels, stored.view(np.uint8).reshape(-1), qtype, values.shape[0], WIDTH, bf16_pairs=False)
     assert matrix is not None
     return matrix
 
@@ -72,12 +72,13 @@ def test_accumulating_adds_the_scaled_product() -> None:
 @requires_llama_cpp
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("family", ["qwen3", "gpt2"])
-@pytest.mark.parametrize("base_type", ["F32", "F16"])
+@pytest.mark.parametrize("base_type", ["F32", "F16", "BF16"])
 def test_the_default_gives_llama_cpps_tokens_on_float_bases(family: str, base_type: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """No mode named, an F32 or F16 base with an F32 and a Q4_0 program: llama.cpp's tokens with an f16 cache."""
+    """No mode named, an F32, F16 or BF16 base with an F32 and a Q4_0 program: llama.cpp's tokens with an f16 cache
+    (BF16 dotted as this CPU's llama.cpp dots it)."""
     programs: list[TinyProgram] = [request.getfixturevalue(f"{family}_program"), request.getfixturevalue(f"{family}_program_q4")]
     tiny = programs[0].interpreter
-    base = tiny.gguf_path if base_type == "F32" else llama_quantize(tiny.gguf_path, tmp_path / "f16.gguf", "F16")
+    base = tiny.gguf_path if base_type == "F32" else llama_quantize(tiny.gguf_path, tmp_path / f"{base_type}.gguf", base_type)
     model: type[InterpreterModel] = Qwen3_0_6B if family == "qwen3" else GPT2
     for program in programs:
         expected = llama_generate_each(base, program.adapter, program.template, INPUTS, MAX_TOKENS, n_ctx=2048, kv="f16")

@@ -91,7 +91,7 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     gated norm, on the torch emulation and the C kernels, on the prompt's first batch and on a decode step (which
     continues the stored state)."""
     kernels = _kernels(implementation)
-    ops = LlamaCppArithmetic(WIDTH, flash=True) if kernels is None else NativeLlamaCppArithmetic(WIDTH, True, kernels)
+    ops = LlamaCppArithmetic(WIDTH, flash=True, bf16_pairs=False) if kernels is None else NativeLlamaCppArithmetic(WIDTH, True, False, kernels)
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
     conv_kernel = vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pawfn.torch.ggml import interface
-from pawfn.torch.ggml.interface import BLOCK_PRODUCTS, EXPORTS, Kernel, KernelCall, LibmOp, Pointer, Value, kernel_calls
+from pawfn.torch.ggml.interface import BLOCK_PRODUCTS, EXPORTS, FloatKind, Kernel, KernelCall, LibmOp, Pointer, Value, kernel_calls
 
 SOURCE = (Path(interface.__file__).parent / "kernels.c").read_text()
 
@@ -44,11 +44,19 @@ def _slots(body: str) -> tuple[set[int], set[int], bool]:
     return pointers, integers, "a->f" in body
 
 
+def _c_enum(prefix: str) -> list[str]:
+    """The names of `kernels.c`'s enum whose names start with `prefix`, in order, the prefix dropped."""
+    enum_body = re.search(r"enum \{(\s*" + prefix + r"[^}]*)\}", SOURCE)
+    assert enum_body is not None, prefix
+    return [name.strip().removeprefix(prefix) for name in enum_body.group(1).split(",") if name.strip()]
+
+
 def test_the_kernel_enum_is_the_c_enum_in_order() -> None:
-    enum_body = re.search(r"enum \{([^}]*)\}", SOURCE)
-    assert enum_body is not None
-    c_names = [name.strip().removeprefix("KERNEL_") for name in enum_body.group(1).split(",") if name.strip()]
-    assert c_names == [kernel.name for kernel in Kernel]
+    assert _c_enum("KERNEL_") == [kernel.name for kernel in Kernel]
+
+
+def test_the_float_kinds_are_the_c_enum_in_order() -> None:
+    assert _c_enum("FLOAT_") == [kind.name for kind in FloatKind]
 
 
 def test_every_kernel_reads_exactly_the_arguments_python_names() -> None:

@@ -176,7 +176,7 @@ class TorchProgram(PromptRuntime):
             return None
         (path, tokens), interpreter = self._projector, self.base.interpreter
         return self.base.vision_tower(
-            path, lambda: on_compute_thread(VisionTower.read, path, interpreter.device, tokens, interpreter.arithmetic.tower_gelu)
+            path, lambda: on_compute_thread(VisionTower.read, path, interpreter.device, tokens, interpreter.arithmetic.tower())
         )
 
     @property

@@ -246,9 +246,10 @@ def _cache_views(keys: torch.Tensor, values: torch.Tensor) -> int:
 
 
 def native_flash_online(
-    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, last: int, scale: float, width: int
+    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first: int, last: int, scale: float, width: int, offset: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`hybrid._online` in C: q [n, H, D], the last n of the cache's L positions, over cells [first, last)."""
+    """`hybrid._online` in C: q [n, H, D], row r at position `offset + r` (it sees the cells up to it), over cells
+    [first, last)."""
     q = q.float().contiguous()
     n, heads, dim = q.shape
     stride = _cache_views(keys, values)
@@ -266,7 +267,7 @@ def native_flash_online(
         heads=heads,
         kv_heads=keys.shape[0],
         dim=dim,
-        offset=keys.shape[1] - n,
+        offset=offset,
         first=first,
         last=last,
         width=width,
@@ -276,8 +277,10 @@ def native_flash_online(
     return accumulated, high, total
 
 
-def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, width: int) -> torch.Tensor:
-    """`hybrid._tiled` in C: q [n, H, D], the last n of the cache's L positions; returns [n, H, D]."""
+def native_flash_tiled(
+    kernels: NativeKernels, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, width: int, offset: int
+) -> torch.Tensor:
+    """`hybrid._tiled` in C: q [n, H, D], row r at position `offset + r` (it sees the cells up to it); returns [n, H, D]."""
     q = q.float().contiguous()
     n, heads, dim = q.shape
     out = torch.empty_like(q)
@@ -291,7 +294,7 @@ def native_flash_tiled(kernels: NativeKernels, q: torch.Tensor, keys: torch.Tens
         heads=heads,
         kv_heads=keys.shape[0],
         dim=dim,
-        offset=keys.shape[1] - n,
+        offset=offset,
         length=keys.shape[1],
         width=width,
         scale=scale,

@@ -223,10 +223,35 @@ def native_flash_attention(
     """`ggml_flash_attention` on the C kernels."""
     n, heads, dim = q.shape
     scale = float(torch.div(f32(1.0), sqrtf(f32(float(dim)))))
+    offset = keys.shape[1] - n  # the new rows are the cache's last
     if batch_rows >= FA_TILE:
-        return native_flash_tiled(kernels, q, keys, values, scale, width).reshape(n, heads * dim)
-    online = functools.partial(native_flash_online, kernels, q, keys, values, scale=scale, width=width)
+        return native_flash_tiled(kernels, q, keys, values, scale, width, offset).reshape(n, heads * dim)
+    online = functools.partial(native_flash_online, kernels, q, keys, values, scale=scale, width=width, offset=offset)
     return _in_chunks(online, q, keys.shape[1], batch_rows, cells, threads)
+
+
+def ggml_image_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int) -> torch.Tensor:
+    """mtmd's flash attention over one image: q, k, v [n, H, D] float32, K and V cast to f16, no mask (each patch
+    sees every patch); ggml's tiled kernel from `FA_TILE` rows, its one-chunk kernel below. Returns [n, H * D]."""
+    n, heads, dim = q.shape
+    scale = torch.div(f32(1.0), sqrtf(f32(float(dim))))
+    keys, values = k.transpose(0, 1).half(), v.transpose(0, 1).half()  # [H, n, D]
+    last_seen = torch.full((n,), n - 1, device=q.device)  # every row sees every cell
+    if n >= FA_TILE:
+        return _tiled(q, keys, values, last_seen, scale, width).reshape(n, heads * dim)
+    sums, _, total = _online(q, keys, values, last_seen, scale, 0, n, width)
+    return _normalized(sums, total).reshape(n, heads * dim)
+
+
+def native_image_attention(kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml_image_attention` on the C kernels."""
+    n, heads, dim = q.shape
+    scale = float(torch.div(f32(1.0), sqrtf(f32(float(dim)))))
+    keys, values = k.transpose(0, 1).half().contiguous(), v.transpose(0, 1).half().contiguous()
+    if n >= FA_TILE:
+        return native_flash_tiled(kernels, q, keys, values, scale, width, n - 1).reshape(n, heads * dim)
+    sums, _, total = native_flash_online(kernels, q, keys, values, 0, n, scale, width, n - 1)
+    return _normalized(sums, total).reshape(n, heads * dim)
 
 
 def _in_chunks(online: _Online, q: torch.Tensor, length: int, batch_rows: int, cells: int, threads: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ __all__ = [
     "AttentionStepCall",
     "FlashOnlineCall",
     "FlashTiledCall",
+    "FloatKind",
     "FloatProductCall",
     "GatedDeltaNetCall",
     "GeluCall",
@@ -67,6 +68,16 @@ class Kernel(enum.IntEnum):
 
 BLOCK_PRODUCTS = frozenset({Kernel.Q6_K_ROWS, Kernel.Q6_K_TILED, Kernel.Q0_ROWS, Kernel.Q4_0_REPACKED, Kernel.Q0_EIGHTS, Kernel.Q4_0_EIGHTS})
 """Kernels `paw_block_product` runs with the arguments it makes in C (x quantized first); Python names only which."""
+
+
+class FloatKind(enum.IntEnum):
+    """A float product's weights, in `kernels.c`'s `FLOAT_<name>` order: F32, F16, or BF16 dotted in `vdpbf16ps`
+    pairs (AVX-512 BF16) or widened to float32 (other CPUs)."""
+
+    F32 = 0
+    F16 = 1
+    BF16_PAIRS = 2
+    BF16_WIDENED = 3
 
 
 class LibmOp(enum.IntEnum):
@@ -266,7 +277,7 @@ class FloatProductCall(KernelCall):
     weight: Pointer
     x: Pointer
     target: Pointer
-    f16: Integer
+    kind: Integer
     rows: Integer
     width: Integer
     tiled: Integer

@@ -1682,19 +1682,156 @@ done:
     free(totals);
 }
 
-/* ---- float matrices (F32 and F16 GGUF weights, float adapters) as llama.cpp's CPU backend multiplies them ---- */
+/* ---- float matrices (F32, F16 and BF16 GGUF weights, float adapters) as llama.cpp's CPU backend multiplies them ---- */
 
-/* x [rows, k] times weights w [out, k] for outputs [first, last): F32 weights, or (`f16`) f16 bits with x already
-   rounded to f16 as ggml converts it. `tiled` (2 rows or more, k a multiple of W: tinyBLAS) each dot W lanes in
-   order, then by halves; else ggml's one-row dots (`ggml_vec_dot_f32` / `_f16`). */
-static void float_product(const void *w, int f16, const float *x, int64_t rows, int64_t k, int tiled, int W,
+enum { FLOAT_F32, FLOAT_F16, FLOAT_BF16_PAIRS, FLOAT_BF16_WIDENED };  /* paw_args' `kind` of a float product */
+
+static inline float bf16_value(uint16_t bits) {
+    uint32_t widened = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &widened, sizeof value);
+    return value;
+}
+
+/* `vdpbf16ps` treats inputs below FLT_MIN as zero and flushes such results to zero. */
+static inline float flushed(float value) { return fabsf(value) < 0x1p-126f ? copysignf(0.0f, value) : value; }
+
+/* One `vdpbf16ps` lane: the odd pair's product added, then the even's, each an FMA rounded once (DAZ, FTZ). */
+static inline float dpbf16_lane(float acc, const float *a, const float *b) {
+    acc = flushed(fmaf(flushed(a[1]), flushed(b[1]), flushed(acc)));
+    return flushed(fmaf(flushed(a[0]), flushed(b[0]), acc));
+}
+
+/* a . b over k bf16 values (widened to float32) as llama.cpp dots them on this CPU, one lane at a time: `pairs`
+   (AVX-512 BF16) in `vdpbf16ps` lanes of 16, else FMA chains of W lanes. `tiled` (tinyBLAS, k a multiple of its
+   step): one accumulator, by halves. Else `ggml_vec_dot_bf16`: two accumulators (of 32 values a step with pairs,
+   16 with AVX-512) each by halves and added in double, or four of 8 (AVX2) added (0+2)+(1+3), then by halves; the
+   last values' products added in double. */
+static float dot_bf16_lanes(const float *a, const float *b, int64_t k, int W, int pairs, int tiled) {
+    float lanes[4][16] = {{0}};
+    const int accumulators = tiled ? 1 : (pairs || W == 16 ? 2 : 4), step = pairs ? 32 : (tiled ? W : (W == 16 ? 16 : 8));
+    const int64_t block = (int64_t)accumulators * step, whole = k - k % block;
+    for (int64_t s = 0; s < whole; s += block)
+        for (int j = 0; j < accumulators; ++j) {
+            const float *pa = a + s + j * step, *pb = b + s + j * step;
+            if (pairs)
+                for (int l = 0; l < 16; ++l) lanes[j][l] = dpbf16_lane(lanes[j][l], pa + 2 * l, pb + 2 * l);
+            else
+                for (int l = 0; l < step; ++l) lanes[j][l] = fmaf(pa[l], pb[l], lanes[j][l]);
+        }
+    if (tiled) return halves(lanes[0], pairs ? 16 : W);
+    double total;
+    if (accumulators == 4) {
+        for (int l = 0; l < 8; ++l) lanes[0][l] = (lanes[0][l] + lanes[2][l]) + (lanes[1][l] + lanes[3][l]);
+        total = (double)halves(lanes[0], 8);
+    } else {
+        total = (double)halves(lanes[0], 16);
+        total += (double)halves(lanes[1], 16);
+    }
+    for (int64_t i = whole; i < k; ++i) total += (double)(a[i] * b[i]);
+    return (float)total;
+}
+
+#ifndef PAW_BASELINE
+static int has_avx512_bf16(void) {
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    }
+    return known;
+}
+
+#define BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+#define BF16_ROW_BLOCK 64  /* x rows (bf16, 64 x k) multiplied by every weight row of a thread while they are in L2 */
+
+/* tinyBLAS's BF16 dots with `vdpbf16ps` (its AVX-512 BF16 kernel's instruction, so the same numbers): 4 weight rows
+   by 4 rows of x at once, 16 accumulators in flight, each by halves. */
+BF16_TARGET static void bf16_tiles_512(const uint16_t *w, const uint16_t *x, int64_t rows, int64_t k, const paw_out *y,
+                                       int64_t first, int64_t last) {
+    for (int64_t r0 = 0; r0 < rows; r0 += BF16_ROW_BLOCK) {
+        const int64_t r_end = r0 + BF16_ROW_BLOCK < rows ? r0 + BF16_ROW_BLOCK : rows;
+        for (int64_t o = first; o < last; o += 4) {
+            const int oc = last - o < 4 ? (int)(last - o) : 4;
+            const uint16_t *wr[4];
+            for (int j = 0; j < 4; ++j) wr[j] = w + (o + (j < oc ? j : oc - 1)) * k;
+            for (int64_t r = r0; r < r_end; r += 4) {
+                const int rc = r_end - r < 4 ? (int)(r_end - r) : 4;
+                const uint16_t *xr[4];
+                for (int i = 0; i < 4; ++i) xr[i] = x + (r + (i < rc ? i : rc - 1)) * k;
+                __m512 acc[4][4];
+                for (int j = 0; j < 4; ++j)
+                    for (int i = 0; i < 4; ++i) acc[j][i] = _mm512_setzero_ps();
+                for (int64_t s = 0; s < k; s += 32) {
+                    __m512bh wv[4], xv[4];
+                    for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wr[j] + s);
+                    for (int i = 0; i < 4; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xr[i] + s);
+                    for (int j = 0; j < 4; ++j)
+                        for (int i = 0; i < 4; ++i) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[j], xv[i]);
+                }
+                for (int j = 0; j < oc; ++j)
+                    for (int i = 0; i < rc; ++i) put(y, r + i, o + j, sum_halves_512(acc[j][i]));
+            }
+        }
+    }
+}
+#endif
+
+static void widen_bf16(const uint16_t *bits, int64_t count, float *out) {
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_value(bits[i]);
+}
+
+/* x [rows, k] (bf16 bits, rounded as ggml rounds them) times BF16 weights w [out, k] for outputs [first, last), with
+   `pairs` (AVX-512 BF16's `vdpbf16ps` lanes) or widened values in W-lane FMA chains; `tiled` as `float_product`.
+   The instruction where the CPU has it, else the same numbers lane by lane. Returns 0, or -1 without memory. */
+static int bf16_product(const uint16_t *w, int pairs, const uint16_t *x, int64_t rows, int64_t k, int tiled, int W,
+                        const paw_out *y, int64_t first, int64_t last) {
+    if (k % (pairs ? 32 : W)) tiled = 0;  /* tinyBLAS takes only whole vectors; ggml then dots row by row */
+#ifndef PAW_BASELINE
+    if (tiled && pairs && avx512_allowed && has_avx512_bf16()) {
+        bf16_tiles_512(w, x, rows, k, y, first, last);
+        return 0;
+    }
+#endif
+    float *wide = malloc(sizeof(float) * k * 9);  /* 8 weight rows and one row of x */
+    if (!wide) return -1;
+    for (int64_t o = first; o < last; o += 8) {
+        const int count = last - o < 8 ? (int)(last - o) : 8;
+        const float *b[8];
+        for (int j = 0; j < 8; ++j) {
+            b[j] = wide + j * k;
+            widen_bf16(w + (o + (j < count ? j : count - 1)) * k, k, wide + j * k);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+            float *a = wide + 8 * k, result[8];
+            widen_bf16(x + r * k, k, a);
+            if (tiled && !pairs)
+                dots_tiled(a, b, count, k, W, result);
+            else
+                for (int j = 0; j < count; ++j) result[j] = dot_bf16_lanes(a, b[j], k, W, pairs, tiled);
+            for (int j = 0; j < count; ++j) put(y, r, o + j, result[j]);
+        }
+    }
+    free(wide);
+    return 0;
+}
+
+/* x [rows, k] times weights w [out, k] for outputs [first, last): F32 weights, or (`FLOAT_F16`) f16 bits with x
+   already rounded to f16 as ggml converts it, or BF16 (`bf16_product`). `tiled` (2 rows or more, k a multiple of W:
+   tinyBLAS) each dot W lanes in order, then by halves; else ggml's one-row dots (`ggml_vec_dot_f32` / `_f16`). */
+static void float_product(const void *w, int kind, const void *x, int64_t rows, int64_t k, int tiled, int W,
                           const paw_out *y, int64_t first, int64_t last) {
+    if (kind == FLOAT_BF16_PAIRS || kind == FLOAT_BF16_WIDENED) {
+        bf16_product(w, kind == FLOAT_BF16_PAIRS, x, rows, k, tiled, W, y, first, last);
+        return;
+    }
+    const int f16 = kind == FLOAT_F16;
     for (int64_t o = first; o < last; o += 8) {
         int count = last - o < 8 ? (int)(last - o) : 8;
         const float *b[8] = {0};
         for (int j = 0; j < 8 && !f16; ++j) b[j] = (const float *)w + (o + (j < count ? j : count - 1)) * k;
         for (int64_t r = 0; r < rows; ++r) {
-            const float *a = x + r * k;
+            const float *a = (const float *)x + r * k;
             float result[8];
             if (f16)
                 for (int j = 0; j < count; ++j) result[j] = dot_f16(a, (const uint16_t *)w + (o + j) * k, k, W, !tiled);

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .interface import BLOCK_PRODUCTS, EXPORTS, FloatProductCall, Kernel, KernelCall, LibmOp, Out
+from .interface import BLOCK_PRODUCTS, EXPORTS, FloatKind, FloatProductCall, Kernel, KernelCall, LibmOp, Out
 
 __all__ = ["NativeKernels", "threads_for"]
 
@@ -68,12 +68,13 @@ class NativeKernels:
             raise MemoryError("pawfn: no memory for a block product's scratch")
 
     def float_product(
-        self, weight: int, f16: bool, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
+        self, weight: int, kind: FloatKind, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
     ) -> None:
-        """x [rows, width] times F32 (or, `f16`, f16) weights [out, width] with llama.cpp's dots of `lanes` lanes
-        (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out` puts them."""
+        """x [rows, width] (float32; bf16 bits for BF16 weights) times `kind` weights [out, width] with llama.cpp's
+        dots of `lanes` lanes (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out`
+        puts them."""
         target = Out(*into)
-        call = FloatProductCall(weight, x, ctypes.addressof(target), int(f16), rows, width, int(tiled), lanes)
+        call = FloatProductCall(weight, x, ctypes.addressof(target), kind, rows, width, int(tiled), lanes)
         self.run(call, out, rows * out * width)
 
     def expf(self, x: int, y: int, count: int, width: int) -> None:

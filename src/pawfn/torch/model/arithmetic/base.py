@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from ....core.options import ResolvedNumerics
-from ...ggml.float_ops import ggml_gelu
 from ..attention import StepSlots, attend, attend_batched
 from ..delta_rule import delta_rule, l2_normalized
 from ..families import Architecture
 from ..kvcache import KVCache
 from ..packed import plain
 from ..product import Kept, Product, Storage, StoredProduct
+from .tower import TowerArithmetic
 
 __all__ = ["QKV", "Arithmetic", "TorchArithmetic"]
 
@@ -159,9 +159,9 @@ class Arithmetic:
         """A matrix of float values `weight` [out, in] (and its `bias`), multiplied in this arithmetic."""
         return plain(weight, bias)
 
-    def tower_gelu(self, x: torch.Tensor) -> torch.Tensor:
-        """An image tower's GELU: mtmd's (ggml's f16 table) in every arithmetic."""
-        return ggml_gelu(x)
+    def tower(self) -> TowerArithmetic:
+        """How an image tower computes beside this arithmetic: torch's float32 (with mtmd's GELU)."""
+        return TowerArithmetic()
 
 
 class TorchArithmetic(Arithmetic):

@@ -44,6 +44,11 @@ def simd_width() -> int:
     return 16 if "avx512f" in host_cpu_flags() else 8
 
 
+def bf16_pairs() -> bool:
+    """Whether llama.cpp dots BF16 values with `vdpbf16ps` on this CPU (AVX-512 BF16), not widened to float32."""
+    return {"avx512f", "avx512_bf16"} <= host_cpu_flags()
+
+
 def llamacpp_numerics_problem(device: torch.device, dtype: torch.dtype, weight_dtype: WeightDType | None) -> str | None:
     """Why llama.cpp's arithmetic cannot run with these settings on this machine (None: it can)."""
     if device.type != "cpu" or dtype != torch.float32 or weight_dtype is not None:
@@ -134,4 +139,4 @@ def open_arithmetic(
             problem,
         )
         return TorchArithmetic()
-    return llamacpp_arithmetic(simd_width(), family.llamacpp_flash_attention)
+    return llamacpp_arithmetic(simd_width(), family.llamacpp_flash_attention, bf16_pairs())

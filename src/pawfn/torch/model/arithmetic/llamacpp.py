@@ -27,32 +27,39 @@ from ..kvcache import KVCache
 from ..packed import GraphOrderMatrix
 from ..product import Kept, Product, Storage, StoredProduct
 from .base import QKV, Arithmetic
+from .tower import MtmdTower, NativeMtmdTower, TowerArithmetic
 
 __all__ = ["LlamaCppArithmetic", "NativeLlamaCppArithmetic", "llamacpp_arithmetic"]
 
 
-def llamacpp_arithmetic(width: int, flash: bool) -> LlamaCppArithmetic:
-    """llama.cpp's arithmetic for SIMD `width` lanes (`flash`: its flash attention), on the C kernels where they
-    build, else their torch emulation (the same numbers, several times slower)."""
+def llamacpp_arithmetic(width: int, flash: bool, bf16_pairs: bool) -> LlamaCppArithmetic:
+    """llama.cpp's arithmetic for SIMD `width` lanes (`flash`: its flash attention; `bf16_pairs`: its BF16 dots by
+    AVX-512 BF16's `vdpbf16ps`), on the C kernels where they build, else their torch emulation (the same numbers,
+    several times slower)."""
     kernels = native_kernels()
-    return LlamaCppArithmetic(width, flash) if kernels is None else NativeLlamaCppArithmetic(width, flash, kernels)
+    if kernels is None:
+        return LlamaCppArithmetic(width, flash, bf16_pairs)
+    return NativeLlamaCppArithmetic(width, flash, bf16_pairs, kernels)
 
 
 class LlamaCppArithmetic(Arithmetic):
     """llama.cpp's CPU backend's arithmetic for SIMD `width` lanes in torch: the reference its C twin is tested
-    against; `flash`: its flash attention, each prompt whole (Qwen3.5)."""
+    against; `flash`: its flash attention, each prompt whole (Qwen3.5); `bf16_pairs`: BF16 matrices dotted in
+    `vdpbf16ps` pairs (a CPU with AVX-512 BF16), else widened to float32."""
 
     numerics: ResolvedNumerics = "llamacpp"
     row_exact = True
     keeps_last_row = True
 
-    def __init__(self, width: int, flash: bool) -> None:
+    def __init__(self, width: int, flash: bool, bf16_pairs: bool) -> None:
         self.width = width
         self.flash = flash
+        self.bf16_pairs = bf16_pairs
         # its flash attention follows its batches of 128 from each call's first token: whole batches of the prefix are
         # the same in every call, so a prefix cut at one of their ends is too
         self.prefix_granule = LLAMACPP_BATCH if flash else 1
-        self.prefix_tag = f"+llamacpp-numerics-{width}-lanes"  # it follows the CPU's vector width: a shared cache may span CPUs
+        # it follows the CPU's vector width and BF16 dots: a shared cache may span CPUs
+        self.prefix_tag = f"+llamacpp-numerics-{width}-lanes{'-bf16-pairs' if bf16_pairs else ''}"
 
     def kv_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return torch.float16  # the official runtime's cache
@@ -126,12 +133,15 @@ class LlamaCppArithmetic(Arithmetic):
     def float_matrix(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Product:
         return GraphOrderMatrix(weight, bias)  # a side path multiplied, then scaled, then added, as llama.cpp's graph
 
+    def tower(self) -> TowerArithmetic:
+        return MtmdTower(self.width, self.bf16_pairs)  # mtmd's arithmetic: its embeddings bit for bit
+
 
 class NativeLlamaCppArithmetic(LlamaCppArithmetic):
     """`LlamaCppArithmetic` on its C `kernels`: the same numbers at llama.cpp's speed."""
 
-    def __init__(self, width: int, flash: bool, kernels: NativeKernels) -> None:
-        super().__init__(width, flash)
+    def __init__(self, width: int, flash: bool, bf16_pairs: bool, kernels: NativeKernels) -> None:
+        super().__init__(width, flash, bf16_pairs)
         self.kernels = kernels
 
     def describe(self, storage: str, device: str) -> str:
@@ -197,8 +207,8 @@ class NativeLlamaCppArithmetic(LlamaCppArithmetic):
     def stored_matrix(
         self, raw: npt.NDArray[np.uint8], qtype: gguf.GGMLQuantizationType, out_features: int, base_layer: bool
     ) -> StoredProduct | None:
-        floats = float_matrix(self.kernels, raw, qtype, out_features, self.width)
+        floats = float_matrix(self.kernels, raw, qtype, out_features, self.width, self.bf16_pairs)
         return floats if floats is not None else native_block_matrix(self.kernels, raw, qtype, out_features, base_layer)
 
-    def tower_gelu(self, x: torch.Tensor) -> torch.Tensor:
-        return native_gelu(self.kernels, x, ggml_gelu_table())
+    def tower(self) -> TowerArithmetic:
+        return NativeMtmdTower(self.width, self.bf16_pairs, self.kernels)
