@@ -182,12 +182,14 @@ def test_the_default_towers_embeddings_are_mtmds_bit_for_bit(qwen35_vision: Tiny
     import torch
 
     from pawfn.torch.engine.vision import VisionTower
+    from pawfn.torch.ggml.c_kernels import native_kernels
     from pawfn.torch.model.arithmetic import TorchArithmetic, llamacpp_arithmetic
     from pawfn.torch.model.arithmetic.choice import bf16_pairs, simd_width
     from pawfn.torch.model.arithmetic.tower import MtmdTower
 
     projector = qwen35_vision.projector if matrices == "F32" else qwen35_vision.typed_projectors[matrices]
     default = llamacpp_arithmetic(simd_width(), False, bf16_pairs()).tower()
+    kernels = native_kernels()
     emulated = MtmdTower(simd_width(), bf16_pairs())
     towers = [VisionTower.read(projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens, ops) for ops in (default, emulated)]
     float32 = VisionTower.read(projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens, TorchArithmetic().tower())
@@ -199,6 +201,12 @@ def test_the_default_towers_embeddings_are_mtmds_bit_for_bit(qwen35_vision: Tiny
                 prepared = tower.prepare(Image(data))
                 assert (prepared.rows, prepared.columns) == grid, (width, height)
                 assert np.array_equal(tower.encode(prepared).numpy(), expected), (width, height, tower)
+            if kernels is not None:  # the C kernels' paths for CPUs without AVX-512 (BF16 dots lane by lane) too
+                kernels.use_avx512(False)
+                try:
+                    assert np.array_equal(towers[0].encode(towers[0].prepare(Image(data))).numpy(), expected), (width, height)
+                finally:
+                    kernels.use_avx512(True)
             close = float32.encode(float32.prepare(Image(data))).numpy()  # numerics="native": torch's float32 products
             assert np.abs(close - expected).max() <= (1e-2 if matrices == "BF16" else 1e-3) * np.abs(expected).max(), (width, height)
 

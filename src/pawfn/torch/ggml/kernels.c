@@ -1614,16 +1614,114 @@ static void flash_online(const float *q, const uint16_t *k, const uint16_t *v, i
 
 #define PAW_FA_TILE 64
 
+/* Four rows' scores against a tile: scores[i][c] = sum over d of query[i][d] * tile_keys[d][c], an FMA chain over d
+   from 0 (the scalar loop's order), sixteen cells a register, the tile's keys loaded once for the four rows. */
+__attribute__((target("avx512f"))) static void tile_scores_4(const float *const query[4], const float *tile_keys, int64_t D,
+                                                           float scores[4][PAW_FA_TILE]) {
+    __m512 acc[4][PAW_FA_TILE / 16];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < PAW_FA_TILE / 16; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        __m512 key[PAW_FA_TILE / 16];
+        for (int j = 0; j < PAW_FA_TILE / 16; ++j) key[j] = _mm512_loadu_ps(tile_keys + d * PAW_FA_TILE + 16 * j);
+        for (int i = 0; i < 4; ++i) {
+            const __m512 qd = _mm512_set1_ps(query[i][d]);
+            for (int j = 0; j < PAW_FA_TILE / 16; ++j) acc[i][j] = _mm512_fmadd_ps(qd, key[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < PAW_FA_TILE / 16; ++j) _mm512_storeu_ps(scores[i] + 16 * j, acc[i][j]);
+}
+
+/* `tile_values_4` for `chunks` registers (a constant where inlined: the accumulators stay in registers). */
+static inline __attribute__((always_inline, target("avx512f"))) void tile_values_chunks(const float weights[4][PAW_FA_TILE], const float *tile_values,
+                                                                                      int64_t D, int64_t d0, float *const result[4], const int chunks) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < chunks; ++j) acc[i][j] = _mm512_loadu_ps(result[i] + d0 + 16 * j);
+    for (int c = 0; c < PAW_FA_TILE; ++c) {
+        __m512 value[4];
+        for (int j = 0; j < chunks; ++j) value[j] = _mm512_loadu_ps(tile_values + c * D + d0 + 16 * j);
+        for (int i = 0; i < 4; ++i) {
+            const __m512 weight = _mm512_set1_ps(weights[i][c]);
+            for (int j = 0; j < chunks; ++j) acc[i][j] = _mm512_fmadd_ps(weight, value[j], acc[i][j]);
+        }
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < chunks; ++j) _mm512_storeu_ps(result[i] + d0 + 16 * j, acc[i][j]);
+}
+
+/* Four rows' results += their weights times the tile's values: result[i][d] FMA chains over the cells in order (the
+   scalar loop's), D a multiple of 16, sixty-four of a row's values in registers at a time. */
+__attribute__((target("avx512f"))) static void tile_values_4(const float weights[4][PAW_FA_TILE], const float *tile_values, int64_t D,
+                                                           float *const result[4]) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) tile_values_chunks(weights, tile_values, D, d0, result, 4);
+    switch ((D - d0) / 16) {
+    case 3: tile_values_chunks(weights, tile_values, D, d0, result, 3); break;
+    case 2: tile_values_chunks(weights, tile_values, D, d0, result, 2); break;
+    case 1: tile_values_chunks(weights, tile_values, D, d0, result, 1); break;
+    default: break;
+    }
+}
+
+/* One row's online softmax step over a tile of raw scores (`scores` becomes its weights): masked cells (past the
+   cache, or past `position` when causal) at -inf, the running maximum and sum updated and its `result` rescaled
+   where the maximum rises, weights by `ggml_v_expf` summed by W-lane halves in double. */
+static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t position, float scale, int W, int64_t D,
+                         float *result, float *high, float *total) {
+    float top = -INFINITY;
+    if (start + PAW_FA_TILE <= length && start + PAW_FA_TILE - 1 <= position) {  /* every cell seen: eight at a time */
+        const __m256 scale8 = _mm256_set1_ps(scale);
+        __m256 tops = _mm256_set1_ps(-INFINITY);
+        for (int c = 0; c < PAW_FA_TILE; c += 8) {
+            const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(scores + c), scale8);
+            _mm256_storeu_ps(scores + c, scaled);
+            tops = _mm256_max_ps(tops, scaled);
+        }
+        float lanes[8];
+        _mm256_storeu_ps(lanes, tops);
+        for (int l = 0; l < 8; ++l) top = lanes[l] > top ? lanes[l] : top;
+    } else {
+        for (int c = 0; c < PAW_FA_TILE; ++c) {
+            const int64_t cell = start + c;
+            scores[c] = cell < length && cell <= position ? scores[c] * scale : -INFINITY;
+            if (scores[c] > top) top = scores[c];
+        }
+    }
+    const float newer = fmaxf(*high, top);
+    if (newer > *high) {
+        const float shrink = expf(*high - newer);
+        for (int64_t d = 0; d < D; ++d) result[d] = result[d] * shrink;
+        *total = *total * shrink;
+    }
+    *high = newer;
+    double running = 0.0;
+    const __m256 newer8 = _mm256_set1_ps(newer);
+    for (int c = 0; c < PAW_FA_TILE; c += 8) {
+        _mm256_storeu_ps(scores + c, _mm256_sub_ps(_mm256_loadu_ps(scores + c), newer8));
+        expf_ggml8(scores + c, scores + c, W);
+    }
+    for (int c0 = 0; c0 < PAW_FA_TILE; c0 += W) {  /* each W lanes by halves */
+        const __m256 low = _mm256_loadu_ps(scores + c0);
+        running += (double)sum_halves(W == 16 ? _mm256_add_ps(_mm256_loadu_ps(scores + c0 + 8), low) : low);
+    }
+    *total = (float)((double)*total + running);
+}
+
 /* `ggml_compute_forward_flash_attn_ext_tiled` for heads [first, last) of q [n, H, D] (row r at cache position
-   positions0 + r, causal) over the cache's first `length` cells: scores as FMA chains over Q (float32) and K
-   widened from f16, tiles of 64 cells with `ggml_v_expf` softmax summed in double, V summed by FMA chains. Writes
-   the normalized outputs [n, H, D]. Rows take the tiles up to their own position (later ones are all masked). */
+   positions0 + r, causal; a position past the cache sees it all) over the cache's first `length` cells: scores as
+   FMA chains over Q (float32) and K widened from f16, tiles of 64 cells with `ggml_v_expf` softmax summed in
+   double, V summed by FMA chains. Writes the normalized outputs [n, H, D]. Rows take the tiles up to their own
+   position (later ones are all masked); with AVX-512 (W 16) four rows at a time, in the same order. */
 static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, int64_t kv_stride, int64_t n, int64_t H, int64_t KV,
                         int64_t D, int64_t positions0, int64_t length, float scale, int W, float *out, int64_t first, int64_t last) {
     float *tile_keys = malloc(sizeof(float) * D * PAW_FA_TILE), *tile_values = malloc(sizeof(float) * D * PAW_FA_TILE);
     float *highs = malloc(sizeof(float) * n), *totals = malloc(sizeof(float) * n);
-    float scores[PAW_FA_TILE];
-    if (!tile_keys || !tile_values || !highs || !totals) goto done;
+    float scores[4][PAW_FA_TILE];
+    const int grouped = W == 16 && avx512_allowed && D % 16 == 0;  /* a CPU whose llama.cpp has 16 lanes has AVX-512 */
+    float *row_scores = grouped ? malloc(sizeof(float) * PAW_FA_TILE * (n + 4)) : NULL;
+    if (!tile_keys || !tile_values || !highs || !totals || (grouped && !row_scores)) goto done;
     for (int64_t h = first; h < last; ++h) {
         const int64_t kvh = h / (H / KV);
         const uint16_t *keys = k + kvh * kv_stride, *values = v + kvh * kv_stride;
@@ -1639,35 +1737,41 @@ static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, in
                     tile_keys[d * PAW_FA_TILE + c] = inside ? f16_value(keys[(start + c) * D + d]) : 0.0f;
                     tile_values[c * D + d] = inside ? f16_value(values[(start + c) * D + d]) : 0.0f;
                 }
-            for (int64_t r = 0; r < n; ++r) {
-                const int64_t position = positions0 + r;
-                if (start > position) continue;  /* all masked for this row: no change */
-                const float *query = q + (r * H + h) * D;
-                float *result = out + (r * H + h) * D, top = -INFINITY;
-                for (int c = 0; c < PAW_FA_TILE; ++c) scores[c] = 0.0f;
-                for (int64_t d = 0; d < D; ++d)
-                    for (int c = 0; c < PAW_FA_TILE; ++c) scores[c] = fmaf(query[d], tile_keys[d * PAW_FA_TILE + c], scores[c]);
-                for (int c = 0; c < PAW_FA_TILE; ++c) {
-                    const int64_t cell = start + c;
-                    scores[c] = cell < length && cell <= position ? scores[c] * scale : -INFINITY;
-                    if (scores[c] > top) top = scores[c];
+            /* four rows at a time that all see this tile (a row sees none of a tile past its position: no change),
+               in three passes over them so that each pass keeps one tile in L1: scores, softmax, values */
+            int64_t together = 0;
+            if (grouped)
+                for (; together + 4 <= n && start <= positions0 + together; together += 4) {
+                    const float *query[4];
+                    for (int i = 0; i < 4; ++i) query[i] = q + ((together + i) * H + h) * D;
+                    tile_scores_4(query, tile_keys, D, (float (*)[PAW_FA_TILE])(row_scores + together * PAW_FA_TILE));
                 }
-                const float newer = fmaxf(highs[r], top);
-                if (newer > highs[r]) {
-                    const float shrink = expf(highs[r] - newer);
-                    for (int64_t d = 0; d < D; ++d) result[d] = result[d] * shrink;
-                    totals[r] = totals[r] * shrink;
+            for (int64_t r = 0; r < together; ++r)
+                tile_softmax(row_scores + r * PAW_FA_TILE, start, length, positions0 + r, scale, W, D, out + (r * H + h) * D, highs + r, totals + r);
+            for (int64_t r0 = 0; r0 < together; r0 += 4) {
+                float *result[4];
+                for (int i = 0; i < 4; ++i) result[i] = out + ((r0 + i) * H + h) * D;
+                tile_values_4((const float (*)[PAW_FA_TILE])(row_scores + r0 * PAW_FA_TILE), tile_values, D, result);
+            }
+            for (int64_t r0 = together; r0 < n; r0 += 4) {
+                const int count = n - r0 < 4 ? (int)(n - r0) : 4;
+                const float *query[4];
+                float *result[4];
+                for (int i = 0; i < count; ++i) {
+                    query[i] = q + ((r0 + i) * H + h) * D;
+                    result[i] = out + ((r0 + i) * H + h) * D;
                 }
-                highs[r] = newer;
-                double running = 0.0;
-                for (int c0 = 0; c0 < PAW_FA_TILE; c0 += W) {
-                    float lanes[16];
-                    for (int l = 0; l < W; ++l) lanes[l] = scores[c0 + l] = expf_ggml(scores[c0 + l] - newer, W);
-                    running += (double)halves(lanes, W);
+                for (int i = 0; i < count; ++i) {
+                    const int64_t r = r0 + i;
+                    if (start > positions0 + r) continue;
+                    float *row = scores[i];
+                    for (int c = 0; c < PAW_FA_TILE; ++c) row[c] = 0.0f;
+                    for (int64_t d = 0; d < D; ++d)
+                        for (int c = 0; c < PAW_FA_TILE; ++c) row[c] = fmaf(query[i][d], tile_keys[d * PAW_FA_TILE + c], row[c]);
+                    tile_softmax(row, start, length, positions0 + r, scale, W, D, result[i], highs + r, totals + r);
+                    for (int c = 0; c < PAW_FA_TILE; ++c)
+                        for (int64_t d = 0; d < D; ++d) result[i][d] = fmaf(row[c], tile_values[c * D + d], result[i][d]);
                 }
-                totals[r] = (float)((double)totals[r] + running);
-                for (int c = 0; c < PAW_FA_TILE; ++c)
-                    for (int64_t d = 0; d < D; ++d) result[d] = fmaf(scores[c], tile_values[c * D + d], result[d]);
             }
         }
         for (int64_t r = 0; r < n; ++r) {
@@ -1680,6 +1784,7 @@ done:
     free(tile_values);
     free(highs);
     free(totals);
+    free(row_scores);
 }
 
 /* ---- float matrices (F32, F16 and BF16 GGUF weights, float adapters) as llama.cpp's CPU backend multiplies them ---- */
