@@ -24,13 +24,23 @@ from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArith
 from pawfn.torch.model.arithmetic import llamacpp as llamacpp_numerics
 from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, join_blocks, native_block_matrix
 from pawfn.torch.ggml.blocks import block_matrix, quantize_q8_0, quantize_q8_k
-from pawfn.torch.ggml.float_ops import ggml_attention, ggml_expf, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul, native_rope_table_for
+from pawfn.torch.ggml.float_ops import (
+    ggml_attention,
+    ggml_expf,
+    ggml_layer_norm,
+    ggml_rms_norm,
+    ggml_rope,
+    ggml_rope_table,
+    ggml_silu_mul,
+    native_rope_table_for,
+)
 from pawfn.torch.ggml.c_kernels import (
     NativeKernels,
     native_attention,
     native_attention_step,
     native_expf,
     native_kernels,
+    native_layer_norm,
     native_rms_norm,
     native_rope,
     native_swiglu,
@@ -290,6 +300,10 @@ def test_elementwise_steps_equal_the_emulation(width: int) -> None:
     assert torch.equal(native_swiglu(_kernels(), gate, up, width), ggml_silu_mul(gate.contiguous(), up.contiguous(), width))
     cos, sin = ggml_rope_table(torch.arange(300, 321), 128, 1e6)
     assert torch.equal(native_rope(_kernels(), hidden, cos, sin), ggml_rope(hidden, cos, sin))
+    bias = torch.randn(999, generator=generator)  # a row not a whole number of W lanes
+    assert torch.equal(
+        native_layer_norm(_kernels(), columns, wide_weight, bias, 1e-6, width), ggml_layer_norm(columns.contiguous(), wide_weight, bias, 1e-6, width)
+    )
     positions = torch.cat([torch.arange(0, 40), torch.arange(4000, 4100, 7), torch.tensor([32767, 131071])])
     for dim, base in ((128, 1e6), (64, 10000.0), (256, 1e7)):  # the tables in C: the same angles, the same libm
         in_c, emulated = native_rope_table_for(_kernels(), positions, dim, base), ggml_rope_table(positions, dim, base)

@@ -47,6 +47,7 @@ __all__ = [
     "native_ssm_conv",
     "native_kernels",
     "native_rms_norm",
+    "native_layer_norm",
     "native_rope",
     "native_rope_table",
     "native_swiglu",
@@ -321,6 +322,15 @@ def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tenso
     call = RmsNormCall(pointer(x), pointer(weight), pointer(y), stride=stride, per_row=per, n=n, eps=eps)
     kernels.run(call, y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
+
+
+def native_layer_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, width: int) -> torch.Tensor:
+    """`float_ops.ggml_layer_norm` in C over x's last axis."""
+    rows = x.float().contiguous().reshape(-1, x.shape[-1])
+    weight, bias = weight.float().contiguous(), bias.float().contiguous()
+    y = torch.empty_like(rows)
+    kernels.layer_norm(pointer(rows), pointer(weight), pointer(bias), pointer(y), rows.shape[0], rows.shape[1], eps, width)
+    return y.reshape(x.shape)
 
 
 def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

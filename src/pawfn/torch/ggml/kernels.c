@@ -1991,6 +1991,42 @@ static void rms_norm_rows(const float *x, int64_t stride, int64_t per, const flo
     }
 }
 
+/* `ggml_norm` then `ggml_mul` and `ggml_add` on x [rows, n] into y: the mean from the values summed in order in
+   double (`ggml_vec_sum_f32`), rounded to float32 and divided by n; the centred values' squares summed W at a time,
+   each W by halves (`ggml_vec_cvar_f32`), the rest one by one, in double; scale = 1 / sqrtf(variance + eps); then
+   (centred * scale) * w + b, each step rounded. */
+void paw_layer_norm(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t n, float eps, int64_t W) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *row = x + r * n;
+        float *out = y + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) sum += (double)row[i];
+        const float mean = (float)sum / (float)n;
+        const __m256 mean8 = _mm256_set1_ps(mean);
+        double squares = 0.0;
+        int64_t i = 0;
+        for (; i + W <= n; i += W) {
+            __m256 low = _mm256_sub_ps(_mm256_loadu_ps(row + i), mean8);
+            _mm256_storeu_ps(out + i, low);
+            low = _mm256_mul_ps(low, low);
+            if (W == 16) {
+                __m256 high = _mm256_sub_ps(_mm256_loadu_ps(row + i + 8), mean8);
+                _mm256_storeu_ps(out + i + 8, high);
+                low = _mm256_add_ps(_mm256_mul_ps(high, high), low);
+            }
+            squares += (double)sum_halves(low);
+        }
+        for (; i < n; ++i) {
+            const float centred = row[i] - mean;
+            out[i] = centred;
+            squares += (double)(centred * centred);
+        }
+        const float variance = (float)(squares / (double)n);
+        const float scale = 1.0f / sqrtf(variance + eps);
+        for (int64_t j = 0; j < n; ++j) out[j] = out[j] * scale * w[j] + b[j];
+    }
+}
+
 /* `rotate_pairs` (NeoX halves) of x [tokens, heads, dim] with cos/sin [tokens, dim/2]: x0*cos - x1*sin and
    x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). */
 void paw_rope_neox(const float *x, const float *cos_table, const float *sin_table, float *y, int64_t tokens,

@@ -93,6 +93,10 @@ class NativeKernels:
         """NeoX rotation of x [tokens, heads, dim] by cos/sin tables [tokens, dim / 2], into y."""
         self._functions["paw_rope_neox"](x, cos, sin, y, tokens, heads, dim)
 
+    def layer_norm(self, x: int, weight: int, bias: int, y: int, rows: int, n: int, eps: float, width: int) -> None:
+        """ggml's layer norm (then its weight and bias) of x [rows, n] with `width`-lane variance sums, into y."""
+        self._functions["paw_layer_norm"](x, weight, bias, y, rows, n, eps, width)
+
     def rope_table(self, positions: int, count: int, half: int, step: float, cos: int, sin: int) -> None:
         """cos and sin [count, half] of `p * step**i` by the C library's `cosf`, `sinf`."""
         self._functions["paw_rope_table"](positions, count, half, step, cos, sin)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ....formats.ggufio import GGUFFile
 from ...ggml.blocks import block_matrix
-from ...ggml.c_kernels import native_gelu, native_rope
+from ...ggml.c_kernels import native_gelu, native_layer_norm, native_rope
 from ...ggml.float_ops import fma32, ggml_gelu, ggml_gelu_table, ggml_layer_norm, ggml_rope, ggml_rope_table, native_rope_table_for
 from ...ggml.floats import float_matrix, ggml_float_product
 from ...ggml.hybrid import ggml_image_attention, native_image_attention
@@ -185,6 +185,9 @@ class NativeMtmdTower(MtmdTower):
         product = float_matrix(self.kernels, raw, qtype, values.shape[0], self.width, self.bf16_pairs)
         assert product is not None  # F32 and F16 are float matrices
         return product
+
+    def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+        return native_layer_norm(self.kernels, x, weight, bias, eps, self.width)
 
     def _rope_table(self, positions: torch.Tensor, rotated: int) -> tuple[torch.Tensor, torch.Tensor]:
         return native_rope_table_for(self.kernels, positions, rotated, _ROPE_BASE)
