@@ -232,8 +232,26 @@ def _mtmd_context(vision: TinyVision, projector: Path | None = None) -> Generato
         llm.close()
 
 
-def _mtmd_embeddings(context: mtmd_context_p, data: bytes) -> tuple[npt.NDArray[np.float32], tuple[int, int]]:
-    """mtmd's embeddings of one image and its grid (rows, columns) of merged tokens."""
+def test_images_of_odd_sizes_get_mtmds_token_grid(qwen35_vision: TinyVision) -> None:
+    """mtmd's grid of merged tokens (rows, columns: the image's token count and its M-RoPE extent) for 40 sizes, from
+    one pixel to past the token limit, odd, tall and wide: pawfn's preprocessing gives the same."""
+    import torch
+
+    from pawfn.torch.engine.vision import VisionTower
+    from pawfn.torch.model.arithmetic import TorchArithmetic
+
+    generator = np.random.default_rng(11)
+    sizes = [(1, 1), (1, 900), (3000, 2), (31, 33), *((int(w), int(h)) for w, h in generator.integers(1, 1500, size=(36, 2)))]
+    tower = VisionTower.read(qwen35_vision.projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens, TorchArithmetic().tower())
+    with _mtmd_context(qwen35_vision) as context:
+        for index, (width, height) in enumerate(sizes):
+            data = _png(width, height, index)
+            prepared = tower.prepare(Image(data))
+            assert (prepared.rows, prepared.columns) == _mtmd_embeddings(context, data, encode=False)[1], (width, height)
+
+
+def _mtmd_embeddings(context: mtmd_context_p, data: bytes, encode: bool = True) -> tuple[npt.NDArray[np.float32], tuple[int, int]]:
+    """mtmd's embeddings of one image (empty unless `encode`) and its grid (rows, columns) of merged tokens."""
     import ctypes
 
     from llama_cpp import mtmd_cpp as mtmd
@@ -252,6 +270,8 @@ def _mtmd_embeddings(context: mtmd_context_p, data: bytes) -> tuple[npt.NDArray[
             if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
                 grid = (mtmd.mtmd_image_tokens_get_ny(tokens), mtmd.mtmd_image_tokens_get_nx(tokens))
+                if not encode:
+                    return np.zeros((0, TEXT_WIDTH), dtype=np.float32), grid
                 assert mtmd.mtmd_encode_chunk(context, chunk) == 0
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 width = TEXT_WIDTH
