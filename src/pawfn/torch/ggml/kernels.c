@@ -1552,12 +1552,27 @@ static inline float dot_f32_ggml(const float *x, const float *y, int64_t n, int 
     return total;
 }
 
+/* `dot_f32_ggml` for W = 16 on AVX-512: its four accumulators as registers, added (0+2)+(1+3), then by halves. */
+__attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x, const float *y, int64_t n) {
+    const int64_t whole = n - n % 64;
+    float total = 0.0f;
+    if (whole) {
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t s = 0; s < whole; s += 64)
+            for (int j = 0; j < 4; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + s + 16 * j), _mm512_loadu_ps(y + s + 16 * j), acc[j]);
+        total = sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    }
+    for (int64_t i = whole; i < n; ++i) total = total + x[i] * y[i];
+    return total;
+}
+
 /* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k, v [T, H, S] (q and k normed, one
    per value head), g and beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in
    place; `out` [T, H, S]. */
 static void gated_delta_net(const float *q, const float *k, const float *v, const float *g, const float *beta, float *state,
                             float *out, int64_t T, int64_t H, int64_t S, int W, int64_t first, int64_t last) {
     const float scale = 1.0f / sqrtf((float)S);
+    const int wide = W == 16 && avx512_on();
     float *delta = malloc(sizeof(float) * S);
     if (!delta) return;
     for (int64_t h = first; h < last; ++h) {
@@ -1566,10 +1581,12 @@ static void gated_delta_net(const float *q, const float *k, const float *v, cons
             const int64_t at = (t * H + h) * S;
             const float decay = expf(g[t * H + h]), b = beta[t * H + h];
             for (int64_t e = 0; e < S * S; ++e) m[e] = m[e] * decay;
-            for (int64_t j = 0; j < S; ++j) delta[j] = (v[at + j] - dot_f32_ggml(m + j * S, k + at, S, W)) * b;
+            for (int64_t j = 0; j < S; ++j)
+                delta[j] = (v[at + j] - (wide ? dot_f32_ggml_512(m + j * S, k + at, S) : dot_f32_ggml(m + j * S, k + at, S, W))) * b;
             for (int64_t j = 0; j < S; ++j)
                 for (int64_t i = 0; i < S; ++i) m[j * S + i] = fmaf(k[at + i], delta[j], m[j * S + i]);
-            for (int64_t j = 0; j < S; ++j) out[at + j] = dot_f32_ggml(m + j * S, q + at, S, W) * scale;
+            for (int64_t j = 0; j < S; ++j)
+                out[at + j] = (wide ? dot_f32_ggml_512(m + j * S, q + at, S) : dot_f32_ggml(m + j * S, q + at, S, W)) * scale;
         }
     }
     free(delta);
@@ -1719,7 +1736,7 @@ static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, in
     float *tile_keys = malloc(sizeof(float) * D * PAW_FA_TILE), *tile_values = malloc(sizeof(float) * D * PAW_FA_TILE);
     float *highs = malloc(sizeof(float) * n), *totals = malloc(sizeof(float) * n);
     float scores[4][PAW_FA_TILE];
-    const int grouped = W == 16 && avx512_allowed && D % 16 == 0;  /* a CPU whose llama.cpp has 16 lanes has AVX-512 */
+    const int grouped = W == 16 && avx512_on() && D % 16 == 0;
     float *row_scores = grouped ? malloc(sizeof(float) * PAW_FA_TILE * (n + 4)) : NULL;
     if (!tile_keys || !tile_values || !highs || !totals || (grouped && !row_scores)) goto done;
     for (int64_t h = first; h < last; ++h) {
