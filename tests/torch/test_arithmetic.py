@@ -3,13 +3,16 @@ backend asking which mode runs (the passes and the families call the object)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, Torch
 from pawfn.core.options import ResolvedNumerics
+from pawfn.torch.ggml.c_kernels import native_kernels
 from pawfn.torch.model.arithmetic import Arithmetic, LlamaCppArithmetic, TorchArithmetic, llamacpp_arithmetic
 from tests.helpers.programs import TinyProgram, torch_program
 
@@ -63,3 +66,16 @@ def test_a_loaded_base_runs_the_arithmetic_its_numerics_name(qwen3_program: Tiny
         with PawFn[Qwen3_0_6B, Torch].load_sync(qwen3_program.folder, base=base, config=PawConfig(numerics=numerics)) as function:
             interpreter = torch_program(function).base.interpreter
             assert isinstance(interpreter.arithmetic, kind) and interpreter.arithmetic.numerics == numerics
+
+
+def test_without_the_c_kernels_the_tower_is_torchs_and_the_log_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """mtmd's arithmetic in torch takes minutes an image: the emulation's base gives its tower torch's float32, and
+    says why in the log; on the C kernels it is mtmd's."""
+    from pawfn.torch.model.arithmetic.tower import NativeMtmdTower, TowerArithmetic
+
+    with caplog.at_level(logging.WARNING, logger="pawfn"):
+        assert type(LlamaCppArithmetic(16, flash=False, bf16_pairs=False).tower()) is TowerArithmetic
+    assert "the C kernels did not build" in caplog.text and "C compiler" in caplog.text
+    native = llamacpp_arithmetic(16, flash=False, bf16_pairs=False)
+    assert type(native.tower()) is (TowerArithmetic if native_kernels() is None else NativeMtmdTower)
+    assert type(TorchArithmetic().tower()) is TowerArithmetic

@@ -142,12 +142,21 @@ def ggml_bf16_dots(x: torch.Tensor, w: torch.Tensor, width: int, pairs: bool, ti
     return total.float()
 
 
+_LANE_VALUES = 1 << 22
+"""Lanes (rows x outputs x lanes) one block of an emulated product keeps at once: its float64 steps stay ~100 MB."""
+
+
 def ggml_float_product(x: torch.Tensor, weight: torch.Tensor, qtype: gguf.GGMLQuantizationType, width: int, bf16_pairs: bool) -> torch.Tensor:
     """`x` [n, in] times a `qtype` (F32, F16 or BF16) matrix `weight` [out, in] (its values as float32) in torch as
     `NativeFloatMatrix` computes it in C: x rounded to the weights' type, tinyBLAS from two rows, `ggml_vec_dot_*`
-    for one. [n, out]; slow (a chain of torch steps per `width` values): the reference, and the fallback without
-    a C compiler."""
-    tiled = x.shape[0] >= 2
+    for one. [n, out]; slow (a chain of torch steps per `width` values; rows in blocks that bound its memory): the
+    reference, and the fallback without a C compiler."""
+    tiled = x.shape[0] >= 2  # the whole call's rows decide, as ggml's graph does
+    block = max(1, _LANE_VALUES // (weight.shape[0] * 32))
+    return torch.cat([_float_dots(x[start : start + block], weight, qtype, width, bf16_pairs, tiled) for start in range(0, x.shape[0], block)])
+
+
+def _float_dots(x: torch.Tensor, weight: torch.Tensor, qtype: gguf.GGMLQuantizationType, width: int, bf16_pairs: bool, tiled: bool) -> torch.Tensor:
     if qtype == gguf.GGMLQuantizationType.BF16:
         return ggml_bf16_dots(x.to(torch.bfloat16).float(), weight, width, bf16_pairs, tiled)
     if qtype == gguf.GGMLQuantizationType.F16:

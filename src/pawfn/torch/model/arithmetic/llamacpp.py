@@ -4,6 +4,7 @@ the same numbers on the C kernels where they build (`NativeLlamaCppArithmetic`);
 from __future__ import annotations
 
 import functools
+import logging
 
 import gguf
 import numpy as np
@@ -28,9 +29,11 @@ from ..kvcache import KVCache
 from ..packed import GraphOrderMatrix
 from ..product import Kept, Product, Storage, StoredProduct
 from .base import QKV, Arithmetic
-from .tower import MtmdTower, NativeMtmdTower, TowerArithmetic
+from .tower import NativeMtmdTower, TowerArithmetic
 
 __all__ = ["LlamaCppArithmetic", "NativeLlamaCppArithmetic", "llamacpp_arithmetic"]
+
+_LOG = logging.getLogger("pawfn")
 
 
 def llamacpp_arithmetic(width: int, flash: bool, bf16_pairs: bool) -> LlamaCppArithmetic:
@@ -135,7 +138,14 @@ class LlamaCppArithmetic(Arithmetic):
         return GraphOrderMatrix(weight, bias)  # a side path multiplied, then scaled, then added, as llama.cpp's graph
 
     def tower(self) -> TowerArithmetic:
-        return MtmdTower(self.width, self.bf16_pairs)  # mtmd's arithmetic: its embeddings bit for bit
+        """torch's float32 tower, said in the log: mtmd's arithmetic in torch (`MtmdTower`, the C kernels' reference)
+        takes minutes an image (133 s for 256x256 on Qwen3.5-0.8B's tower), every multiply-add a torch step."""
+        _LOG.warning(
+            "pawfn: the C kernels did not build, so the image tower runs torch's float32 arithmetic (within ~4e-3 of mtmd's "
+            "embeddings, not bit for bit; mtmd's arithmetic in torch would take minutes an image): install a C compiler "
+            "(gcc or clang) for mtmd's exact arithmetic"
+        )
+        return TowerArithmetic()
 
 
 class NativeLlamaCppArithmetic(LlamaCppArithmetic):

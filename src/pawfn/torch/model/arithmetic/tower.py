@@ -1,9 +1,10 @@
 """How an image tower computes (`TowerArithmetic`), chosen with its base's arithmetic (`Arithmetic.tower`): torch's
-float32 (`numerics="native"`), or mtmd's own arithmetic where llama.cpp's runs (`MtmdTower`, and `NativeMtmdTower`
-on the C kernels), which gives mtmd's embeddings bit for bit: the projector's matrices in their file's type (BF16
-dotted as this CPU's llama.cpp dots them, in `vdpbf16ps` pairs or widened), the patches by im2col and one product
-per frame, ggml's layer norm, its bilinear resize of the position table, the vision RoPE's table by repeated float32
-products, its flash attention (f16 keys and values) and its GELU table."""
+float32 (`numerics="native"`, and where the C kernels did not build), or mtmd's own arithmetic where llama.cpp's runs
+on the C kernels (`NativeMtmdTower`; `MtmdTower` is its torch reference), which gives mtmd's embeddings bit for bit:
+the projector's matrices in their file's type (BF16 dotted as this CPU's llama.cpp dots them, in `vdpbf16ps` pairs
+or widened), the patches by im2col and one product per frame, ggml's layer norm, its bilinear resize of the position
+table, the vision RoPE's table by repeated float32 products, its flash attention (f16 keys and values) and its GELU
+table."""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ class TowerArithmetic:
 
 class MtmdTower(TowerArithmetic):
     """mtmd's arithmetic for SIMD `width` lanes (`bf16_pairs`: BF16 dotted by `vdpbf16ps`), in torch: the reference
-    its C twin is tested against, and the fallback where no C compiler works (far slower than mtmd)."""
+    its C twin is tested against (minutes an image on a real tower: without the C kernels a base's tower runs
+    `TowerArithmetic`, `LlamaCppArithmetic.tower`)."""
 
     def __init__(self, width: int, bf16_pairs: bool) -> None:
         self.width = width
