@@ -118,6 +118,8 @@ def ggml_bf16_dots(x: torch.Tensor, w: torch.Tensor, width: int, pairs: bool, ti
     k = x.shape[1]
     step = 32 if pairs else width
     tiled = tiled and k % step == 0
+    if tiled and not pairs:
+        return _tinyblas_dots(x, w, width)
     chains, per = (1, step) if tiled else ((2, 32 if pairs else 16) if pairs or width == 16 else (4, 8))
     block = chains * per
     whole = k - k % block
@@ -164,7 +166,13 @@ def _float_dots(x: torch.Tensor, weight: torch.Tensor, qtype: gguf.GGMLQuantizat
     if not tiled or x.shape[1] % width:
         pairs = (x[:, None, :], weight[None, :, :])
         return ggml_dot_f16(*pairs, one_row=True, width=width) if qtype == gguf.GGMLQuantizationType.F16 else ggml_dot_f32(*pairs, width)
-    lanes = torch.zeros((x.shape[0], weight.shape[0], width), dtype=torch.float32)
+    return _tinyblas_dots(x, weight, width)
+
+
+def _tinyblas_dots(x: torch.Tensor, w: torch.Tensor, width: int) -> torch.Tensor:
+    """x [n, k] . w [out, k] (k a multiple of `width`) as tinyBLAS dots float values: one FMA chain of `width` lanes a
+    dot, lane l summing element l of every `width` in order, then the lanes by halves. [n, out]."""
+    lanes = torch.zeros((x.shape[0], w.shape[0], width), dtype=torch.float32)
     for start in range(0, x.shape[1], width):
-        lanes = fma32(x[:, None, start : start + width], weight[None, :, start : start + width], lanes)
+        lanes = fma32(x[:, None, start : start + width], w[None, :, start : start + width], lanes)
     return sum_halves(lanes)

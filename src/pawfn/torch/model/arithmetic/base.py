@@ -17,7 +17,7 @@ from ..families import Architecture
 from ..kvcache import KVCache
 from ..packed import plain
 from ..product import Kept, Product, Storage, StoredProduct
-from .tower import TowerArithmetic
+from .tower import TowerArithmetic, rotate_halves
 
 __all__ = ["QKV", "Arithmetic", "TorchArithmetic"]
 
@@ -104,9 +104,7 @@ class Arithmetic:
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """NEOX-style rotation of `x` [T, heads, D] (its halves as pairs) by a `rotation_table`."""
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotate_halves(x, cos, sin)
 
     # -- attention --------------------------------------------------------------------------------------------------
 

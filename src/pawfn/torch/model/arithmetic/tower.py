@@ -26,7 +26,7 @@ from ...ggml.hybrid import ggml_image_attention, native_image_attention
 from ...ggml.library import NativeKernels
 from ...ggml.native_blocks import native_block_matrix
 
-__all__ = ["MtmdTower", "NativeMtmdTower", "PatchEmbedding", "TowerArithmetic", "TowerMatrix"]
+__all__ = ["MtmdTower", "NativeMtmdTower", "PatchEmbedding", "TowerArithmetic", "TowerMatrix", "rotate_halves"]
 
 TowerMatrix = Callable[[torch.Tensor], torch.Tensor]
 """`x` [n, in] times one of the projector's `[out, in]` matrices: [n, out] (no bias)."""
@@ -77,10 +77,7 @@ class TowerArithmetic:
         return torch.cos(angles).unsqueeze(1), torch.sin(angles).unsqueeze(1)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """NEOX rotation over the whole head: element i pairs with i + head / 2."""
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotate_halves(x, cos, sin)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Every patch attending to every patch: q, k, v [n, heads, head] to [n, heads * head]."""
@@ -205,6 +202,13 @@ class NativeMtmdTower(MtmdTower):
 
 
 _FLOAT_TYPES = frozenset({gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16})
+
+
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NEOX rotation of `x` [..., D] by cos/sin [..., D/2] in torch's float arithmetic: element i pairs with i + D/2."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
