@@ -96,17 +96,17 @@ def timing(tower: VisionTower, arithmetic: TowerArithmetic, spent: collections.C
         return run
 
     matrices = dict(tower._matrices)  # pyright: ignore[reportPrivateUsage]  # a profile reaches inside
-    patches = tower._patches  # pyright: ignore[reportPrivateUsage]
+    patches = tower._patches  # pyright: ignore[reportPrivateUsage]  # the profile times the tower's own parts
     for name, matrix in matrices.items():
-        tower._matrices[name] = timed("product " + name.rsplit(".", 1)[-1], matrix)  # pyright: ignore[reportPrivateUsage]
-    tower._patches = timed("patches", patches)  # pyright: ignore[reportPrivateUsage]
+        tower._matrices[name] = timed("product " + name.rsplit(".", 1)[-1], matrix)  # pyright: ignore[reportPrivateUsage]  # the profile times the tower's own parts
+    tower._patches = timed("patches", patches)  # pyright: ignore[reportPrivateUsage]  # the profile times the tower's own parts
     for operation in OPERATIONS:
         setattr(arithmetic, operation, timed(operation, getattr(arithmetic, operation)))
     try:
         yield
     finally:
-        tower._matrices.update(matrices)  # pyright: ignore[reportPrivateUsage]
-        tower._patches = patches  # pyright: ignore[reportPrivateUsage]
+        tower._matrices.update(matrices)  # pyright: ignore[reportPrivateUsage]  # the profile times the tower's own parts
+        tower._patches = patches  # pyright: ignore[reportPrivateUsage]  # the profile times the tower's own parts
         for operation in OPERATIONS:
             delattr(arithmetic, operation)
 
