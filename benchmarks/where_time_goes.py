@@ -37,6 +37,8 @@ KERNELS = [
     "step attention",
     "rms_norm",
     "swiglu",
+    "gelu",
+    "ssm_conv",
 ]
 
 P = ParamSpec("P")

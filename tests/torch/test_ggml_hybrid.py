@@ -95,10 +95,10 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
     conv_kernel = vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1)
-    raw = ggml_ssm_conv(conv_input, conv_kernel, WIDTH) if kernels is None else native_ssm_conv_for(kernels, conv_input, conv_kernel, WIDTH)
+    raw = ggml_ssm_conv(conv_input, conv_kernel, WIDTH) if kernels is None else native_ssm_conv_for(kernels, conv_input.T, conv_kernel, WIDTH)
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
     _bit_exact(ops.silu(raw), trace.first(evaluation, f"conv_output_silu-{layer}"))
-    _bit_exact(ops.convolve(conv_input, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    _bit_exact(ops.convolve(conv_input.T, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
     q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
     _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
     biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
@@ -177,3 +177,15 @@ def test_the_c_delta_rule_equals_the_torch_one_on_whole_vectors(width: int) -> N
     native_out, native_state = native_gated_delta_net(kernels, q, k, v, g, beta, state, width)
     _bit_exact(native_out, out)
     _bit_exact(native_state, new_state)
+
+
+@pytest.mark.parametrize("width", [8, 16])
+@pytest.mark.parametrize("channels", [16, 37])
+def test_the_c_convolution_equals_the_torch_one_across_channel_lanes(width: int, channels: int) -> None:
+    """The C convolution runs the channels in vector lanes over the window by time: whole vectors and a tail give the
+    emulation's bits (rounded then added taps for 8 lanes, fused for 16)."""
+    kernels = _kernels("c")
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(1)
+    window, kernel = torch.randn((channels, 3 + 29), generator=generator), torch.randn((channels, 4), generator=generator)
+    _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width), ggml_ssm_conv(window, kernel, width))

@@ -26,7 +26,8 @@ import torch
 from ...core.config import default_cache_dir
 from ...core.files import mark_used
 from .build import build_key, build_kernels, kernels_folder, trusted_library
-from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, GeluCall, LibmOp, RmsNormCall, SwigluCall
+from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, GeluCall, LibmOp
+from .interface import RmsNormCall, SsmConvCall, SwigluCall
 from .library import NativeKernels
 
 __all__ = [
@@ -204,14 +205,15 @@ def native_libm(kernels: NativeKernels, function: LibmOp, x: torch.Tensor) -> to
     return y
 
 
-def native_ssm_conv(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor, rounded: int) -> torch.Tensor:
-    """`hybrid.ggml_ssm_conv` in C: window [channels, K - 1 + T], kernel [channels, K] -> [T, channels], the first
-    `rounded` products of each output rounded and added, the rest by FMA."""
-    window, kernel = window.float().contiguous(), kernel.float().contiguous()
-    channels, taps = kernel.shape
-    steps = window.shape[1] - taps + 1
+def native_ssm_conv(kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, rounded: int) -> torch.Tensor:
+    """`hybrid.ggml_ssm_conv` in C on the window by time: timeline [K - 1 + T, channels], kernel [channels, K] -> [T,
+    channels], the first `rounded` products of each output rounded and added, the rest by FMA."""
+    timeline, by_tap = timeline.float().contiguous(), kernel.float().T.contiguous()
+    taps, channels = by_tap.shape
+    steps = timeline.shape[0] - taps + 1
     out = torch.empty((steps, channels), dtype=torch.float32)
-    kernels.ssm_conv(pointer(window), pointer(kernel), pointer(out), channels, taps, steps, rounded)
+    call = SsmConvCall(pointer(timeline), pointer(by_tap), pointer(out), channels, taps, rounded)
+    kernels.run(call, steps, steps * channels * taps)
     return out
 
 

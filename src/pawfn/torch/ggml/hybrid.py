@@ -112,9 +112,9 @@ def rounded_taps(taps: int, width: int) -> int:
     return taps - taps % 4 if width == 8 else 0
 
 
-def native_ssm_conv_for(kernels: NativeKernels, window: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml_ssm_conv` on the C kernels."""
-    return native_ssm_conv(kernels, window, kernel, rounded_taps(kernel.shape[1], width))
+def native_ssm_conv_for(kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:
+    """`ggml_ssm_conv` on the C kernels, the window by time: timeline [K - 1 + T, channels]."""
+    return native_ssm_conv(kernels, timeline, kernel, rounded_taps(kernel.shape[1], width))
 
 
 def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ __all__ = [
     "Out",
     "Pointer",
     "RmsNormCall",
+    "SsmConvCall",
     "SwigluCall",
     "Value",
     "kernel_calls",
@@ -64,6 +65,7 @@ class Kernel(enum.IntEnum):
     RMS_NORM = 12
     SWIGLU = 13
     GELU = 14
+    SSM_CONV = 15
 
 
 BLOCK_PRODUCTS = frozenset({Kernel.Q6_K_ROWS, Kernel.Q6_K_TILED, Kernel.Q0_ROWS, Kernel.Q4_0_REPACKED, Kernel.Q0_EIGHTS, Kernel.Q4_0_EIGHTS})
@@ -110,7 +112,6 @@ EXPORTS: dict[str, tuple[tuple[type[typing.Any], ...], type[typing.Any] | None]]
     "paw_use_avx512": ((_I32,), _I32),
     "paw_expf": ((_PTR, _PTR, _I64, _I64), None),
     "paw_libm": ((_I64, _PTR, _PTR, _I64), None),
-    "paw_ssm_conv": ((_PTR, _PTR, _PTR, _I64, _I64, _I64, _I64), None),
     "paw_rope_neox": ((_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64), None),
     "paw_layer_norm": ((_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _I64), None),
     "paw_rope_table": ((_PTR, _I64, _I64, _F32, _PTR, _PTR), None),
@@ -316,6 +317,17 @@ class GeluCall(KernelCall):
     y: Pointer
 
 
+@dataclass(slots=True)
+class SsmConvCall(KernelCall):
+    kernel = Kernel.SSM_CONV
+    timeline: Pointer
+    by_tap: Pointer
+    out: Pointer
+    channels: Integer
+    taps: Integer
+    rounded: Integer
+
+
 def kernel_calls() -> dict[Kernel, type[KernelCall]]:
     """Each kernel Python runs through `paw_run` and its call's class."""
     calls = (
@@ -328,5 +340,6 @@ def kernel_calls() -> dict[Kernel, type[KernelCall]]:
         RmsNormCall,
         SwigluCall,
         GeluCall,
+        SsmConvCall,
     )
     return {call.kernel: call for call in calls}

@@ -1518,23 +1518,27 @@ void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
     }
 }
 
-/* `ggml_ssm_conv`: out [T, channels] from window [channels, K - 1 + T] and kernel [channels, K]. Each output sums
-   its K products in order from 0: the first `rounded` products rounded and added (GCC's AVX2 build vectorizes
-   `sumf += s * c` by 4 and 8 taps that way), the rest by FMA (its AVX-512 build and every loop tail). */
-void paw_ssm_conv(const float *window, const float *kernel, float *out, int64_t channels, int64_t K, int64_t T, int64_t rounded) {
-    const int64_t width = K - 1 + T;
-    for (int64_t t = 0; t < T; ++t)
-        for (int64_t c = 0; c < channels; ++c) {
-            const float *w = window + c * width + t, *k = kernel + c * K;
-            float total = 0.0f;
-            int64_t i = 0;
-            for (; i < rounded; ++i) {
-                const float product = w[i] * k[i];
-                total = total + product;
-            }
-            for (; i < K; ++i) total = fmaf(w[i], k[i], total);
-            out[t * channels + c] = total;
+/* `ggml_ssm_conv`: out [T, channels] from the window by time, [K - 1 + T, channels], and the taps by tap, [K, channels].
+   Each output sums its K products in order from 0: the first `rounded` products rounded and added (GCC's AVX2 build
+   vectorizes `sumf += s * c` by 4 and 8 taps that way), the rest by FMA (its AVX-512 build and every loop tail). The
+   channels are the inner loop, each output's own sum of products, so they take vector lanes (channel by channel
+   through the steps the window was read across rows: 14 ms a Qwen3.5 layer for 582 rows). Steps [first, last). */
+static void ssm_conv_steps(const float *window, const float *taps, float *out, int64_t channels, int64_t K, int64_t rounded,
+                           int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+        float *total = out + t * channels;
+        for (int64_t c = 0; c < channels; ++c) total[c] = 0.0f;
+        for (int64_t i = 0; i < K; ++i) {
+            const float *w = window + (t + i) * channels, *k = taps + i * channels;
+            if (i < rounded)
+                for (int64_t c = 0; c < channels; ++c) {
+                    const float product = w[c] * k[c];
+                    total[c] = total[c] + product;
+                }
+            else
+                for (int64_t c = 0; c < channels; ++c) total[c] = fmaf(w[c], k[c], total[c]);
         }
+    }
 }
 
 /* `ggml_vec_dot_f32`: 4 accumulators of W lanes, FMA chains over each step of 4W values, added (0+2)+(1+3), then
@@ -1566,6 +1570,46 @@ __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x,
     return total;
 }
 
+/* One token of gated_delta_net on sixteen rows of one head's state on AVX-512 (W = 16, S a multiple of 64): a row's
+   decay, its dot with k, its update and its dot with q touch that row alone, so gated_delta_net takes each block of
+   sixteen rows (8 KB) through all the tokens while it stays in L1 (token by token over the whole 64 KB matrix, four
+   passes each, it was read from L2 four times a token: 420 ms of a 720x720 image call); every value's operations as
+   gated_delta_net's, each dot's order as dot_f32_ggml_512's. v and out: the block's sixteen values. */
+AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const float *k, const float *v, float decay, float b,
+                                                 float scale, float *out, int64_t S) {
+    const __m512 decay16 = _mm512_set1_ps(decay);
+    {
+        __m512 folded[16];
+        float dots[16];
+        for (int r = 0; r < 16; ++r) {
+            float *row = m + r * S;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int64_t s = 0; s < S; s += 64)
+                for (int c = 0; c < 4; ++c) {
+                    const __m512 decayed = _mm512_mul_ps(_mm512_loadu_ps(row + s + 16 * c), decay16);
+                    _mm512_storeu_ps(row + s + 16 * c, decayed);
+                    acc[c] = _mm512_fmadd_ps(decayed, _mm512_loadu_ps(k + s + 16 * c), acc[c]);
+                }
+            folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        }
+        sum_halves_16x512(folded, dots);
+        for (int r = 0; r < 16; ++r) {
+            float *row = m + r * S;
+            const __m512 delta = _mm512_set1_ps((v[r] - dots[r]) * b);
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int64_t s = 0; s < S; s += 64)
+                for (int c = 0; c < 4; ++c) {
+                    const __m512 updated = _mm512_fmadd_ps(_mm512_loadu_ps(k + s + 16 * c), delta, _mm512_loadu_ps(row + s + 16 * c));
+                    _mm512_storeu_ps(row + s + 16 * c, updated);
+                    acc[c] = _mm512_fmadd_ps(updated, _mm512_loadu_ps(q + s + 16 * c), acc[c]);
+                }
+            folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        }
+        sum_halves_16x512(folded, dots);
+        for (int r = 0; r < 16; ++r) out[r] = dots[r] * scale;
+    }
+}
+
 /* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k, v [T, H, S] (q and k normed, one
    per value head), g and beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in
    place; `out` [T, H, S]. */
@@ -1573,10 +1617,19 @@ static void gated_delta_net(const float *q, const float *k, const float *v, cons
                             float *out, int64_t T, int64_t H, int64_t S, int W, int64_t first, int64_t last) {
     const float scale = 1.0f / sqrtf((float)S);
     const int wide = W == 16 && avx512_on();
-    float *delta = malloc(sizeof(float) * S);
+    float *delta = malloc(sizeof(float) * (S + T)), *decays = delta + S;
     if (!delta) return;
     for (int64_t h = first; h < last; ++h) {
         float *m = state + h * S * S;
+        if (wide && S % 64 == 0) {  /* sixteen rows at a time through every token; the decays (expf) once */
+            for (int64_t t = 0; t < T; ++t) decays[t] = expf(g[t * H + h]);
+            for (int64_t j0 = 0; j0 < S; j0 += 16)
+                for (int64_t t = 0; t < T; ++t) {
+                    const int64_t at = (t * H + h) * S;
+                    delta_rule_16_rows_512(m + j0 * S, q + at, k + at, v + at + j0, decays[t], beta[t * H + h], scale, out + at + j0, S);
+                }
+            continue;
+        }
         for (int64_t t = 0; t < T; ++t) {
             const int64_t at = (t * H + h) * S;
             const float decay = expf(g[t * H + h]), b = beta[t * H + h];
@@ -1590,6 +1643,25 @@ static void gated_delta_net(const float *q, const float *k, const float *v, cons
         }
     }
     free(delta);
+}
+
+/* The f16 accumulator of ggml's one-chunk flash attention, kept as float32 values each rounded to f16:
+   `ggml_vec_scale_f16` (sums * shrink) and `ggml_vec_mad_f16` (sums + v * weight, fused), eight lanes at a time with
+   F16C's rounding, the very instruction f16_round uses (a value at a time they were 85% of a 41-row batch's 28 ms). */
+static inline __m256 f16_round8(__m256 x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, 0)); }
+
+static inline void f16_scale(float *sums, float shrink, int64_t D) {
+    const __m256 factor = _mm256_set1_ps(shrink);
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(sums + d, f16_round8(_mm256_mul_ps(_mm256_loadu_ps(sums + d), factor)));
+    for (; d < D; ++d) sums[d] = f16_round(sums[d] * shrink);
+}
+
+static inline void f16_mad(float *sums, const uint16_t *v, float weight, int64_t D) {
+    const __m256 factor = _mm256_set1_ps(weight);
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(sums + d, f16_round8(_mm256_fmadd_ps(load_f16(v + d), factor, _mm256_loadu_ps(sums + d))));
+    for (; d < D; ++d) sums[d] = f16_round(fmaf(f16_value(v[d]), weight, sums[d]));
 }
 
 /* `ggml_compute_forward_flash_attn_ext_f16_one_chunk` over cells [cell_first, cell_last) for (row, head) pairs
@@ -1616,11 +1688,11 @@ static void flash_online(const float *q, const uint16_t *k, const uint16_t *v, i
             if (score > m) {
                 shrink = expf(m - score);
                 m = score;
-                for (int64_t d = 0; d < D; ++d) sums[d] = f16_round(sums[d] * shrink);
+                f16_scale(sums, shrink, D);
             } else {
                 weight = expf(score - m);
             }
-            for (int64_t d = 0; d < D; ++d) sums[d] = f16_round(fmaf(f16_value(values[c * D + d]), weight, sums[d]));
+            f16_mad(sums, values + c * D, weight, D);
             s = fmaf(s, shrink, weight);
         }
         high[p] = m;
@@ -2121,7 +2193,7 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
-    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU, KERNEL_GELU
+    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU, KERNEL_GELU, KERNEL_SSM_CONV
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -2180,6 +2252,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_GELU:
         gelu_values(a->p[0], a->p[1], (float *)a->p[2], first, last);
+        break;
+    case KERNEL_SSM_CONV:
+        ssm_conv_steps(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

@@ -85,10 +85,6 @@ class NativeKernels:
         """`count` float32 values of x through the C library's `op`, into y."""
         self._functions["paw_libm"](op, x, y, count)
 
-    def ssm_conv(self, window: int, kernel: int, out: int, channels: int, taps: int, steps: int, rounded: int) -> None:
-        """ggml's short convolution (see `native_ssm_conv`)."""
-        self._functions["paw_ssm_conv"](window, kernel, out, channels, taps, steps, rounded)
-
     def rope_neox(self, x: int, cos: int, sin: int, y: int, tokens: int, heads: int, dim: int) -> None:
         """NeoX rotation of x [tokens, heads, dim] by cos/sin tables [tokens, dim / 2], into y."""
         self._functions["paw_rope_neox"](x, cos, sin, y, tokens, heads, dim)

@@ -78,9 +78,10 @@ class Arithmetic:
 
     # -- Qwen3.5's recurrent layers ---------------------------------------------------------------------------------
 
-    def convolve(self, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        """silu of the causal short convolution of `window` [channels, K - 1 + T] by `kernel` [channels, K]: [T, channels]."""
-        return F.silu((window.unfold(1, kernel.shape[1], 1) * kernel.unsqueeze(1)).sum(dim=-1).T)
+    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """silu of the causal short convolution of the window by time, `timeline` [K - 1 + T, channels], by `kernel`
+        [channels, K]: [T, channels]."""
+        return F.silu((timeline.T.unfold(1, kernel.shape[1], 1) * kernel.unsqueeze(1)).sum(dim=-1).T)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor

@@ -95,8 +95,8 @@ class LlamaCppArithmetic(Arithmetic):
     def l2_norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         return ggml_l2_norm(x, eps)
 
-    def convolve(self, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return ggml_silu(ggml_ssm_conv(window, kernel, self.width), self.width)
+    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return ggml_silu(ggml_ssm_conv(timeline.T, kernel, self.width), self.width)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
@@ -179,8 +179,8 @@ class NativeLlamaCppArithmetic(LlamaCppArithmetic):
     def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         return native_layer_norm(self.kernels, x, weight, bias, eps, self.width)
 
-    def convolve(self, window: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return native_silu(self.kernels, native_ssm_conv_for(self.kernels, window, kernel, self.width), self.width)
+    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return native_silu(self.kernels, native_ssm_conv_for(self.kernels, timeline, kernel, self.width), self.width)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor

@@ -253,12 +253,12 @@ def _delta_rule(
         state = tuple(rows.new_zeros(shape) for shape in linear.state_shapes)
     window, memory = state
     mixed, beta, decay = torch.split(rows, [channels, heads, heads], dim=-1)
-    window = torch.cat((window, mixed.T), dim=1)  # [channels, K - 1 + T]
-    convolved = arithmetic.convolve(window, kernel)  # [T, channels]
+    timeline = torch.cat((window.T, mixed))  # the window by time, [K - 1 + T, channels]: rows as the projection gave them
+    convolved = arithmetic.convolve(timeline, kernel)  # [T, channels]
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
     q = arithmetic.l2_norm(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     k = arithmetic.l2_norm(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
     outputs, memory = arithmetic.delta_rule(q, k, v.reshape(n, heads, size), beta, decay, memory)
-    return outputs.reshape(n, heads * size), (window[:, n:].clone(), memory)
+    return outputs.reshape(n, heads * size), (timeline[n:].T.contiguous(), memory)
