@@ -92,7 +92,8 @@ def write_projector(path: Path) -> None:
     writer.close()
 
 
-def _png(width: int, height: int) -> bytes:
+def random_png(width: int, height: int) -> bytes:
+    """A PNG of random pixels, the same for a size in every run."""
     pixels = (np.random.default_rng(width * height).random((height, width, 3)) * 255).astype(np.uint8)
     buffer = io.BytesIO()
     PILImage.fromarray(pixels).save(buffer, "PNG")
@@ -106,7 +107,7 @@ def _timings(base: Path, backend: type[Backend], config: PawConfig, runs: int) -
     with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=base, template=TEMPLATE, config=config) as bare:
         describe = Positional[str, Image](bare)
         for size in SIZES:
-            image = Image(_png(*size))
+            image = Image(random_png(*size))
             describe.run("Describe the picture.", image, options=options)
             times: list[float] = []
             for _ in range(runs):

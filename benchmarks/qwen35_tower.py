@@ -14,18 +14,15 @@ import argparse
 import collections
 import ctypes
 import functools
-import io
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image as PILImage
 
 from qwen35 import prepare
-from qwen35_images import DEPTH, FFN, HEADS, SIZES, WIDTH, write_projector
+from qwen35_images import DEPTH, FFN, HEADS, SIZES, WIDTH, random_png, write_projector
 from pawfn import Image, Qwen3_5_0_8B
 from pawfn.torch.engine.vision import VisionTower
 from pawfn.torch.model.arithmetic import llamacpp_arithmetic, simd_width
@@ -33,13 +30,6 @@ from pawfn.torch.model.arithmetic.choice import bf16_pairs
 from pawfn.torch.model.arithmetic.tower import TowerArithmetic
 
 OPERATIONS = ("rotation", "rotate", "attention", "gelu", "layer_norm", "position_table")
-
-
-def _png(width: int, height: int) -> bytes:
-    pixels = (np.random.default_rng(width * height).random((height, width, 3)) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    PILImage.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 def mtmd_times(base: Path, projector: Path, threads: int, runs: int) -> dict[tuple[int, int], float]:
@@ -56,7 +46,7 @@ def mtmd_times(base: Path, projector: Path, threads: int, runs: int) -> dict[tup
     context = mtmd.mtmd_init_from_file(str(projector).encode(), llm.model, params)
     times: dict[tuple[int, int], float] = {}
     for size in SIZES:
-        data = _png(*size)
+        data = random_png(*size)
         buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(context, buffer, len(data), False)
         chunks = mtmd.mtmd_input_chunks_init()
@@ -129,7 +119,7 @@ def main() -> None:
     lanes = 32 if bf16_pairs() else 16
     print(f"tower: {type(arithmetic).__name__}, {args.threads} threads; floors at {args.ghz} GHz, {lanes} multiply-adds a cycle in products")
     for size in SIZES:
-        prepared = tower.prepare(Image(_png(*size)))
+        prepared = tower.prepare(Image(random_png(*size)))
         tower.encode(prepared)  # warm-up
         best: collections.Counter[str] | None = None
         for _ in range(args.runs):

@@ -21,29 +21,12 @@ from load_cost import INPUT, prepare
 from pawfn import PawConfig, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
 from pawfn.torch.engine import network
 from pawfn.torch.ggml import c_kernels
+from pawfn.torch.ggml.interface import Kernel, Out
 
-KERNELS = [
-    "q6_k rows",
-    "q6_k tiled",
-    "q0 rows",
-    "q4_0 repacked",
-    "attention",
-    "q8_0 eights",
-    "delta net",
-    "flash",
-    "flash",
-    "float",
-    "q4_0 eights",
-    "step attention",
-    "rms_norm",
-    "swiglu",
-    "gelu",
-    "ssm_conv",
-]
 
 P = ParamSpec("P")
 T = TypeVar("T")
-seconds: collections.Counter[str] = collections.Counter()
+seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 calls: collections.Counter[str] = collections.Counter()
 phase = ["other"]
 
@@ -79,6 +62,10 @@ def timed_phase(label: str, method: Callable[P, T]) -> Callable[P, T]:
     return run
 
 
+def _block_name(kernel: Kernel, x: int, rows: int, width: int, codes: int, sub: int, scale: int, out: int, target: Out, work: int) -> str:
+    return f"{kernel.name.lower()}, {'prompt' if rows >= 16 else 'rows'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pawfn-qwen3-shape"))
@@ -94,8 +81,8 @@ def main() -> None:
     kernels = c_kernels.native_kernels()
     if kernels is None:
         raise SystemExit("the C kernels did not build here: nothing to profile")
-    kernels._block_product = timed(lambda kernel, x, rows, *rest: f"{KERNELS[kernel]}, {'prompt' if rows >= 16 else 'rows'}", kernels._block_product)  # type: ignore[method-assign]  # timed in place to profile
-    kernels._run = timed(lambda kernel, *rest: KERNELS[kernel], kernels._run)  # type: ignore[method-assign]  # timed in place to profile
+    kernels.block_product = timed(_block_name, kernels.block_product)  # type: ignore[method-assign]  # timed in place to profile
+    kernels.run = timed(lambda call, count, work: call.kernel.name.lower(), kernels.run)  # type: ignore[method-assign]  # timed in place to profile
     for name in ("rope_neox", "rope_table"):
         setattr(kernels, name, timed(lambda *rest, name=name: name, getattr(kernels, name)))
     network.TorchInterpreter.forward = timed_phase("prompt", network.TorchInterpreter.forward)  # type: ignore[method-assign]  # timed in place
@@ -112,7 +99,7 @@ def main() -> None:
             f"{label + 's':8} {seconds[key]:7.2f} s ({seconds[key] / wall:4.0%} of the wall time), {calls[key]} of them, "
             f"{seconds[key] / max(calls[key], 1) * 1e3:.1f} ms each; kernels {inside:.2f} s, the rest {seconds[key] - inside:.2f} s"
         )
-    for name, value in seconds.most_common():
+    for name, value in sorted(seconds.items(), key=lambda item: -item[1]):
         if not name.startswith("["):
             print(f"  {name:34} {value * 1e3:8.1f} ms  {calls[name]:6} calls  {value / calls[name] * 1e6:8.1f} us each")
 
