@@ -1556,6 +1556,11 @@ static inline float dot_f32_ggml(const float *x, const float *y, int64_t n, int 
     return total;
 }
 
+/* ggml_vec_dot_f32's four accumulators of 16 lanes to one float: added (0+2)+(1+3), then the lanes by halves. */
+__attribute__((target("avx512f"))) static inline float ggml_f32_total_512(const __m512 acc[4]) {
+    return sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+}
+
 /* `dot_f32_ggml` for W = 16 on AVX-512: its four accumulators as registers, added (0+2)+(1+3), then by halves. */
 __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x, const float *y, int64_t n) {
     const int64_t whole = n - n % 64;
@@ -1564,7 +1569,7 @@ __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x,
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int64_t s = 0; s < whole; s += 64)
             for (int j = 0; j < 4; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + s + 16 * j), _mm512_loadu_ps(y + s + 16 * j), acc[j]);
-        total = sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+        total = ggml_f32_total_512(acc);
     }
     for (int64_t i = whole; i < n; ++i) total = total + x[i] * y[i];
     return total;
@@ -1589,14 +1594,14 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
         __m512 x[8], acc[4];
         for (int c = 0; c < 8; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
-        const float dot = sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+        const float dot = ggml_f32_total_512(acc);
         const __m512 delta = _mm512_set1_ps((v[r] - dot) * b);
         for (int c = 0; c < 8; ++c) {
             x[c] = _mm512_fmadd_ps(keys[c], delta, x[c]);
             _mm512_storeu_ps(row + 16 * c, x[c]);
         }
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], queries[c + 4], _mm512_fmadd_ps(x[c], queries[c], zero));
-        out[r] = sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))) * scale;
+        out[r] = ggml_f32_total_512(acc) * scale;
     }
 }
 
