@@ -600,28 +600,38 @@ AVX512_TARGET static void q0_eights_lanes_512(const int8_t *eights, const uint16
             __m512 kept[8][8];
             for (int64_t b0 = 0; b0 < blocks; b0 += LANES_CHUNK) {
                 const int64_t b1 = b0 + LANES_CHUNK < blocks ? b0 + LANES_CHUNK : blocks;
-                for (int j = 0; j < 8; ++j) {
-                    __m512 acc[8];
-                    for (int l = 0; l < 8; ++l) acc[l] = b0 == 0 ? _mm512_setzero_ps() : kept[j][l];
+                /* two outputs at once: each row-code load feeds two vpdpbusd (one load a product pair, not one) */
+                for (int j = 0; j < 8; j += 2) {
+                    __m512 acc[2][8];
+                    for (int k = 0; k < 2; ++k)
+                        for (int l = 0; l < 8; ++l) acc[k][l] = b0 == 0 ? _mm512_setzero_ps() : kept[j + k][l];
                     for (int64_t b = b0; b < b1; ++b) {
-                        const __m512 d = _mm512_mul_ps(_mm512_load_ps(x_scale_t + b * padded + r0 * 16), _mm512_set1_ps(w_scale[b * 8 + j]));
+                        const __m512 dx = _mm512_load_ps(x_scale_t + b * padded + r0 * 16);
+                        const __m512 d0 = _mm512_mul_ps(dx, _mm512_set1_ps(w_scale[b * 8 + j]));
+                        const __m512 d1 = _mm512_mul_ps(dx, _mm512_set1_ps(w_scale[b * 8 + j + 1]));
                         const uint8_t *xb = xq + (r0 * blocks + b) * 512;
+                        const int32_t *quad = quads + b * 64 + j, *start = starts + b * 64 + j;
                         for (int l = 0; l < 8; ++l) {
-                            __m512i lane = _mm512_dpbusd_epi32(_mm512_set1_epi32(starts[b * 64 + 8 * l + j]), _mm512_load_si512(xb + 64 * l),
-                                                               _mm512_set1_epi32(quads[b * 64 + 8 * l + j]));
-                            acc[l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[l]);
+                            const __m512i codes = _mm512_load_si512(xb + 64 * l);
+                            __m512i lane0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(start[8 * l]), codes, _mm512_set1_epi32(quad[8 * l]));
+                            __m512i lane1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(start[8 * l + 1]), codes, _mm512_set1_epi32(quad[8 * l + 1]));
+                            acc[0][l] = _mm512_fmadd_ps(d0, _mm512_cvtepi32_ps(lane0), acc[0][l]);
+                            acc[1][l] = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(lane1), acc[1][l]);
                         }
                     }
-                    if (b1 < blocks) {
-                        for (int l = 0; l < 8; ++l) kept[j][l] = acc[l];
-                        continue;
+                    for (int k = 0; k < 2; ++k) {
+                        __m512 *lanes = acc[k];
+                        if (b1 < blocks) {
+                            for (int l = 0; l < 8; ++l) kept[j + k][l] = lanes[l];
+                            continue;
+                        }
+                        /* by halves: (l0 + l4) + (l2 + l6), then (l1 + l5) + (l3 + l7), then their sum */
+                        __m512 even = _mm512_add_ps(_mm512_add_ps(lanes[0], lanes[4]), _mm512_add_ps(lanes[2], lanes[6]));
+                        __m512 odd = _mm512_add_ps(_mm512_add_ps(lanes[1], lanes[5]), _mm512_add_ps(lanes[3], lanes[7]));
+                        __m512 total = _mm512_add_ps(even, odd);
+                        by_output[0][j + k] = _mm512_castps512_ps256(total);
+                        by_output[1][j + k] = _mm512_extractf32x8_ps(total, 1);
                     }
-                    /* by halves: (l0 + l4) + (l2 + l6), then (l1 + l5) + (l3 + l7), then their sum */
-                    __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
-                    __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
-                    __m512 total = _mm512_add_ps(even, odd);
-                    by_output[0][j] = _mm512_castps512_ps256(total);
-                    by_output[1][j] = _mm512_extractf32x8_ps(total, 1);
                 }
             }
             for (int half = 0; half < 2; ++half) {
