@@ -16,7 +16,7 @@ import torch
 from pawfn.torch.ggml.float_ops import ggml_rms_norm, ggml_rope, ggml_rope_table
 from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
 from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels
-from pawfn.torch.ggml.hybrid import native_flash_attention, native_ssm_conv_for
+from pawfn.torch.ggml.hybrid import ggml_silu, native_flash_attention, native_l2_norm, native_silu, native_ssm_conv_for
 from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic
 from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -99,7 +99,7 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
     _bit_exact(ops.silu(raw), trace.first(evaluation, f"conv_output_silu-{layer}"))
     _bit_exact(ops.convolve(conv_input.T, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
-    q = ggml_l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
+    q = ops.l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
     _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
     biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
     gate = ops.softplus(biased) * vectors[f"blk.{layer}.ssm_a"]
@@ -189,3 +189,17 @@ def test_the_c_convolution_equals_the_torch_one_across_channel_lanes(width: int,
     generator = torch.Generator().manual_seed(1)
     window, kernel = torch.randn((channels, 3 + 29), generator=generator), torch.randn((channels, 4), generator=generator)
     _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width), ggml_ssm_conv(window, kernel, width))
+
+
+@pytest.mark.parametrize("width", [8, 16])
+@pytest.mark.parametrize("shape", [(7, 48), (3, 5, 37), (2, 9)], ids=["whole", "tail", "short"])
+def test_the_c_silu_and_key_norm_equal_the_torch_ones(width: int, shape: tuple[int, ...]) -> None:
+    """SiLU in one C pass (whole vectors by `ggml_v_expf`, a row's tail by the C library's expf) and the key/query norm
+    on the C rms_norm give the emulation's bits, over magnitudes where expf under- and overflows."""
+    kernels = _kernels("c")
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=generator) * torch.exp2(torch.randint(-6, 8, shape, generator=generator).float())
+    x.view(-1)[:4] = torch.tensor([0.0, -0.0, 120.0, -120.0])
+    _bit_exact(native_silu(kernels, x, width), ggml_silu(x, width))
+    _bit_exact(native_l2_norm(kernels, x, 1e-6), ggml_l2_norm(x, 1e-6))

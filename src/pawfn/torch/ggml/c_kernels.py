@@ -27,7 +27,7 @@ from ...core.config import default_cache_dir
 from ...core.files import mark_used
 from .build import build_key, build_kernels, kernels_folder, trusted_library
 from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, GeluCall, LibmOp
-from .interface import RmsNormCall, SsmConvCall, SwigluCall
+from .interface import RmsNormCall, SiluCall, SsmConvCall, SwigluCall
 from .library import NativeKernels
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "native_layer_norm",
     "native_rope",
     "native_rope_table",
+    "native_silu_rows",
     "native_swiglu",
 ]
 
@@ -366,6 +367,17 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
     else:
         gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
     kernels.run(SwigluCall(pointer(gate), pointer(up), pointer(y), stride=stride, n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    return y
+
+
+def native_silu_rows(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
+    """`hybrid.ggml_silu` in C along x's last axis (whole vectors of `width` lanes, the rest by the C library's expf),
+    rows split across threads where there are enough of them."""
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1] if x.dim() else 1
+    if y.numel():
+        kernels.run(SiluCall(pointer(x), pointer(y), n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 

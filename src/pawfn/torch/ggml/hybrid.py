@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from .float_ops import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
-from .c_kernels import LibmOp, NativeKernels, native_expf, native_flash_online, native_flash_tiled, native_libm, native_ssm_conv
+from .c_kernels import NativeKernels, native_flash_online, native_flash_tiled, native_rms_norm, native_silu_rows, native_ssm_conv
 
 __all__ = [
     "ggml_dot_f32",
@@ -45,6 +45,7 @@ __all__ = [
     "ggml_ssm_conv",
     "libm_expf",
     "native_flash_attention",
+    "native_l2_norm",
     "native_silu",
     "native_ssm_conv_for",
     "rounded_taps",
@@ -92,8 +93,8 @@ def ggml_silu(x: torch.Tensor, width: int = 16) -> torch.Tensor:
 
 
 def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml_silu` on the C kernels."""
-    return _silu(x, width, functools.partial(native_expf, kernels, width=width), functools.partial(native_libm, kernels, LibmOp.EXPF))
+    """`ggml_silu` on the C kernels, in one pass over x."""
+    return native_silu_rows(kernels, x, width)
 
 
 def ggml_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -139,6 +140,14 @@ def ggml_l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     mean = ((x * x).double().sum(dim=-1, keepdim=True) / x.shape[-1]).float()
     scale = torch.div(f32(1.0), sqrtf(mean + torch.div(f32(eps), n)))
     return (x * scale) * torch.div(f32(1.0), sqrtf(n))
+
+
+def native_l2_norm(kernels: NativeKernels, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`ggml_l2_norm` on the C kernels: their `rms_norm` with eps / n (in float32) and every weight `1/sqrtf(n)`,
+    which computes `(x * scale) * (1/sqrtf(n))` with the same roundings."""
+    n = f32(float(x.shape[-1]))
+    weight = torch.div(f32(1.0), sqrtf(n)).expand(x.shape[-1])
+    return native_rms_norm(kernels, x, weight, float(torch.div(f32(eps), n)))
 
 
 def ggml_dot_f32(a: torch.Tensor, b: torch.Tensor, width: int = 16) -> torch.Tensor:

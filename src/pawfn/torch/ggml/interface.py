@@ -34,6 +34,7 @@ __all__ = [
     "Pointer",
     "RmsNormCall",
     "SsmConvCall",
+    "SiluCall",
     "SwigluCall",
     "Value",
     "kernel_calls",
@@ -66,6 +67,7 @@ class Kernel(enum.IntEnum):
     SWIGLU = 13
     GELU = 14
     SSM_CONV = 15
+    SILU = 16
 
 
 BLOCK_PRODUCTS = frozenset({Kernel.Q6_K_ROWS, Kernel.Q6_K_TILED, Kernel.Q0_ROWS, Kernel.Q4_0_REPACKED, Kernel.Q0_EIGHTS, Kernel.Q4_0_EIGHTS})
@@ -310,6 +312,15 @@ class SwigluCall(KernelCall):
 
 
 @dataclass(slots=True)
+class SiluCall(KernelCall):
+    kernel = Kernel.SILU
+    x: Pointer
+    y: Pointer
+    n: Integer
+    width: Integer
+
+
+@dataclass(slots=True)
 class GeluCall(KernelCall):
     kernel = Kernel.GELU
     x: Pointer
@@ -341,5 +352,6 @@ def kernel_calls() -> dict[Kernel, type[KernelCall]]:
         SwigluCall,
         GeluCall,
         SsmConvCall,
+        SiluCall,
     )
     return {call.kernel: call for call in calls}

@@ -2198,6 +2198,25 @@ static void swiglu_rows(const float *gate, const float *up, int64_t stride, floa
     }
 }
 
+/* `ggml_vec_silu_f32` on rows of n values: the whole vectors of `width` lanes as `ggml_v_silu`, x / (1 + expf(-x))
+   with `ggml_v_expf` (each lane as expf_ggml), the rest as `ggml_silu_f32` with the C library's expf. Rows [first, last). */
+static void silu_rows(const float *x, float *y, int64_t n, int width, int64_t first, int64_t last) {
+    const int64_t whole = n - n % width;
+    float minus[8], e[8];
+    for (int64_t r = first; r < last; ++r) {
+        const float *row = x + r * n;
+        float *out = y + r * n;
+        int64_t i = 0;
+        for (; i < whole; i += 8) {
+            const __m256 v = _mm256_loadu_ps(row + i);
+            _mm256_storeu_ps(minus, _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)));
+            expf_ggml8(minus, e, width);
+            _mm256_storeu_ps(out + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e))));
+        }
+        for (; i < n; ++i) out[i] = row[i] / (1.0f + expf(-row[i]));
+    }
+}
+
 /* `ggml_vec_gelu_f32` as built (GGML_GELU_FP16), values [first, last): 0 at or below -10, x at or above 10, else
    `table` (ggml_table_gelu_f16 as float32, by f16 bits) at x rounded to f16 to nearest even (GGML_FP32_TO_FP16). */
 static void gelu_values(const float *x, const float *table, float *y, int64_t first, int64_t last) {
@@ -2222,7 +2241,8 @@ typedef struct {
 
 enum {
     KERNEL_Q6_K_ROWS, KERNEL_Q6_K_TILED, KERNEL_Q0_ROWS, KERNEL_Q4_0_REPACKED, KERNEL_ATTENTION, KERNEL_Q0_EIGHTS, KERNEL_GATED_DELTA_NET, KERNEL_FLASH_ONLINE, KERNEL_FLASH_TILED, KERNEL_FLOAT,
-    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU, KERNEL_GELU, KERNEL_SSM_CONV
+    KERNEL_Q4_0_EIGHTS, KERNEL_ATTENTION_STEP, KERNEL_RMS_NORM, KERNEL_SWIGLU, KERNEL_GELU, KERNEL_SSM_CONV,
+    KERNEL_SILU
 };
 
 static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last) {
@@ -2284,6 +2304,9 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         break;
     case KERNEL_SSM_CONV:
         ssm_conv_steps(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], first, last);
+        break;
+    case KERNEL_SILU:
+        silu_rows(a->p[0], (float *)a->p[1], a->i[0], (int)a->i[1], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

@@ -19,7 +19,7 @@ from ...ggml.c_kernels import native_gated_delta_net, native_gelu, native_kernel
 from ...ggml.c_kernels import native_rope, native_swiglu
 from ...ggml.floats import float_matrix
 from ...ggml.hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
-from ...ggml.hybrid import native_flash_attention, native_silu, native_ssm_conv_for
+from ...ggml.hybrid import native_flash_attention, native_l2_norm, native_silu, native_ssm_conv_for
 from ...ggml.interface import LibmOp
 from ...ggml.library import NativeKernels
 from ...ggml.native_blocks import native_block_matrix
@@ -178,6 +178,9 @@ class NativeLlamaCppArithmetic(LlamaCppArithmetic):
 
     def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         return native_layer_norm(self.kernels, x, weight, bias, eps, self.width)
+
+    def l2_norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
+        return native_l2_norm(self.kernels, x, eps)
 
     def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
         return native_silu(self.kernels, native_ssm_conv_for(self.kernels, timeline, kernel, self.width), self.width)
