@@ -338,3 +338,28 @@ def test_llamacpp_numerics_on_prompts_of_several_passes(qwen35_q8_0: Path, qwen3
     with PawFn[Qwen3_5_0_8B, Torch].load_sync(program.folder, base=qwen35_q8_0, config=PawConfig(numerics="llamacpp", n_ctx=2048)) as function:
         assert all(len(function.prompt_token_ids(text)) > 1024 for text in texts)
         assert _tokens(function, texts) == expected
+
+
+def test_the_exact_modes_last_feed_forward_takes_the_last_row_only(
+    qwen35_q8_0: Path, qwen35_program_q4: TinyProgram, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp's graph keeps only the output rows after the last layer's mixing (`inp_out_ids`), so its last
+    feed-forward takes one row of a call's prompt: the exact mode does the same work (its tokens are llama.cpp's: the
+    tests above), every layer before it all the rows."""
+    rows: list[int] = []
+    swiglu = NativeLlamaCppArithmetic.swiglu
+
+    def recording(self: NativeLlamaCppArithmetic, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        rows.append(gate.shape[0])
+        return swiglu(self, gate, up)
+
+    monkeypatch.setattr(NativeLlamaCppArithmetic, "swiglu", recording)
+    config = PawConfig(numerics="llamacpp", n_ctx=1024)
+    with PawFn[Qwen3_5_0_8B, Torch].load_sync(qwen35_program_q4.folder, base=qwen35_q8_0, config=config) as function:
+        if not isinstance(torch_program(function).base.interpreter.arithmetic, NativeLlamaCppArithmetic):
+            pytest.skip("the C kernels did not build here")
+        layers = torch_program(function).base.interpreter.architecture.n_layers
+        rows.clear()  # the call's pass only, not the load's
+        function.run("Sort these words: pear, apple, fig, plum.", options=RuntimeOptions(max_tokens=1))
+    assert len(rows) == layers and rows[-1] == 1
+    assert min(rows[:-1]) > 20  # the whole prompt

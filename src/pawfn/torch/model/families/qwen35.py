@@ -189,7 +189,7 @@ class Qwen35Family(Family):
             mixed = self._attention(ops, layer, normed, positions)
         else:
             mixed = self._delta_net(ops, layer, normed)
-        hidden = hidden + mixed
+        hidden = ops.output_rows(layer, hidden) + ops.output_rows(layer, mixed)  # llama.cpp's graph drops rows here
         gate, up = ops.linears(ops.rms_norm(hidden, names.post_norm), names.gate_up)
         return hidden + ops.linear(ops.swiglu(gate, up), names.ffn_down)
 
