@@ -1594,25 +1594,40 @@ __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x,
 AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const float *k, const float *v, float decay, float b,
                                                  float scale, float *out) {
     const __m512 decay16 = _mm512_set1_ps(decay), zero = _mm512_setzero_ps();
-    __m512 keys[8], queries[8];
+    __m512 keys[8], queries[8], folded[16];
     for (int c = 0; c < 8; ++c) {
         keys[c] = _mm512_loadu_ps(k + 16 * c);
         queries[c] = _mm512_loadu_ps(q + 16 * c);
     }
+    /* the rows decayed and dotted with k, each dot's accumulators folded (0+2)+(1+3); their lanes summed together */
     for (int r = 0; r < 16; ++r) {
         float *row = m + r * 128;
         __m512 x[8], acc[4];
-        for (int c = 0; c < 8; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
-        for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
-        const float dot = ggml_f32_total_512(acc);
-        const __m512 delta = _mm512_set1_ps((v[r] - dot) * b);
         for (int c = 0; c < 8; ++c) {
-            x[c] = _mm512_fmadd_ps(keys[c], delta, x[c]);
+            x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
+            _mm512_storeu_ps(row + 16 * c, x[c]);
+        }
+        for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
+        folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    }
+    float deltas[16];  /* the dots, then (v - dot) * b */
+    sum_halves_16x512(folded, deltas);
+    _mm512_storeu_ps(deltas, _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(v), _mm512_loadu_ps(deltas)), _mm512_set1_ps(b)));
+    /* the rows updated by k times their delta, then dotted with q */
+    for (int r = 0; r < 16; ++r) {
+        float *row = m + r * 128;
+        const __m512 delta = _mm512_set1_ps(deltas[r]);
+        __m512 x[8], acc[4];
+        for (int c = 0; c < 8; ++c) {
+            x[c] = _mm512_fmadd_ps(keys[c], delta, _mm512_loadu_ps(row + 16 * c));
             _mm512_storeu_ps(row + 16 * c, x[c]);
         }
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], queries[c + 4], _mm512_fmadd_ps(x[c], queries[c], zero));
-        out[r] = ggml_f32_total_512(acc) * scale;
+        folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
     }
+    float dots[16];
+    sum_halves_16x512(folded, dots);
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(dots), _mm512_set1_ps(scale)));
 }
 
 /* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k, v [T, H, S] (q and k normed, one
@@ -1944,22 +1959,8 @@ static int has_avx512_bf16(void) {
 #define BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
 #define BF16_ROW_BLOCK 64  /* x rows (bf16, 64 x k) multiplied by every weight row of a thread while they are in L2 */
 
-/* Sixteen registers' lanes each summed by halves as `sum_halves_512` sums one (the same additions), all at once:
-   lane 4q + m of the result is register 4m + q's total (30 shuffles and 15 additions, not 128 steps). */
-BF16_TARGET static inline __m512 sum_halves_16(const __m512 a[16]) {
-    __m512 b[8], c[4], d[2];
-    for (int p = 0; p < 8; ++p)  /* 16 -> 8: chunks [a_2p lanes 0-3, 4-7; a_2p+1's], lane i plus lane i + 8 */
-        b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44), _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
-    for (int p = 0; p < 4; ++p)  /* 8 -> 4: chunk q is a_4p+q's lane i plus lane i + 4 */
-        c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88), _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
-    for (int p = 0; p < 2; ++p)  /* 4 -> 2: chunk q is [a_8p+q's lanes 0 + 2, 1 + 3; a_8p+4+q's] */
-        d[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44), _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xEE));
-    /* 2 -> 1: chunk q is [a_q, a_4+q, a_8+q, a_12+q]'s lane 0 + lane 1 */
-    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
-}
-
 /* tinyBLAS's BF16 dots with `vdpbf16ps` (its AVX-512 BF16 kernel's instruction, so the same numbers): 4 weight rows
-   by 4 rows of x at once, 16 accumulators in flight, each by halves (all sixteen in one `sum_halves_16`). */
+   by 4 rows of x at once, 16 accumulators in flight, each by halves (all sixteen at once). */
 BF16_TARGET static void bf16_tiles_512(const uint16_t *w, const uint16_t *x, int64_t rows, int64_t k, const paw_out *y,
                                        int64_t first, int64_t last) {
     for (int64_t r0 = 0; r0 < rows; r0 += BF16_ROW_BLOCK) {
@@ -1972,17 +1973,17 @@ BF16_TARGET static void bf16_tiles_512(const uint16_t *w, const uint16_t *x, int
                 const int rc = r_end - r < 4 ? (int)(r_end - r) : 4;
                 const uint16_t *xr[4];
                 for (int i = 0; i < 4; ++i) xr[i] = x + (r + (i < rc ? i : rc - 1)) * k;
-                __m512 acc[16];  /* output j, row i at 4j + i: the totals come out as row i's four outputs in chunk i */
+                __m512 acc[16];  /* row i, output j at 4i + j */
                 for (int a = 0; a < 16; ++a) acc[a] = _mm512_setzero_ps();
                 for (int64_t s = 0; s < k; s += 32) {
                     __m512bh wv[4], xv[4];
                     for (int j = 0; j < 4; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wr[j] + s);
                     for (int i = 0; i < 4; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xr[i] + s);
                     for (int j = 0; j < 4; ++j)
-                        for (int i = 0; i < 4; ++i) acc[4 * j + i] = _mm512_dpbf16_ps(acc[4 * j + i], wv[j], xv[i]);
+                        for (int i = 0; i < 4; ++i) acc[4 * i + j] = _mm512_dpbf16_ps(acc[4 * i + j], wv[j], xv[i]);
                 }
                 float each[16];  /* row i's four outputs at 4i */
-                _mm512_storeu_ps(each, sum_halves_16(acc));
+                sum_halves_16x512(acc, each);
                 if (oc == 4) {
                     for (int i = 0; i < rc; ++i) {
                         float *target = y->y + (r + i) * y->stride + o;
