@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from pawfn.torch.ggml.float_ops import ggml_rms_norm, ggml_rope, ggml_rope_table
-from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
+from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_image_attention, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
 from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels
-from pawfn.torch.ggml.hybrid import ggml_silu, native_flash_attention, native_l2_norm, native_silu, native_ssm_conv_for
+from pawfn.torch.ggml.hybrid import ggml_silu, native_flash_attention, native_image_attention, native_l2_norm, native_silu, native_ssm_conv_for
 from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic
 from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp
@@ -203,3 +203,23 @@ def test_the_c_silu_and_key_norm_equal_the_torch_ones(width: int, shape: tuple[i
     x.view(-1)[:4] = torch.tensor([0.0, -0.0, 120.0, -120.0])
     _bit_exact(native_silu(kernels, x, width), ggml_silu(x, width))
     _bit_exact(native_l2_norm(kernels, x, 1e-6), ggml_l2_norm(x, 1e-6))
+
+
+@pytest.mark.parametrize("spread", [1.0, 40.0], ids=["near", "underflowing"])
+def test_the_c_image_attention_equals_the_torch_one_tile_by_tile(spread: float) -> None:
+    """The tower's tiled attention (70 patches: a whole tile of 64 cells and a partial one) on the C kernels, four rows
+    at a time with AVX-512 and row by row without, gives the emulation's bits, also where most weights leave expf's
+    range (queries `spread` times larger)."""
+    kernels = _kernels("c")
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn((70, 2, 64), generator=generator) for _ in range(3))
+    q = q * spread
+    for width in (8, 16):
+        expected = ggml_image_attention(q, k, v, width)
+        _bit_exact(native_image_attention(kernels, q, k, v, width), expected)
+        kernels.use_avx512(False)
+        try:
+            _bit_exact(native_image_attention(kernels, q, k, v, width), expected)
+        finally:
+            kernels.use_avx512(True)
