@@ -2113,8 +2113,11 @@ static void rms_norm_rows(const float *x, int64_t stride, int64_t per, const flo
 /* `ggml_norm` then `ggml_mul` and `ggml_add` on x [rows, n] into y: the mean from the values summed in order in
    double (`ggml_vec_sum_f32`), rounded to float32 and divided by n; the centred values' squares summed W at a time,
    each W by halves (`ggml_vec_cvar_f32`), the rest one by one, in double; scale = 1 / sqrtf(variance + eps); then
-   (centred * scale) * w + b, each step rounded. */
+   (centred * scale) * w + b, each step rounded. Rows split across OpenMP's team (torch's thread count) when many. */
 void paw_layer_norm(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t n, float eps, int64_t W) {
+#ifdef _OPENMP
+#pragma omp parallel for if (rows * n >= (1 << 16))
+#endif
     for (int64_t r = 0; r < rows; ++r) {
         const float *row = x + r * n;
         float *out = y + r * n;
