@@ -29,7 +29,8 @@ from ...ggml.native_blocks import native_block_matrix
 __all__ = ["MtmdTower", "NativeMtmdTower", "PatchEmbedding", "TowerArithmetic", "TowerMatrix", "rotate_halves"]
 
 TowerMatrix = Callable[[torch.Tensor], torch.Tensor]
-"""`x` [n, in] times one of the projector's `[out, in]` matrices: [n, out] (no bias)."""
+"""`x` [n, in] times one of the projector's `[out, in]` matrices: [n, out] (no bias), a tensor of its own (the tower adds
+the bias to it in place)."""
 PatchEmbedding = Callable[[torch.Tensor], torch.Tensor]
 """Normalized pixels [3, H, W] to the patches' embeddings [H / patch, W / patch, width]: both frames' products
 added, before the bias."""
