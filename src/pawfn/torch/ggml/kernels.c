@@ -2328,9 +2328,16 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
         return 0;
     }
 #ifdef _OPENMP
+    /* up to eight parts a thread, each taken by the next thread free: a core slowed by other work (a shared machine)
+       no longer holds the others at the barrier with half of the outputs */
+    const int64_t parts = count < threads * 8 ? count : threads * 8;
+    int64_t next = 0;
 #pragma omp parallel num_threads(threads)
-    {
-        int64_t part = omp_get_thread_num(), parts = omp_get_num_threads();
+    for (;;) {
+        int64_t part;
+#pragma omp atomic capture
+        part = next++;
+        if (part >= parts) break;
         run_range(kernel, args, count * part / parts, count * (part + 1) / parts);
     }
 #else
