@@ -1587,10 +1587,11 @@ __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x,
 
 /* One token of gated_delta_net on sixteen rows of one head's state on AVX-512, for heads of 128 (Qwen3.5's; W = 16):
    a row's decay, its dot with k, its update and its dot with q touch that row alone, so gated_delta_net takes each
-   block of sixteen rows (8 KB) through all the tokens while it stays in L1, each row loaded and stored once a token
-   with k and q in registers (token by token over the whole 64 KB matrix, four passes each, it took 37 ms a 582-row
-   layer, now 15); every value's operations as gated_delta_net's, each dot's order as dot_f32_ggml_512's (from +0,
-   so a -0 product stays +0). v and out: the block's sixteen values. */
+   block of sixteen rows (8 KB) through all the tokens while it stays in L1, k and q in registers (token by token over
+   the whole 64 KB matrix, four passes each, it took 37 ms a 582-row layer); the sixteen dots with k summed together,
+   then each row decayed again (the same product: no store between) and updated, then the dots with q. Every value's
+   operations as gated_delta_net's, each dot's order as dot_f32_ggml_512's (from +0, so a -0 product stays +0). v and
+   out: the block's sixteen values. */
 AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const float *k, const float *v, float decay, float b,
                                                  float scale, float *out) {
     const __m512 decay16 = _mm512_set1_ps(decay), zero = _mm512_setzero_ps();
@@ -1605,7 +1606,6 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
         __m512 x[8], acc[4];
         for (int c = 0; c < 8; ++c) {
             x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
-            _mm512_storeu_ps(row + 16 * c, x[c]);
         }
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
         folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
@@ -1619,7 +1619,7 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
         const __m512 delta = _mm512_set1_ps(deltas[r]);
         __m512 x[8], acc[4];
         for (int c = 0; c < 8; ++c) {
-            x[c] = _mm512_fmadd_ps(keys[c], delta, _mm512_loadu_ps(row + 16 * c));
+            x[c] = _mm512_fmadd_ps(keys[c], delta, _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16));
             _mm512_storeu_ps(row + 16 * c, x[c]);
         }
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], queries[c + 4], _mm512_fmadd_ps(x[c], queries[c], zero));
