@@ -894,6 +894,26 @@ static inline void expf_ggml8(const float *x, float *y, int W) {
     }
 }
 
+/* expf_ggml8 for W = 16 on sixteen values (AVX-512), each lane's operations the same; out of range, one by one. */
+__attribute__((target("avx512f"))) static inline __m512 expf_ggml16(__m512 v) {
+    const __m512 shifter = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(v, _mm512_set1_ps(0x1.715476p+0f), shifter);
+    const __m512 n = _mm512_sub_ps(z, shifter), minus_n = _mm512_sub_ps(_mm512_setzero_ps(), n);
+    const __m512 b = _mm512_fmadd_ps(minus_n, _mm512_set1_ps(0x1.7f7d1cp-20f), _mm512_fmadd_ps(minus_n, _mm512_set1_ps(0x1.62e4p-1f), v));
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 high = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f)));
+    if (_mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(126.0f), _CMP_LE_OQ) != 0xFFFF) {
+        float x[16], y[16];
+        _mm512_storeu_ps(x, v);
+        for (int l = 0; l < 16; ++l) y[l] = expf_ggml(x[l], 16);
+        return _mm512_loadu_ps(y);
+    }
+    const __m512 power = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+    const __m512 j = _mm512_fmadd_ps(high, u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    return _mm512_mul_ps(j, power);
+}
+
 void paw_expf(const float *x, float *y, int64_t count, int64_t width) {
     int64_t i = 0;
     for (; i + 8 <= count; i += 8) expf_ggml8(x + i, y + i, (int)width);
@@ -1777,8 +1797,39 @@ __attribute__((target("avx512f"))) static void tile_values_4(const float weights
 /* One row's online softmax step over a tile of raw scores (`scores` becomes its weights): masked cells (past the
    cache, or past `position` when causal) at -inf, the running maximum and sum updated and its `result` rescaled
    where the maximum rises, weights by `ggml_v_expf` summed by W-lane halves in double. */
+/* tile_softmax for W = 16 (AVX-512) on a tile every cell of which the row sees: sixteen lanes a step, each value's
+   operations and the sums' order the same (a register's lanes by halves, the four in order, in double). */
+__attribute__((target("avx512f"))) static void tile_softmax_16(float *scores, float scale, int64_t D, float *result, float *high,
+                                                             float *total) {
+    __m512 values[PAW_FA_TILE / 16], tops = _mm512_set1_ps(-INFINITY);
+    for (int g = 0; g < PAW_FA_TILE / 16; ++g) {
+        values[g] = _mm512_mul_ps(_mm512_loadu_ps(scores + 16 * g), _mm512_set1_ps(scale));
+        tops = _mm512_max_ps(tops, values[g]);
+    }
+    const float top = _mm512_reduce_max_ps(tops), newer = fmaxf(*high, top);  /* a maximum in any order */
+    if (newer > *high) {
+        const float shrink = expf(*high - newer);
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) _mm512_storeu_ps(result + d, _mm512_mul_ps(_mm512_loadu_ps(result + d), _mm512_set1_ps(shrink)));
+        for (; d < D; ++d) result[d] = result[d] * shrink;
+        *total = *total * shrink;
+    }
+    *high = newer;
+    double running = 0.0;
+    for (int g = 0; g < PAW_FA_TILE / 16; ++g) {
+        const __m512 weights = expf_ggml16(_mm512_sub_ps(values[g], _mm512_set1_ps(newer)));
+        _mm512_storeu_ps(scores + 16 * g, weights);
+        running += (double)sum_halves_512(weights);
+    }
+    *total = (float)((double)*total + running);
+}
+
 static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t position, float scale, int W, int64_t D,
                          float *result, float *high, float *total) {
+    if (W == 16 && avx512_on() && start + PAW_FA_TILE <= length && start + PAW_FA_TILE - 1 <= position) {
+        tile_softmax_16(scores, scale, D, result, high, total);
+        return;
+    }
     float top = -INFINITY;
     if (start + PAW_FA_TILE <= length && start + PAW_FA_TILE - 1 <= position) {  /* every cell seen: eight at a time */
         const __m256 scale8 = _mm256_set1_ps(scale);
