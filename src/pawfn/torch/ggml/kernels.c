@@ -1704,6 +1704,21 @@ static inline void f16_mad(float *sums, const uint16_t *v, float weight, int64_t
     for (; d < D; ++d) sums[d] = f16_round(fmaf(f16_value(v[d]), weight, sums[d]));
 }
 
+/* f16_scale and f16_mad sixteen lanes at a time (AVX-512's conversions round as F16C's), for D a multiple of 16. */
+__attribute__((target("avx512f"))) static void f16_scale_16(float *sums, float shrink, int64_t D) {
+    const __m512 factor = _mm512_set1_ps(shrink);
+    for (int64_t d = 0; d < D; d += 16)
+        _mm512_storeu_ps(sums + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(sums + d), factor), 0)));
+}
+
+__attribute__((target("avx512f"))) static void f16_mad_16(float *sums, const uint16_t *v, float weight, int64_t D) {
+    const __m512 factor = _mm512_set1_ps(weight);
+    for (int64_t d = 0; d < D; d += 16) {
+        const __m512 value = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + d)));
+        _mm512_storeu_ps(sums + d, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_fmadd_ps(value, factor, _mm512_loadu_ps(sums + d)), 0)));
+    }
+}
+
 /* `ggml_compute_forward_flash_attn_ext_f16_one_chunk` over cells [cell_first, cell_last) for (row, head) pairs
    [first, last) of q [n, H, D] (row r at cache position positions0 + r, causal): Q rounded to f16, each cell's
    score by `ggml_vec_dot_f16`, online softmax with V summed in f16. Writes the unnormalized sums [n, H, D] (f16
@@ -1713,6 +1728,7 @@ static void flash_online(const float *q, const uint16_t *k, const uint16_t *v, i
                          float *high, float *total, int64_t first, int64_t last) {
     float *query = malloc(sizeof(float) * D);
     if (!query) return;
+    const int wide = avx512_on() && D % 16 == 0;
     for (int64_t p = first; p < last; ++p) {
         const int64_t r = p / H, h = p % H, kvh = h / (H / KV), position = positions0 + r;
         const uint16_t *keys = k + kvh * kv_stride, *values = v + kvh * kv_stride;
@@ -1728,11 +1744,11 @@ static void flash_online(const float *q, const uint16_t *k, const uint16_t *v, i
             if (score > m) {
                 shrink = expf(m - score);
                 m = score;
-                f16_scale(sums, shrink, D);
+                (wide ? f16_scale_16 : f16_scale)(sums, shrink, D);
             } else {
                 weight = expf(score - m);
             }
-            f16_mad(sums, values + c * D, weight, D);
+            (wide ? f16_mad_16 : f16_mad)(sums, values + c * D, weight, D);
             s = fmaf(s, shrink, weight);
         }
         high[p] = m;
