@@ -1624,9 +1624,7 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
     for (int r = 0; r < 16; ++r) {
         float *row = m + r * 128;
         __m512 x[8], acc[4];
-        for (int c = 0; c < 8; ++c) {
-            x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
-        }
+        for (int c = 0; c < 8; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
         folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
     }
@@ -1810,9 +1808,6 @@ __attribute__((target("avx512f"))) static void tile_values_4(const float weights
     }
 }
 
-/* One row's online softmax step over a tile of raw scores (`scores` becomes its weights): masked cells (past the
-   cache, or past `position` when causal) at -inf, the running maximum and sum updated and its `result` rescaled
-   where the maximum rises, weights by `ggml_v_expf` summed by W-lane halves in double. */
 /* tile_softmax for W = 16 (AVX-512) on a tile every cell of which the row sees: sixteen lanes a step, each value's
    operations and the sums' order the same (a register's lanes by halves, the four in order, in double). */
 __attribute__((target("avx512f"))) static void tile_softmax_16(float *scores, float scale, int64_t D, float *result, float *high,
@@ -1840,6 +1835,9 @@ __attribute__((target("avx512f"))) static void tile_softmax_16(float *scores, fl
     *total = (float)((double)*total + running);
 }
 
+/* One row's online softmax step over a tile of raw scores (`scores` becomes its weights): masked cells (past the
+   cache, or past `position` when causal) at -inf, the running maximum and sum updated and its `result` rescaled
+   where the maximum rises, weights by `ggml_v_expf` summed by W-lane halves in double. */
 static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t position, float scale, int W, int64_t D,
                          float *result, float *high, float *total) {
     if (W == 16 && avx512_on() && start + PAW_FA_TILE <= length && start + PAW_FA_TILE - 1 <= position) {
@@ -2251,39 +2249,34 @@ void paw_rope_table(const float *positions, int64_t count, int64_t half, float s
 
 /* `ggml_swiglu`: gate / (1 + expf(-gate)) * up with ggml_v_expf (W lanes), for rows [first, last) of n values
    (gate and up rows `stride` floats apart, e.g. the halves of one product's columns), into y [rows, n]. */
+/* `ggml_v_silu` on eight values, x / (1 + expf(-x)) with `ggml_v_expf` for `width` lanes (each lane as expf_ggml). */
+static inline __m256 silu_ggml8(__m256 x, int width) {
+    float minus[8], e[8];
+    _mm256_storeu_ps(minus, _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)));
+    expf_ggml8(minus, e, width);
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e)));
+}
+
 static void swiglu_rows(const float *gate, const float *up, int64_t stride, float *y, int64_t n, int width, int64_t first, int64_t last) {
-    float e[8];
     for (int64_t r = first; r < last; ++r) {
         const float *g_row = gate + r * stride, *u_row = up + r * stride;
         float *out = y + r * n;
         int64_t i = 0;
-        for (; i + 8 <= n; i += 8) {  /* each lane as the scalar steps below (IEEE division, rounded once) */
-            __m256 g = _mm256_loadu_ps(g_row + i);
-            float minus[8];
-            _mm256_storeu_ps(minus, _mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-            expf_ggml8(minus, e, width);
-            __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e)));
-            _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u_row + i)));
-        }
+        for (; i + 8 <= n; i += 8)  /* each lane as the scalar steps below (IEEE division, rounded once) */
+            _mm256_storeu_ps(out + i, _mm256_mul_ps(silu_ggml8(_mm256_loadu_ps(g_row + i), width), _mm256_loadu_ps(u_row + i)));
         for (; i < n; ++i) out[i] = (g_row[i] / (1.0f + expf_ggml(-g_row[i], width))) * u_row[i];
     }
 }
 
-/* `ggml_vec_silu_f32` on rows of n values: the whole vectors of `width` lanes as `ggml_v_silu`, x / (1 + expf(-x))
-   with `ggml_v_expf` (each lane as expf_ggml), the rest as `ggml_silu_f32` with the C library's expf. Rows [first, last). */
+/* `ggml_vec_silu_f32` on rows of n values: the whole vectors of `width` lanes as `ggml_v_silu` (silu_ggml8), the rest
+   as `ggml_silu_f32` with the C library's expf. Rows [first, last). */
 static void silu_rows(const float *x, float *y, int64_t n, int width, int64_t first, int64_t last) {
     const int64_t whole = n - n % width;
-    float minus[8], e[8];
     for (int64_t r = first; r < last; ++r) {
         const float *row = x + r * n;
         float *out = y + r * n;
         int64_t i = 0;
-        for (; i < whole; i += 8) {
-            const __m256 v = _mm256_loadu_ps(row + i);
-            _mm256_storeu_ps(minus, _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)));
-            expf_ggml8(minus, e, width);
-            _mm256_storeu_ps(out + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_loadu_ps(e))));
-        }
+        for (; i < whole; i += 8) _mm256_storeu_ps(out + i, silu_ggml8(_mm256_loadu_ps(row + i), width));
         for (; i < n; ++i) out[i] = row[i] / (1.0f + expf(-row[i]));
     }
 }
