@@ -51,7 +51,7 @@ __all__ = [
     "native_layer_norm",
     "native_rope",
     "native_rope_table",
-    "native_silu_rows",
+    "native_silu",
     "native_swiglu",
 ]
 
@@ -370,9 +370,9 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
     return y
 
 
-def native_silu_rows(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`hybrid.ggml_silu` in C along x's last axis (whole vectors of `width` lanes, the rest by the C library's expf),
-    rows split across threads where there are enough of them."""
+def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
+    """`hybrid.ggml_silu` in C along x's last axis, in one pass (whole vectors of `width` lanes, the rest by the C
+    library's expf), rows split across threads where there are enough of them."""
     x = x.float().contiguous()
     y = torch.empty_like(x)
     n = x.shape[-1] if x.dim() else 1

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from .float_ops import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
-from .c_kernels import NativeKernels, native_flash_online, native_flash_tiled, native_rms_norm, native_silu_rows, native_ssm_conv
+from .c_kernels import NativeKernels, native_flash_online, native_flash_tiled, native_rms_norm, native_silu, native_ssm_conv
 
 __all__ = [
     "ggml_dot_f32",
@@ -73,28 +73,16 @@ def libm_expf(x: torch.Tensor) -> torch.Tensor:
     return _elementwise("expf", x)
 
 
-Expf = Callable[[torch.Tensor], torch.Tensor]
-"""`expf` of every value: `libm_expf`, or the C library's in C (`native_libm`)."""
-
-
-def _silu(x: torch.Tensor, width: int, vector_expf: Expf, scalar_expf: Expf) -> torch.Tensor:
+def ggml_silu(x: torch.Tensor, width: int = 16) -> torch.Tensor:
+    """`ggml_vec_silu_f32` along the last axis: whole vectors of `width` lanes by `ggml_v_silu`, the rest by `expf`
+    (`native_silu` in C)."""
     n = x.shape[-1]
     whole = n - n % width
-    head = torch.div(x[..., :whole], 1.0 + vector_expf(-x[..., :whole]))
+    head = torch.div(x[..., :whole], 1.0 + ggml_expf(-x[..., :whole], width=width))
     if whole == n:
         return head
     tail = x[..., whole:]
-    return torch.cat((head, torch.div(tail, 1.0 + scalar_expf(-tail))), dim=-1)
-
-
-def ggml_silu(x: torch.Tensor, width: int = 16) -> torch.Tensor:
-    """`ggml_vec_silu_f32` along the last axis: whole vectors of `width` lanes by `ggml_v_silu`, the rest by `expf`."""
-    return _silu(x, width, functools.partial(ggml_expf, width=width), libm_expf)
-
-
-def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml_silu` on the C kernels, in one pass over x."""
-    return native_silu_rows(kernels, x, width)
+    return torch.cat((head, torch.div(tail, 1.0 + libm_expf(-tail))), dim=-1)
 
 
 def ggml_sigmoid(x: torch.Tensor) -> torch.Tensor:

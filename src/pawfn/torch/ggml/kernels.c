@@ -1586,9 +1586,14 @@ static inline float dot_f32_ggml(const float *x, const float *y, int64_t n, int 
     return total;
 }
 
-/* ggml_vec_dot_f32's four accumulators of 16 lanes to one float: added (0+2)+(1+3), then the lanes by halves. */
+/* ggml_vec_dot_f32's four accumulators of 16 lanes folded to one register: added (0+2)+(1+3). */
+__attribute__((target("avx512f"))) static inline __m512 ggml_f32_fold_512(const __m512 acc[4]) {
+    return _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+}
+
+/* ggml_vec_dot_f32's four accumulators of 16 lanes to one float: folded, then the lanes by halves. */
 __attribute__((target("avx512f"))) static inline float ggml_f32_total_512(const __m512 acc[4]) {
-    return sum_halves_512(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3])));
+    return sum_halves_512(ggml_f32_fold_512(acc));
 }
 
 /* `dot_f32_ggml` for W = 16 on AVX-512: its four accumulators as registers, added (0+2)+(1+3), then by halves. */
@@ -1626,7 +1631,7 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
         __m512 x[8], acc[4];
         for (int c = 0; c < 8; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
-        folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        folded[r] = ggml_f32_fold_512(acc);
     }
     float deltas[16];  /* the dots, then (v - dot) * b */
     sum_halves_16x512(folded, deltas);
@@ -1641,7 +1646,7 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
             _mm512_storeu_ps(row + 16 * c, x[c]);
         }
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], queries[c + 4], _mm512_fmadd_ps(x[c], queries[c], zero));
-        folded[r] = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        folded[r] = ggml_f32_fold_512(acc);
     }
     float dots[16];
     sum_halves_16x512(folded, dots);
