@@ -2300,6 +2300,8 @@ static void gelu_values(const float *x, const float *table, float *y, int64_t fi
     for (; i < last; ++i) y[i] = x[i] <= -10.0f ? 0.0f : x[i] >= 10.0f ? x[i] : table[_cvtss_sh(x[i], 0)];
 }
 
+#define LANES_TAIL 4  /* rows past a multiple of sixteen that the one-row kernel takes (each ~1/3 of a padded group's cost) */
+
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
 typedef struct {
@@ -2335,8 +2337,12 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
     case KERNEL_Q0_EIGHTS:
     case KERNEL_Q4_0_EIGHTS:
 #ifndef PAW_BASELINE
-        if (a->i[2]) {  /* the rows laid out in lanes by sixteens: AVX-512 */
-            q0_eights_lanes_512(a->p[0], a->p[1], a->p[3], a->p[7], a->p[6], a->i[0], a->i[1], first, last, kernel == KERNEL_Q4_0_EIGHTS);
+        if (a->i[2]) {  /* the rows laid out in lanes by sixteens: AVX-512; the last few rows (i[3]) one at a time */
+            const int64_t tail = a->i[3], lane_rows = a->i[1] - tail;
+            q0_eights_lanes_512(a->p[0], a->p[1], a->p[3], a->p[7], a->p[6], a->i[0], lane_rows, first, last, kernel == KERNEL_Q4_0_EIGHTS);
+            if (tail)
+                q0_eights_512(a->p[0], a->p[1], (const int8_t *)a->p[8] + lane_rows * a->i[0] * 32, (const float *)a->p[4] + lane_rows * a->i[0],
+                              a->p[9], a->i[0], tail, first, last, kernel == KERNEL_Q4_0_EIGHTS);
             break;
         }
 #endif
@@ -2411,17 +2417,16 @@ int paw_run(int kernel, const paw_args *args, int64_t count, int64_t threads) {
     return 0;
 }
 
-/* Rows [first, last) of x quantized as the weights' partner (Q8_K with code sums, or Q8_0); for the AVX-512 kernels
-   with the rows in lanes (`in_lanes`) also laid out as they read them: scales by block ([blocks][padded rows]) and
+/* Rows [first, last) of x quantized as the weights' partner (Q8_K with code sums, or Q8_0); those before `lane_rows`
+   (0: none) also laid out as the AVX-512 kernels with the rows in lanes read them: scales by block ([blocks][padded rows]) and
    codes made unsigned, by quads of sixteen rows ([group][block][quad][row][4]). */
-static void prepare_rows(const float *x, int64_t in, int64_t blocks, int k_quant, int in_lanes, int8_t *codes, float *x_scale,
+static void prepare_rows(const float *x, int64_t in, int64_t blocks, int k_quant, int64_t lane_rows, int8_t *codes, float *x_scale,
                          int16_t *sums, uint8_t *xq, float *x_scale_t, int64_t padded, int64_t first, int64_t last) {
     if (first >= last) return;
     if (k_quant) paw_quantize_q8_k(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks, sums + first * blocks * 16);
     else paw_quantize_q8_0(x + first * in, last - first, in, codes + first * in, x_scale + first * blocks);
-    if (!in_lanes) return;
     const int64_t quads = in / blocks / 4;  /* a block's quads: 64 (Q8_K) or 8 (Q8_0) */
-    for (int64_t r = first; r < last; ++r)
+    for (int64_t r = first; r < last && r < lane_rows; ++r)
         for (int64_t b = 0; b < blocks; ++b) {
             x_scale_t[b * padded + r] = x_scale[r * blocks + b];
             uint8_t *target_quads = xq + ((r / 16 * blocks + b) * quads * 16 + r % 16) * 4;
@@ -2450,14 +2455,18 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
        ([group][block][quad][row][4]); padded rows are zeros */
     int eights = kernel == KERNEL_Q0_EIGHTS || kernel == KERNEL_Q4_0_EIGHTS;
     int in_lanes = (kernel == KERNEL_Q6_K_TILED || (eights && rows >= 16)) && avx512_on();
-    int64_t padded = (rows + 15) / 16 * 16;
+    /* a few rows past the last whole sixteen go through the one-row kernel: a group padded to sixteen lanes cost as
+       much as sixteen rows (162 rows: 176 rows' work), a row alone about a third of that (the same numbers: each
+       kernel computes q0_rows' own) */
+    int64_t tail = in_lanes && eights && rows % 16 <= LANES_TAIL ? rows % 16 : 0, lane_rows = in_lanes ? rows - tail : 0;
+    int64_t padded = (lane_rows + 15) / 16 * 16;
     float *x_scale_t = in_lanes ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
     uint8_t *xq = in_lanes ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
     int status = -1;
     if (codes != NULL && x_scale != NULL && (sums != NULL || !k_quant) && (!in_lanes || (x_scale_t != NULL && xq != NULL))) {
         if (in_lanes) {
             memset(x_scale_t, 0, (size_t)(blocks * padded) * sizeof(float));
-            if (padded > rows) memset(xq + (padded - 16) * in, 0, (size_t)(16 * in));  /* the last group's padded rows */
+            if (padded > lane_rows) memset(xq + (padded - 16) * in, 0, (size_t)(16 * in));  /* the last group's padded rows */
         }
         /* the rows quantized (and laid out) in parts, one per thread, where there are enough of them */
         int64_t parts = rows * in >= (1 << 16) && threads > 1 ? (threads < rows ? threads : rows) : 1;
@@ -2471,10 +2480,12 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             int64_t part = 0, count = 1;
             (void)parts;  /* one thread without OpenMP */
 #endif
-            prepare_rows(x, in, blocks, k_quant, in_lanes, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
+            prepare_rows(x, in, blocks, k_quant, lane_rows, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
                          rows * (part + 1) / count);
         }
-        paw_args args = {{w, sub, w_scale, in_lanes ? (const void *)xq : codes, x_scale, sums, target, x_scale_t}, {blocks, rows, in_lanes}, 0.0f};
+        paw_out tail_target = {target->y + lane_rows * target->stride, target->stride, target->accumulate, target->alpha};
+        paw_args args = {{w, sub, w_scale, in_lanes ? (const void *)xq : codes, x_scale, sums, target, x_scale_t, codes, &tail_target},
+                         {blocks, rows, in_lanes, tail}, 0.0f};
         status = paw_run(kernel, &args, eights ? out / 8 : out, threads);
     }
     free(codes);
