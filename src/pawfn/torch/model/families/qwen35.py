@@ -258,7 +258,13 @@ def _delta_rule(
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
-    q = arithmetic.l2_norm(q.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
-    k = arithmetic.l2_norm(k.reshape(n, linear.n_key_heads, size), eps).repeat(1, repeats, 1)
+    q = _tiled(arithmetic.l2_norm(q.reshape(n, linear.n_key_heads, size), eps), repeats)
+    k = _tiled(arithmetic.l2_norm(k.reshape(n, linear.n_key_heads, size), eps), repeats)
     outputs, memory = arithmetic.delta_rule(q, k, v.reshape(n, heads, size), beta, decay, memory)
     return outputs.reshape(n, heads * size), (timeline[n:].T.contiguous(), memory)
+
+
+def _tiled(heads: torch.Tensor, repeats: int) -> torch.Tensor:
+    """[T, heads, size] with its heads repeated `repeats` times in turn; itself where once (Qwen3.5-0.8B: 16 key
+    and 16 value heads), not a copy."""
+    return heads if repeats == 1 else heads.repeat(1, repeats, 1)
