@@ -10,20 +10,17 @@ import asyncio
 import contextlib
 import base64
 import importlib.util
-import io
 import json
 import logging
 import shutil
 import subprocess
 import sys
-from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gguf
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 
 from pawfn import (
@@ -42,6 +39,7 @@ from pawfn import (
     Torch,
 )
 from pawfn.cli import main
+from tests.helpers.mtmd_reference import mtmd_context, mtmd_embeddings, random_png
 from tests.helpers.programs import make_program, requires_llama_cpp
 from tests.helpers.references import llama_quantize
 from tests.helpers.servers import start_server
@@ -85,15 +83,6 @@ print(json.dumps(texts))
 """
 
 
-def _png(width: int, height: int, seed: int) -> bytes:
-    from PIL import Image as PILImage
-
-    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    PILImage.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
 def _official_texts(vision: TinyVision, template: str, calls: list[list[str | bytes]], adapter: Path | None = None) -> list[str]:
     request = {
         "base": str(vision.text.gguf_path),
@@ -122,7 +111,7 @@ def _config() -> PawConfig:
     return PawConfig(n_ctx=N_CTX)  # LlamaCpp's defaults: the official vision runtime's f16 KV cache and threads
 
 
-IMAGES = [_png(100, 70, 1), _png(40, 200, 2), _png(64, 64, 3), _png(333, 250, 4)]
+IMAGES = [random_png(100, 70, 1), random_png(40, 200, 2), random_png(64, 64, 3), random_png(333, 250, 4)]
 
 
 def test_images_of_several_sizes_give_the_official_runtimes_text(qwen35_vision: TinyVision) -> None:
@@ -196,8 +185,8 @@ def test_the_default_towers_embeddings_are_mtmds_bit_for_bit(qwen35_vision: Tiny
     float32 = VisionTower.read(projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens, TorchArithmetic().tower())
     with _mtmd_context(qwen35_vision, projector) as context:
         for index, (width, height) in enumerate(TOWER_SIZES):
-            data = _png(width, height, index)
-            expected, grid = _mtmd_embeddings(context, data)
+            data = random_png(width, height, index)
+            expected, grid = mtmd_embeddings(context, data, TEXT_WIDTH)
             for tower in towers:
                 prepared = tower.prepare(Image(data))
                 assert (prepared.rows, prepared.columns) == grid, (width, height)
@@ -212,25 +201,10 @@ def test_the_default_towers_embeddings_are_mtmds_bit_for_bit(qwen35_vision: Tiny
             assert np.abs(close - expected).max() <= (1e-2 if matrices == "BF16" else 1e-3) * np.abs(expected).max(), (width, height)
 
 
-@contextlib.contextmanager
-def _mtmd_context(vision: TinyVision, projector: Path | None = None) -> Generator[mtmd_context_p]:
+def _mtmd_context(vision: TinyVision, projector: Path | None = None) -> contextlib.AbstractContextManager[mtmd_context_p]:
     """mtmd's vision context for `projector` (`vision`'s F32 one unless named), set as the official vision runtime sets it."""
-    import llama_cpp
-    from llama_cpp import mtmd_cpp as mtmd
-
-    llm = llama_cpp.Llama(str(vision.text.gguf_path), n_ctx=N_CTX, verbose=False)
-    params = mtmd.mtmd_context_params_default()
-    params.use_gpu, params.print_timings, params.n_threads = False, False, 2
     assert Qwen3_5_0_8B.image_tokens is not None
-    params.image_min_tokens, params.image_max_tokens = Qwen3_5_0_8B.image_tokens
-    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    context = mtmd.mtmd_init_from_file(str(projector or vision.projector).encode(), llm.model, params)
-    assert context
-    try:
-        yield context
-    finally:
-        mtmd.mtmd_free(context)
-        llm.close()
+    return mtmd_context(vision.text.gguf_path, projector or vision.projector, N_CTX, Qwen3_5_0_8B.image_tokens)
 
 
 def test_images_of_odd_sizes_get_mtmds_token_grid(qwen35_vision: TinyVision) -> None:
@@ -246,41 +220,9 @@ def test_images_of_odd_sizes_get_mtmds_token_grid(qwen35_vision: TinyVision) -> 
     tower = VisionTower.read(qwen35_vision.projector, torch.device("cpu"), Qwen3_5_0_8B.image_tokens, TorchArithmetic().tower())
     with _mtmd_context(qwen35_vision) as context:
         for index, (width, height) in enumerate(sizes):
-            data = _png(width, height, index)
+            data = random_png(width, height, index)
             prepared = tower.prepare(Image(data))
-            assert (prepared.rows, prepared.columns) == _mtmd_embeddings(context, data, encode=False)[1], (width, height)
-
-
-def _mtmd_embeddings(context: mtmd_context_p, data: bytes, encode: bool = True) -> tuple[npt.NDArray[np.float32], tuple[int, int]]:
-    """mtmd's embeddings of one image (empty unless `encode`) and its grid (rows, columns) of merged tokens."""
-    import ctypes
-
-    from llama_cpp import mtmd_cpp as mtmd
-
-    buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(context, buffer, len(data), False)
-    chunks = mtmd.mtmd_input_chunks_init()
-    assert bitmap is not None and chunks is not None
-    try:
-        marker = mtmd.mtmd_default_marker()
-        given = mtmd.mtmd_input_text()
-        given.text, given.text_len, given.add_special, given.parse_special = marker, len(marker), False, True
-        assert mtmd.mtmd_tokenize(context, chunks, ctypes.byref(given), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
-        for index in range(mtmd.mtmd_input_chunks_size(chunks)):
-            chunk = mtmd.mtmd_input_chunks_get(chunks, index)
-            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                tokens = mtmd.mtmd_input_chunk_get_tokens_image(chunk)
-                grid = (mtmd.mtmd_image_tokens_get_ny(tokens), mtmd.mtmd_image_tokens_get_nx(tokens))
-                if not encode:
-                    return np.zeros((0, TEXT_WIDTH), dtype=np.float32), grid
-                assert mtmd.mtmd_encode_chunk(context, chunk) == 0
-                n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-                width = TEXT_WIDTH
-                return np.ctypeslib.as_array(mtmd.mtmd_get_output_embd(context), shape=(n * width,)).reshape(n, width).copy(), grid
-        raise AssertionError("mtmd made no image chunk")
-    finally:
-        mtmd.mtmd_input_chunks_free(chunks)
-        mtmd.mtmd_bitmap_free(bitmap)
+            assert (prepared.rows, prepared.columns) == mtmd_embeddings(context, data, TEXT_WIDTH, encode=False)[1], (width, height)
 
 
 @pytest.mark.parametrize("matrices", ["F32", "BF16"])
