@@ -10,12 +10,15 @@ test suite checks this CPU's own build; this script checks the builds of the CPU
 
 On the tiny Qwen3.5 of the tests (F32, F16 and BF16 projectors, images of several sizes); `--real-shape` adds the
 Qwen3.5-0.8B-shaped BF16 projector of `qwen35_images.py` (C kernels only: the emulation takes minutes an image).
-Prints one line per projector and image and exits 1 if any embedding differs.
+Then greedy calls with those images on a Q8_0 base (llama.cpp's quantizer) and the BF16 projector, the Torch backend
+in the build's arithmetic (numerics="llamacpp") against the LlamaCpp backend on that build. Prints one line per
+projector and image and per call backend; exits 1 if any embedding or token differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -26,19 +29,22 @@ sys.path.insert(0, str(REPOSITORY))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pawfn import Image, Qwen3_5_0_8B  # noqa: E402
+from pawfn import Backend, Image, LlamaCpp, PawConfig, PawFn, Positional, Qwen3_5_0_8B, RuntimeOptions, Torch  # noqa: E402
 from pawfn.llamacpp.cpu import llama_cpp_system_info  # noqa: E402
+from pawfn.torch.model.arithmetic import choice  # noqa: E402
 from pawfn.torch.engine.vision import VisionTower  # noqa: E402
 from pawfn.torch.ggml.c_kernels import native_kernels  # noqa: E402
 from pawfn.torch.model.arithmetic import llamacpp_arithmetic  # noqa: E402
 from pawfn.torch.model.arithmetic.tower import MtmdTower  # noqa: E402
 from tests.helpers.mtmd_reference import mtmd_context, mtmd_embeddings, random_png  # noqa: E402
-from tests.helpers.tiny_qwen35 import build_qwen35_vision  # noqa: E402
+from tests.helpers.references import llama_quantize  # noqa: E402
+from tests.helpers.tiny_qwen35 import TinyVision, build_qwen35_vision  # noqa: E402
 
 TINY_SIZES = [(100, 70), (40, 200), (64, 64), (7, 3), (1000, 900)]
 """Resized both ways, the position table's own size, below the smallest image, past the token limit (tiled attention)."""
 REAL_SIZES = [(256, 256), (640, 480)]
 N_CTX = 1024
+ONE_IMAGE = "<|im_start|>user\n{INPUT_0}<|vision_start|>{INPUT_1}<|vision_end|><|im_end|>\n<|im_start|>assistant\n"
 
 
 def build_arithmetic(info: str) -> tuple[int, bool]:
@@ -89,6 +95,38 @@ def check(text_model: Path, projector: Path, width: int, sizes: list[tuple[int, 
     return equal
 
 
+def calls_agree(vision: TinyVision, folder: Path, lanes: int, pairs: bool) -> bool:
+    """Greedy 12-token calls with an image, the official configuration's base (Q8_0, llama.cpp's quantizer) and the BF16
+    projector: the Torch backend in the build's arithmetic (`choice`'s lanes and BF16 dots set to the build's; the C
+    kernels' AVX-512 paths and their AVX2 ones) against the LlamaCpp backend on that build."""
+    base = llama_quantize(vision.text.gguf_path, folder / "text-q8_0.gguf", "Q8_0")
+    projector = vision.typed_projectors["BF16"]
+    shutil.copy(projector, folder / projector.name)  # found beside the base
+    choice.simd_width, choice.bf16_pairs = (lambda: lanes), (lambda: pairs)  # what the build's CPU would report
+    options = RuntimeOptions(max_tokens=12)
+    images = [Image(random_png(width, height, index)) for index, (width, height) in enumerate(TINY_SIZES)]
+
+    def tokens(backend: type[Backend], config: PawConfig) -> list[tuple[int, ...]]:
+        with PawFn.specialize(Qwen3_5_0_8B, backend).bare(base=base, template=ONE_IMAGE, config=config) as bare:
+            describe = Positional[str, Image](bare)
+            return [describe.generate("Describe the picture.", image, options=options).token_ids for image in images]
+
+    expected, kernels, agree = tokens(LlamaCpp, PawConfig(n_ctx=N_CTX)), native_kernels(), True
+    for avx512 in (True, False) if kernels is not None and kernels.avx512 else (False,):
+        if kernels is not None:
+            kernels.use_avx512(avx512)
+        try:
+            found = tokens(Torch, PawConfig(n_ctx=N_CTX, numerics="llamacpp"))
+        finally:
+            if kernels is not None:
+                kernels.use_avx512(True)
+        same = sum(a == b for a, b in zip(found, expected, strict=True))
+        paths = "AVX-512" if avx512 else "AVX2"
+        print(f"Q8_0 base, BF16 projector, Torch numerics='llamacpp' ({paths} paths): {same} of {len(images)} calls give llama.cpp's tokens")
+        agree &= same == len(images)
+    return agree
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--real-shape", action="store_true", help="also the Qwen3.5-0.8B-shaped BF16 projector of qwen35_images.py")
@@ -107,6 +145,7 @@ def main() -> None:
         for projector in projectors.values():  # each typed projector has a copy of the text model beside it
             text_model = projector.parent / vision.text.gguf_path.name
             equal &= check(text_model, projector, 64, TINY_SIZES, lanes, pairs, emulate=True)
+        equal &= calls_agree(vision, Path(folder), lanes, pairs)
     if args.real_shape:
         from qwen35 import HIDDEN, prepare
         from qwen35_images import write_projector
@@ -116,7 +155,7 @@ def main() -> None:
         if not projector.is_file():
             write_projector(projector)
         equal &= check(base, projector, HIDDEN, REAL_SIZES, lanes, pairs, emulate=False)
-    print("\nevery embedding mtmd's bit for bit" if equal else "\nSOME EMBEDDINGS DIFFER")
+    print("\nevery embedding mtmd's bit for bit, every call's tokens llama.cpp's" if equal else "\nSOME EMBEDDINGS OR TOKENS DIFFER")
     sys.exit(0 if equal else 1)
 
 
