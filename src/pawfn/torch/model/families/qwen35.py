@@ -48,31 +48,38 @@ class _LayerNames(NamedTuple):
     decay: str
     ssm_norm: str
     ssm_out: str
+    # the matrices that read one input, multiplied as one product (`Family.fused_groups`)
+    attention_inputs: tuple[str, str, str]
+    delta_inputs: tuple[str, str, str, str]
 
 
 @functools.cache
 def _names(layer: int) -> _LayerNames:
     block = f"blk.{layer}."
+    q, k, v = block + "attn_q.weight", block + "attn_k.weight", block + "attn_v.weight"
+    qkv, z, beta, alpha = block + "attn_qkv.weight", block + "attn_gate.weight", block + "ssm_beta.weight", block + "ssm_alpha.weight"
     return _LayerNames(
         attn_norm=block + "attn_norm.weight",
         post_norm=block + "post_attention_norm.weight",
         gate_up=(block + "ffn_gate.weight", block + "ffn_up.weight"),
         ffn_down=block + "ffn_down.weight",
-        attn_q=block + "attn_q.weight",
-        attn_k=block + "attn_k.weight",
-        attn_v=block + "attn_v.weight",
+        attn_q=q,
+        attn_k=k,
+        attn_v=v,
         q_norm=block + "attn_q_norm.weight",
         k_norm=block + "attn_k_norm.weight",
         attn_output=block + "attn_output.weight",
-        qkv=block + "attn_qkv.weight",
-        z=block + "attn_gate.weight",
-        beta=block + "ssm_beta.weight",
-        alpha=block + "ssm_alpha.weight",
+        qkv=qkv,
+        z=z,
+        beta=beta,
+        alpha=alpha,
         conv=block + "ssm_conv1d.weight",
         dt_bias=block + "ssm_dt.bias",
         decay=block + "ssm_a",
         ssm_norm=block + "ssm_norm.weight",
         ssm_out=block + "ssm_out.weight",
+        attention_inputs=(q, k, v),
+        delta_inputs=(qkv, z, alpha, beta),
     )
 
 
@@ -177,7 +184,9 @@ class Qwen35Family(Family):
         return (1.0 / (arch.rope_theta**exponents)).to(torch.float32)
 
     def fused_groups(self, arch: Architecture) -> list[tuple[str, ...]]:
-        return [_names(layer).gate_up for layer in range(arch.n_layers)]
+        # each layer's groups of one kind (attention or Gated DeltaNet): the loader keeps those the base has in full
+        names = [_names(layer) for layer in range(arch.n_layers)]
+        return [group for n in names for group in (n.gate_up, n.attention_inputs, n.delta_inputs)]
 
     def embed(self, ops: Ops, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return ops.embedding(ids, "token_embd.weight")
@@ -200,10 +209,11 @@ class Qwen35Family(Family):
         """Full attention whose output each head gates by sigmoid(gate); the query projection holds, per head, the
         query then the gate."""
         arch, names, n = ops.architecture, _names(layer), x.shape[0]
-        query_gate = ops.linear(x, names.attn_q).view(n, arch.n_heads, 2, arch.head_dim)
+        query_gate, keys, values = ops.linears(x, names.attention_inputs)
+        query_gate = query_gate.view(n, arch.n_heads, 2, arch.head_dim)
         q = self._rope(ops, ops.rms_norm(query_gate[:, :, 0], names.q_norm), positions)
-        k = self._rope(ops, ops.rms_norm(ops.linear(x, names.attn_k).view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
-        v = ops.linear(x, names.attn_v).view(n, arch.n_kv_heads, arch.head_dim)
+        k = self._rope(ops, ops.rms_norm(keys.view(n, arch.n_kv_heads, arch.head_dim), names.k_norm), positions)
+        v = values.view(n, arch.n_kv_heads, arch.head_dim)
         gate = query_gate[:, :, 1].reshape(n, -1)
         attended = ops.attention(q, k, v, layer) * ops.arithmetic.sigmoid(gate)
         return ops.linear(attended, names.attn_output)
@@ -221,18 +231,16 @@ class Qwen35Family(Family):
         arch, names, n, arithmetic = ops.architecture, _names(layer), x.shape[0], ops.arithmetic
         linear = arch.linear
         assert linear is not None  # a recurrent layer exists only with its hyperparameters
-        biased = ops.linear(x, names.alpha).float() + ops.tensor(names.dt_bias).float()
-        decay = arithmetic.softplus(biased) * ops.tensor(names.decay).float()
-        beta = arithmetic.sigmoid(ops.linear(x, names.beta).float())
-        inputs = torch.cat((ops.linear(x, names.qkv).float(), beta, decay), dim=-1)
+        mixed, z, alpha, beta = ops.linears(x, names.delta_inputs)
+        decay = arithmetic.softplus(alpha.float() + ops.tensor(names.dt_bias).float()) * ops.tensor(names.decay).float()
+        inputs = torch.cat((mixed.float(), arithmetic.sigmoid(beta.float()), decay), dim=-1)
         kernel, eps = ops.tensor(names.conv).float(), arch.norm_eps
 
         def update(rows: torch.Tensor, state: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
             return _delta_rule(arithmetic, linear, kernel, eps, rows, state)
 
         out = ops.recurrent(layer, inputs, update).to(x.dtype).view(n, linear.n_value_heads, linear.head_dim)
-        z = ops.linear(x, names.z).view(n, linear.n_value_heads, linear.head_dim)
-        gated = ops.rms_norm(out, names.ssm_norm) * arithmetic.silu(z)
+        gated = ops.rms_norm(out, names.ssm_norm) * arithmetic.silu(z.view(n, linear.n_value_heads, linear.head_dim))
         return ops.linear(gated.reshape(n, -1), names.ssm_out)
 
 
