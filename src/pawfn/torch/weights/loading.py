@@ -188,9 +188,10 @@ class _BaseStorage:
         """Each matrix as its GGUF blocks or F32/F16 values, biases after the side paths, groups joined only where
         the C kernels join them exactly."""
         loaded = self.loaded
-        _load_blocks(loaded, self.weights, self.arithmetic, self.progress)
+        groups = loaded.family.fused_groups(loaded.architecture)
+        _load_blocks(loaded, self.weights, self.arithmetic, self.progress, groups)
         loaded.biases_after = {name: bias for name in loaded.matrix_names if (bias := loaded.bias(name)) is not None}
-        _join_blocks(loaded, loaded.family.fused_groups(loaded.architecture))
+        _join_blocks(loaded, groups)  # those not joined while loading (a folder of safetensors: none are blocks)
 
 
 def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[str, ...]], progress: bool | None) -> None:
@@ -218,7 +219,7 @@ def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[s
             loaded.matrices[name] = plain(read[name], loaded.bias(name))
 
 
-def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithmetic, progress: bool | None) -> None:
+def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithmetic, progress: bool | None, groups: list[tuple[str, ...]]) -> None:
     """Vectors and embeddings in float32; each matrix as its GGUF blocks (Q4_0, Q8_0, Q6_K) or F32/F16 values,
     read from the file's bytes, else in float32 (a folder of safetensors); biases stay vectors, added after the
     side paths as llama.cpp does. The token embeddings are decoded row by row from the file (ggml's get_rows)."""
@@ -256,6 +257,8 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithm
             place(name, loaded.on_device(array))
         return
     names = list(weights.shapes())  # the file's own (loaded.shapes also names a tied output matrix)
+    biased = {name.removesuffix(".bias") + ".weight" for name in names if name.endswith(".bias")}
+    group_of = {name: group for group in groups if not biased.intersection(group) for name in group}
     for name in track(names, f"loading {weights.source.name}", len(names), progress):
         blocks = blocks_of(name) if name in matrices else None
         if blocks is not None:
@@ -265,23 +268,33 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithm
         elif name != "token_embd.weight" or rows is None or name in matrices:
             place(name, loaded.on_device(read_one(name)))
         weights.release(name)  # copied: the file's pages of it need not stay resident (row tables fault theirs back in)
+        group = group_of.get(name)
+        if group is not None and all(member in loaded.matrices for member in group):
+            # joined once its last member is in: its parts' memory is free for the next layer's (joined at the end,
+            # every layer's parts stayed beside their joined copies until then: +140 MB peak on Qwen3.5-0.8B)
+            _join_group(loaded, group)
 
 
 def _join_blocks(loaded: DeviceWeights, groups: list[tuple[str, ...]]) -> None:
     """Groups of block matrices read by the C kernels joined into one product each (`join_blocks`: exact), so a
     layer quantizes each input once and makes fewer calls; others stay apart, as llama.cpp multiplies them."""
     for group in groups:
-        members = [loaded.matrices.get(name) for name in group]
-        natives = [m for m in members if isinstance(m, NativeBlockMatrix)]
-        if len(natives) != len(group) or any(loaded.bias(name) is not None for name in group):
-            continue
-        joined = join_blocks(natives)
-        if joined is None:
-            continue
-        for name in group[1:]:
-            del loaded.matrices[name]
-        loaded.matrices[group[0]] = joined
-        loaded.groups[group] = [m.out_features for m in natives]
+        _join_group(loaded, group)
+
+
+def _join_group(loaded: DeviceWeights, group: tuple[str, ...]) -> None:
+    """`group` joined where every member is a C-kernel block matrix without a bias and their kinds agree."""
+    members = [loaded.matrices.get(name) for name in group]
+    natives = [m for m in members if isinstance(m, NativeBlockMatrix)]
+    if len(natives) != len(group) or any(loaded.bias(name) is not None for name in group):
+        return
+    joined = join_blocks(natives)
+    if joined is None:
+        return
+    for name in group[1:]:
+        del loaded.matrices[name]
+    loaded.matrices[group[0]] = joined
+    loaded.groups[group] = [m.out_features for m in natives]
 
 
 def _load_compact(
