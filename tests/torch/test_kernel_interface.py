@@ -81,7 +81,7 @@ def test_every_kernel_reads_exactly_the_arguments_python_names() -> None:
 
 
 def test_block_products_read_only_what_paw_block_product_makes() -> None:
-    made = re.search(r"paw_args args = \{\{([^}]*)\}, \{([^}]*)\}", _body("int paw_block_product("))
+    made = re.search(r"paw_args args = \{\{([^}]*)\},\s*\{([^}]*)\}", _body("int paw_block_product("))
     assert made is not None
     pointer_count, integer_count = len(made.group(1).split(",")), len(made.group(2).split(","))
     for labels, body in _case_groups():
