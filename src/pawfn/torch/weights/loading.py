@@ -188,10 +188,8 @@ class _BaseStorage:
         """Each matrix as its GGUF blocks or F32/F16 values, biases after the side paths, groups joined only where
         the C kernels join them exactly."""
         loaded = self.loaded
-        groups = loaded.family.fused_groups(loaded.architecture)
-        _load_blocks(loaded, self.weights, self.arithmetic, self.progress, groups)
+        _load_blocks(loaded, self.weights, self.arithmetic, self.progress, loaded.family.fused_groups(loaded.architecture))
         loaded.biases_after = {name: bias for name in loaded.matrix_names if (bias := loaded.bias(name)) is not None}
-        _join_blocks(loaded, groups)  # those not joined while loading (a folder of safetensors: none are blocks)
 
 
 def _load_plain(loaded: DeviceWeights, weights: BaseWeights, fused: list[tuple[str, ...]], progress: bool | None) -> None:
@@ -257,7 +255,7 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithm
             place(name, loaded.on_device(array))
         return
     names = list(weights.shapes())  # the file's own (loaded.shapes also names a tied output matrix)
-    biased = {name.removesuffix(".bias") + ".weight" for name in names if name.endswith(".bias")}
+    biased = {name.removesuffix(".bias") + ".weight" for name in names if name.endswith(".bias")}  # added after side paths
     group_of = {name: group for group in groups if not biased.intersection(group) for name in group}
     for name in track(names, f"loading {weights.source.name}", len(names), progress):
         blocks = blocks_of(name) if name in matrices else None
@@ -275,18 +273,13 @@ def _load_blocks(loaded: DeviceWeights, weights: BaseWeights, arithmetic: Arithm
             _join_group(loaded, group)
 
 
-def _join_blocks(loaded: DeviceWeights, groups: list[tuple[str, ...]]) -> None:
-    """Groups of block matrices read by the C kernels joined into one product each (`join_blocks`: exact), so a
-    layer quantizes each input once and makes fewer calls; others stay apart, as llama.cpp multiplies them."""
-    for group in groups:
-        _join_group(loaded, group)
-
-
 def _join_group(loaded: DeviceWeights, group: tuple[str, ...]) -> None:
-    """`group` joined where every member is a C-kernel block matrix without a bias and their kinds agree."""
+    """A group of block matrices read by the C kernels (none with a bias: `_load_blocks` leaves those out) joined into
+    one product (`join_blocks`: exact), so a layer quantizes its input once and makes fewer calls; where a member is
+    not such a matrix or their kinds differ, they stay apart, as llama.cpp multiplies them."""
     members = [loaded.matrices.get(name) for name in group]
     natives = [m for m in members if isinstance(m, NativeBlockMatrix)]
-    if len(natives) != len(group) or any(loaded.bias(name) is not None for name in group):
+    if len(natives) != len(group):
         return
     joined = join_blocks(natives)
     if joined is None:
