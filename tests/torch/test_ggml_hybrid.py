@@ -189,6 +189,8 @@ def test_the_c_convolution_equals_the_torch_one_across_channel_lanes(width: int,
     generator = torch.Generator().manual_seed(1)
     window, kernel = torch.randn((channels, 3 + 29), generator=generator), torch.randn((channels, 4), generator=generator)
     _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width), ggml_ssm_conv(window, kernel, width))
+    # Qwen3.5's SiLU after it, in the same pass: each output row as ggml_silu computes it
+    _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width, silu=True), ggml_silu(ggml_ssm_conv(window, kernel, width), width))
 
 
 @pytest.mark.parametrize("width", [8, 16])
@@ -203,6 +205,19 @@ def test_the_c_silu_and_key_norm_equal_the_torch_ones(width: int, shape: tuple[i
     x.view(-1)[:4] = torch.tensor([0.0, -0.0, 120.0, -120.0])
     _bit_exact(native_silu(kernels, x, width), ggml_silu(x, width))
     _bit_exact(native_l2_norm(kernels, x, 1e-6), ggml_l2_norm(x, 1e-6))
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_the_c_silu_reads_a_wider_products_columns_in_place(width: int) -> None:
+    """SiLU of heads cut from a wider product's columns (Qwen3.5's gate z beside its q, k, v): the rows read at their
+    stride give the bits of the same values made contiguous first."""
+    kernels = _kernels("c")
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(4)
+    product = torch.randn((9, 3 + 4 * 37 + 11), generator=generator) * 8.0
+    heads = product[:, 3 : 3 + 4 * 37].view(9, 4, 37)
+    assert not heads.is_contiguous()
+    _bit_exact(native_silu(kernels, heads, width), ggml_silu(heads.contiguous(), width))
 
 
 @pytest.mark.parametrize("spread", [1.0, 40.0], ids=["near", "underflowing"])

@@ -298,8 +298,8 @@ class _ForwardPass(_Pass):
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         return x[-1:] if self.arithmetic.keeps_last_row and layer == self.architecture.n_layers - 1 else x
 
-    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
-        out, self._cache.states[layer] = update(x, self._cache.states.get(layer))
+    def recurrent(self, layer: int, inputs: tuple[torch.Tensor, ...], update: RecurrentUpdate) -> torch.Tensor:
+        out, self._cache.states[layer] = update(inputs, self._cache.states.get(layer))
         return out
 
 
@@ -333,11 +333,11 @@ class _StepPass(_Pass):
         tables = [one_row(positions[i : i + 1], dtype) for i in range(len(self._rows))]
         return torch.cat([cos for cos, _ in tables]), torch.cat([sin for _, sin in tables])
 
-    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
+    def recurrent(self, layer: int, inputs: tuple[torch.Tensor, ...], update: RecurrentUpdate) -> torch.Tensor:
         """Row by row: each row continues its own sequence's state (a state's update is cheap beside the products)."""
         outputs: list[torch.Tensor] = []
         for i, row in enumerate(self._rows):
-            out, row.cache.states[layer] = update(x[i : i + 1], row.cache.states.get(layer))
+            out, row.cache.states[layer] = update(tuple(x[i : i + 1] for x in inputs), row.cache.states.get(layer))
             outputs.append(out)
         return torch.cat(outputs)
 

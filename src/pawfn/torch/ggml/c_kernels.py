@@ -206,14 +206,18 @@ def native_libm(kernels: NativeKernels, function: LibmOp, x: torch.Tensor) -> to
     return y
 
 
-def native_ssm_conv(kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, rounded: int) -> torch.Tensor:
+def native_ssm_conv(
+    kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, rounded: int, silu_width: int | None = None
+) -> torch.Tensor:
     """`hybrid.ggml_ssm_conv` in C on the window by time: timeline [K - 1 + T, channels], kernel [channels, K] -> [T,
-    channels], the first `rounded` products of each output rounded and added, the rest by FMA."""
+    channels], the first `rounded` products of each output rounded and added, the rest by FMA; then, given
+    `silu_width`, `native_silu` of the outputs with that many lanes, in the same pass."""
     timeline, by_tap = timeline.float().contiguous(), kernel.float().T.contiguous()
     taps, channels = by_tap.shape
     steps = timeline.shape[0] - taps + 1
     out = torch.empty((steps, channels), dtype=torch.float32)
-    call = SsmConvCall(pointer(timeline), pointer(by_tap), pointer(out), channels, taps, rounded)
+    silu = silu_width is not None
+    call = SsmConvCall(pointer(timeline), pointer(by_tap), pointer(out), channels, taps, rounded, int(silu), silu_width or 0)
     kernels.run(call, steps, steps * channels * taps)
     return out
 
@@ -223,7 +227,9 @@ def native_gated_delta_net(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`hybrid.ggml_gated_delta_net` in C (the heads split across threads)."""
     q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
-    columns = state.float().transpose(1, 2).contiguous()  # ggml's layout, updated in place
+    # ggml's layout, updated in place: a copy (the state given is never changed), returned as a view whose
+    # transpose the next token's call copies without a second transposition
+    columns = state.float().transpose(1, 2).clone(memory_format=torch.contiguous_format)
     steps, heads, size = v.shape
     out = torch.empty_like(v)
     pointers = {
@@ -237,7 +243,7 @@ def native_gated_delta_net(
     }
     call = GatedDeltaNetCall(**pointers, steps=steps, heads=heads, size=size, width=width)
     kernels.run(call, heads, steps * heads * size * size * 4)
-    return out, columns.transpose(1, 2).contiguous()
+    return out, columns.transpose(1, 2)
 
 
 def _cache_views(keys: torch.Tensor, values: torch.Tensor) -> int:
@@ -372,12 +378,18 @@ def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, 
 
 def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
     """`hybrid.ggml_silu` in C along x's last axis, in one pass (whole vectors of `width` lanes, the rest by the C
-    library's expf), rows split across threads where there are enough of them."""
-    x = x.float().contiguous()
-    y = torch.empty_like(x)
+    library's expf), rows split across threads where there are enough of them. A float32 [T, per, n] view with
+    contiguous [per, n] rows (a wider product's columns) is read in place."""
     n = x.shape[-1] if x.dim() else 1
-    if y.numel():
-        kernels.run(SiluCall(pointer(x), pointer(y), n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    y = torch.empty(x.shape, dtype=torch.float32)
+    if not y.numel():
+        return y
+    if x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == n:
+        stride, per = x.stride(0), x.shape[1]
+    else:
+        x = x.float().contiguous()
+        stride, per = n, 1
+    kernels.run(SiluCall(pointer(x), pointer(y), n=n, width=width, stride=stride, per=per), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
     return y
 
 

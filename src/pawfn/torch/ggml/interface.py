@@ -318,6 +318,8 @@ class SiluCall(KernelCall):
     y: Pointer
     n: Integer
     width: Integer
+    stride: Integer
+    per: Integer
 
 
 @dataclass(slots=True)
@@ -337,6 +339,8 @@ class SsmConvCall(KernelCall):
     channels: Integer
     taps: Integer
     rounded: Integer
+    silu: Integer
+    width: Integer
 
 
 def kernel_calls() -> dict[Kernel, type[KernelCall]]:

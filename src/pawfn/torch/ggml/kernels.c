@@ -1553,8 +1553,13 @@ void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
    vectorizes `sumf += s * c` by 4 and 8 taps that way), the rest by FMA (its AVX-512 build and every loop tail). The
    channels are the inner loop, each output's own sum of products, so they take vector lanes (channel by channel
    through the steps the window was read across rows: 14 ms a Qwen3.5 layer for 582 rows). Steps [first, last). */
+static void silu_rows(const float *x, int64_t stride, int64_t per, float *y, int64_t n, int width, int64_t first, int64_t last);
+
+/* `ggml_ssm_conv` for steps [first, last): each output row the K taps' products over the window by time, the first
+   `rounded` rounded and added, the rest by FMA; then (`silu`) `ggml_silu` of the row, as silu_rows computes it, while
+   it is in L1 (Qwen3.5 convolves then activates: one pass over the outputs instead of two). */
 static void ssm_conv_steps(const float *window, const float *taps, float *out, int64_t channels, int64_t K, int64_t rounded,
-                           int64_t first, int64_t last) {
+                           int silu, int width, int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
         float *total = out + t * channels;
         for (int64_t c = 0; c < channels; ++c) total[c] = 0.0f;
@@ -1568,6 +1573,7 @@ static void ssm_conv_steps(const float *window, const float *taps, float *out, i
             else
                 for (int64_t c = 0; c < channels; ++c) total[c] = fmaf(w[c], k[c], total[c]);
         }
+        if (silu) silu_rows(total, channels, 1, total, channels, width, 0, 1);
     }
 }
 
@@ -2274,11 +2280,12 @@ static void swiglu_rows(const float *gate, const float *up, int64_t stride, floa
 }
 
 /* `ggml_vec_silu_f32` on rows of n values: the whole vectors of `width` lanes as `ggml_v_silu` (silu_ggml8), the rest
-   as `ggml_silu_f32` with the C library's expf. Rows [first, last). */
-static void silu_rows(const float *x, float *y, int64_t n, int width, int64_t first, int64_t last) {
+   as `ggml_silu_f32` with the C library's expf. Rows [first, last) of x, row r at x + (r / per) * stride + (r % per) *
+   n (a [T, per, n] view of a wider product's columns), into y [rows, n]; y may be x where they are laid out alike. */
+static void silu_rows(const float *x, int64_t stride, int64_t per, float *y, int64_t n, int width, int64_t first, int64_t last) {
     const int64_t whole = n - n % width;
     for (int64_t r = first; r < last; ++r) {
-        const float *row = x + r * n;
+        const float *row = x + (r / per) * stride + (r % per) * n;
         float *out = y + r * n;
         int64_t i = 0;
         for (; i < whole; i += 8) _mm256_storeu_ps(out + i, silu_ggml8(_mm256_loadu_ps(row + i), width));
@@ -2378,10 +2385,10 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         gelu_values(a->p[0], a->p[1], (float *)a->p[2], first, last);
         break;
     case KERNEL_SSM_CONV:
-        ssm_conv_steps(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], first, last);
+        ssm_conv_steps(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], first, last);
         break;
     case KERNEL_SILU:
-        silu_rows(a->p[0], (float *)a->p[1], a->i[0], (int)a->i[1], first, last);
+        silu_rows(a->p[0], a->i[2], a->i[3], (float *)a->p[1], a->i[0], (int)a->i[1], first, last);
         break;
     case KERNEL_ATTENTION:
         paw_attention(a->p[0], a->p[1], a->p[2], a->i[0], a->i[1], a->p[3], a->p[4], a->i[2], a->i[3], (float *)a->p[5],

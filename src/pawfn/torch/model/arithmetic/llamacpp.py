@@ -183,7 +183,7 @@ class NativeLlamaCppArithmetic(LlamaCppArithmetic):
         return native_l2_norm(self.kernels, x, eps)
 
     def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return native_silu(self.kernels, native_ssm_conv_for(self.kernels, timeline, kernel, self.width), self.width)
+        return native_ssm_conv_for(self.kernels, timeline, kernel, self.width, silu=True)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor

@@ -120,9 +120,9 @@ def check_architecture(arch: Architecture, source: Path, n_tensors: int) -> None
         raise BaseModelError(source, f"the RoPE base is {arch.rope_theta}; it must be a positive finite number")
 
 
-RecurrentUpdate = Callable[[torch.Tensor, tuple[torch.Tensor, ...] | None], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
-"""A recurrent layer's work on one sequence's rows: (its inputs [T, ...], its state or None at the start) -> (its
-outputs [T, ...], its new state). It never changes the state it is given (a program's prefix shares it)."""
+RecurrentUpdate = Callable[[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None], tuple[torch.Tensor, tuple[torch.Tensor, ...]]]
+"""A recurrent layer's work on one sequence's rows: (its inputs, each [T, ...], its state or None at the start) ->
+(its outputs [T, ...], its new state). It never changes the state it is given (a program's prefix shares it)."""
 
 
 class FamilyArithmetic(Protocol):
@@ -181,9 +181,9 @@ class Ops(Protocol):
         """Causal attention over the KV cache; q: [T, H, D], k, v: [T, KV, D]; returns [T, H * D]."""
         ...
 
-    def recurrent(self, layer: int, x: torch.Tensor, update: RecurrentUpdate) -> torch.Tensor:
-        """`update` over each sequence's rows of `x` [T, ...] with that sequence's state of `layer`, which it then
-        replaces; the outputs in row order."""
+    def recurrent(self, layer: int, inputs: tuple[torch.Tensor, ...], update: RecurrentUpdate) -> torch.Tensor:
+        """`update` over each sequence's rows of `inputs` (each [T, ...]) with that sequence's state of `layer`, which
+        it then replaces; the outputs in row order."""
         ...
 
     def output_rows(self, layer: int, x: torch.Tensor) -> torch.Tensor:
