@@ -95,10 +95,12 @@ def test_the_gated_delta_net_layers_ops_equal_llama_cpps(
     conv_input = trace.first(evaluation, f"conv_input-{layer}")[0, 0]
     channels = conv_input.shape[0]
     conv_kernel = vectors[f"blk.{layer}.ssm_conv1d.weight"].reshape(channels, -1)
-    raw = ggml_ssm_conv(conv_input, conv_kernel, WIDTH) if kernels is None else native_ssm_conv_for(kernels, conv_input.T, conv_kernel, WIDTH)
+    by_time, kept = conv_input.T, conv_kernel.shape[1] - 1
+    window, rows = by_time[:kept], by_time[kept:]
+    raw = ggml_ssm_conv(conv_input, conv_kernel, WIDTH) if kernels is None else native_ssm_conv_for(kernels, window, rows, conv_kernel, WIDTH)
     _bit_exact(raw, trace.first(evaluation, f"conv_output_raw-{layer}"))
     _bit_exact(ops.silu(raw), trace.first(evaluation, f"conv_output_silu-{layer}"))
-    _bit_exact(ops.convolve(conv_input.T, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
+    _bit_exact(ops.convolve(window, rows, conv_kernel), trace.first(evaluation, f"conv_output_silu-{layer}"))
     q = ops.l2_norm(trace.first(evaluation, f"q_conv-{layer}")[0], 1e-6)
     _bit_exact(q, trace.first(evaluation, f"q_conv_predelta-{layer}"))
     biased = trace.first(evaluation, f"alpha-{layer}")[0, 0] + vectors[f"blk.{layer}.ssm_dt.bias"]
@@ -188,9 +190,14 @@ def test_the_c_convolution_equals_the_torch_one_across_channel_lanes(width: int,
     assert kernels is not None
     generator = torch.Generator().manual_seed(1)
     window, kernel = torch.randn((channels, 3 + 29), generator=generator), torch.randn((channels, 4), generator=generator)
-    _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width), ggml_ssm_conv(window, kernel, width))
+    by_time = window.T
+    _bit_exact(native_ssm_conv_for(kernels, by_time[:3], by_time[3:], kernel, width), ggml_ssm_conv(window, kernel, width))
     # Qwen3.5's SiLU after it, in the same pass: each output row as ggml_silu computes it
-    _bit_exact(native_ssm_conv_for(kernels, window.T, kernel, width, silu=True), ggml_silu(ggml_ssm_conv(window, kernel, width), width))
+    expected = ggml_silu(ggml_ssm_conv(window, kernel, width), width)
+    _bit_exact(native_ssm_conv_for(kernels, by_time[:3], by_time[3:], kernel, width, silu=True), expected)
+    # the rows read where a wider product left them (Qwen3.5's q, k, v columns beside its gate)
+    wider = torch.cat((by_time[3:], torch.randn((29, 5), generator=generator)), dim=1)
+    _bit_exact(native_ssm_conv_for(kernels, by_time[:3], wider[:, :channels], kernel, width, silu=True), expected)
 
 
 @pytest.mark.parametrize("width", [8, 16])

@@ -207,17 +207,19 @@ def native_libm(kernels: NativeKernels, function: LibmOp, x: torch.Tensor) -> to
 
 
 def native_ssm_conv(
-    kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, rounded: int, silu_width: int | None = None
+    kernels: NativeKernels, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor, rounded: int, silu_width: int | None = None
 ) -> torch.Tensor:
-    """`hybrid.ggml_ssm_conv` in C on the window by time: timeline [K - 1 + T, channels], kernel [channels, K] -> [T,
-    channels], the first `rounded` products of each output rounded and added, the rest by FMA; then, given
-    `silu_width`, `native_silu` of the outputs with that many lanes, in the same pass."""
-    timeline, by_tap = timeline.float().contiguous(), kernel.float().T.contiguous()
-    taps, channels = by_tap.shape
-    steps = timeline.shape[0] - taps + 1
+    """`hybrid.ggml_ssm_conv` in C on the window by time, `window` [K - 1, channels] then `rows` [T, channels] (float32
+    rows with contiguous columns are read in place, e.g. a wider product's), kernel [channels, K] -> [T, channels], the
+    first `rounded` products of each output rounded and added, the rest by FMA; then, given `silu_width`,
+    `native_silu` of the outputs with that many lanes, in the same pass."""
+    window, by_tap = window.float().contiguous(), kernel.float().T.contiguous()
+    if rows.dtype != torch.float32 or rows.stride(1) != 1:
+        rows = rows.float().contiguous()
+    (taps, channels), steps = by_tap.shape, rows.shape[0]
     out = torch.empty((steps, channels), dtype=torch.float32)
-    silu = silu_width is not None
-    call = SsmConvCall(pointer(timeline), pointer(by_tap), pointer(out), channels, taps, rounded, int(silu), silu_width or 0)
+    silu = int(silu_width is not None)
+    call = SsmConvCall(pointer(window), pointer(rows), pointer(by_tap), pointer(out), channels, taps, rounded, silu, silu_width or 0, rows.stride(0))
     kernels.run(call, steps, steps * channels * taps)
     return out
 
@@ -232,16 +234,8 @@ def native_gated_delta_net(
     columns = state.float().transpose(1, 2).clone(memory_format=torch.contiguous_format)
     steps, heads, size = v.shape
     out = torch.empty_like(v)
-    pointers = {
-        "q": pointer(q),
-        "k": pointer(k),
-        "v": pointer(v),
-        "g": pointer(g),
-        "beta": pointer(beta),
-        "state": pointer(columns),
-        "out": pointer(out),
-    }
-    call = GatedDeltaNetCall(**pointers, steps=steps, heads=heads, size=size, width=width)
+    q_at, k_at, v_at, g_at, beta_at, state_at, out_at = (pointer(t) for t in (q, k, v, g, beta, columns, out))
+    call = GatedDeltaNetCall(q_at, k_at, v_at, g_at, beta_at, state_at, out_at, steps=steps, heads=heads, size=size, width=width)
     kernels.run(call, heads, steps * heads * size * size * 4)
     return out, columns.transpose(1, 2)
 

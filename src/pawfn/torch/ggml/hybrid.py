@@ -101,10 +101,12 @@ def rounded_taps(taps: int, width: int) -> int:
     return taps - taps % 4 if width == 8 else 0
 
 
-def native_ssm_conv_for(kernels: NativeKernels, timeline: torch.Tensor, kernel: torch.Tensor, width: int, silu: bool = False) -> torch.Tensor:
-    """`ggml_ssm_conv` on the C kernels, the window by time: timeline [K - 1 + T, channels]; `silu`: then `ggml_silu`
-    of its outputs in the same pass."""
-    return native_ssm_conv(kernels, timeline, kernel, rounded_taps(kernel.shape[1], width), width if silu else None)
+def native_ssm_conv_for(
+    kernels: NativeKernels, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor, width: int, silu: bool = False
+) -> torch.Tensor:
+    """`ggml_ssm_conv` on the C kernels, the window by time: `window` [K - 1, channels] then `rows` [T, channels];
+    `silu`: then `ggml_silu` of its outputs in the same pass."""
+    return native_ssm_conv(kernels, window, rows, kernel, rounded_taps(kernel.shape[1], width), width if silu else None)
 
 
 def ggml_ssm_conv(window: torch.Tensor, kernel: torch.Tensor, width: int) -> torch.Tensor:

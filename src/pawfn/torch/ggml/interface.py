@@ -333,7 +333,8 @@ class GeluCall(KernelCall):
 @dataclass(slots=True)
 class SsmConvCall(KernelCall):
     kernel = Kernel.SSM_CONV
-    timeline: Pointer
+    window: Pointer
+    rows: Pointer
     by_tap: Pointer
     out: Pointer
     channels: Integer
@@ -341,6 +342,7 @@ class SsmConvCall(KernelCall):
     rounded: Integer
     silu: Integer
     width: Integer
+    stride: Integer
 
 
 def kernel_calls() -> dict[Kernel, type[KernelCall]]:

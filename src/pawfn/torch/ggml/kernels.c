@@ -1555,16 +1555,18 @@ void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
    through the steps the window was read across rows: 14 ms a Qwen3.5 layer for 582 rows). Steps [first, last). */
 static void silu_rows(const float *x, int64_t stride, int64_t per, float *y, int64_t n, int width, int64_t first, int64_t last);
 
-/* `ggml_ssm_conv` for steps [first, last): each output row the K taps' products over the window by time, the first
-   `rounded` rounded and added, the rest by FMA; then (`silu`) `ggml_silu` of the row, as silu_rows computes it, while
-   it is in L1 (Qwen3.5 convolves then activates: one pass over the outputs instead of two). */
-static void ssm_conv_steps(const float *window, const float *taps, float *out, int64_t channels, int64_t K, int64_t rounded,
-                           int silu, int width, int64_t first, int64_t last) {
+/* `ggml_ssm_conv` for steps [first, last) of the window by time: its first K - 1 rows `window` [K - 1, channels], then
+   the step rows, row s at rows + s * stride (read where the projection left them). Each output row the K taps'
+   products, the first `rounded` rounded and added, the rest by FMA; then (`silu`) `ggml_silu` of the row, as silu_rows
+   computes it, while it is in L1 (Qwen3.5 convolves then activates: one pass over the outputs instead of two). */
+static void ssm_conv_steps(const float *window, const float *rows, int64_t stride, const float *taps, float *out, int64_t channels,
+                           int64_t K, int64_t rounded, int silu, int width, int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
         float *total = out + t * channels;
         for (int64_t c = 0; c < channels; ++c) total[c] = 0.0f;
         for (int64_t i = 0; i < K; ++i) {
-            const float *w = window + (t + i) * channels, *k = taps + i * channels;
+            const int64_t at = t + i;  /* the row in the window by time */
+            const float *w = at < K - 1 ? window + at * channels : rows + (at - (K - 1)) * stride, *k = taps + i * channels;
             if (i < rounded)
                 for (int64_t c = 0; c < channels; ++c) {
                     const float product = w[c] * k[c];
@@ -2385,7 +2387,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
         gelu_values(a->p[0], a->p[1], (float *)a->p[2], first, last);
         break;
     case KERNEL_SSM_CONV:
-        ssm_conv_steps(a->p[0], a->p[1], (float *)a->p[2], a->i[0], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], first, last);
+        ssm_conv_steps(a->p[0], a->p[1], a->i[5], a->p[2], (float *)a->p[3], a->i[0], a->i[1], a->i[2], (int)a->i[3], (int)a->i[4], first, last);
         break;
     case KERNEL_SILU:
         silu_rows(a->p[0], a->i[2], a->i[3], (float *)a->p[1], a->i[0], (int)a->i[1], first, last);

@@ -78,9 +78,10 @@ class Arithmetic:
 
     # -- Qwen3.5's recurrent layers ---------------------------------------------------------------------------------
 
-    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        """silu of the causal short convolution of the window by time, `timeline` [K - 1 + T, channels], by `kernel`
-        [channels, K]: [T, channels]."""
+    def convolve(self, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """silu of the causal short convolution of the window by time, `window` [K - 1, channels] then `rows` [T,
+        channels], by `kernel` [channels, K]: [T, channels]."""
+        timeline = torch.cat((window, rows))
         return F.silu((timeline.T.unfold(1, kernel.shape[1], 1) * kernel.unsqueeze(1)).sum(dim=-1).T)
 
     def delta_rule(

@@ -95,8 +95,8 @@ class LlamaCppArithmetic(Arithmetic):
     def l2_norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         return ggml_l2_norm(x, eps)
 
-    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return ggml_silu(ggml_ssm_conv(timeline.T, kernel, self.width), self.width)
+    def convolve(self, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return ggml_silu(ggml_ssm_conv(torch.cat((window, rows)).T, kernel, self.width), self.width)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor
@@ -182,8 +182,8 @@ class NativeLlamaCppArithmetic(LlamaCppArithmetic):
     def l2_norm(self, x: torch.Tensor, eps: float) -> torch.Tensor:
         return native_l2_norm(self.kernels, x, eps)
 
-    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return native_ssm_conv_for(self.kernels, timeline, kernel, self.width, silu=True)
+    def convolve(self, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return native_ssm_conv_for(self.kernels, window, rows, kernel, self.width, silu=True)
 
     def delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, decay: torch.Tensor, memory: torch.Tensor

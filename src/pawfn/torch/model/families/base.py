@@ -139,9 +139,9 @@ class FamilyArithmetic(Protocol):
         """`x / sqrt(sum(x^2) + eps)` over the last axis."""
         ...
 
-    def convolve(self, timeline: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        """silu of the causal short convolution of the window by time, `timeline` [K - 1 + T, channels], by `kernel`
-        [channels, K]: [T, channels]."""
+    def convolve(self, window: torch.Tensor, rows: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        """silu of the causal short convolution of the window by time, `window` [K - 1, channels] then `rows` [T,
+        channels], by `kernel` [channels, K]: [T, channels]."""
         ...
 
     def delta_rule(

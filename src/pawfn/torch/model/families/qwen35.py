@@ -262,15 +262,17 @@ def _delta_rule(
     if state is None:
         state = tuple(mixed.new_zeros(shape) for shape in linear.state_shapes)
     window, memory = state
-    timeline = torch.cat((window.T, mixed))  # the window by time, [K - 1 + T, channels]: rows as the projection gave them
-    convolved = arithmetic.convolve(timeline, kernel)  # [T, channels]
+    # the window by time then the rows as the projection left them (joined, they were a copy of every row)
+    convolved = arithmetic.convolve(window.T, mixed, kernel)  # [T, channels]
     key_width = linear.n_key_heads * size
     q, k, v = torch.split(convolved, [key_width, key_width, heads * size], dim=-1)
     repeats = heads // linear.n_key_heads  # value head h reads key head h % n_key_heads (the converter's tiled order)
     q = _tiled(arithmetic.l2_norm(q.reshape(n, linear.n_key_heads, size), eps), repeats)
     k = _tiled(arithmetic.l2_norm(k.reshape(n, linear.n_key_heads, size), eps), repeats)
     outputs, memory = arithmetic.delta_rule(q, k, v.reshape(n, heads, size), beta, decay, memory)
-    return outputs.reshape(n, heads * size), (timeline[n:].T.contiguous(), memory)
+    kept = window.shape[1]  # the next window: the last K - 1 inputs by time
+    last = mixed[n - kept :] if n >= kept else torch.cat((window.T[n:], mixed))
+    return outputs.reshape(n, heads * size), (last.T.contiguous(), memory)
 
 
 def _tiled(heads: torch.Tensor, repeats: int) -> torch.Tensor:
