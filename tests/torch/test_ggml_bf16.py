@@ -55,6 +55,21 @@ def test_bf16_products_are_their_torch_reference(pairs: bool, width: int, k: int
         assert torch.equal(matrix.rows(x), ggml_bf16_dots(rounded, weights, width, pairs, tiled=False)), rows
 
 
+@pytest.mark.parametrize(("pairs", "width"), [(True, 16), (False, 16), (False, 8)])
+def test_a_bias_is_added_as_each_value_is_stored(pairs: bool, width: int) -> None:
+    """The tower's products add their bias in the kernel: each value the product's, then the bias added and
+    rounded once (ggml_add's rounding), on every store (tiles of four outputs, the two-output edge, one-row dots)."""
+    generator = np.random.default_rng(11)
+    # values of one magnitude: against `_values`' wide ones most sums would be too large for a bias to show
+    weights = torch.as_tensor(generator.standard_normal((22, 96)).astype(np.float32)).to(torch.bfloat16).float()
+    matrix = _matrix(weights, width, pairs)
+    bias = torch.as_tensor(generator.standard_normal(22).astype(np.float32))
+    for rows in (1, 3, 9):
+        x = torch.as_tensor(generator.standard_normal((rows, 96)).astype(np.float32))
+        assert torch.equal(matrix.biased(x, bias), matrix(x) + bias), rows
+        assert not torch.equal(matrix.biased(x, bias), matrix(x)), rows
+
+
 def test_pairs_and_widened_values_add_apart() -> None:
     """The two dots round differently (else the CPU's choice would not matter): on these values they part."""
     generator = np.random.default_rng(5)

@@ -48,6 +48,17 @@ def test_one_row_products_add_as_ggml_vec_dot_f32(width: int) -> None:
     assert torch.equal(matrix.rows(x), expected)
 
 
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])
+def test_a_bias_is_added_after_the_product(qtype: gguf.GGMLQuantizationType) -> None:
+    """A bias given to the product is added to each value as ggml_add adds it (rounded after the product)."""
+    generator = np.random.default_rng(2)
+    matrix = _matrix(qtype, generator.standard_normal((20, 96)).astype(np.float32))
+    bias = torch.as_tensor(generator.standard_normal(20).astype(np.float32))
+    for rows in (1, 5):
+        x = torch.as_tensor(generator.standard_normal((rows, 96)).astype(np.float32))
+        assert torch.equal(matrix.biased(x, bias), matrix(x) + bias), rows
+
+
 def test_f16_weights_round_their_inputs_to_f16() -> None:
     """ggml converts an F16 product's inputs to f16 first: inputs equal after rounding give equal outputs."""
     generator = np.random.default_rng(1)

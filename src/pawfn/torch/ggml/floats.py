@@ -57,6 +57,12 @@ class NativeFloatMatrix:
         """Every row as if multiplied alone (one-row dots): a row's result never depends on the others."""
         return self._product(x, tiled=False)
 
+    def biased(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """`self(x) + bias` (float32 [out]), the sum rounded after the product as ggml_add adds it, by the kernel as it
+        stores each value (no pass of its own over the outputs)."""
+        bias = bias.float().contiguous()
+        return self._product(x, tiled=x.shape[0] >= 2, bias=bias)
+
     def step(self, x: torch.Tensor) -> torch.Tensor:
         """A decode step's rows, all at once."""
         return self(x)
@@ -75,7 +81,9 @@ class NativeFloatMatrix:
             return
         self._product(x, tiled, into=y, alpha=alpha)
 
-    def _product(self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
+    def _product(
+        self, x: torch.Tensor, tiled: bool, into: torch.Tensor | None = None, alpha: float = 0.0, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x.float()
         kind = _FLOAT_KINDS.get(self.qtype)
         if kind is None:  # BF16: ggml rounds the inputs to bf16 (to nearest even), the C kernel takes their bits
@@ -89,7 +97,8 @@ class NativeFloatMatrix:
         y = torch.empty((rows, out), dtype=torch.float32) if into is None else into
         tinyblas = tiled and (kind >= FloatKind.BF16_PAIRS or width % self.width == 0)  # whole vectors only (BF16: checked in C)
         target = (y.data_ptr(), y.stride(0), into is not None, alpha)
-        self.kernels.float_product(self.weight.data_ptr(), kind, x.data_ptr(), rows, width, out, tinyblas, self.width, target)
+        bias_at = 0 if bias is None else bias.data_ptr()
+        self.kernels.float_product(self.weight.data_ptr(), kind, x.data_ptr(), rows, width, out, tinyblas, self.width, target, bias_at)
         return y
 
 

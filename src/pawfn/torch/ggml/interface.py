@@ -101,9 +101,10 @@ class _Args(ctypes.Structure):
 
 
 class Out(ctypes.Structure):
-    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`."""
+    """`paw_out`: where a product's values go (`y[r * stride + o]`), set or accumulated as `y + value * alpha`; a float
+    product's values set plus `bias` (an address; 0: none)."""
 
-    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", _F32)]
+    _fields_ = [("y", _PTR), ("stride", _I64), ("accumulate", ctypes.c_int32), ("alpha", _F32), ("bias", _PTR)]
 
 
 EXPORTS: dict[str, tuple[tuple[type[typing.Any], ...], type[typing.Any] | None]] = {

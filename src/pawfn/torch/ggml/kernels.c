@@ -44,17 +44,20 @@ static inline float largest_magnitude(const float *x, int count) {
 }
 
 /* Where a product's values go: `y[r * stride + o]` set to the value, or (accumulate) `y + value * alpha`, the
-   product and the scaling rounded apart as torch's `y += product * alpha` does. */
+   product and the scaling rounded apart as torch's `y += product * alpha` does. Float products only (F32, F16, BF16):
+   `bias` (NULL: none) added to each value set, rounded after the product as ggml_add adds it (the tower's biases,
+   without a pass of their own over the outputs). */
 typedef struct {
     float *y;
     int64_t stride;
     int32_t accumulate;
     float alpha;
+    const float *bias;
 } paw_out;
 
 static inline void put(const paw_out *target, int64_t r, int64_t o, float value) {
     float *y = target->y + r * target->stride + o;
-    *y = target->accumulate ? *y + value * target->alpha : value;
+    *y = target->accumulate ? *y + value * target->alpha : target->bias ? value + target->bias[o] : value;
 }
 
 /* Q8_K: blocks of 256; the first value of largest magnitude maps to -127 (iscale = -127/it), codes
@@ -2067,6 +2070,7 @@ BF16_TARGET static void bf16_tiles_512(const uint16_t *w, const uint16_t *x, int
                         float *target = y->y + (r + i) * y->stride + o;
                         __m128 value = _mm_loadu_ps(each + 4 * i);
                         if (y->accumulate) value = _mm_add_ps(_mm_loadu_ps(target), _mm_mul_ps(value, _mm_set1_ps(y->alpha)));
+                        else if (y->bias) value = _mm_add_ps(value, _mm_loadu_ps(y->bias + o));
                         _mm_storeu_ps(target, value);
                     }
                     continue;
@@ -2492,7 +2496,7 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
             prepare_rows(x, in, blocks, k_quant, lane_rows, codes, x_scale, sums, xq, x_scale_t, padded, rows * part / count,
                          rows * (part + 1) / count);
         }
-        paw_out tail_target = {target->y + lane_rows * target->stride, target->stride, target->accumulate, target->alpha};
+        paw_out tail_target = {target->y + lane_rows * target->stride, target->stride, target->accumulate, target->alpha, target->bias};
         paw_args args = {{w, sub, w_scale, in_lanes ? (const void *)xq : codes, x_scale, sums, target, x_scale_t, codes, &tail_target},
                          {blocks, rows, in_lanes, tail}, 0.0f};
         status = paw_run(kernel, &args, eights ? out / 8 : out, threads);

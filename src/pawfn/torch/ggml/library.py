@@ -68,12 +68,22 @@ class NativeKernels:
             raise MemoryError("pawfn: no memory for a block product's scratch")
 
     def float_product(
-        self, weight: int, kind: FloatKind, x: int, rows: int, width: int, out: int, tiled: bool, lanes: int, into: tuple[int, int, bool, float]
+        self,
+        weight: int,
+        kind: FloatKind,
+        x: int,
+        rows: int,
+        width: int,
+        out: int,
+        tiled: bool,
+        lanes: int,
+        into: tuple[int, int, bool, float],
+        bias: int = 0,
     ) -> None:
         """x [rows, width] (float32; bf16 bits for BF16 weights) times `kind` weights [out, width] with llama.cpp's
         dots of `lanes` lanes (tinyBLAS's where `tiled`), into (address, row stride, accumulate, alpha) as `paw_out`
-        puts them."""
-        target = Out(*into)
+        puts them, plus float32 `bias` [out] where set (an address; 0: none)."""
+        target = Out(*into, bias)
         call = FloatProductCall(weight, x, ctypes.addressof(target), kind, rows, width, int(tiled), lanes)
         self.run(call, out, rows * out * width)
 

@@ -21,7 +21,7 @@ from ....formats.ggufio import GGUFFile
 from ...ggml.blocks import block_matrix
 from ...ggml.c_kernels import native_gelu, native_layer_norm, native_rope
 from ...ggml.float_ops import fma32, ggml_gelu, ggml_gelu_table, ggml_layer_norm, ggml_rope, ggml_rope_table, native_rope_table_for
-from ...ggml.floats import float_matrix, ggml_float_product
+from ...ggml.floats import NativeFloatMatrix, float_matrix, ggml_float_product
 from ...ggml.hybrid import ggml_image_attention, native_image_attention
 from ...ggml.library import NativeKernels
 from ...ggml.native_blocks import native_block_matrix
@@ -47,6 +47,11 @@ class TowerArithmetic:
         """The projector's matrix `name` as this arithmetic multiplies it."""
         weight = torch.from_numpy(file.read_f32(name)).to(device)  # pyright: ignore[reportUnknownMemberType]  # torch's from_numpy is untyped
         return functools.partial(_linear, weight=weight)
+
+    def linear(self, matrix: TowerMatrix, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """`matrix(x)` then its bias (ggml_add's rounding), added in place: every tower matrix returns a tensor of its
+        own, and a new [patches, width] buffer for the sum cost 5x the addition (0.74 against 0.14 ms at 1200 x 3072)."""
+        return matrix(x).add_(bias)
 
     def patch_embedding(self, file: GGUFFile, patch: int, device: torch.device) -> PatchEmbedding:
         """The two frames' patch kernels [width, 3, patch, patch] as one convolution each, added."""
@@ -185,6 +190,10 @@ class NativeMtmdTower(MtmdTower):
         product = float_matrix(self.kernels, raw, qtype, values.shape[0], self.width, self.bf16_pairs)
         assert product is not None  # F32 and F16 are float matrices
         return product
+
+    def linear(self, matrix: TowerMatrix, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        # a float matrix adds the bias as its kernel stores each value (the same rounding, no pass of its own)
+        return matrix.biased(x, bias) if isinstance(matrix, NativeFloatMatrix) else super().linear(matrix, x, bias)
 
     def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
         return native_layer_norm(self.kernels, x, weight, bias, eps, self.width)
