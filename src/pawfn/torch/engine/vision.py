@@ -153,9 +153,10 @@ class VisionTower:
             hidden = self._norm(hidden, "v.pre_ln")
         for layer in range(s.layers):
             block = f"v.blk.{layer}."
-            hidden = self._attention(self._norm(hidden, block + "ln1"), block, cos, sin) + hidden
+            # each residual sum into the product's own new tensor (addition commutes: the same bits, no new buffer)
+            hidden = self._attention(self._norm(hidden, block + "ln1"), block, cos, sin).add_(hidden)
             up = self._linear(self._norm(hidden, block + "ln2"), block + "ffn_up")
-            hidden = hidden + self._linear(ops.gelu(up), block + "ffn_down")
+            hidden = self._linear(ops.gelu(up), block + "ffn_down").add_(hidden)
         hidden = self._norm(hidden, "v.post_ln")
         merged = hidden.reshape(-1, 4 * s.width)  # each 2x2 block's patches side by side
         return self._linear(ops.gelu(self._linear(merged, "mm.0")), "mm.2")

@@ -198,9 +198,9 @@ class Qwen35Family(Family):
             mixed = self._attention(ops, layer, normed, positions)
         else:
             mixed = self._delta_net(ops, layer, normed)
-        hidden = ops.output_rows(layer, hidden) + ops.output_rows(layer, mixed)  # llama.cpp's graph drops rows here
+        hidden = _residual(ops.output_rows(layer, mixed), ops.output_rows(layer, hidden))  # llama.cpp's graph drops rows here
         gate, up = ops.linears(ops.rms_norm(hidden, names.post_norm), names.gate_up)
-        return hidden + ops.linear(ops.swiglu(gate, up), names.ffn_down)
+        return _residual(ops.linear(ops.swiglu(gate, up), names.ffn_down), hidden)
 
     def final_norm(self, ops: Ops, hidden: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(hidden, "output_norm.weight")
@@ -273,6 +273,12 @@ def _delta_rule(
     kept = window.shape[1]  # the next window: the last K - 1 inputs by time
     last = mixed[n - kept :] if n >= kept else torch.cat((window.T[n:], mixed))
     return outputs.reshape(n, heads * size), (last.T.contiguous(), memory)
+
+
+def _residual(fresh: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """`kept + fresh` written into `fresh`, a product's own new tensor (addition commutes: the same bits without a new
+    buffer), where that is torch's result type; else a new sum."""
+    return fresh.add_(kept) if torch.promote_types(fresh.dtype, kept.dtype) == fresh.dtype else kept + fresh
 
 
 def _tiled(heads: torch.Tensor, repeats: int) -> torch.Tensor:
