@@ -174,12 +174,12 @@ def test_side_paths_accumulate_as_the_emulation(qtype: gguf.GGMLQuantizationType
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q8_0], ids=["q4_0", "q8_0"])
-@pytest.mark.parametrize("width", [1312, 3072])
-@pytest.mark.parametrize("n", [21, 34])
+@pytest.mark.parametrize("width", [1024, 1312, 3072])
+@pytest.mark.parametrize("n", [21, 34, 40])
 def test_wide_products_with_rows_in_lanes_equal_the_emulation(qtype: gguf.GGMLQuantizationType, width: int, n: int) -> None:
-    """A LoRA a half over a wide input (41 or 96 blocks: the lanes kernel takes its blocks in chunks, the last one
-    part or whole), 21 rows (a group of sixteen and a part padded to sixteen) or 34 (two groups and two rows that the
-    one-row kernel takes), as a product and accumulated."""
+    """A LoRA a half over a wide input (32, 41 or 96 blocks: the lanes kernel takes its blocks in chunks, the last one
+    part or whole), 21, 34 or 40 rows: groups of sixteen, then 5, 2 or 8 rows that the one-row kernel takes (up to 8
+    over 32 blocks, up to 4 over more) or a part padded to sixteen, as a product and accumulated."""
     raw = _raw(qtype, 24, width, seed=width)
     emulated, native = block_matrix(raw, qtype, 24), native_block_matrix(_kernels(), raw, qtype, 24)
     assert emulated is not None and isinstance(native, NativeBlockMatrix)

@@ -2313,7 +2313,11 @@ static void gelu_values(const float *x, const float *table, float *y, int64_t fi
     for (; i < last; ++i) y[i] = x[i] <= -10.0f ? 0.0f : x[i] >= 10.0f ? x[i] : table[_cvtss_sh(x[i], 0)];
 }
 
-#define LANES_TAIL 4  /* rows past a multiple of sixteen that the one-row kernel takes (each ~1/3 of a padded group's cost) */
+/* Rows past a multiple of sixteen that the one-row kernel takes rather than a group padded to sixteen: one row costs
+   ~1/6 of a padded group's time over 1024-wide inputs (1024 -> 7168 or 8224) and ~1/5 over wider ones (2048 or 3584
+   -> 1024), one core of an AMD EPYC (Zen 4), ad hoc */
+#define LANES_TAIL 4
+#define LANES_TAIL_NARROW 8  /* inputs of 32 blocks or fewer */
 
 /* ---- `paw_run`: a kernel's range [0, count) split across threads (ctypes releases the GIL for the call) ---- */
 
@@ -2471,7 +2475,8 @@ int paw_block_product(int kernel, const float *x, int64_t rows, int64_t in, cons
     /* a few rows past the last whole sixteen go through the one-row kernel: a group padded to sixteen lanes cost as
        much as sixteen rows (162 rows: 176 rows' work), a row alone about a third of that (the same numbers: each
        kernel computes q0_rows' own) */
-    int64_t tail = in_lanes && eights && rows % 16 <= LANES_TAIL ? rows % 16 : 0, lane_rows = in_lanes ? rows - tail : 0;
+    int64_t tail = in_lanes && eights && rows % 16 <= (blocks <= 32 ? LANES_TAIL_NARROW : LANES_TAIL) ? rows % 16 : 0;
+    int64_t lane_rows = in_lanes ? rows - tail : 0;
     int64_t padded = (lane_rows + 15) / 16 * 16;
     float *x_scale_t = in_lanes ? aligned_alloc(64, (size_t)(blocks * padded) * sizeof(float)) : NULL;
     uint8_t *xq = in_lanes ? aligned_alloc(64, (size_t)(padded * in)) : NULL;
