@@ -15,7 +15,7 @@ import torch
 
 from pawfn.torch.ggml.float_ops import ggml_rms_norm, ggml_rope, ggml_rope_table
 from pawfn.torch.ggml.hybrid import ggml_flash_attention, ggml_gated_delta_net, ggml_image_attention, ggml_l2_norm, ggml_mrope_table, ggml_ssm_conv
-from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels
+from pawfn.torch.ggml.c_kernels import NativeKernels, native_gated_delta_net, native_kernels, native_rope
 from pawfn.torch.ggml.hybrid import ggml_silu, native_flash_attention, native_image_attention, native_l2_norm, native_silu, native_ssm_conv_for
 from pawfn.torch.model.arithmetic import LlamaCppArithmetic, NativeLlamaCppArithmetic
 from pawfn.core.cpuinfo import host_cpu_flags
@@ -212,6 +212,24 @@ def test_the_c_silu_and_key_norm_equal_the_torch_ones(width: int, shape: tuple[i
     x.view(-1)[:4] = torch.tensor([0.0, -0.0, 120.0, -120.0])
     _bit_exact(native_silu(kernels, x, width), ggml_silu(x, width))
     _bit_exact(native_l2_norm(kernels, x, 1e-6), ggml_l2_norm(x, 1e-6))
+
+
+def test_the_c_rotation_reads_heads_in_place_and_writes_attentions_f16_keys() -> None:
+    """NeoX rotation of heads cut from a wider product's columns (the tower's q and k in its qkv) gives the bits of
+    the same values made contiguous first, and its f16 form by head is that result cast to f16 by head (as ggml
+    casts attention's keys)."""
+    kernels = _kernels("c")
+    assert kernels is not None
+    generator = torch.Generator().manual_seed(5)
+    qkv = torch.randn((9, 3, 4, 32), generator=generator) * 4.0
+    k = qkv.unbind(dim=1)[1]
+    assert not k.is_contiguous()
+    cos, sin = torch.randn((9, 1, 16), generator=generator), torch.randn((9, 1, 16), generator=generator)
+    expected = ggml_rope(k.contiguous(), cos, sin)
+    _bit_exact(native_rope(kernels, k, cos, sin), expected)
+    keys = native_rope(kernels, k, cos, sin, f16_by_head=True)
+    assert keys.dtype == torch.float16 and keys.is_contiguous()
+    assert torch.equal(keys.view(torch.int16), expected.transpose(0, 1).half().contiguous().view(torch.int16))
 
 
 @pytest.mark.parametrize("width", [8, 16])

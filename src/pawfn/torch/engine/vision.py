@@ -175,7 +175,7 @@ class VisionTower:
         s, ops = self._settings, self._arithmetic
         n, head = x.shape[0], s.width // s.heads
         q, k, v = self._linear(x, block + "attn_qkv").view(n, 3, s.heads, head).unbind(dim=1)
-        return self._linear(ops.attention(ops.rotate(q, cos, sin), ops.rotate(k, cos, sin), v), block + "attn_out")
+        return self._linear(ops.rotated_attention(q, k, v, cos, sin), block + "attn_out")
 
     def _linear(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
         return self._arithmetic.linear(self._matrices[prefix], x, self._vectors[prefix + ".bias"])

@@ -336,12 +336,17 @@ def native_layer_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Ten
     return y.reshape(x.shape)
 
 
-def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`float_ops.ggml_rope` in C: x [T, heads, D], cos/sin [T, 1, D/2]."""
-    x = x.float().contiguous()
+def native_rope(kernels: NativeKernels, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, f16_by_head: bool = False) -> torch.Tensor:
+    """`float_ops.ggml_rope` in C: x [T, heads, D] (float32 heads of contiguous values read in place, e.g. a wider
+    product's columns), cos/sin [T, 1, D/2]; `f16_by_head`: the result rounded to f16 as [heads, T, D] (attention's
+    keys as ggml casts them), else float32 [T, heads, D]."""
+    if x.dtype != torch.float32 or x.stride(2) != 1:
+        x = x.float().contiguous()
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    y = torch.empty_like(x)
-    kernels.rope_neox(pointer(x), pointer(cos), pointer(sin), pointer(y), x.shape[0], x.shape[1], x.shape[2])
+    tokens, heads, dim = x.shape
+    y = torch.empty((heads, tokens, dim), dtype=torch.float16) if f16_by_head else torch.empty_like(x, memory_format=torch.contiguous_format)
+    y_strides = (dim, tokens * dim) if f16_by_head else (heads * dim, dim)
+    kernels.rope_neox((pointer(x), x.stride(0), x.stride(1)), pointer(cos), pointer(sin), (pointer(y), *y_strides), f16_by_head, tokens, heads, dim)
     return y
 
 

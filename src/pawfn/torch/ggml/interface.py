@@ -115,7 +115,7 @@ EXPORTS: dict[str, tuple[tuple[type[typing.Any], ...], type[typing.Any] | None]]
     "paw_use_avx512": ((_I32,), _I32),
     "paw_expf": ((_PTR, _PTR, _I64, _I64), None),
     "paw_libm": ((_I64, _PTR, _PTR, _I64), None),
-    "paw_rope_neox": ((_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64), None),
+    "paw_rope_neox": ((_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I32, _I64, _I64, _I64), None),
     "paw_layer_norm": ((_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _I64), None),
     "paw_rope_table": ((_PTR, _I64, _I64, _F32, _PTR, _PTR), None),
     "paw_unpack_q6_k": ((_PTR, _I64, _PTR, _PTR, _PTR), None),

@@ -2232,19 +2232,28 @@ void paw_layer_norm(const float *x, const float *w, const float *b, float *y, in
 }
 
 /* `rotate_pairs` (NeoX halves) of x [tokens, heads, dim] with cos/sin [tokens, dim/2]: x0*cos - x1*sin and
-   x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). */
-void paw_rope_neox(const float *x, const float *cos_table, const float *sin_table, float *y, int64_t tokens,
-                   int64_t heads, int64_t dim) {
+   x0*sin + x1*cos, the first product of each fused with the rounded second (GCC's contraction in ggml). Head (t, h)
+   read at x + t * x_token + h * x_head (a wider product's columns in place) and written at y + t * y_token + h *
+   y_head, as float32, or (`f16`) rounded to f16 to nearest even as ggml's cast rounds it (F16C's conversion). */
+void paw_rope_neox(const float *x, int64_t x_token, int64_t x_head, const float *cos_table, const float *sin_table, void *y,
+                   int64_t y_token, int64_t y_head, int f16, int64_t tokens, int64_t heads, int64_t dim) {
     int64_t half = dim / 2;
     for (int64_t t = 0; t < tokens; ++t) {
         const float *c = cos_table + t * half, *s = sin_table + t * half;
         for (int64_t h = 0; h < heads; ++h) {
-            const float *v = x + (t * heads + h) * dim;
-            float *out = y + (t * heads + h) * dim;
+            const float *v = x + t * x_token + h * x_head;
+            float *out = (float *)y + t * y_token + h * y_head;
+            uint16_t *bits = (uint16_t *)y + t * y_token + h * y_head;
             for (int64_t i = 0; i < half; ++i) {
                 float x0 = v[i], x1 = v[i + half];
-                out[i] = fmaf(x0, c[i], -(x1 * s[i]));
-                out[i + half] = fmaf(x0, s[i], x1 * c[i]);
+                const float first = fmaf(x0, c[i], -(x1 * s[i])), second = fmaf(x0, s[i], x1 * c[i]);
+                if (f16) {
+                    bits[i] = _cvtss_sh(first, 0);
+                    bits[i + half] = _cvtss_sh(second, 0);
+                } else {
+                    out[i] = first;
+                    out[i + half] = second;
+                }
             }
         }
     }

@@ -95,9 +95,10 @@ class NativeKernels:
         """`count` float32 values of x through the C library's `op`, into y."""
         self._functions["paw_libm"](op, x, y, count)
 
-    def rope_neox(self, x: int, cos: int, sin: int, y: int, tokens: int, heads: int, dim: int) -> None:
-        """NeoX rotation of x [tokens, heads, dim] by cos/sin tables [tokens, dim / 2], into y."""
-        self._functions["paw_rope_neox"](x, cos, sin, y, tokens, heads, dim)
+    def rope_neox(self, x: tuple[int, int, int], cos: int, sin: int, y: tuple[int, int, int], f16: bool, tokens: int, heads: int, dim: int) -> None:
+        """NeoX rotation of x [tokens, heads, dim] by cos/sin tables [tokens, dim / 2], into y (float32, or f16 rounded
+        to nearest even); each as (address, token stride, head stride) in values, a head's `dim` values contiguous."""
+        self._functions["paw_rope_neox"](*x, cos, sin, *y, int(f16), tokens, heads, dim)
 
     def layer_norm(self, x: int, weight: int, bias: int, y: int, rows: int, n: int, eps: float, width: int) -> None:
         """ggml's layer norm (then its weight and bias) of x [rows, n] with `width`-lane variance sums, into y."""

@@ -85,6 +85,10 @@ class TowerArithmetic:
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return rotate_halves(x, cos, sin)
 
+    def rotated_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """`attention` of the rotated queries and keys (`rotate`) and the values."""
+        return self.attention(self.rotate(q, cos, sin), self.rotate(k, cos, sin), v)
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Every patch attending to every patch: q, k, v [n, heads, head] to [n, heads * head]."""
         n, heads, head = q.shape
@@ -206,6 +210,11 @@ class NativeMtmdTower(MtmdTower):
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return native_image_attention(self.kernels, q, k, v, self.width)
+
+    def rotated_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # the keys rotated straight into attention's f16 [heads, n, D] (one pass where three were: copy, rotation, cast)
+        keys = native_rope(self.kernels, k, cos, sin, f16_by_head=True)
+        return native_image_attention(self.kernels, native_rope(self.kernels, q, cos, sin), keys, v, self.width)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return native_gelu(self.kernels, x, ggml_gelu_table())
