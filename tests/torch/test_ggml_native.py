@@ -43,8 +43,8 @@ from pawfn.torch.ggml.c_kernels import (
     native_layer_norm,
     native_rms_norm,
     native_rope,
-    native_swiglu,
 )
+from pawfn.torch.ggml.activations import native_swiglu
 from pawfn.core.cpuinfo import host_cpu_flags
 from pawfn.torch.weights.reader import read_base_weights
 from tests.helpers.trained import load_trained

@@ -19,7 +19,8 @@ from pawfn.core.errors import ConfigError
 from pawfn.torch.ggml.blocks import BlockMatrix, block_matrix
 from pawfn.torch.ggml.float_ops import ggml_attention, ggml_gelu, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from pawfn.torch.ggml.float_ops import ggml_gelu_table
-from pawfn.torch.ggml.c_kernels import NativeKernels, native_attention, native_gelu, native_kernels, native_rms_norm, native_rope, native_swiglu
+from pawfn.torch.ggml.activations import native_gelu, native_swiglu
+from pawfn.torch.ggml.c_kernels import NativeKernels, native_attention, native_kernels, native_rms_norm, native_rope
 from pawfn.torch.ggml.native_blocks import NativeBlockMatrix, native_block_matrix
 from pawfn.core.cpuinfo import host_cpu_flags
 from tests.helpers.programs import TinyProgram, requires_llama_cpp, torch_program

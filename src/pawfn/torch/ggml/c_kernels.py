@@ -26,14 +26,15 @@ import torch
 from ...core.config import default_cache_dir
 from ...core.files import mark_used
 from .build import build_key, build_kernels, kernels_folder, trusted_library
-from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, GeluCall, LibmOp
-from .interface import RmsNormCall, SiluCall, SsmConvCall, SwigluCall
+from .interface import AttentionCall, AttentionStepCall, FlashOnlineCall, FlashTiledCall, GatedDeltaNetCall, LibmOp, RmsNormCall
+from .interface import SsmConvCall
 from .library import NativeKernels
 
 __all__ = [
     "pointer",
     "STEP_TABLE_COLUMNS",
     "TILED_MIN_ROWS",
+    "ELEMENTWISE_WORK",
     "LibmOp",
     "NativeKernels",
     "int8_mm",
@@ -43,7 +44,6 @@ __all__ = [
     "native_flash_online",
     "native_flash_tiled",
     "native_gated_delta_net",
-    "native_gelu",
     "native_libm",
     "native_ssm_conv",
     "native_kernels",
@@ -51,15 +51,13 @@ __all__ = [
     "native_layer_norm",
     "native_rope",
     "native_rope_table",
-    "native_silu",
-    "native_swiglu",
 ]
 
 _LOG = logging.getLogger("pawfn")
 
 TILED_MIN_ROWS = 8
 """ggml_tiled_min_batch: Q6_K products of this many rows or more take ggml's tiled kernel."""
-_ELEMENTWISE_WORK = 2  # an rms_norm or swiglu value weighs two int8 products here: a decode step's 8 rows of 1024 stay on one thread
+ELEMENTWISE_WORK = 2  # an rms_norm or swiglu value weighs two int8 products here: a decode step's 8 rows of 1024 stay on one thread
 
 
 @functools.cache
@@ -323,7 +321,7 @@ def native_rms_norm(kernels: NativeKernels, x: torch.Tensor, weight: torch.Tenso
         x, per, stride = x.float().contiguous(), 1, n
     weight = weight.float().contiguous()
     call = RmsNormCall(pointer(x), pointer(weight), pointer(y), stride=stride, per_row=per, n=n, eps=eps)
-    kernels.run(call, y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
+    kernels.run(call, y.numel() // n, y.numel() * ELEMENTWISE_WORK)
     return y
 
 
@@ -358,45 +356,3 @@ def native_rope_table(kernels: NativeKernels, positions: torch.Tensor, half: int
     sin = torch.empty_like(cos)
     kernels.rope_table(pointer(points), points.shape[0], half, step, pointer(cos), pointer(sin))
     return cos.to(positions.device), sin.to(positions.device)
-
-
-def native_swiglu(kernels: NativeKernels, gate: torch.Tensor, up: torch.Tensor, width: int) -> torch.Tensor:
-    """`float_ops.ggml_silu_mul` in C. Float32 [T, n] halves with one row stride (e.g. column views of one product) are
-    read in place; rows split across threads where there are enough of them."""
-    n = gate.shape[-1]
-    y = torch.empty(gate.shape, dtype=torch.float32)
-    if y.numel() == 0:
-        return y
-    if gate.dtype == up.dtype == torch.float32 and gate.dim() == up.dim() == 2 and gate.stride() == up.stride() and gate.stride(1) == 1:
-        stride = gate.stride(0)
-    else:
-        gate, up, stride = gate.float().contiguous(), up.float().contiguous(), n
-    kernels.run(SwigluCall(pointer(gate), pointer(up), pointer(y), stride=stride, n=n, width=width), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
-    return y
-
-
-def native_silu(kernels: NativeKernels, x: torch.Tensor, width: int) -> torch.Tensor:
-    """`hybrid.ggml_silu` in C along x's last axis, in one pass (whole vectors of `width` lanes, the rest by the C
-    library's expf), rows split across threads where there are enough of them. A float32 [T, per, n] view with
-    contiguous [per, n] rows (a wider product's columns) is read in place."""
-    n = x.shape[-1] if x.dim() else 1
-    y = torch.empty(x.shape, dtype=torch.float32)
-    if not y.numel():
-        return y
-    if x.dtype == torch.float32 and x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == n:
-        stride, per = x.stride(0), x.shape[1]
-    else:
-        x = x.float().contiguous()
-        stride, per = n, 1
-    kernels.run(SiluCall(pointer(x), pointer(y), n=n, width=width, stride=stride, per=per), y.numel() // n, y.numel() * _ELEMENTWISE_WORK)
-    return y
-
-
-def native_gelu(kernels: NativeKernels, x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """`float_ops.ggml_gelu` in C: every value of x through `table` (float32 [65536], by f16 bits), split across
-    threads when large."""
-    x = x.float().contiguous()
-    y = torch.empty_like(x)
-    if y.numel():
-        kernels.run(GeluCall(pointer(x), pointer(table), pointer(y)), y.numel(), y.numel() * _ELEMENTWISE_WORK)
-    return y

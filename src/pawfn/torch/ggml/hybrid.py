@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 
 from .float_ops import f32, fma32, sum_accumulators, sum_halves, c_math, sqrtf, ggml_dot_f16, ggml_expf, ggml_rope_table
-from .c_kernels import NativeKernels, native_flash_online, native_flash_tiled, native_rms_norm, native_silu, native_ssm_conv
+from .activations import native_silu
+from .c_kernels import NativeKernels, native_flash_online, native_flash_tiled, native_rms_norm, native_ssm_conv
 
 __all__ = [
     "ggml_dot_f32",

@@ -15,8 +15,8 @@ from ....core.options import ResolvedNumerics
 from ...ggml.blocks import block_matrix
 from ...ggml.float_ops import ggml_gelu, ggml_gelu_table, ggml_layer_norm, ggml_rms_norm, ggml_rope, ggml_rope_table, ggml_silu_mul
 from ...ggml.float_ops import native_rope_table_for
-from ...ggml.c_kernels import native_gated_delta_net, native_gelu, native_kernels, native_layer_norm, native_libm, native_rms_norm
-from ...ggml.c_kernels import native_rope, native_swiglu
+from ...ggml.activations import native_gelu, native_swiglu
+from ...ggml.c_kernels import native_gated_delta_net, native_kernels, native_layer_norm, native_libm, native_rms_norm, native_rope
 from ...ggml.floats import float_matrix
 from ...ggml.hybrid import ggml_gated_delta_net, ggml_l2_norm, ggml_mrope_table, ggml_sigmoid, ggml_silu, ggml_softplus, ggml_ssm_conv
 from ...ggml.hybrid import native_flash_attention, native_l2_norm, native_silu, native_ssm_conv_for

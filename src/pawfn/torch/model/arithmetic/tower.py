@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from ....formats.ggufio import GGUFFile
 from ...ggml.blocks import block_matrix
-from ...ggml.c_kernels import native_gelu, native_layer_norm, native_rope
+from ...ggml.activations import native_gelu
+from ...ggml.c_kernels import native_layer_norm, native_rope
 from ...ggml.float_ops import fma32, ggml_gelu, ggml_gelu_table, ggml_layer_norm, ggml_rope, ggml_rope_table, native_rope_table_for
 from ...ggml.floats import NativeFloatMatrix, float_matrix, ggml_float_product
 from ...ggml.hybrid import ggml_image_attention, native_image_attention
