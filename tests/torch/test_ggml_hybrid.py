@@ -175,10 +175,17 @@ def test_the_c_delta_rule_equals_the_torch_one_on_whole_vectors(width: int) -> N
     q, k, v = (torch.randn((5, 3, 128), generator=generator) for _ in range(3))
     g, beta = -torch.rand((5, 3), generator=generator), torch.rand((5, 3), generator=generator)
     state = torch.randn((3, 128, 128), generator=generator) * 0.1
+    given = state.clone()
     out, new_state = ggml_gated_delta_net(q, k, v, g, beta, state, width)
     native_out, native_state = native_gated_delta_net(kernels, q, k, v, g, beta, state, width)
     _bit_exact(native_out, out)
     _bit_exact(native_state, new_state)
+    assert torch.equal(state, given)  # a prefix's state is shared: the kernel updates a copy
+    # the values read where the convolution left them, beside other columns
+    wider = torch.cat((torch.randn((5, 7), generator=generator), v.reshape(5, -1), torch.randn((5, 3), generator=generator)), dim=1)
+    in_place = wider[:, 7 : 7 + 3 * 128].view(5, 3, 128)
+    assert not in_place.is_contiguous()
+    _bit_exact(native_gated_delta_net(kernels, q, k, in_place, g, beta, state, width)[0], out)
 
 
 @pytest.mark.parametrize("width", [8, 16])

@@ -225,15 +225,18 @@ def native_ssm_conv(
 def native_gated_delta_net(
     kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hybrid.ggml_gated_delta_net` in C (the heads split across threads)."""
-    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    """`hybrid.ggml_gated_delta_net` in C (the heads split across threads); float32 values [T, heads, size] with each
+    token's heads contiguous are read in place (the convolution's columns)."""
+    q, k, g, beta = (t.float().contiguous() for t in (q, k, g, beta))
+    if v.dtype != torch.float32 or v.stride(2) != 1 or v.stride(1) != v.shape[2]:
+        v = v.float().contiguous()
     # ggml's layout, updated in place: a copy (the state given is never changed), returned as a view whose
     # transpose the next token's call copies without a second transposition
     columns = state.float().transpose(1, 2).clone(memory_format=torch.contiguous_format)
     steps, heads, size = v.shape
-    out = torch.empty_like(v)
+    out = torch.empty((steps, heads, size), dtype=torch.float32)
     q_at, k_at, v_at, g_at, beta_at, state_at, out_at = (pointer(t) for t in (q, k, v, g, beta, columns, out))
-    call = GatedDeltaNetCall(q_at, k_at, v_at, g_at, beta_at, state_at, out_at, steps=steps, heads=heads, size=size, width=width)
+    call = GatedDeltaNetCall(q_at, k_at, v_at, g_at, beta_at, state_at, out_at, steps, heads, size, width, v_stride=v.stride(0))
     kernels.run(call, heads, steps * heads * size * size * 4)
     return out, columns.transpose(1, 2)
 

@@ -235,6 +235,7 @@ class GatedDeltaNetCall(KernelCall):
     heads: Integer
     size: Integer
     width: Integer
+    v_stride: Integer
 
 
 @dataclass(slots=True)

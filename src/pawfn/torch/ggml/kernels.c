@@ -1664,11 +1664,11 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
     _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(dots), _mm512_set1_ps(scale)));
 }
 
-/* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k, v [T, H, S] (q and k normed, one
-   per value head), g and beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in
-   place; `out` [T, H, S]. */
-static void gated_delta_net(const float *q, const float *k, const float *v, const float *g, const float *beta, float *state,
-                            float *out, int64_t T, int64_t H, int64_t S, int W, int64_t first, int64_t last) {
+/* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k [T, H, S] (normed, one per value
+   head), v's token t at v + t * v_stride (its H * S values contiguous: the convolution's columns read in place), g and
+   beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in place; `out` [T, H, S]. */
+static void gated_delta_net(const float *q, const float *k, const float *v, int64_t v_stride, const float *g, const float *beta,
+                            float *state, float *out, int64_t T, int64_t H, int64_t S, int W, int64_t first, int64_t last) {
     const float scale = 1.0f / sqrtf((float)S);
     const int wide = W == 16 && avx512_on();
     float *delta = malloc(sizeof(float) * (S + T)), *decays = delta + S;
@@ -1680,7 +1680,8 @@ static void gated_delta_net(const float *q, const float *k, const float *v, cons
             for (int64_t j0 = 0; j0 < S; j0 += 16)
                 for (int64_t t = 0; t < T; ++t) {
                     const int64_t at = (t * H + h) * S;
-                    delta_rule_16_rows_512(m + j0 * S, q + at, k + at, v + at + j0, decays[t], beta[t * H + h], scale, out + at + j0);
+                    delta_rule_16_rows_512(m + j0 * S, q + at, k + at, v + t * v_stride + h * S + j0, decays[t], beta[t * H + h], scale,
+                                           out + at + j0);
                 }
             continue;
         }
@@ -1689,7 +1690,7 @@ static void gated_delta_net(const float *q, const float *k, const float *v, cons
             const float decay = expf(g[t * H + h]), b = beta[t * H + h];
             for (int64_t e = 0; e < S * S; ++e) m[e] = m[e] * decay;
             for (int64_t j = 0; j < S; ++j)
-                delta[j] = (v[at + j] - (wide ? dot_f32_ggml_512(m + j * S, k + at, S) : dot_f32_ggml(m + j * S, k + at, S, W))) * b;
+                delta[j] = (v[t * v_stride + h * S + j] - (wide ? dot_f32_ggml_512(m + j * S, k + at, S) : dot_f32_ggml(m + j * S, k + at, S, W))) * b;
             for (int64_t j = 0; j < S; ++j)
                 for (int64_t i = 0; i < S; ++i) m[j * S + i] = fmaf(k[at + i], delta[j], m[j * S + i]);
             for (int64_t j = 0; j < S; ++j)
@@ -2376,7 +2377,7 @@ static void run_range(int kernel, const paw_args *a, int64_t first, int64_t last
                                                   kernel == KERNEL_Q4_0_EIGHTS);
         break;
     case KERNEL_GATED_DELTA_NET:
-        gated_delta_net(a->p[0], a->p[1], a->p[2], a->p[3], a->p[4], (float *)a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2],
+        gated_delta_net(a->p[0], a->p[1], a->p[2], a->i[4], a->p[3], a->p[4], (float *)a->p[5], (float *)a->p[6], a->i[0], a->i[1], a->i[2],
                         (int)a->i[3], first, last);
         break;
     case KERNEL_FLASH_ONLINE:
