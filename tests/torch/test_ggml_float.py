@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pawfn import GPT2, InterpreterModel, PawFn, Qwen3_0_6B, RuntimeOptions, Torch
-from pawfn.torch.ggml.floats import NativeFloatMatrix, float_matrix
+from pawfn.torch.ggml.floats import NativeFloatMatrix, float_matrix, ggml_float_product
 from pawfn.torch.ggml.hybrid import ggml_dot_f32
 from pawfn.torch.ggml.c_kernels import native_kernels
 from pawfn.core.cpuinfo import host_cpu_flags
@@ -46,6 +46,18 @@ def test_one_row_products_add_as_ggml_vec_dot_f32(width: int) -> None:
     matrix = _matrix(gguf.GGMLQuantizationType.F32, weights)
     expected = ggml_dot_f32(x[:, None, :], torch.as_tensor(weights)[None, :, :], WIDTH)
     assert torch.equal(matrix.rows(x), expected)
+
+
+@pytest.mark.parametrize("k", [96, 768])
+def test_tiled_f32_products_are_their_torch_reference(k: int) -> None:
+    """tinyBLAS's F32 dots from two rows (four weight rows by four rows of x at once with AVX-512): each dot the
+    reference's FMA chains of W lanes summed by halves, on rows and outputs that leave partial tiles."""
+    generator = np.random.default_rng(k)
+    weights = generator.standard_normal((22, k)).astype(np.float32) * np.exp2(generator.integers(-8, 8, size=(22, k))).astype(np.float32)
+    matrix = _matrix(gguf.GGMLQuantizationType.F32, weights)
+    for rows in (2, 9, 70):
+        x = torch.as_tensor(generator.standard_normal((rows, k)).astype(np.float32))
+        assert torch.equal(matrix(x), ggml_float_product(x, torch.as_tensor(weights), gguf.GGMLQuantizationType.F32, WIDTH, False)), rows
 
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])
