@@ -48,16 +48,18 @@ def test_one_row_products_add_as_ggml_vec_dot_f32(width: int) -> None:
     assert torch.equal(matrix.rows(x), expected)
 
 
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])
 @pytest.mark.parametrize("k", [96, 768])
-def test_tiled_f32_products_are_their_torch_reference(k: int) -> None:
-    """tinyBLAS's F32 dots from two rows (four weight rows by four rows of x at once with AVX-512): each dot the
-    reference's FMA chains of W lanes summed by halves, on rows and outputs that leave partial tiles."""
+def test_tiled_float_products_are_their_torch_reference(qtype: gguf.GGMLQuantizationType, k: int) -> None:
+    """tinyBLAS's F32 and F16 dots from two rows (four weight rows by four rows of x at once with AVX-512): each dot
+    the reference's FMA chains of W lanes summed by halves, on rows and outputs that leave partial tiles."""
     generator = np.random.default_rng(k)
     weights = generator.standard_normal((22, k)).astype(np.float32) * np.exp2(generator.integers(-8, 8, size=(22, k))).astype(np.float32)
-    matrix = _matrix(gguf.GGMLQuantizationType.F32, weights)
+    matrix = _matrix(qtype, weights)
+    stored = torch.as_tensor(weights if qtype == gguf.GGMLQuantizationType.F32 else weights.astype(np.float16).astype(np.float32))
     for rows in (2, 9, 70):
         x = torch.as_tensor(generator.standard_normal((rows, k)).astype(np.float32))
-        assert torch.equal(matrix(x), ggml_float_product(x, torch.as_tensor(weights), gguf.GGMLQuantizationType.F32, WIDTH, False)), rows
+        assert torch.equal(matrix(x), ggml_float_product(x, stored, qtype, WIDTH, False)), rows
 
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])

@@ -2073,21 +2073,37 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
     for (int a = 0; a < 16; ++a) acc[a] = sums[a];
 }
 
-/* x [rows, k] times w [out, k] (elements of `size` bytes) for outputs [first, last): 4 weight rows by 4 rows of x at
-   once through `dots` (16 accumulators in flight), each by halves (all sixteen at once), rows in blocks of
-   BF16_ROW_BLOCK that stay in L2 while every weight row of the range passes. */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tiles_512(const void *w, const void *x, int64_t size, int64_t rows, int64_t k, const paw_out *y,
-                                                       int64_t first, int64_t last, tile_dots_512 dots) {
+/* f32_dots_4x4 on F16 weights widened as they load (exact; dot_f16's tinyBLAS chains, its x already rounded to f16). */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f16_dots_4x4(const void *const w[4], const void *const x[4], int64_t k,
+                                                                                                __m512 acc[16]) {
+    __m512 sums[16];
+    for (int a = 0; a < 16; ++a) sums[a] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < k; s += 16) {
+        __m512 wv[4], xv[4];
+        for (int j = 0; j < 4; ++j) wv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w[j] + s)));
+        for (int i = 0; i < 4; ++i) xv[i] = _mm512_loadu_ps((const float *)x[i] + s);
+        for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) sums[4 * i + j] = _mm512_fmadd_ps(xv[i], wv[j], sums[4 * i + j]);
+    }
+    for (int a = 0; a < 16; ++a) acc[a] = sums[a];
+}
+
+/* x [rows, k] times w [out, k] (elements of `w_size` and `x_size` bytes) for outputs [first, last): 4 weight rows by
+   4 rows of x at once through `dots` (16 accumulators in flight), each by halves (all sixteen at once), rows in
+   blocks of BF16_ROW_BLOCK that stay in L2 while every weight row of the range passes. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tiles_512(const void *w, int64_t w_size, const void *x, int64_t x_size,
+                                                                                             int64_t rows, int64_t k, const paw_out *y, int64_t first,
+                                                                                             int64_t last, tile_dots_512 dots) {
     for (int64_t r0 = 0; r0 < rows; r0 += BF16_ROW_BLOCK) {
         const int64_t r_end = r0 + BF16_ROW_BLOCK < rows ? r0 + BF16_ROW_BLOCK : rows;
         for (int64_t o = first; o < last; o += 4) {
             const int oc = last - o < 4 ? (int)(last - o) : 4;
             const void *wr[4];
-            for (int j = 0; j < 4; ++j) wr[j] = (const char *)w + (o + (j < oc ? j : oc - 1)) * k * size;
+            for (int j = 0; j < 4; ++j) wr[j] = (const char *)w + (o + (j < oc ? j : oc - 1)) * k * w_size;
             for (int64_t r = r0; r < r_end; r += 4) {
                 const int rc = r_end - r < 4 ? (int)(r_end - r) : 4;
                 const void *xr[4];
-                for (int i = 0; i < 4; ++i) xr[i] = (const char *)x + (r + (i < rc ? i : rc - 1)) * k * size;
+                for (int i = 0; i < 4; ++i) xr[i] = (const char *)x + (r + (i < rc ? i : rc - 1)) * k * x_size;
                 __m512 acc[16];  /* row i, output j at 4i + j */
                 dots(wr, xr, k, acc);
                 float each[16];  /* row i's four outputs at 4i */
@@ -2112,12 +2128,15 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
 /* tiles_512 with each kind's dots inlined (a dots function called through its pointer kept its sixteen accumulators in
    memory: BF16 products 25% slower) */
 BF16_TARGET static void bf16_tiles_512(const void *w, const void *x, int64_t rows, int64_t k, const paw_out *y, int64_t first, int64_t last) {
-    tiles_512(w, x, 2, rows, k, y, first, last, bf16_dots_4x4);
+    tiles_512(w, 2, x, 2, rows, k, y, first, last, bf16_dots_4x4);
 }
 
-__attribute__((target("avx512f"))) static void f32_tiles_512(const void *w, const void *x, int64_t rows, int64_t k, const paw_out *y, int64_t first,
-                                                            int64_t last) {
-    tiles_512(w, x, 4, rows, k, y, first, last, f32_dots_4x4);
+__attribute__((target("avx512f"))) static void f32_tiles_512(const void *w, int f16, const void *x, int64_t rows, int64_t k, const paw_out *y,
+                                                            int64_t first, int64_t last) {
+    if (f16)
+        tiles_512(w, 2, x, 4, rows, k, y, first, last, f16_dots_4x4);
+    else
+        tiles_512(w, 4, x, 4, rows, k, y, first, last, f32_dots_4x4);
 }
 #endif
 
@@ -2170,8 +2189,8 @@ static void float_product(const void *w, int kind, const void *x, int64_t rows, 
         return;
     }
 #ifndef PAW_BASELINE
-    if (kind == FLOAT_F32 && tiled && W == 16 && avx512_on()) {  /* k a multiple of 16 (tinyBLAS takes only whole vectors) */
-        f32_tiles_512(w, x, rows, k, y, first, last);
+    if ((kind == FLOAT_F32 || kind == FLOAT_F16) && tiled && W == 16 && k % 16 == 0 && avx512_on()) {  /* tinyBLAS: whole vectors */
+        f32_tiles_512(w, kind == FLOAT_F16, x, rows, k, y, first, last);
         return;
     }
 #endif
