@@ -2058,34 +2058,48 @@ BF16_TARGET static inline __attribute__((always_inline)) void bf16_dots_4x4(cons
     for (int a = 0; a < 16; ++a) acc[a] = sums[a];
 }
 
-/* tinyBLAS's F32 dots on 16 lanes: each dot one register of FMA chains over k in order (dot8_tiled_512's numbers,
-   which load a weight row a product: here four rows of x share each load, and the FMAs, not the loads, bound it). */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f32_dots_4x4(const void *const w[4], const void *const x[4], int64_t k, __m512 acc[16]) {
+enum { TILES_F32, TILES_F16, TILES_BF16_WIDENED };  /* widened tiles' weights: F32, F16 (x float32), BF16 (x bf16 bits) */
+
+/* Sixteen values from `p` + s as float32, exactly: F32 as they are, F16 widened, bf16 bits each shifted into a float's
+   top half. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) __m512 widened_16(const void *p, int64_t s, int kind) {
+    if (kind == TILES_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + s)));
+    if (kind == TILES_BF16_WIDENED)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + s))), 16));
+    return _mm512_loadu_ps((const float *)p + s);
+}
+
+/* tinyBLAS's float dots on 16 lanes, values widened as they load: each dot one register of FMA chains over k in order
+   (dot8_tiled_512's numbers, and dot_f16's on F16 weights and x already rounded to f16; dot8_tiled_512 loads a weight
+   row a product: here four rows of x share each load, and the FMAs, not the loads, bound it). */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void widened_dots_4x4(const void *const w[4], const void *const x[4],
+                                                                                                    int64_t k, __m512 acc[16], int weights) {
     __m512 sums[16];  /* in registers, as bf16_dots_4x4's */
     for (int a = 0; a < 16; ++a) sums[a] = _mm512_setzero_ps();
     for (int64_t s = 0; s < k; s += 16) {
         __m512 wv[4], xv[4];
-        for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_ps((const float *)w[j] + s);
-        for (int i = 0; i < 4; ++i) xv[i] = _mm512_loadu_ps((const float *)x[i] + s);
+        for (int j = 0; j < 4; ++j) wv[j] = widened_16(w[j], s, weights);
+        for (int i = 0; i < 4; ++i) xv[i] = widened_16(x[i], s, weights == TILES_BF16_WIDENED ? TILES_BF16_WIDENED : TILES_F32);
         for (int j = 0; j < 4; ++j)
             for (int i = 0; i < 4; ++i) sums[4 * i + j] = _mm512_fmadd_ps(xv[i], wv[j], sums[4 * i + j]);
     }
     for (int a = 0; a < 16; ++a) acc[a] = sums[a];
 }
 
-/* f32_dots_4x4 on F16 weights widened as they load (exact; dot_f16's tinyBLAS chains, its x already rounded to f16). */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f32_dots_4x4(const void *const w[4], const void *const x[4], int64_t k,
+                                                                                                __m512 acc[16]) {
+    widened_dots_4x4(w, x, k, acc, TILES_F32);
+}
+
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f16_dots_4x4(const void *const w[4], const void *const x[4], int64_t k,
                                                                                                 __m512 acc[16]) {
-    __m512 sums[16];
-    for (int a = 0; a < 16; ++a) sums[a] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < k; s += 16) {
-        __m512 wv[4], xv[4];
-        for (int j = 0; j < 4; ++j) wv[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w[j] + s)));
-        for (int i = 0; i < 4; ++i) xv[i] = _mm512_loadu_ps((const float *)x[i] + s);
-        for (int j = 0; j < 4; ++j)
-            for (int i = 0; i < 4; ++i) sums[4 * i + j] = _mm512_fmadd_ps(xv[i], wv[j], sums[4 * i + j]);
-    }
-    for (int a = 0; a < 16; ++a) acc[a] = sums[a];
+    widened_dots_4x4(w, x, k, acc, TILES_F16);
+}
+
+/* llama.cpp's BF16 dots on an AVX-512 CPU without AVX-512 BF16: weights and x widened (dot8_tiled_512's numbers). */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void bf16_widened_dots_4x4(const void *const w[4], const void *const x[4],
+                                                                                                         int64_t k, __m512 acc[16]) {
+    widened_dots_4x4(w, x, k, acc, TILES_BF16_WIDENED);
 }
 
 /* x [rows, k] times w [out, k] (elements of `w_size` and `x_size` bytes) for outputs [first, last): 4 weight rows by
@@ -2131,9 +2145,11 @@ BF16_TARGET static void bf16_tiles_512(const void *w, const void *x, int64_t row
     tiles_512(w, 2, x, 2, rows, k, y, first, last, bf16_dots_4x4);
 }
 
-__attribute__((target("avx512f"))) static void f32_tiles_512(const void *w, int f16, const void *x, int64_t rows, int64_t k, const paw_out *y,
+__attribute__((target("avx512f"))) static void f32_tiles_512(const void *w, int weights, const void *x, int64_t rows, int64_t k, const paw_out *y,
                                                             int64_t first, int64_t last) {
-    if (f16)
+    if (weights == TILES_BF16_WIDENED)
+        tiles_512(w, 2, x, 2, rows, k, y, first, last, bf16_widened_dots_4x4);
+    else if (weights == TILES_F16)
         tiles_512(w, 2, x, 4, rows, k, y, first, last, f16_dots_4x4);
     else
         tiles_512(w, 4, x, 4, rows, k, y, first, last, f32_dots_4x4);
@@ -2153,6 +2169,10 @@ static int bf16_product(const uint16_t *w, int pairs, const uint16_t *x, int64_t
 #ifndef PAW_BASELINE
     if (tiled && pairs && avx512_allowed && has_avx512_bf16()) {
         bf16_tiles_512(w, x, rows, k, y, first, last);
+        return 0;
+    }
+    if (tiled && !pairs && W == 16 && avx512_on()) {  /* a 16-lane llama.cpp without AVX-512 BF16: widened, in tiles */
+        f32_tiles_512(w, TILES_BF16_WIDENED, x, rows, k, y, first, last);
         return 0;
     }
 #endif
@@ -2190,7 +2210,7 @@ static void float_product(const void *w, int kind, const void *x, int64_t rows, 
     }
 #ifndef PAW_BASELINE
     if ((kind == FLOAT_F32 || kind == FLOAT_F16) && tiled && W == 16 && k % 16 == 0 && avx512_on()) {  /* tinyBLAS: whole vectors */
-        f32_tiles_512(w, kind == FLOAT_F16, x, rows, k, y, first, last);
+        f32_tiles_512(w, kind == FLOAT_F16 ? TILES_F16 : TILES_F32, x, rows, k, y, first, last);
         return;
     }
 #endif
