@@ -27,12 +27,12 @@ MAX_TOKENS = 24
 INPUTS = ["Urgent: the server is down!", "hello", "", "Résumé café ünïcödé 12345\n\nnew line\tand tab", "I love this product, it works great."]
 
 
-def _matrix(qtype: gguf.GGMLQuantizationType, values: npt.NDArray[np.float32]) -> NativeFloatMatrix:
+def _matrix(qtype: gguf.GGMLQuantizationType, values: npt.NDArray[np.float32], width: int = WIDTH) -> NativeFloatMatrix:
     kernels = native_kernels()
     if kernels is None:
         pytest.skip("the C kernels could not be built here (no C compiler?)")
     stored = values.astype(np.float32 if qtype == gguf.GGMLQuantizationType.F32 else np.float16)
-    matrix = float_matrix(kernels, stored.view(np.uint8).reshape(-1), qtype, values.shape[0], WIDTH, bf16_pairs=False)
+    matrix = float_matrix(kernels, stored.view(np.uint8).reshape(-1), qtype, values.shape[0], width, bf16_pairs=False)
     assert matrix is not None
     return matrix
 
@@ -48,18 +48,22 @@ def test_one_row_products_add_as_ggml_vec_dot_f32(width: int) -> None:
     assert torch.equal(matrix.rows(x), expected)
 
 
+@pytest.mark.parametrize("width", [8, 16])
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])
 @pytest.mark.parametrize("k", [96, 768])
-def test_tiled_float_products_are_their_torch_reference(qtype: gguf.GGMLQuantizationType, k: int) -> None:
-    """tinyBLAS's F32 and F16 dots from two rows (four weight rows by four rows of x at once with AVX-512): each dot
-    the reference's FMA chains of W lanes summed by halves, on rows and outputs that leave partial tiles."""
+def test_tiled_float_products_are_their_torch_reference(qtype: gguf.GGMLQuantizationType, k: int, width: int) -> None:
+    """tinyBLAS's F32 and F16 dots from two rows (tiles of four weight rows by four rows of x with AVX-512, by two
+    with AVX2): each dot the reference's FMA chains of W lanes summed by halves, on rows and outputs that leave partial
+    tiles."""
+    if width == 16 and "avx512f" not in host_cpu_flags():
+        pytest.skip("16-lane kernels need AVX-512")
     generator = np.random.default_rng(k)
     weights = generator.standard_normal((22, k)).astype(np.float32) * np.exp2(generator.integers(-8, 8, size=(22, k))).astype(np.float32)
-    matrix = _matrix(qtype, weights)
+    matrix = _matrix(qtype, weights, width)
     stored = torch.as_tensor(weights if qtype == gguf.GGMLQuantizationType.F32 else weights.astype(np.float16).astype(np.float32))
     for rows in (2, 9, 70):
         x = torch.as_tensor(generator.standard_normal((rows, k)).astype(np.float32))
-        assert torch.equal(matrix(x), ggml_float_product(x, stored, qtype, WIDTH, False)), rows
+        assert torch.equal(matrix(x), ggml_float_product(x, stored, qtype, width, False)), rows
 
 
 @pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16], ids=["f32", "f16"])

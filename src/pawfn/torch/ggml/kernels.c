@@ -2028,6 +2028,101 @@ static float dot_bf16_lanes(const float *a, const float *b, int64_t k, int W, in
     return (float)total;
 }
 
+enum { TILES_F32, TILES_F16, TILES_BF16_WIDENED };  /* widened tiles' weights: F32, F16 (x float32), BF16 (x bf16 bits) */
+
+/* A tile's values (row i's outputs at each + 4i) for rows r.. r + rc and outputs o.. o + oc, as `put` puts them. */
+static inline void put_tile(const paw_out *y, const float *each, int64_t r, int64_t o, int rc, int oc) {
+    if (oc < 4) {
+        for (int j = 0; j < oc; ++j)
+            for (int i = 0; i < rc; ++i) put(y, r + i, o + j, each[4 * i + j]);
+        return;
+    }
+    for (int i = 0; i < rc; ++i) {
+        float *target = y->y + (r + i) * y->stride + o;
+        __m128 value = _mm_loadu_ps(each + 4 * i);
+        if (y->accumulate) value = _mm_add_ps(_mm_loadu_ps(target), _mm_mul_ps(value, _mm_set1_ps(y->alpha)));
+        else if (y->bias) value = _mm_add_ps(value, _mm_loadu_ps(y->bias + o));
+        _mm_storeu_ps(target, value);
+    }
+}
+
+/* Eight values from `p` + s as float32, exactly: F32 as they are, F16 widened, bf16 bits each shifted into a float's
+   top half. */
+static inline __attribute__((always_inline)) __m256 widened_8(const void *p, int64_t s, int kind) {
+    if (kind == TILES_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + s)));
+    if (kind == TILES_BF16_WIDENED)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + s))), 16));
+    return _mm256_loadu_ps((const float *)p + s);
+}
+
+/* One tile's tinyBLAS dots over k (four weight rows by up to four rows of x), each summed by halves: row i, output j
+   at each[4i + j]. */
+typedef void (*tile_dots)(const void *const w[4], const void *const x[4], int64_t k, float each[16]);
+
+/* x [rows, k] times w [out, k] (elements of `w_size` and `x_size` bytes) for outputs [first, last): four weight rows
+   by `height` rows of x at once through `dots`, rows in blocks of 64 that stay in L2 while every weight row of the
+   range passes. Inlined into each kind's wrapper, its `dots` with it. */
+static inline __attribute__((always_inline)) void float_tiles(const void *w, int64_t w_size, const void *x, int64_t x_size, int64_t rows, int64_t k,
+                                                             const paw_out *y, int64_t first, int64_t last, const int height, tile_dots dots) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 64) {
+        const int64_t r_end = r0 + 64 < rows ? r0 + 64 : rows;
+        for (int64_t o = first; o < last; o += 4) {
+            const int oc = last - o < 4 ? (int)(last - o) : 4;
+            const void *wr[4];
+            for (int j = 0; j < 4; ++j) wr[j] = (const char *)w + (o + (j < oc ? j : oc - 1)) * k * w_size;
+            for (int64_t r = r0; r < r_end; r += height) {
+                const int rc = r_end - r < height ? (int)(r_end - r) : height;
+                const void *xr[4];
+                for (int i = 0; i < 4; ++i) xr[i] = (const char *)x + (r + (i < rc ? i : rc - 1)) * k * x_size;
+                float each[16];
+                dots(wr, xr, k, each);
+                put_tile(y, each, r, o, rc, oc);
+            }
+        }
+    }
+}
+
+/* tinyBLAS's float dots on 8 lanes (AVX2) for four weight rows by two rows of x, values widened as they load: each dot
+   one register of FMA chains over k in order, summed by halves (dot4_tiled's numbers, and dot_f16's on F16 weights;
+   those loaded a weight row a product, or two values a product for F16). k a multiple of 8. */
+static inline __attribute__((always_inline)) void widened_dots_2x4(const void *const w[4], const void *const x[4], int64_t k, float each[16],
+                                                                  const int weights) {
+    const int x_kind = weights == TILES_BF16_WIDENED ? TILES_BF16_WIDENED : TILES_F32;
+    __m256 acc[2][4];
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < k; s += 8) {
+        __m256 wv[4], xv[2];
+        for (int j = 0; j < 4; ++j) wv[j] = widened_8(w[j], s, weights);
+        for (int i = 0; i < 2; ++i) xv[i] = widened_8(x[i], s, x_kind);
+        for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 2; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv[j], acc[i][j]);
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) each[4 * i + j] = sum_halves(acc[i][j]);
+}
+
+static inline __attribute__((always_inline)) void f32_dots_2x4(const void *const w[4], const void *const x[4], int64_t k, float each[16]) {
+    widened_dots_2x4(w, x, k, each, TILES_F32);
+}
+
+static inline __attribute__((always_inline)) void f16_dots_2x4(const void *const w[4], const void *const x[4], int64_t k, float each[16]) {
+    widened_dots_2x4(w, x, k, each, TILES_F16);
+}
+
+static inline __attribute__((always_inline)) void bf16_widened_dots_2x4(const void *const w[4], const void *const x[4], int64_t k, float each[16]) {
+    widened_dots_2x4(w, x, k, each, TILES_BF16_WIDENED);
+}
+
+static void tiles_256(const void *w, const void *x, int64_t rows, int64_t k, const paw_out *y, int64_t first, int64_t last, int weights) {
+    if (weights == TILES_F16)
+        float_tiles(w, 2, x, 4, rows, k, y, first, last, 2, f16_dots_2x4);
+    else if (weights == TILES_BF16_WIDENED)
+        float_tiles(w, 2, x, 2, rows, k, y, first, last, 2, bf16_widened_dots_2x4);
+    else
+        float_tiles(w, 4, x, 4, rows, k, y, first, last, 2, f32_dots_2x4);
+}
+
 #ifndef PAW_BASELINE
 static int has_avx512_bf16(void) {
     static int known = -1;
@@ -2039,14 +2134,10 @@ static int has_avx512_bf16(void) {
 }
 
 #define BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
-#define BF16_ROW_BLOCK 64  /* x rows (bf16, 64 x k) multiplied by every weight row of a thread while they are in L2 */
-
-/* One 4 x 4 tile's sixteen tinyBLAS dots over k (four weight rows by four rows of x): acc[4i + j] row i, output j. */
-typedef void (*tile_dots_512)(const void *const w[4], const void *const x[4], int64_t k, __m512 acc[16]);
 
 /* tinyBLAS's BF16 dots with `vdpbf16ps` (its AVX-512 BF16 kernel's instruction, so the same numbers). */
-BF16_TARGET static inline __attribute__((always_inline)) void bf16_dots_4x4(const void *const w[4], const void *const x[4], int64_t k, __m512 acc[16]) {
-    __m512 sums[16];  /* in registers: `acc` may alias the loads for all the compiler knows */
+BF16_TARGET static inline __attribute__((always_inline)) void bf16_dots_4x4(const void *const w[4], const void *const x[4], int64_t k, float each[16]) {
+    __m512 sums[16];
     for (int a = 0; a < 16; ++a) sums[a] = _mm512_setzero_ps();
     for (int64_t s = 0; s < k; s += 32) {
         __m512bh wv[4], xv[4];
@@ -2055,10 +2146,8 @@ BF16_TARGET static inline __attribute__((always_inline)) void bf16_dots_4x4(cons
         for (int j = 0; j < 4; ++j)
             for (int i = 0; i < 4; ++i) sums[4 * i + j] = _mm512_dpbf16_ps(sums[4 * i + j], wv[j], xv[i]);
     }
-    for (int a = 0; a < 16; ++a) acc[a] = sums[a];
+    sum_halves_16x512(sums, each);
 }
-
-enum { TILES_F32, TILES_F16, TILES_BF16_WIDENED };  /* widened tiles' weights: F32, F16 (x float32), BF16 (x bf16 bits) */
 
 /* Sixteen values from `p` + s as float32, exactly: F32 as they are, F16 widened, bf16 bits each shifted into a float's
    top half. */
@@ -2073,8 +2162,8 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
    (dot8_tiled_512's numbers, and dot_f16's on F16 weights and x already rounded to f16; dot8_tiled_512 loads a weight
    row a product: here four rows of x share each load, and the FMAs, not the loads, bound it). */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void widened_dots_4x4(const void *const w[4], const void *const x[4],
-                                                                                                    int64_t k, __m512 acc[16], int weights) {
-    __m512 sums[16];  /* in registers, as bf16_dots_4x4's */
+                                                                                                    int64_t k, float each[16], int weights) {
+    __m512 sums[16];
     for (int a = 0; a < 16; ++a) sums[a] = _mm512_setzero_ps();
     for (int64_t s = 0; s < k; s += 16) {
         __m512 wv[4], xv[4];
@@ -2083,76 +2172,39 @@ __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) 
         for (int j = 0; j < 4; ++j)
             for (int i = 0; i < 4; ++i) sums[4 * i + j] = _mm512_fmadd_ps(xv[i], wv[j], sums[4 * i + j]);
     }
-    for (int a = 0; a < 16; ++a) acc[a] = sums[a];
+    sum_halves_16x512(sums, each);
 }
 
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f32_dots_4x4(const void *const w[4], const void *const x[4], int64_t k,
-                                                                                                __m512 acc[16]) {
-    widened_dots_4x4(w, x, k, acc, TILES_F32);
+                                                                                                float each[16]) {
+    widened_dots_4x4(w, x, k, each, TILES_F32);
 }
 
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void f16_dots_4x4(const void *const w[4], const void *const x[4], int64_t k,
-                                                                                                __m512 acc[16]) {
-    widened_dots_4x4(w, x, k, acc, TILES_F16);
+                                                                                                float each[16]) {
+    widened_dots_4x4(w, x, k, each, TILES_F16);
 }
 
 /* llama.cpp's BF16 dots on an AVX-512 CPU without AVX-512 BF16: weights and x widened (dot8_tiled_512's numbers). */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void bf16_widened_dots_4x4(const void *const w[4], const void *const x[4],
-                                                                                                         int64_t k, __m512 acc[16]) {
-    widened_dots_4x4(w, x, k, acc, TILES_BF16_WIDENED);
+                                                                                                         int64_t k, float each[16]) {
+    widened_dots_4x4(w, x, k, each, TILES_BF16_WIDENED);
 }
 
-/* x [rows, k] times w [out, k] (elements of `w_size` and `x_size` bytes) for outputs [first, last): 4 weight rows by
-   4 rows of x at once through `dots` (16 accumulators in flight), each by halves (all sixteen at once), rows in
-   blocks of BF16_ROW_BLOCK that stay in L2 while every weight row of the range passes. */
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void tiles_512(const void *w, int64_t w_size, const void *x, int64_t x_size,
-                                                                                             int64_t rows, int64_t k, const paw_out *y, int64_t first,
-                                                                                             int64_t last, tile_dots_512 dots) {
-    for (int64_t r0 = 0; r0 < rows; r0 += BF16_ROW_BLOCK) {
-        const int64_t r_end = r0 + BF16_ROW_BLOCK < rows ? r0 + BF16_ROW_BLOCK : rows;
-        for (int64_t o = first; o < last; o += 4) {
-            const int oc = last - o < 4 ? (int)(last - o) : 4;
-            const void *wr[4];
-            for (int j = 0; j < 4; ++j) wr[j] = (const char *)w + (o + (j < oc ? j : oc - 1)) * k * w_size;
-            for (int64_t r = r0; r < r_end; r += 4) {
-                const int rc = r_end - r < 4 ? (int)(r_end - r) : 4;
-                const void *xr[4];
-                for (int i = 0; i < 4; ++i) xr[i] = (const char *)x + (r + (i < rc ? i : rc - 1)) * k * x_size;
-                __m512 acc[16];  /* row i, output j at 4i + j */
-                dots(wr, xr, k, acc);
-                float each[16];  /* row i's four outputs at 4i */
-                sum_halves_16x512(acc, each);
-                if (oc == 4) {
-                    for (int i = 0; i < rc; ++i) {
-                        float *target = y->y + (r + i) * y->stride + o;
-                        __m128 value = _mm_loadu_ps(each + 4 * i);
-                        if (y->accumulate) value = _mm_add_ps(_mm_loadu_ps(target), _mm_mul_ps(value, _mm_set1_ps(y->alpha)));
-                        else if (y->bias) value = _mm_add_ps(value, _mm_loadu_ps(y->bias + o));
-                        _mm_storeu_ps(target, value);
-                    }
-                    continue;
-                }
-                for (int j = 0; j < oc; ++j)
-                    for (int i = 0; i < rc; ++i) put(y, r + i, o + j, each[4 * i + j]);
-            }
-        }
-    }
-}
-
-/* tiles_512 with each kind's dots inlined (a dots function called through its pointer kept its sixteen accumulators in
+/* float_tiles with each kind's dots inlined (a dots function called through its pointer kept its sixteen accumulators in
    memory: BF16 products 25% slower) */
 BF16_TARGET static void bf16_tiles_512(const void *w, const void *x, int64_t rows, int64_t k, const paw_out *y, int64_t first, int64_t last) {
-    tiles_512(w, 2, x, 2, rows, k, y, first, last, bf16_dots_4x4);
+    float_tiles(w, 2, x, 2, rows, k, y, first, last, 4, bf16_dots_4x4);
 }
 
 __attribute__((target("avx512f"))) static void f32_tiles_512(const void *w, int weights, const void *x, int64_t rows, int64_t k, const paw_out *y,
                                                             int64_t first, int64_t last) {
     if (weights == TILES_BF16_WIDENED)
-        tiles_512(w, 2, x, 2, rows, k, y, first, last, bf16_widened_dots_4x4);
+        float_tiles(w, 2, x, 2, rows, k, y, first, last, 4, bf16_widened_dots_4x4);
     else if (weights == TILES_F16)
-        tiles_512(w, 2, x, 4, rows, k, y, first, last, f16_dots_4x4);
+        float_tiles(w, 2, x, 4, rows, k, y, first, last, 4, f16_dots_4x4);
     else
-        tiles_512(w, 4, x, 4, rows, k, y, first, last, f32_dots_4x4);
+        float_tiles(w, 4, x, 4, rows, k, y, first, last, 4, f32_dots_4x4);
 }
 #endif
 
@@ -2176,6 +2228,10 @@ static int bf16_product(const uint16_t *w, int pairs, const uint16_t *x, int64_t
         return 0;
     }
 #endif
+    if (tiled && !pairs && W == 8) {  /* an 8-lane (AVX2) llama.cpp: widened, in tiles */
+        tiles_256(w, x, rows, k, y, first, last, TILES_BF16_WIDENED);
+        return 0;
+    }
     float *wide = malloc(sizeof(float) * k * 9);  /* 8 weight rows and one row of x */
     if (!wide) return -1;
     for (int64_t o = first; o < last; o += 8) {
@@ -2214,6 +2270,10 @@ static void float_product(const void *w, int kind, const void *x, int64_t rows, 
         return;
     }
 #endif
+    if ((kind == FLOAT_F32 || kind == FLOAT_F16) && tiled && W == 8 && k % 8 == 0) {
+        tiles_256(w, x, rows, k, y, first, last, kind == FLOAT_F16 ? TILES_F16 : TILES_F32);
+        return;
+    }
     const int f16 = kind == FLOAT_F16;
     for (int64_t o = first; o < last; o += 8) {
         int count = last - o < 8 ? (int)(last - o) : 8;
