@@ -244,12 +244,14 @@ def ggml_image_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, widt
     return _normalized(sums, total).reshape(n, heads * dim)
 
 
-def native_image_attention(kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int) -> torch.Tensor:
-    """`ggml_image_attention` on the C kernels; `k` [n, heads, D], or already the f16 keys [heads, n, D] (`native_rope`'s
-    `f16_by_head`)."""
+def native_image_attention(
+    kernels: NativeKernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int, keys_by_head: bool = False
+) -> torch.Tensor:
+    """`ggml_image_attention` on the C kernels; `k` [n, heads, D], or (`keys_by_head`) already the f16 keys [heads, n,
+    D] (`native_rope`'s `f16_by_head`)."""
     n, heads, dim = q.shape
     scale = float(torch.div(f32(1.0), sqrtf(f32(float(dim)))))
-    keys = k if k.dtype == torch.float16 and k.shape == (heads, n, dim) else k.transpose(0, 1).half().contiguous()
+    keys = k if keys_by_head else k.transpose(0, 1).half().contiguous()
     values = v.transpose(0, 1).half().contiguous()
     if n >= FA_TILE:
         return native_flash_tiled(kernels, q, keys, values, scale, width, n - 1).reshape(n, heads * dim)

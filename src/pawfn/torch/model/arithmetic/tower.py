@@ -215,7 +215,7 @@ class NativeMtmdTower(MtmdTower):
     def rotated_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # the keys rotated straight into attention's f16 [heads, n, D] (one pass where three were: copy, rotation, cast)
         keys = native_rope(self.kernels, k, cos, sin, f16_by_head=True)
-        return native_image_attention(self.kernels, native_rope(self.kernels, q, cos, sin), keys, v, self.width)
+        return native_image_attention(self.kernels, native_rope(self.kernels, q, cos, sin), keys, v, self.width, keys_by_head=True)
 
     def gelu(self, x: torch.Tensor) -> torch.Tensor:
         return native_gelu(self.kernels, x, ggml_gelu_table())
