@@ -252,15 +252,17 @@ def test_the_c_silu_reads_a_wider_products_columns_in_place(width: int) -> None:
     _bit_exact(native_silu(kernels, heads, width), ggml_silu(heads.contiguous(), width))
 
 
+@pytest.mark.parametrize("patches,dim", [(70, 64), (150, 48)])
 @pytest.mark.parametrize("spread", [1.0, 40.0], ids=["near", "underflowing"])
-def test_the_c_image_attention_equals_the_torch_one_tile_by_tile(spread: float) -> None:
-    """The tower's tiled attention (70 patches: a whole tile of 64 cells and a partial one) on the C kernels, four rows
-    at a time with AVX-512 and row by row without, gives the emulation's bits, also where most weights leave expf's
-    range (queries `spread` times larger)."""
+def test_the_c_image_attention_equals_the_torch_one_tile_by_tile(spread: float, patches: int, dim: int) -> None:
+    """The tower's tiled attention (whole tiles of 64 cells and a partial one) on the C kernels gives the emulation's
+    bits: with AVX-512 sixteen rows a register in blocks of up to 64 (70 patches: one block; 150: 64, 64 and 16) and
+    the last rows four at a time, row by row without; also where most weights leave expf's range (queries `spread`
+    times larger)."""
     kernels = _kernels("c")
     assert kernels is not None
     generator = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn((70, 2, 64), generator=generator) for _ in range(3))
+    q, k, v = (torch.randn((patches, 2, dim), generator=generator) for _ in range(3))
     q = q * spread
     for width in (8, 16):
         expected = ggml_image_attention(q, k, v, width)

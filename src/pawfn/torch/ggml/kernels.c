@@ -1794,8 +1794,9 @@ __attribute__((target("avx512f"))) static void tile_scores_4(const float *const 
 }
 
 /* `tile_values_4` for `chunks` registers (a constant where inlined: the accumulators stay in registers). */
-static inline __attribute__((always_inline, target("avx512f"))) void tile_values_chunks(const float weights[4][PAW_FA_TILE], const float *tile_values,
-                                                                                      int64_t D, int64_t d0, float *const result[4], const int chunks) {
+static inline __attribute__((always_inline, target("avx512f"))) void tile_values_chunks(const float *weights, int64_t row_step, int64_t cell_step,
+                                                                                      const float *tile_values, int64_t D, int64_t d0,
+                                                                                      float *const result[4], const int chunks) {
     __m512 acc[4][4];
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < chunks; ++j) acc[i][j] = _mm512_loadu_ps(result[i] + d0 + 16 * j);
@@ -1803,7 +1804,7 @@ static inline __attribute__((always_inline, target("avx512f"))) void tile_values
         __m512 value[4];
         for (int j = 0; j < chunks; ++j) value[j] = _mm512_loadu_ps(tile_values + c * D + d0 + 16 * j);
         for (int i = 0; i < 4; ++i) {
-            const __m512 weight = _mm512_set1_ps(weights[i][c]);
+            const __m512 weight = _mm512_set1_ps(weights[i * row_step + c * cell_step]);
             for (int j = 0; j < chunks; ++j) acc[i][j] = _mm512_fmadd_ps(weight, value[j], acc[i][j]);
         }
     }
@@ -1812,15 +1813,16 @@ static inline __attribute__((always_inline, target("avx512f"))) void tile_values
 }
 
 /* Four rows' results += their weights times the tile's values: result[i][d] FMA chains over the cells in order (the
-   scalar loop's), D a multiple of 16, sixty-four of a row's values in registers at a time. */
-__attribute__((target("avx512f"))) static void tile_values_4(const float weights[4][PAW_FA_TILE], const float *tile_values, int64_t D,
-                                                           float *const result[4]) {
+   scalar loop's), D a multiple of 16, sixty-four of a row's values in registers at a time. Row i's weight for cell c
+   is weights[i * row_step + c * cell_step] (rows of a tile, or a tile's cells by rows). */
+__attribute__((target("avx512f"))) static void tile_values_4(const float *weights, int64_t row_step, int64_t cell_step, const float *tile_values,
+                                                           int64_t D, float *const result[4]) {
     int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) tile_values_chunks(weights, tile_values, D, d0, result, 4);
+    for (; d0 + 64 <= D; d0 += 64) tile_values_chunks(weights, row_step, cell_step, tile_values, D, d0, result, 4);
     switch ((D - d0) / 16) {
-    case 3: tile_values_chunks(weights, tile_values, D, d0, result, 3); break;
-    case 2: tile_values_chunks(weights, tile_values, D, d0, result, 2); break;
-    case 1: tile_values_chunks(weights, tile_values, D, d0, result, 1); break;
+    case 3: tile_values_chunks(weights, row_step, cell_step, tile_values, D, d0, result, 3); break;
+    case 2: tile_values_chunks(weights, row_step, cell_step, tile_values, D, d0, result, 2); break;
+    case 1: tile_values_chunks(weights, row_step, cell_step, tile_values, D, d0, result, 1); break;
     default: break;
     }
 }
@@ -1900,6 +1902,144 @@ static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t p
     *total = (float)((double)*total + running);
 }
 
+/* ---- flash_tiled for rows that see every cell (an image's patches), sixteen rows a register (AVX-512) ----
+   The same operations on each value in the same order as tile_scores_4, tile_softmax_16 and tile_values_4; rows in
+   the lanes make the softmax's maximum and its sums by halves plain additions across registers, in place of a
+   reduction within each row's register (they were a fifth of a 1936-patch image's attention). */
+
+/* Scores of `G` groups of sixteen rows against four cells [c0, c0 + 4): scores[c][16g + l] = sum over d of
+   query[g][d][l] * tile_keys[c][d], an FMA chain over d from 0 (tile_scores_4's). */
+static inline __attribute__((always_inline, target("avx512f"))) void scores_by_cells(const float *query, const float *tile_keys, int64_t D,
+                                                                                   int c0, float *scores, const int G) {
+    __m512 acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int g = 0; g < G; ++g) acc[i][g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        __m512 rows[4];
+        for (int g = 0; g < G; ++g) rows[g] = _mm512_loadu_ps(query + (g * D + d) * 16);
+        for (int i = 0; i < 4; ++i) {
+            const __m512 key = _mm512_set1_ps(tile_keys[(c0 + i) * D + d]);
+            for (int g = 0; g < G; ++g) acc[i][g] = _mm512_fmadd_ps(rows[g], key, acc[i][g]);
+        }
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int g = 0; g < G; ++g) _mm512_storeu_ps(scores + (c0 + i) * PAW_FA_TILE + 16 * g, acc[i][g]);
+}
+
+/* A tile's scores for `groups` (1-4) groups of sixteen rows: query [groups][D][16], tile_keys [64][D], scores [64][64]. */
+__attribute__((target("avx512f"))) static void tile_scores_by_cells(const float *query, const float *tile_keys, int64_t D, int groups,
+                                                                  float *scores) {
+    for (int c0 = 0; c0 < PAW_FA_TILE; c0 += 4) switch (groups) {
+        case 4: scores_by_cells(query, tile_keys, D, c0, scores, 4); break;
+        case 3: scores_by_cells(query, tile_keys, D, c0, scores, 3); break;
+        case 2: scores_by_cells(query, tile_keys, D, c0, scores, 2); break;
+        default: scores_by_cells(query, tile_keys, D, c0, scores, 1); break;
+        }
+}
+
+/* tile_softmax_16 for sixteen rows at once: scores[c * 64 + l] is row l's score for cell c (`valid` cells, weights 0
+   past them, as the -inf of the masked cells give); they become the weights. Row l's maximum high[l] and sum total[l]
+   updated; returns the rows whose maximum rose, `shrinks` their results' factors (expf(old - new)). */
+__attribute__((target("avx512f"))) static __mmask16 tile_softmax_by_cells(float *scores, int64_t valid, float scale, float *high, float *total,
+                                                                        float shrinks[16]) {
+    const __m512 factor = _mm512_set1_ps(scale);
+    __m512 tops = _mm512_set1_ps(-INFINITY);
+    for (int64_t c = 0; c < valid; ++c) tops = _mm512_max_ps(tops, _mm512_mul_ps(_mm512_loadu_ps(scores + c * PAW_FA_TILE), factor));
+    const __m512 old = _mm512_loadu_ps(high), newer = _mm512_max_ps(old, tops);
+    const __mmask16 rose = _mm512_cmp_ps_mask(newer, old, _CMP_GT_OQ);
+    __m512 sum = _mm512_loadu_ps(total);
+    if (rose) {
+        float before[16], after[16];
+        _mm512_storeu_ps(before, old);
+        _mm512_storeu_ps(after, newer);
+        for (int l = 0; l < 16; ++l) shrinks[l] = rose >> l & 1 ? expf(before[l] - after[l]) : 1.0f;
+        sum = _mm512_mask_mul_ps(sum, rose, sum, _mm512_loadu_ps(shrinks));
+    }
+    _mm512_storeu_ps(high, newer);
+    __m512d running[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (int64_t c0 = 0; c0 < PAW_FA_TILE; c0 += 16) {  /* sum_halves_512 over cells c0..c0+15, across registers */
+        __m512 eight[8];
+        for (int half = 1; half >= 0; --half)
+            for (int l = 0; l < 8; ++l) {
+                const int64_t c = c0 + 8 * half + l;
+                const __m512 weight = c < valid ? expf_ggml16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(scores + c * PAW_FA_TILE), factor), newer))
+                                                : _mm512_setzero_ps();
+                _mm512_storeu_ps(scores + c * PAW_FA_TILE, weight);
+                eight[l] = half ? weight : _mm512_add_ps(eight[l], weight);
+            }
+        const __m512 four[4] = {_mm512_add_ps(eight[0], eight[4]), _mm512_add_ps(eight[1], eight[5]), _mm512_add_ps(eight[2], eight[6]),
+                                _mm512_add_ps(eight[3], eight[7])};
+        const __m512 lanes = _mm512_add_ps(_mm512_add_ps(four[0], four[2]), _mm512_add_ps(four[1], four[3]));
+        running[0] = _mm512_add_pd(running[0], _mm512_cvtps_pd(_mm512_castps512_ps256(lanes)));
+        running[1] = _mm512_add_pd(running[1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+    }
+    const __m256 low = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sum)), running[0]));
+    const __m256 upper = _mm512_cvtpd_ps(
+        _mm512_add_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sum), 1))), running[1]));
+    _mm512_storeu_ps(total, _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(low)), _mm256_castps_pd(upper), 1)));
+    return rose;
+}
+
+/* flash_tiled's heads [first, last) where each of the n rows (a multiple of 16) sees all `length` cells: for each
+   tile of 64 cells, blocks of up to 64 rows take their scores by cells (queries transposed once per head), the
+   softmax sixteen rows a register, then tile_values_4 four rows at a time. Returns 0 where memory ran out. */
+__attribute__((target("avx512f"))) static int flash_tiled_seen(const float *q, const uint16_t *k, const uint16_t *v, int64_t kv_stride, int64_t n,
+                                                             int64_t H, int64_t KV, int64_t D, int64_t length, float scale, float *out,
+                                                             int64_t first, int64_t last) {
+    float *query = malloc(sizeof(float) * n * D), *tile_keys = malloc(sizeof(float) * D * PAW_FA_TILE);
+    float *tile_values = malloc(sizeof(float) * D * PAW_FA_TILE), *scores = malloc(sizeof(float) * PAW_FA_TILE * PAW_FA_TILE);
+    float *highs = malloc(sizeof(float) * n), *totals = malloc(sizeof(float) * n);
+    const int ok = query && tile_keys && tile_values && scores && highs && totals;
+    for (int64_t h = first; ok && h < last; ++h) {
+        const uint16_t *keys = k + h / (H / KV) * kv_stride, *values = v + h / (H / KV) * kv_stride;
+        for (int64_t r = 0; r < n; ++r) {  /* query[group][d][lane], row 16 * group + lane */
+            for (int64_t d = 0; d < D; ++d) query[(r / 16 * D + d) * 16 + r % 16] = q[(r * H + h) * D + d];
+            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = 0.0f;
+            highs[r] = -INFINITY;
+            totals[r] = 0.0f;
+        }
+        for (int64_t start = 0; start < length; start += PAW_FA_TILE) {
+            const int64_t valid = length - start < PAW_FA_TILE ? length - start : PAW_FA_TILE;
+            for (int64_t c = 0; c < PAW_FA_TILE; ++c)  /* both widened as rows; zeros past the cache */
+                for (int64_t d = 0; d < D; d += 16) {
+                    const __m256i zero = _mm256_setzero_si256();
+                    _mm512_storeu_ps(tile_keys + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256((const __m256i *)(keys + (start + c) * D + d)) : zero));
+                    _mm512_storeu_ps(tile_values + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256((const __m256i *)(values + (start + c) * D + d)) : zero));
+                }
+            for (int64_t r0 = 0; r0 < n; r0 += PAW_FA_TILE) {
+                const int groups = n - r0 < PAW_FA_TILE ? (int)((n - r0) / 16) : 4;
+                tile_scores_by_cells(query + r0 * D, tile_keys, D, groups, scores);
+                for (int g = 0; g < groups; ++g) {
+                    const int64_t row = r0 + 16 * g;
+                    float shrinks[16];
+                    const __mmask16 rose = tile_softmax_by_cells(scores + 16 * g, valid, scale, highs + row, totals + row, shrinks);
+                    for (int l = 0; l < 16; ++l)
+                        if (rose >> l & 1) {
+                            float *result = out + ((row + l) * H + h) * D;
+                            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(result + d, _mm512_mul_ps(_mm512_loadu_ps(result + d), _mm512_set1_ps(shrinks[l])));
+                        }
+                }
+                for (int64_t i0 = 0; i0 < 16 * groups; i0 += 4) {
+                    float *result[4];
+                    for (int i = 0; i < 4; ++i) result[i] = out + ((r0 + i0 + i) * H + h) * D;
+                    tile_values_4(scores + i0, 1, PAW_FA_TILE, tile_values, D, result);
+                }
+            }
+        }
+        for (int64_t r = 0; r < n; ++r) {
+            const float inverse = totals[r] == 0.0f ? 0.0f : 1.0f / totals[r];
+            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = out[(r * H + h) * D + d] * inverse;
+        }
+    }
+    free(query);
+    free(tile_keys);
+    free(tile_values);
+    free(scores);
+    free(highs);
+    free(totals);
+    return ok;
+}
+
 /* `ggml_compute_forward_flash_attn_ext_tiled` for heads [first, last) of q [n, H, D] (row r at cache position
    positions0 + r, causal; a position past the cache sees it all) over the cache's first `length` cells: scores as
    FMA chains over Q (float32) and K widened from f16, tiles of 64 cells with `ggml_v_expf` softmax summed in
@@ -1907,6 +2047,16 @@ static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t p
    position (later ones are all masked); with AVX-512 (W 16) four rows at a time, in the same order. */
 static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, int64_t kv_stride, int64_t n, int64_t H, int64_t KV,
                         int64_t D, int64_t positions0, int64_t length, float scale, int W, float *out, int64_t first, int64_t last) {
+    if (W == 16 && avx512_on() && D % 16 == 0 && positions0 >= length - 1 && n >= 16) {  /* every row sees every cell */
+        const int64_t whole = n - n % 16;
+        if (flash_tiled_seen(q, k, v, kv_stride, whole, H, KV, D, length, scale, out, first, last)) {
+            if (whole == n) return;
+            q += whole * H * D;  /* the last rows as below */
+            out += whole * H * D;
+            n -= whole;
+            positions0 += whole;
+        }
+    }
     float *tile_keys = malloc(sizeof(float) * D * PAW_FA_TILE), *tile_values = malloc(sizeof(float) * D * PAW_FA_TILE);
     float *highs = malloc(sizeof(float) * n), *totals = malloc(sizeof(float) * n);
     float scores[4][PAW_FA_TILE];
@@ -1942,7 +2092,7 @@ static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, in
             for (int64_t r0 = 0; r0 < together; r0 += 4) {
                 float *result[4];
                 for (int i = 0; i < 4; ++i) result[i] = out + ((r0 + i) * H + h) * D;
-                tile_values_4((const float (*)[PAW_FA_TILE])(row_scores + r0 * PAW_FA_TILE), tile_values, D, result);
+                tile_values_4(row_scores + r0 * PAW_FA_TILE, PAW_FA_TILE, 1, tile_values, D, result);
             }
             for (int64_t r0 = together; r0 < n; r0 += 4) {
                 const int count = n - r0 < 4 ? (int)(n - r0) : 4;
