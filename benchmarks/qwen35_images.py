@@ -5,7 +5,7 @@ with a one-image template, generating one token: the image's preprocessing, its 
 Both backends run in this process, one after the other, each image size --runs times after a warm-up call, for
 --rounds rounds; prints the medians and the median of each round's ratios to llama.cpp.
 
-    python benchmarks/qwen35_images.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 3] [--rounds 2] [--threads 2]
+    python benchmarks/qwen35_images.py [--workdir /tmp/pawfn-qwen35-shape] [--runs 3] [--rounds 2] [--threads 2] [--modes ...]
 """
 
 from __future__ import annotations
@@ -124,13 +124,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed calls per image size, after a warm-up call")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    names = list(modes(1))
+    parser.add_argument("--modes", nargs="+", choices=names, default=names, help="modes to run (llama.cpp always)")
     args = parser.parse_args()
     base, _ = prepare(args.workdir)
     projector = base.parent / "mmproj-qwen3.5-0.8b-shape-bf16.gguf"  # beside the base, where pawfn looks for it
     if not projector.is_file():
         print(f"writing {projector} ...", flush=True)
         write_projector(projector)
-    configurations = modes(args.threads)
+    configurations = {name: mode for name, mode in modes(args.threads).items() if name == "llama.cpp" or name in args.modes}
     rounds = [{mode: _timings(base, backend, config, args.runs) for mode, (backend, config) in configurations.items()} for _ in range(args.rounds)]
     print(llama_cpp_build())
     print(f"one-token calls with one image, {args.runs} calls a size, {args.rounds} rounds, {args.threads} threads")
