@@ -1621,33 +1621,34 @@ __attribute__((target("avx512f"))) static float dot_f32_ggml_512(const float *x,
     return total;
 }
 
-/* One token of gated_delta_net on sixteen rows of one head's state on AVX-512, for heads of 128 (Qwen3.5's; W = 16):
-   a row's decay, its dot with k, its update and its dot with q touch that row alone, so gated_delta_net takes each
-   block of sixteen rows (8 KB) through all the tokens while it stays in L1, k and q in registers (token by token over
-   the whole 64 KB matrix, four passes each, it took 37 ms a 582-row layer); the sixteen dots with k summed together,
-   then each row decayed again (the same product: no store between) and updated, then the dots with q. Every value's
-   operations as gated_delta_net's, each dot's order as dot_f32_ggml_512's (from +0, so a -0 product stays +0). v and
-   out: the block's sixteen values. */
-AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const float *k, const float *v, float decay, float b,
-                                                 float scale, float *out) {
+/* One token of gated_delta_net on sixteen rows of one head's state on AVX-512, for heads of 128 (Qwen3.5's; W = 16),
+   in two halves: a row's decay, its dot with k, its update and its dot with q touch that row alone, so gated_delta_net
+   takes blocks of rows (8 KB each) through all the tokens while they stay in L1, k and q in registers (token by token
+   over the whole 64 KB matrix, four passes each, it took 37 ms a 582-row layer). Every value's operations as
+   gated_delta_net's, each dot's order as dot_f32_ggml_512's (from +0, so a -0 product stays +0).
+   The first half: the rows decayed and dotted with k, each dot's accumulators folded (0+2)+(1+3), their lanes summed
+   together; `deltas` becomes (v - dot) * b for the block's sixteen values of v. */
+AVX512_TARGET static inline __attribute__((always_inline)) void delta_rule_deltas(const float *m, const __m512 keys[8], const float *v, float decay,
+                                                                                 float b, float deltas[16]) {
     const __m512 decay16 = _mm512_set1_ps(decay), zero = _mm512_setzero_ps();
-    __m512 keys[8], queries[8], folded[16];
-    for (int c = 0; c < 8; ++c) {
-        keys[c] = _mm512_loadu_ps(k + 16 * c);
-        queries[c] = _mm512_loadu_ps(q + 16 * c);
-    }
-    /* the rows decayed and dotted with k, each dot's accumulators folded (0+2)+(1+3); their lanes summed together */
+    __m512 folded[16];
     for (int r = 0; r < 16; ++r) {
-        float *row = m + r * 128;
+        const float *row = m + r * 128;
         __m512 x[8], acc[4];
         for (int c = 0; c < 8; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(row + 16 * c), decay16);
         for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(x[c + 4], keys[c + 4], _mm512_fmadd_ps(x[c], keys[c], zero));
         folded[r] = ggml_f32_fold_512(acc);
     }
-    float deltas[16];  /* the dots, then (v - dot) * b */
     sum_halves_16x512(folded, deltas);
     _mm512_storeu_ps(deltas, _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(v), _mm512_loadu_ps(deltas)), _mm512_set1_ps(b)));
-    /* the rows updated by k times their delta, then dotted with q */
+}
+
+/* The second half: each row decayed again (the same product: no store between) and updated by k times its delta, then
+   dotted with q; `out` the block's sixteen outputs. */
+AVX512_TARGET static inline __attribute__((always_inline)) void delta_rule_update(float *m, const __m512 keys[8], const __m512 queries[8], float decay,
+                                                                                 const float deltas[16], float scale, float *out) {
+    const __m512 decay16 = _mm512_set1_ps(decay), zero = _mm512_setzero_ps();
+    __m512 folded[16];
     for (int r = 0; r < 16; ++r) {
         float *row = m + r * 128;
         const __m512 delta = _mm512_set1_ps(deltas[r]);
@@ -1664,6 +1665,23 @@ AVX512_TARGET static void delta_rule_16_rows_512(float *m, const float *q, const
     _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_loadu_ps(dots), _mm512_set1_ps(scale)));
 }
 
+/* One token on 32 rows (two blocks of sixteen): both blocks' deltas, then both updates, so one block's sums across
+   registers (a chain of dependent steps) overlap the other block's products; ad hoc, 8 heads of one 582-row layer on
+   one thread, 9.7-10.2 -> 8.4-8.7 ms against one block at a time. v and out: the 32 rows' values. */
+AVX512_TARGET static void delta_rule_32_rows_512(float *m, const float *q, const float *k, const float *v, float decay, float b, float scale,
+                                                 float *out) {
+    __m512 keys[8], queries[8];
+    for (int c = 0; c < 8; ++c) {
+        keys[c] = _mm512_loadu_ps(k + 16 * c);
+        queries[c] = _mm512_loadu_ps(q + 16 * c);
+    }
+    float first[16], second[16];
+    delta_rule_deltas(m, keys, v, decay, b, first);
+    delta_rule_deltas(m + 16 * 128, keys, v + 16, decay, b, second);
+    delta_rule_update(m, keys, queries, decay, first, scale, out);
+    delta_rule_update(m + 16 * 128, keys, queries, decay, second, scale, out + 16);
+}
+
 /* llama.cpp's fused GATED_DELTA_NET for heads [first, last) of one sequence: q, k [T, H, S] (normed, one per value
    head), v's token t at v + t * v_stride (its H * S values contiguous: the convolution's columns read in place), g and
    beta [T, H]; `state` [H, S (value j), S (key i)] (ggml's transposed layout), updated in place; `out` [T, H, S]. */
@@ -1675,12 +1693,12 @@ static void gated_delta_net(const float *q, const float *k, const float *v, int6
     if (!delta) return;
     for (int64_t h = first; h < last; ++h) {
         float *m = state + h * S * S;
-        if (wide && S == 128) {  /* sixteen rows at a time through every token; the decays (expf) once */
+        if (wide && S == 128) {  /* 32 rows at a time through every token; the decays (expf) once */
             for (int64_t t = 0; t < T; ++t) decays[t] = expf(g[t * H + h]);
-            for (int64_t j0 = 0; j0 < S; j0 += 16)
+            for (int64_t j0 = 0; j0 < S; j0 += 32)
                 for (int64_t t = 0; t < T; ++t) {
                     const int64_t at = (t * H + h) * S;
-                    delta_rule_16_rows_512(m + j0 * S, q + at, k + at, v + t * v_stride + h * S + j0, decays[t], beta[t * H + h], scale,
+                    delta_rule_32_rows_512(m + j0 * S, q + at, k + at, v + t * v_stride + h * S + j0, decays[t], beta[t * H + h], scale,
                                            out + at + j0);
                 }
             continue;
