@@ -2051,9 +2051,9 @@ __attribute__((target("avx512f"))) static int flash_tiled_seen(const float *q, c
             const int64_t valid = length - start < PAW_FA_TILE ? length - start : PAW_FA_TILE;
             for (int64_t c = 0; c < PAW_FA_TILE; ++c)  /* both widened as rows; zeros past the cache */
                 for (int64_t d = 0; d < D; d += 16) {
-                    const __m256i zero = _mm256_setzero_si256();
-                    _mm512_storeu_ps(tile_keys + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256((const __m256i *)(keys + (start + c) * D + d)) : zero));
-                    _mm512_storeu_ps(tile_values + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256((const __m256i *)(values + (start + c) * D + d)) : zero));
+                    const __m256i *key = (const __m256i *)(keys + (start + c) * D + d), *value = (const __m256i *)(values + (start + c) * D + d);
+                    _mm512_storeu_ps(tile_keys + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256(key) : _mm256_setzero_si256()));
+                    _mm512_storeu_ps(tile_values + c * D + d, _mm512_cvtph_ps(c < valid ? _mm256_loadu_si256(value) : _mm256_setzero_si256()));
                 }
             for (int64_t r0 = 0; r0 < n; r0 += PAW_FA_TILE) {
                 const int groups = n - r0 < PAW_FA_TILE ? (int)((n - r0) / 16) : 4;
@@ -2065,7 +2065,8 @@ __attribute__((target("avx512f"))) static int flash_tiled_seen(const float *q, c
                     for (int l = 0; l < 16; ++l)
                         if (rose >> l & 1) {
                             float *result = out + ((row + l) * H + h) * D;
-                            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(result + d, _mm512_mul_ps(_mm512_loadu_ps(result + d), _mm512_set1_ps(shrinks[l])));
+                            const __m512 shrink = _mm512_set1_ps(shrinks[l]);
+                            for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(result + d, _mm512_mul_ps(_mm512_loadu_ps(result + d), shrink));
                         }
                 }
                 for (int64_t i0 = 0; i0 < 16 * groups; i0 += 4) {
