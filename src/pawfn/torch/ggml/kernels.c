@@ -1565,10 +1565,6 @@ void paw_libm(int64_t op, const float *x, float *y, int64_t count) {
    through the steps the window was read across rows: 14 ms a Qwen3.5 layer for 582 rows). Steps [first, last). */
 static void silu_rows(const float *x, int64_t stride, int64_t per, float *y, int64_t n, int width, int64_t first, int64_t last);
 
-/* `ggml_ssm_conv` for steps [first, last) of the window by time: its first K - 1 rows `window` [K - 1, channels], then
-   the step rows, row s at rows + s * stride (read where the projection left them). Each output row the K taps'
-   products, the first `rounded` rounded and added, the rest by FMA; then (`silu`) `ggml_silu` of the row, as silu_rows
-   computes it, while it is in L1 (Qwen3.5 convolves then activates: one pass over the outputs instead of two). */
 /* One step of ssm_conv_steps sixteen channels a register (AVX-512, channels a multiple of 16): each output's K products
    summed in the same order in a register, and (`silu`, width 16) `ggml_v_silu` of it before the one store (the row's
    K passes through memory and a SiLU pass of its own took 3.5 ms of a 582-row Qwen3.5 layer). */
@@ -1584,6 +1580,10 @@ __attribute__((target("avx512f"))) static void ssm_conv_step_512(const float *co
     }
 }
 
+/* `ggml_ssm_conv` for steps [first, last) of the window by time: its first K - 1 rows `window` [K - 1, channels], then
+   the step rows, row s at rows + s * stride (read where the projection left them). Each output row the K taps'
+   products, the first `rounded` rounded and added, the rest by FMA; then (`silu`) `ggml_silu` of the row, as silu_rows
+   computes it, while it is in L1 (Qwen3.5 convolves then activates: one pass over the outputs instead of two). */
 static void ssm_conv_steps(const float *window, const float *rows, int64_t stride, const float *taps, float *out, int64_t channels,
                            int64_t K, int64_t rounded, int silu, int width, int64_t first, int64_t last) {
     if (avx512_on() && channels % 16 == 0 && K <= 16) {
