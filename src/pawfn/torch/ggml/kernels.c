@@ -1951,6 +1951,14 @@ static void tile_softmax(float *scores, int64_t start, int64_t length, int64_t p
     *total = (float)((double)*total + running);
 }
 
+/* Head h's n rows of out [n, H, D] divided by their softmax sums (times 1/total; rows with no weight stay 0). */
+static void normalize_head(float *out, const float *totals, int64_t n, int64_t H, int64_t h, int64_t D) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float inverse = totals[r] == 0.0f ? 0.0f : 1.0f / totals[r];
+        for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = out[(r * H + h) * D + d] * inverse;
+    }
+}
+
 /* ---- flash_tiled for rows that see every cell (an image's patches), sixteen rows a register (AVX-512) ----
    The same operations on each value in the same order as tile_scores_4, tile_softmax_16 and tile_values_4; rows in
    the lanes make the softmax's maximum and its sums by halves plain additions across registers, in place of a
@@ -2076,10 +2084,7 @@ __attribute__((target("avx512f"))) static int flash_tiled_seen(const float *q, c
                 }
             }
         }
-        for (int64_t r = 0; r < n; ++r) {
-            const float inverse = totals[r] == 0.0f ? 0.0f : 1.0f / totals[r];
-            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = out[(r * H + h) * D + d] * inverse;
-        }
+        normalize_head(out, totals, n, H, h, D);
     }
     free(query);
     free(tile_keys);
@@ -2165,10 +2170,7 @@ static void flash_tiled(const float *q, const uint16_t *k, const uint16_t *v, in
                 }
             }
         }
-        for (int64_t r = 0; r < n; ++r) {
-            const float inverse = totals[r] == 0.0f ? 0.0f : 1.0f / totals[r];
-            for (int64_t d = 0; d < D; ++d) out[(r * H + h) * D + d] = out[(r * H + h) * D + d] * inverse;
-        }
+        normalize_head(out, totals, n, H, h, D);
     }
 done:
     free(tile_keys);
